@@ -190,7 +190,9 @@ type Transport interface {
 	// round trip. It returns when every op has completed (Result and Err
 	// filled) or when ctx ends. The first failing op ends the batch: the
 	// ops after it are not executed and report ErrFlushed, and Post returns
-	// that first error. When ctx ends first, Post returns ctx.Err(); the
+	// that first error. A batch that fails CheckBatch (empty, too many
+	// ops, an oversized transfer, an unknown kind) is not sent: every op
+	// reports that error. When ctx ends first, Post returns ctx.Err(); the
 	// ops may or may not have executed at the target, but Post never
 	// touches ops or their buffers after it returned. Posting to the local
 	// node executes the ops on local registered memory.
