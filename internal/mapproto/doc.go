@@ -1,0 +1,31 @@
+// Package mapproto is the wire format of the local session between a client
+// process (package mapclient, under the dsm library) and dsmd's page cache
+// (package node/localcache), over a Unix SOCK_SEQPACKET socket.
+//
+// # A session
+//
+// One connection is one mapping of one region:
+//
+//	client                                   dsmd
+//	Map{Name, Size}                  ->
+//	                                 <-      Mapped{Region, Size, PageSize} + memfd (SCM_RIGHTS)
+//	(maps the memfd, MADV_DONTFORK, opens a userfaultfd,
+//	 registers the mapping MISSING|WP|MINOR)
+//	Register{Addr, Len} + userfaultfd ->
+//	                                 <-      Registered{}
+//	(plain loads and stores; dsmd serves the faults)
+//	close the socket                 ->      dsmd stops serving and forgets the mapping
+//
+// Any request may instead be answered by Error{Code, Text}, after which dsmd
+// closes the connection. End of stream in either direction ends the session:
+// for dsmd it means the client is gone; for the client, that dsmd is gone
+// (or dropped it), and the mapping must not be trusted any more.
+//
+// # Encoding
+//
+// Each message is one seqpacket datagram: a version byte (Version), a type
+// byte, then the fields of the type in order, little endian; a string is a
+// uint16 length and that many bytes. Trailing bytes are an error. Decode
+// trusts nothing: every malformed message is an error wrapping ErrMalformed,
+// never a panic (FuzzDecode).
+package mapproto

@@ -1,0 +1,279 @@
+package mapproto
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// Version is the protocol version this package speaks; it is the first byte
+// of every message.
+const Version = 1
+
+// MaxMsg is the largest encoded message; receive buffers of this size never
+// truncate a valid message.
+const MaxMsg = 4096
+
+// MaxName is the longest region name a Map may carry.
+const MaxName = 255
+
+// MaxText is the longest text an Error may carry; Encode truncates longer.
+const MaxText = 1024
+
+// Sentinel errors.
+var (
+	// ErrMalformed: bytes that are not a valid message of this version.
+	ErrMalformed = errors.New("mapproto: malformed message")
+	// ErrVersion: a message of another protocol version.
+	ErrVersion = errors.New("mapproto: unsupported protocol version")
+)
+
+// Type is the kind of a message. The zero value is invalid.
+type Type uint8
+
+// Message types.
+const (
+	// TypeMap asks to map the region Name (client -> dsmd). Size, when not
+	// zero, must equal the region's size.
+	TypeMap Type = 1 + iota
+	// TypeMapped answers Map with the region's id, size and page size; the
+	// region's memfd travels with it (dsmd -> client).
+	TypeMapped
+	// TypeRegister gives dsmd the client's mapping [Addr, Addr+Len) of the
+	// whole region; the client's userfaultfd travels with it (client -> dsmd).
+	TypeRegister
+	// TypeRegistered acknowledges Register: dsmd serves the faults from now
+	// on (dsmd -> client).
+	TypeRegistered
+	// TypeError refuses the request before it; dsmd closes the session
+	// after sending it (dsmd -> client).
+	TypeError
+	typeEnd
+)
+
+func (t Type) String() string {
+	switch t {
+	case TypeMap:
+		return "map"
+	case TypeMapped:
+		return "mapped"
+	case TypeRegister:
+		return "register"
+	case TypeRegistered:
+		return "registered"
+	case TypeError:
+		return "error"
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Code classifies an Error. The zero value is invalid.
+type Code uint16
+
+// Error codes.
+const (
+	CodeUnknownRegion Code = 1 + iota // no region of that name
+	CodeSizeMismatch                  // Map.Size is not the region's size
+	CodeBadRequest                    // a message out of order, malformed, or with bad fields
+	CodeUnavailable                   // dsmd cannot serve now (closing, out of resources)
+	CodeInternal                      // anything else
+)
+
+func (c Code) String() string {
+	switch c {
+	case CodeUnknownRegion:
+		return "unknown region"
+	case CodeSizeMismatch:
+		return "size mismatch"
+	case CodeBadRequest:
+		return "bad request"
+	case CodeUnavailable:
+		return "unavailable"
+	case CodeInternal:
+		return "internal error"
+	}
+	return fmt.Sprintf("code(%d)", uint16(c))
+}
+
+// Msg is one message. Which fields are meaningful depends on Type:
+//
+//	Map:        Name, Size
+//	Mapped:     Region, Size, PageSize
+//	Register:   Addr, Len
+//	Registered: -
+//	Error:      Code, Text
+type Msg struct {
+	Type     Type
+	Name     string
+	Size     uint64
+	Region   ids.RegionID
+	PageSize uint32
+	Addr     uint64
+	Len      uint64
+	Code     Code
+	Text     string
+}
+
+func (m Msg) String() string {
+	switch m.Type {
+	case TypeMap:
+		return fmt.Sprintf("map %q size=%d", m.Name, m.Size)
+	case TypeMapped:
+		return fmt.Sprintf("mapped %s size=%d page=%d", m.Region, m.Size, m.PageSize)
+	case TypeRegister:
+		return fmt.Sprintf("register [%#x, +%#x)", m.Addr, m.Len)
+	case TypeError:
+		return fmt.Sprintf("error %s: %s", m.Code, m.Text)
+	}
+	return m.Type.String()
+}
+
+// Encode returns the wire form of m. It fails on a message that Decode
+// would refuse (an unknown type, a name too long or not UTF-8), so that a
+// peer never receives one.
+func Encode(m Msg) ([]byte, error) {
+	b := make([]byte, 0, 64)
+	b = append(b, Version, byte(m.Type))
+	le := binary.LittleEndian
+	switch m.Type {
+	case TypeMap:
+		if len(m.Name) == 0 || len(m.Name) > MaxName || !utf8.ValidString(m.Name) {
+			return nil, fmt.Errorf("%w: region name %q", ErrMalformed, m.Name)
+		}
+		b = appendString(b, m.Name)
+		b = le.AppendUint64(b, m.Size)
+	case TypeMapped:
+		b = le.AppendUint32(b, uint32(m.Region))
+		b = le.AppendUint64(b, m.Size)
+		b = le.AppendUint32(b, m.PageSize)
+	case TypeRegister:
+		b = le.AppendUint64(b, m.Addr)
+		b = le.AppendUint64(b, m.Len)
+	case TypeRegistered:
+	case TypeError:
+		text := m.Text
+		if len(text) > MaxText {
+			text = text[:MaxText]
+		}
+		if !utf8.ValidString(text) {
+			text = "(invalid UTF-8)"
+		}
+		b = le.AppendUint16(b, uint16(m.Code))
+		b = appendString(b, text)
+	default:
+		return nil, fmt.Errorf("%w: type %s", ErrMalformed, m.Type)
+	}
+	return b, nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// Decode parses one message. It never panics; any defect is an error
+// wrapping ErrMalformed (or ErrVersion).
+func Decode(b []byte) (Msg, error) {
+	if len(b) < 2 {
+		return Msg{}, fmt.Errorf("%w: %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] != Version {
+		return Msg{}, fmt.Errorf("%w: %d (want %d)", ErrVersion, b[0], Version)
+	}
+	m := Msg{Type: Type(b[1])}
+	d := decoder{b: b[2:]}
+	switch m.Type {
+	case TypeMap:
+		m.Name = d.str()
+		m.Size = d.u64()
+		if d.err == nil && (len(m.Name) == 0 || len(m.Name) > MaxName) {
+			d.fail("region name of %d bytes", len(m.Name))
+		}
+	case TypeMapped:
+		m.Region = ids.RegionID(d.u32())
+		m.Size = d.u64()
+		m.PageSize = d.u32()
+	case TypeRegister:
+		m.Addr = d.u64()
+		m.Len = d.u64()
+	case TypeRegistered:
+	case TypeError:
+		m.Code = Code(d.u16())
+		m.Text = d.str()
+		if d.err == nil && len(m.Text) > MaxText {
+			d.fail("error text of %d bytes", len(m.Text))
+		}
+	default:
+		return Msg{}, fmt.Errorf("%w: unknown type %d", ErrMalformed, b[1])
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes after %s", len(d.b), m.Type)
+	}
+	if d.err != nil {
+		return Msg{}, d.err
+	}
+	return m, nil
+}
+
+// decoder reads fields in order and remembers the first failure; after it,
+// every read returns zero.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
+	}
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if len(d.b) < n {
+		d.fail("need %d bytes, have %d", n, len(d.b))
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) u16() uint16 {
+	if v := d.take(2); v != nil {
+		return binary.LittleEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (d *decoder) u32() uint32 {
+	if v := d.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if v := d.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (d *decoder) str() string {
+	n := int(d.u16())
+	v := d.take(n)
+	if v == nil {
+		return ""
+	}
+	if !utf8.Valid(v) {
+		d.fail("string is not UTF-8")
+		return ""
+	}
+	return string(v)
+}

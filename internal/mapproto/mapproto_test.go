@@ -1,0 +1,107 @@
+package mapproto
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+var samples = []Msg{
+	{Type: TypeMap, Name: "kv", Size: 1 << 40},
+	{Type: TypeMap, Name: strings.Repeat("n", MaxName)},
+	{Type: TypeMapped, Region: 7, Size: 1 << 20, PageSize: 4096},
+	{Type: TypeRegister, Addr: 0x7f0000000000, Len: 1 << 20},
+	{Type: TypeRegistered},
+	{Type: TypeError, Code: CodeUnknownRegion, Text: `no region "kv"`},
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, m := range samples {
+		b, err := Encode(m)
+		if err != nil {
+			t.Fatalf("encode %v: %v", m, err)
+		}
+		if len(b) > MaxMsg {
+			t.Fatalf("%v encodes to %d bytes > MaxMsg", m, len(b))
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("decode %v: %v", m, err)
+		}
+		if got != m {
+			t.Fatalf("round trip: got %+v, want %+v", got, m)
+		}
+	}
+}
+
+func TestEncodeRefuses(t *testing.T) {
+	for _, m := range []Msg{
+		{},
+		{Type: typeEnd},
+		{Type: TypeMap},
+		{Type: TypeMap, Name: strings.Repeat("n", MaxName+1)},
+		{Type: TypeMap, Name: "\xff"},
+	} {
+		if _, err := Encode(m); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Encode(%+v) = %v, want ErrMalformed", m, err)
+		}
+	}
+	// Long error texts are cut, not refused.
+	b, err := Encode(Msg{Type: TypeError, Code: CodeInternal, Text: strings.Repeat("x", 3*MaxText)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := Decode(b); err != nil || len(m.Text) != MaxText {
+		t.Fatalf("decoded long error: %d bytes, %v", len(m.Text), err)
+	}
+}
+
+func TestDecodeRefuses(t *testing.T) {
+	good, _ := Encode(Msg{Type: TypeMapped, Region: 1, Size: 4096, PageSize: 4096})
+	cases := map[string][]byte{
+		"empty":          nil,
+		"one byte":       {Version},
+		"unknown type":   {Version, byte(typeEnd)},
+		"zero type":      {Version, 0},
+		"short":          good[:len(good)-1],
+		"trailing":       append(append([]byte{}, good...), 0),
+		"empty name":     {Version, byte(TypeMap), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+		"name too short": {Version, byte(TypeMap), 9, 0, 'a'},
+		"bad utf8":       {Version, byte(TypeMap), 1, 0, 0xff, 0, 0, 0, 0, 0, 0, 0, 0},
+	}
+	for name, b := range cases {
+		if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := Decode([]byte{Version + 1, byte(TypeRegistered)}); !errors.Is(err, ErrVersion) {
+		t.Errorf("other version: %v, want ErrVersion", err)
+	}
+}
+
+// FuzzDecode: Decode never panics, and what it accepts encodes back to the
+// same bytes.
+func FuzzDecode(f *testing.F) {
+	for _, m := range samples {
+		b, _ := Encode(m)
+		f.Add(b)
+	}
+	f.Add([]byte{Version, byte(TypeMap), 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrVersion) {
+				t.Fatalf("error %v wraps no sentinel", err)
+			}
+			return
+		}
+		again, err := Encode(m)
+		if err != nil {
+			t.Fatalf("decoded %+v does not encode: %v", m, err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding %+v: %x, want %x", m, again, b)
+		}
+	})
+}
