@@ -1,0 +1,424 @@
+//go:build linux
+
+package mapclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dsmkit/dsm/internal/fdpass"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/mapproto"
+	"github.com/dsmkit/dsm/internal/memfd"
+	"github.com/dsmkit/dsm/internal/uffd"
+)
+
+// DefaultTimeout bounds the handshake of Map when ctx has no deadline.
+const DefaultTimeout = 30 * time.Second
+
+// Client is a handle on the local dsmd's session socket. Each Map opens a
+// session of its own.
+type Client struct {
+	path string
+
+	mu     sync.Mutex
+	closed bool
+	maps   map[*Mapping]struct{}
+}
+
+// Connect checks that dsmd accepts sessions at socketPath and returns a
+// Client for it.
+func Connect(ctx context.Context, socketPath string) (*Client, error) {
+	conn, err := dial(ctx, socketPath)
+	if err != nil {
+		return nil, err
+	}
+	conn.Close()
+	return &Client{path: socketPath, maps: make(map[*Mapping]struct{})}, nil
+}
+
+func dial(ctx context.Context, path string) (*net.UnixConn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// Close closes every mapping made by this Client.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	maps := make([]*Mapping, 0, len(c.maps))
+	for m := range c.maps {
+		maps = append(maps, m)
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, m := range maps {
+		errs = append(errs, m.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Mapping states.
+const (
+	live   int32 = iota
+	dead         // the session ended under us
+	closed       // Close was called
+)
+
+// Mapping is this process's coherent mapping of one region. Plain loads and
+// stores through Bytes() are coherent; misses are served by dsmd.
+type Mapping struct {
+	c        *Client
+	name     string
+	region   ids.RegionID
+	pageSize int64
+	mp       *memfd.Mapping
+	b        []byte
+	conn     *net.UnixConn
+	u        *uffd.UFFD // this process's copy: never read; closed to release faults
+
+	state atomic.Int32
+	done  chan struct{} // closed when the mapping stops being live
+	mon   chan struct{} // closed when the monitor goroutine has returned
+
+	// mu is held shared by ReadAt and WriteAt and exclusively by Close
+	// for munmap, so the memory never goes away under a copy.
+	mu       sync.RWMutex
+	unmapped bool
+	stopOnce sync.Once
+}
+
+// Map maps the region name and hands its faults to dsmd. ctx bounds the
+// handshake only.
+func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
+	c.mu.Lock()
+	isClosed := c.closed
+	c.mu.Unlock()
+	if isClosed {
+		return nil, ErrClosed
+	}
+	conn, err := dial(ctx, c.path)
+	if err != nil {
+		return nil, err
+	}
+	m, err := handshake(ctx, conn, name)
+	if err != nil {
+		conn.Close()
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("mapclient: map %q: %w (%v)", name, cerr, err)
+		}
+		return nil, err
+	}
+	m.c = c
+	go m.monitor()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		m.Close()
+		return nil, ErrClosed
+	}
+	c.maps[m] = struct{}{}
+	c.mu.Unlock()
+	return m, nil
+}
+
+func handshake(ctx context.Context, conn *net.UnixConn, name string) (m *Mapping, err error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultTimeout)
+	}
+	conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name})
+	if err != nil {
+		return nil, err
+	}
+	if err := fdpass.Send(conn, req); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	buf := make([]byte, mapproto.MaxMsg)
+	reply, fds, err := recv(conn, buf, 1)
+	if err != nil {
+		return nil, err
+	}
+	if reply.Type != mapproto.TypeMapped || len(fds) != 1 {
+		closeFDs(fds)
+		return nil, fmt.Errorf("%w: %s with %d descriptors in answer to map", ErrProtocol, reply.Type, len(fds))
+	}
+	mf, err := memfd.FromFD(fds[0])
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	defer mf.Close() // the mapping keeps the memory
+	ps := int64(reply.PageSize)
+	sys := int64(os.Getpagesize())
+	if ps <= 0 || ps%sys != 0 || reply.Size == 0 || uint64(mf.Size()) != reply.Size || mf.Size()%ps != 0 {
+		return nil, fmt.Errorf("%w: region of %d bytes (memfd %d), page size %d", ErrProtocol, reply.Size, mf.Size(), ps)
+	}
+	mp, err := mf.Map(0, mf.Size(), memfd.ReadWrite)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			mp.Unmap()
+		}
+	}()
+	if err := mp.DontFork(); err != nil {
+		return nil, err
+	}
+	u, err := uffd.Open(uffd.Options{})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			u.Close()
+		}
+	}()
+	if _, err := u.Register(mp.Addr(), uint64(mp.Len()), uffd.ModeMissing|uffd.ModeWP|uffd.ModeMinor); err != nil {
+		return nil, err
+	}
+	reg, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegister, Addr: mp.Addr(), Len: uint64(mp.Len())})
+	if err != nil {
+		return nil, err
+	}
+	if err := fdpass.Send(conn, reg, u.Fd()); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	ack, _, err := recv(conn, buf, 0)
+	if err != nil {
+		return nil, err
+	}
+	if ack.Type != mapproto.TypeRegistered {
+		return nil, fmt.Errorf("%w: %s in answer to register", ErrProtocol, ack.Type)
+	}
+	conn.SetDeadline(time.Time{})
+	return &Mapping{
+		name: name, region: reply.Region, pageSize: ps,
+		mp: mp, b: mp.Bytes(), conn: conn, u: u,
+		done: make(chan struct{}), mon: make(chan struct{}),
+	}, nil
+}
+
+// recv reads one message; an Error message becomes a *ServerError.
+func recv(conn *net.UnixConn, buf []byte, maxFDs int) (mapproto.Msg, []int, error) {
+	n, fds, err := fdpass.Recv(conn, buf, maxFDs)
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return mapproto.Msg{}, nil, fmt.Errorf("%w: session closed during the handshake", ErrUnavailable)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return mapproto.Msg{}, nil, fmt.Errorf("%w: handshake: %v", ErrUnavailable, err)
+		}
+		return mapproto.Msg{}, nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	msg, err := mapproto.Decode(buf[:n])
+	if err != nil {
+		closeFDs(fds)
+		return msg, nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	if msg.Type == mapproto.TypeError {
+		closeFDs(fds)
+		return msg, nil, &ServerError{Code: msg.Code, Text: msg.Text}
+	}
+	return msg, fds, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		os.NewFile(uintptr(fd), "").Close()
+	}
+}
+
+// monitor waits for the end of the session: dsmd never writes after the
+// handshake, so any return of the read (end of stream, an error, or a
+// message) means the mapping is no longer served.
+func (m *Mapping) monitor() {
+	defer close(m.mon)
+	buf := make([]byte, mapproto.MaxMsg)
+	for {
+		n, fds, err := fdpass.Recv(m.conn, buf, 0)
+		closeFDs(fds)
+		if err == nil {
+			if msg, derr := mapproto.Decode(buf[:n]); derr == nil && msg.Type != mapproto.TypeError {
+				continue // nothing is defined after the handshake yet; ignore
+			}
+		}
+		m.stop(dead)
+		return
+	}
+}
+
+// stop leaves the live state (to dead or closed) and then releases the
+// faults: the state is set before this process's copy of the userfaultfd
+// is closed, so a ReadAt or WriteAt that a release lets through always sees
+// it afterwards.
+func (m *Mapping) stop(to int32) {
+	m.stopOnce.Do(func() {
+		m.state.CompareAndSwap(live, to)
+		close(m.done)
+		if to == closed && useVMCopy() {
+			// Closing: make the mapping inaccessible before the faults
+			// are released, so that a ReadAt or WriteAt still running
+			// fails (EFAULT in its syscall) instead of reaching the memfd
+			// unserved. Plain accesses have stopped (Close's contract).
+			unix.Mprotect(m.b, unix.PROT_NONE)
+		}
+		// Unregistering wakes the threads blocked on faults; they then
+		// see the bare memfd. Closing our copy does the same once dsmd's
+		// copy is gone too.
+		m.u.Unregister(m.mp.Addr(), uint64(len(m.b)))
+		m.u.Close()
+	})
+	if to == closed {
+		m.state.Store(closed)
+	}
+}
+
+// Name is the region's name.
+func (m *Mapping) Name() string { return m.name }
+
+// Region is the region's id.
+func (m *Mapping) Region() ids.RegionID { return m.region }
+
+// PageSize is the region's page size: the unit of coherence.
+func (m *Mapping) PageSize() int64 { return m.pageSize }
+
+// Len is the region's size in bytes.
+func (m *Mapping) Len() int64 { return int64(len(m.b)) }
+
+// Bytes returns the coherent mapping: plain loads and stores. A load or
+// store that misses blocks its OS thread in the kernel until dsmd answers
+// (the Go runtime cannot preempt it meanwhile). After the mapping is dead
+// (Done is closed) the contents are undefined: a miss may then read zeros
+// or hang; use ReadAt and WriteAt where that matters. After Close, any
+// access faults the process.
+func (m *Mapping) Bytes() []byte { return m.b }
+
+// Done is closed when the mapping stops being served (dsmd gone, or Close).
+func (m *Mapping) Done() <-chan struct{} { return m.done }
+
+// Err is nil while the mapping is served, ErrDaemonGone after the session
+// ended, ErrClosed after Close.
+func (m *Mapping) Err() error {
+	switch m.state.Load() {
+	case dead:
+		return ErrDaemonGone
+	case closed:
+		return ErrClosed
+	}
+	return nil
+}
+
+// chunk is how many bytes ReadAt and WriteAt populate at a time.
+const chunk = 1 << 20
+
+// ReadAt copies len(p) bytes at off into p (io.ReaderAt). The pages are
+// faulted in from the madvise(MADV_POPULATE_READ) syscall first, so a miss
+// waits in a syscall, not in a load. If the mapping dies before the copy is
+// done, it returns the bytes copied before that and ErrDaemonGone, never
+// bytes it cannot vouch for. Reading past the end returns io.EOF.
+func (m *Mapping) ReadAt(p []byte, off int64) (int, error) {
+	return m.rw(p, off, false)
+}
+
+// WriteAt copies p into the mapping at off (io.WriterAt), faulting the
+// pages in for writing from madvise(MADV_POPULATE_WRITE) first. A write
+// that would pass the end is ErrOutOfRange and writes nothing. If the
+// mapping dies meanwhile it returns ErrDaemonGone: the bytes after the
+// reported count may or may not have reached dsmd.
+func (m *Mapping) WriteAt(p []byte, off int64) (int, error) {
+	return m.rw(p, off, true)
+}
+
+func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
+	if err := m.Err(); err != nil {
+		return 0, err
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.unmapped {
+		return 0, ErrClosed
+	}
+	size := int64(len(m.b))
+	if off < 0 || off > size {
+		return 0, fmt.Errorf("%w: offset %d of %d", ErrOutOfRange, off, size)
+	}
+	want := len(p)
+	if int64(want) > size-off {
+		if write {
+			return 0, fmt.Errorf("%w: %d bytes at %d of %d", ErrOutOfRange, want, off, size)
+		}
+		want = int(size - off)
+	}
+	sys := int64(os.Getpagesize())
+	done := 0
+	for done < want {
+		start := off + int64(done)
+		end := min(off+int64(want), (start/chunk+1)*chunk)
+		lo := start / sys * sys
+		var err error
+		if write {
+			err = m.mp.PopulateWrite(lo, end-lo)
+		} else {
+			err = m.mp.PopulateRead(lo, end-lo)
+		}
+		if err != nil {
+			if serr := m.Err(); serr != nil {
+				return done, serr
+			}
+			return done, err
+		}
+		n, err := copyMapped(m.b, p[done:done+int(end-start)], start, write)
+		// A release of the faults happens only after the state changed, so
+		// checking it after the copy catches every unserved page.
+		if serr := m.Err(); serr != nil {
+			return done, serr
+		}
+		if err != nil {
+			return done, fmt.Errorf("mapclient: copy at %d: %w", start, err)
+		}
+		done += n
+	}
+	if done < len(p) {
+		return done, io.EOF
+	}
+	return done, nil
+}
+
+// Close detaches the mapping from dsmd and unmaps it. Plain accesses
+// through Bytes() must have stopped; ReadAt and WriteAt calls still waiting
+// return ErrClosed.
+func (m *Mapping) Close() error {
+	m.stop(closed)
+	m.conn.Close()
+	<-m.mon
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.c != nil {
+		m.c.mu.Lock()
+		delete(m.c.maps, m)
+		m.c.mu.Unlock()
+	}
+	if m.unmapped {
+		return nil
+	}
+	m.unmapped = true
+	return m.mp.Unmap()
+}

@@ -1,0 +1,449 @@
+//go:build linux
+
+package mapclient
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dsmkit/dsm/internal/fdpass"
+	"github.com/dsmkit/dsm/internal/mapproto"
+	"github.com/dsmkit/dsm/internal/memfd"
+	"github.com/dsmkit/dsm/internal/uffd"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hangDeadline only catches hangs; nothing is asserted about time.
+const hangDeadline = 30 * time.Second
+
+var ps = os.Getpagesize()
+
+// fakeDaemon plays dsmd's side of the session protocol in this process. It
+// serves region "r" (pages pages): a missing page is installed writable with
+// every byte equal to its page number plus one, except pages in hold, whose
+// faults it only reports on faults. Resolving in the same process is safe
+// here because the tests touch the mapping only through ReadAt and WriteAt,
+// which wait in madvise, a syscall.
+type fakeDaemon struct {
+	t      *testing.T
+	path   string
+	ln     *net.UnixListener
+	pages  int
+	hold   map[int]bool
+	faults chan int // pages of held faults
+	mu     sync.Mutex
+	reply  []byte // when set, replaces the answer to map
+	conns  []*net.UnixConn
+	us     []*uffd.UFFD
+	mfs    []*memfd.File
+	wg     sync.WaitGroup
+}
+
+func newFakeDaemon(t *testing.T, pages int, hold ...int) *fakeDaemon {
+	t.Helper()
+	if _, err := uffd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	d := &fakeDaemon{t: t, pages: pages, hold: map[int]bool{}, faults: make(chan int, 16)}
+	for _, p := range hold {
+		d.hold[p] = true
+	}
+	d.path = filepath.Join(t.TempDir(), "dsmd.sock")
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: d.path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.ln = ln
+	d.wg.Add(1)
+	go d.accept()
+	t.Cleanup(d.stop)
+	return d
+}
+
+func (d *fakeDaemon) accept() {
+	defer d.wg.Done()
+	for {
+		conn, err := d.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		d.mu.Lock()
+		d.conns = append(d.conns, conn)
+		d.mu.Unlock()
+		d.wg.Add(1)
+		go d.session(conn)
+	}
+}
+
+func (d *fakeDaemon) session(conn *net.UnixConn) {
+	defer d.wg.Done()
+	buf := make([]byte, mapproto.MaxMsg)
+	n, _, err := fdpass.Recv(conn, buf, 0)
+	if err != nil {
+		return
+	}
+	req, err := mapproto.Decode(buf[:n])
+	if err != nil {
+		d.t.Errorf("fake daemon: %v", err)
+		return
+	}
+	d.mu.Lock()
+	reply := d.reply
+	d.mu.Unlock()
+	if reply != nil {
+		conn.Write(reply)
+		return
+	}
+	if req.Name != "r" {
+		b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: "no region " + req.Name})
+		conn.Write(b)
+		return
+	}
+	mf, err := memfd.Create("fake", int64(d.pages*ps))
+	if err != nil {
+		d.t.Errorf("fake daemon: %v", err)
+		return
+	}
+	d.mu.Lock()
+	d.mfs = append(d.mfs, mf)
+	d.mu.Unlock()
+	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: 9, Size: uint64(mf.Size()), PageSize: uint32(ps)})
+	if err := fdpass.Send(conn, b, mf.Fd()); err != nil {
+		return
+	}
+	n, fds, err := fdpass.Recv(conn, buf, 1)
+	if err != nil || len(fds) != 1 {
+		return
+	}
+	reg, _ := mapproto.Decode(buf[:n])
+	u, err := uffd.FromFD(fds[0])
+	if err != nil {
+		d.t.Errorf("fake daemon: %v", err)
+		return
+	}
+	d.mu.Lock()
+	d.us = append(d.us, u)
+	d.mu.Unlock()
+	b, _ = mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
+	conn.Write(b)
+	msgs := make([]uffd.Msg, 8)
+	for {
+		n, err := u.Read(msgs)
+		if err != nil {
+			return
+		}
+		for _, m := range msgs[:n] {
+			p := int((m.Address - reg.Addr) / uint64(ps))
+			if d.hold[p] {
+				d.faults <- p
+				continue
+			}
+			addr := reg.Addr + uint64(p*ps)
+			switch m.Kind() {
+			case uffd.FaultMissing:
+				err = u.Copy(addr, bytes.Repeat([]byte{byte(p + 1)}, ps), 0)
+			case uffd.FaultMinor:
+				err = u.Continue(addr, uint64(ps), 0)
+			case uffd.FaultWP:
+				err = u.WriteProtect(addr, uint64(ps), false, 0)
+			}
+			if err != nil && !errors.Is(err, uffd.ErrProcessGone) {
+				d.t.Errorf("fake daemon: resolving %s: %v", m, err)
+			}
+		}
+	}
+}
+
+func (d *fakeDaemon) setReply(b []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.reply = b
+}
+
+// die closes every session socket and userfaultfd, as dsmd's exit does.
+func (d *fakeDaemon) die() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		c.Close()
+	}
+	for _, u := range d.us {
+		u.Close()
+	}
+}
+
+func (d *fakeDaemon) stop() {
+	d.ln.Close()
+	d.die()
+	d.wg.Wait()
+	for _, mf := range d.mfs {
+		mf.Close()
+	}
+}
+
+// cached reports whether page p of the i-th session's memfd holds data.
+func (d *fakeDaemon) cached(i, p int) bool {
+	d.mu.Lock()
+	mf := d.mfs[i]
+	d.mu.Unlock()
+	n, err := mf.CachedPages(int64(p*ps), int64(ps))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return n == 1
+}
+
+func mapRegion(t *testing.T, d *fakeDaemon) (*Client, *Mapping) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+	defer cancel()
+	c, err := Connect(ctx, d.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	m, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, m
+}
+
+// waitFault waits until the fake daemon reports a held fault on page p.
+func waitFault(t *testing.T, d *fakeDaemon, p int) {
+	t.Helper()
+	select {
+	case got := <-d.faults:
+		if got != p {
+			t.Fatalf("held fault on page %d, want %d", got, p)
+		}
+	case <-time.After(hangDeadline):
+		t.Fatalf("no fault on page %d", p)
+	}
+}
+
+func TestReadWriteAt(t *testing.T) { testReadWriteAt(t) }
+
+// TestReadWriteAtMemmove: the same where process_vm_readv is refused.
+func TestReadWriteAtMemmove(t *testing.T) {
+	noVMCopy = true
+	defer func() { noVMCopy = false }()
+	testReadWriteAt(t)
+}
+
+func testReadWriteAt(t *testing.T) {
+	d := newFakeDaemon(t, 8)
+	_, m := mapRegion(t, d)
+	if m.Len() != int64(8*ps) || m.PageSize() != int64(ps) || m.Region() != 9 || m.Name() != "r" || m.Err() != nil {
+		t.Fatalf("mapping: len %d page %d region %s name %q err %v", m.Len(), m.PageSize(), m.Region(), m.Name(), m.Err())
+	}
+	got := make([]byte, 10)
+	if n, err := m.ReadAt(got, int64(2*ps+5)); n != 10 || err != nil {
+		t.Fatalf("ReadAt: %d, %v", n, err)
+	}
+	if !bytes.Equal(got, bytes.Repeat([]byte{3}, 10)) {
+		t.Fatalf("ReadAt of page 2: %x, want the daemon's fill 03", got)
+	}
+	// Across a page boundary, into pages never touched.
+	msg := []byte("hello, coherent world")
+	off := int64(5*ps - 7)
+	if n, err := m.WriteAt(msg, off); n != len(msg) || err != nil {
+		t.Fatalf("WriteAt: %d, %v", n, err)
+	}
+	back := make([]byte, len(msg)+2)
+	if n, err := m.ReadAt(back, off-1); n != len(back) || err != nil {
+		t.Fatalf("ReadAt: %d, %v", n, err)
+	}
+	want := append(append([]byte{5}, msg...), 6)
+	if !bytes.Equal(back, want) {
+		t.Fatalf("read back %q, want %q", back, want)
+	}
+	// The pages are mapped now: plain loads see the same bytes.
+	if !bytes.Equal(m.Bytes()[off:off+int64(len(msg))], msg) {
+		t.Fatal("Bytes() does not show the write")
+	}
+}
+
+func TestRanges(t *testing.T) {
+	d := newFakeDaemon(t, 2)
+	_, m := mapRegion(t, d)
+	size := m.Len()
+	p := make([]byte, 8)
+	if _, err := m.ReadAt(p, -1); !errors.Is(err, ErrOutOfRange) {
+		t.Errorf("ReadAt(-1): %v", err)
+	}
+	if _, err := m.ReadAt(p, size+1); !errors.Is(err, ErrOutOfRange) {
+		t.Errorf("ReadAt past the end: %v", err)
+	}
+	if n, err := m.ReadAt(p, size); n != 0 || err != io.EOF {
+		t.Errorf("ReadAt at the end: %d, %v; want 0, EOF", n, err)
+	}
+	if n, err := m.ReadAt(p, size-3); n != 3 || err != io.EOF {
+		t.Errorf("ReadAt across the end: %d, %v; want 3, EOF", n, err)
+	}
+	if n, err := m.WriteAt(p, size-3); n != 0 || !errors.Is(err, ErrOutOfRange) {
+		t.Errorf("WriteAt across the end: %d, %v", n, err)
+	}
+	if n, err := m.WriteAt(nil, size); n != 0 || err != nil {
+		t.Errorf("empty WriteAt at the end: %d, %v", n, err)
+	}
+}
+
+// TestDaemonGone: when dsmd goes away with a ReadAt waiting for a fault,
+// the ReadAt fails with ErrDaemonGone instead of returning the zeros the
+// kernel would hand it, and every later access fails the same way.
+func TestDaemonGone(t *testing.T) {
+	d := newFakeDaemon(t, 8, 3)
+	c, m := mapRegion(t, d)
+	if _, err := m.ReadAt(make([]byte, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int
+		err error
+		b   []byte
+	}
+	res := make(chan result, 1)
+	go func() {
+		b := make([]byte, 16)
+		n, err := m.ReadAt(b, int64(3*ps))
+		res <- result{n, err, b}
+	}()
+	waitFault(t, d, 3)
+	select {
+	case r := <-res:
+		t.Fatalf("ReadAt returned while its fault was held: %d %v", r.n, r.err)
+	default:
+	}
+	d.die()
+	select {
+	case r := <-res:
+		if !errors.Is(r.err, ErrDaemonGone) || r.n != 0 {
+			t.Fatalf("waiting ReadAt: %d, %v (%x); want 0, ErrDaemonGone", r.n, r.err, r.b)
+		}
+	case <-time.After(hangDeadline):
+		t.Fatal("waiting ReadAt not released after the daemon died")
+	}
+	select {
+	case <-m.Done():
+	case <-time.After(hangDeadline):
+		t.Fatal("Done not closed")
+	}
+	if _, err := m.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrDaemonGone) {
+		t.Fatalf("ReadAt of a present page after death: %v", err)
+	}
+	if _, err := m.WriteAt([]byte{1}, 0); !errors.Is(err, ErrDaemonGone) {
+		t.Fatalf("WriteAt after death: %v", err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ReadAt after Close: %v", err)
+	}
+	// dsmd is back (here: still listening): Map again works.
+	m2, err := c.Map(context.Background(), "r")
+	if err != nil {
+		t.Fatalf("Map after the daemon came back: %v", err)
+	}
+	b := make([]byte, 1)
+	if _, err := m2.ReadAt(b, int64(ps)); err != nil || b[0] != 2 {
+		t.Fatalf("ReadAt on the new mapping: %#x, %v", b[0], err)
+	}
+}
+
+// TestCloseReleasesWaiter: Close does not wait for dsmd to answer a fault;
+// the waiting ReadAt fails with ErrClosed.
+func TestCloseReleasesWaiter(t *testing.T) {
+	d := newFakeDaemon(t, 8, 5)
+	c, m := mapRegion(t, d)
+	res := make(chan error, 1)
+	go func() {
+		_, err := m.WriteAt([]byte{1, 2, 3}, int64(5*ps))
+		res <- err
+	}()
+	waitFault(t, d, 5)
+	if d.cached(0, 5) {
+		t.Fatal("page 5 cached before the fault was answered")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-res:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("waiting WriteAt: %v, want ErrClosed", err)
+		}
+	case <-time.After(hangDeadline):
+		t.Fatal("Close did not release the waiting WriteAt")
+	}
+	if m.Err() != ErrClosed {
+		t.Fatalf("Err after Close: %v", m.Err())
+	}
+	// The released WriteAt did not reach the memfd behind dsmd's back.
+	if useVMCopy() && d.cached(0, 5) {
+		t.Fatal("a WriteAt cut short by Close allocated the page in the memfd")
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := c.Map(context.Background(), "r"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Map on a closed client: %v", err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	d := newFakeDaemon(t, 2)
+	ctx := context.Background()
+	c, err := Connect(ctx, d.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = c.Map(ctx, "nope")
+	var se *ServerError
+	if !errors.Is(err, ErrUnknownRegion) || !errors.As(err, &se) || se.Code != mapproto.CodeUnknownRegion {
+		t.Fatalf("unknown region: %v", err)
+	}
+	d.setReply([]byte{mapproto.Version, 200})
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("garbage answer: %v, want ErrProtocol", err)
+	}
+	ack, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
+	d.setReply(ack)
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("answer without a memfd: %v, want ErrProtocol", err)
+	}
+	if _, err := Connect(ctx, filepath.Join(t.TempDir(), "none.sock")); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("no daemon: %v, want ErrUnavailable", err)
+	}
+}
+
+// TestCopyFaultsInSyscall: the copy itself waits for a fault inside the
+// process_vm_readv syscall (a page taken away after the populate).
+func TestCopyFaultsInSyscall(t *testing.T) {
+	if !vmCopyWorks() {
+		t.Skip("process_vm_readv refused here")
+	}
+	d := newFakeDaemon(t, 8)
+	_, m := mapRegion(t, d)
+	buf := make([]byte, 2*ps)
+	n, err := copyMapped(m.Bytes(), buf, int64(6*ps), false)
+	if err != nil || n != len(buf) {
+		t.Fatalf("copy: %d, %v", n, err)
+	}
+	if buf[0] != 7 || buf[ps] != 8 {
+		t.Fatalf("copied %#x, %#x; want the daemon's fills 07, 08", buf[0], buf[ps])
+	}
+}

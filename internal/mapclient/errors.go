@@ -1,0 +1,49 @@
+package mapclient
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/dsmkit/dsm/internal/mapproto"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrDaemonGone: the session with dsmd ended (dsmd died, or dropped this
+	// mapping). The mapping's contents can no longer be trusted: ReadAt and
+	// WriteAt fail with it, and a ReadAt that was waiting for a fault when
+	// it happened fails too, rather than return a page of zeros.
+	ErrDaemonGone = errors.New("mapclient: connection to dsmd lost; the mapping is dead")
+	// ErrClosed: the Mapping or Client was closed.
+	ErrClosed = errors.New("mapclient: closed")
+	// ErrUnavailable: dsmd cannot be reached at the socket path.
+	ErrUnavailable = errors.New("mapclient: dsmd unavailable")
+	// ErrUnknownRegion: dsmd has no region of that name.
+	ErrUnknownRegion = errors.New("mapclient: unknown region")
+	// ErrOutOfRange: an offset outside the region.
+	ErrOutOfRange = errors.New("mapclient: offset out of range")
+	// ErrProtocol: dsmd answered something this library does not expect.
+	ErrProtocol = errors.New("mapclient: protocol error")
+)
+
+// ServerError is a refusal from dsmd. It matches ErrUnknownRegion or
+// ErrUnavailable with errors.Is where its code says so.
+type ServerError struct {
+	Code mapproto.Code
+	Text string
+}
+
+func (e *ServerError) Error() string {
+	return fmt.Sprintf("mapclient: dsmd refused: %s: %s", e.Code, e.Text)
+}
+
+// Is maps the server's codes onto this package's sentinels.
+func (e *ServerError) Is(target error) bool {
+	switch e.Code {
+	case mapproto.CodeUnknownRegion:
+		return target == ErrUnknownRegion
+	case mapproto.CodeUnavailable:
+		return target == ErrUnavailable
+	}
+	return false
+}
