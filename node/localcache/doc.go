@@ -1,0 +1,92 @@
+// Package localcache is the local half of dsmd's fault path (design §4): one
+// node's page cache and the fault service of the client processes that map
+// it. The coherence engine sits behind the Coherence interface; MemHome is a
+// single-node implementation (every page homed here, kept in memory).
+//
+// # What it holds
+//
+// Per region (AddRegion): a memfd the Cache owns and maps, sparse (a 1 TiB
+// region costs only its touched pages), which every local client maps too,
+// so co-located processes share physical pages; the local MSI state of each
+// page (Invalid, Shared, Modified: what this machine's mappings may do);
+// and the attached clients, each a client process's mapping of the whole
+// region with the userfaultfd that registers it. Over all regions at most
+// Config.CapacityPages pages are held; beyond it the oldest installed page is
+// evicted (a Modified one written back through Coherence.Evict first).
+//
+// # Invariants
+//
+//   - A page is Invalid exactly when the memfd has a hole there (whenever
+//     its lock is free). Installing writes the hole full; Invalidate and
+//     eviction punch it out, which removes it from every mapping in every
+//     process. The Cache reads its own mapping of a page only while it is
+//     Shared or Modified: reading a hole would allocate a zero page and
+//     turn the clients' next MISSING fault into a MINOR one onto zeros.
+//   - Write rule: a client maps a page writable only while it is Modified
+//     here. Shared pages are installed read-only (UFFDIO_CONTINUE with WP);
+//     Modified pages are installed writable, and a WP fault on a page that
+//     is Modified (another client upgraded it) is answered locally by
+//     clearing the protection in the faulting client only. So the upgrade
+//     from Shared touches only the faulting client; the others fault once,
+//     locally, on their next store. Downgrade and the write-back of a
+//     Modified page write-protect the page in every attached client first,
+//     so no store lands after the copy is taken.
+//   - Each page has a lock held across a whole resolution, including the
+//     Coherence call: faults of several clients (or re-deliveries) on one
+//     page are resolved by one miss; the others find the page held and only
+//     map it.
+//
+// # A fault, end to end
+//
+//  1. The client library maps the region's memfd (received over the session
+//     socket), registers it MISSING|WP|MINOR with its own userfaultfd and
+//     hands that descriptor over (package mapproto).
+//  2. The client's reader goroutine reads the fault message and hands the
+//     page to a worker (one per page in flight per client; a message for a
+//     page already being resolved makes that worker resolve once more).
+//  3. The worker takes the page lock. Invalid: ReadMiss (read) or WriteMiss
+//     with a buffer (write) fetches the data, which is written into the
+//     memfd hole; the page becomes Shared or Modified. Shared and a write:
+//     WriteMiss without a buffer (an upgrade); the page becomes Modified.
+//     Otherwise nothing is asked of the engine.
+//  4. The page is mapped in the client with UFFDIO_CONTINUE (read-only if
+//     Shared), plus clearing WP for a write; both wake the faulting threads.
+//     EEXIST counts as done, so a re-delivered fault costs one ioctl.
+//  5. After the lock is released, pages are evicted while over capacity.
+//
+// A miss that fails is retried with backoff while the faulting thread stays
+// blocked; the worker gives up only when the client goes away or the Cache
+// closes (its context is then cancelled: a Coherence implementation should
+// honour it, or Close waits for the call).
+//
+// # Lock order with the engine
+//
+// Invalidate, Downgrade and Install take the page lock too. The engine must
+// therefore not wait for one of them on a page whose miss it holds in a
+// ReadMiss or WriteMiss call: when a remote request conflicts with a local
+// miss in flight, it fails the miss first (any error), and the Cache applies
+// the remote action and retries the fault. An Invalidate or Downgrade of a
+// page not held here returns Invalid and does nothing, so stale or
+// duplicated remote requests are harmless.
+//
+// # Sessions and client death
+//
+// Listen serves sessions on a Unix SOCK_SEQPACKET socket: Map (the memfd
+// goes back), Register (the userfaultfd comes in), then nothing until the
+// end of stream. The client is detached when its socket reaches end of
+// stream, when its process exits (pidfd, so a forked child holding the
+// socket does not keep a dead client attached), or when reading its
+// userfaultfd fails. Detaching removes it from the write-protect set, cancels
+// its workers' context and closes the Cache's copy of its userfaultfd at
+// once; a worker stuck in a Coherence call finishes in the background, and
+// mapping into a dead process is ErrProcessGone, which ends it. Nothing a
+// dead client held can block another client beyond the page it was
+// faulting on.
+//
+// # Counters
+//
+// Stats reports faults by kind, misses and upgrades, local resolutions,
+// installs, invalidations, downgrades, evictions and write-backs, pages held
+// and dirty, clients attached and faults in flight: the raw material for
+// dsmd's metrics.
+package localcache
