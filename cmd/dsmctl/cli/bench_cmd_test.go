@@ -1,0 +1,60 @@
+package cli
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestBenchAgainstFake(t *testing.T) {
+	f, sock := serveFake(t)
+	var v benchJSON
+	r := run(t, sock, runOpts{}, "bench", "--ops", "400", "--threads", "4", "--read-ratio", "0.5",
+		"--skew", "0.9", "--progress", "always", "--json").ok(t)
+	decode(t, r.stdout, &v)
+	f.mu.Lock()
+	reads, writes, deleted := f.reads, f.writes, slices.Clone(f.deleted)
+	_, left := f.regions["dsmctl-bench"]
+	f.mu.Unlock()
+	if v.Ops != 400 || v.Read.Count+v.Write.Count != 400 || v.All.Count != 400 {
+		t.Errorf("bench counted %d ops (%d reads, %d writes), want 400", v.Ops, v.Read.Count, v.Write.Count)
+	}
+	if reads != v.Read.Count || writes != v.Write.Count {
+		t.Errorf("the server saw %d reads and %d writes; bench reports %d and %d", reads, writes, v.Read.Count, v.Write.Count)
+	}
+	if v.Read.Count == 0 || v.Write.Count == 0 || v.All.P50NS <= 0 || v.All.MaxNS < v.All.P99NS || v.All.P99NS < v.All.P50NS {
+		t.Errorf("implausible latencies: %+v", v.All)
+	}
+	if v.Workload.Region != "dsmctl-bench" || v.Workload.RegionSize != 64<<20 || v.Workload.Skew != 0.9 || v.Target != "admin" {
+		t.Errorf("workload: %+v", v.Workload)
+	}
+	if left || !slices.Equal(deleted, []string{"dsmctl-bench"}) {
+		t.Errorf("the region bench created was not deleted (deleted %v)", deleted)
+	}
+	if !strings.Contains(r.stderr, "100% 400/400 ops") {
+		t.Errorf("no final progress bar on stderr: %q", r.stderr)
+	}
+
+	// An existing region is used as it is, and kept.
+	r = run(t, sock, runOpts{}, "bench", "--region", "small", "--ops", "100", "--threads", "2").ok(t)
+	for _, w := range []string{"bench on small (400 KiB, 4 KiB pages) through admin · 2 threads", "OP", "read", "write", "all", "100 ops in"} {
+		if !strings.Contains(r.stdout, w) {
+			t.Errorf("bench table lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	if r.stderr != "" {
+		t.Errorf("progress bar drawn on a non-terminal: %q", r.stderr)
+	}
+	f.mu.Lock()
+	_, kept := f.regions["small"]
+	f.mu.Unlock()
+	if !kept {
+		t.Error("bench deleted a region it did not create")
+	}
+
+	// A workload the region cannot hold is a usage error.
+	if r := run(t, sock, runOpts{}, "bench", "--region", "small", "--threads", "64"); r.code != ExitUsage ||
+		!strings.Contains(r.stderr, "private area") {
+		t.Errorf("too many threads for the region: exit %d, %q", r.code, r.stderr)
+	}
+}

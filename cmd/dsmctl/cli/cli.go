@@ -1,0 +1,350 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// DefaultAddr is the socket dsmctl talks to when neither --addr nor
+// $DSM_ADDR says otherwise: the local dsmd's Unix socket, where the systemd
+// unit and `dsmd` without flags put it.
+const DefaultAddr = "/run/dsm/dsmd.sock"
+
+// AddrEnv is the environment variable that overrides DefaultAddr.
+const AddrEnv = "DSM_ADDR"
+
+// Exit codes of Run. Scripts and probes rely on them.
+const (
+	ExitOK        = 0 // the command did what it was asked
+	ExitError     = 1 // it failed: the message says why
+	ExitUsage     = 2 // the command line is wrong
+	ExitDegraded  = 3 // status: serving, with less margin (a member down, a backup missing)
+	ExitUnhealthy = 4 // status: some requests cannot be served, or health unknown
+)
+
+// Env is the world a command runs in. The zero value is not usable; take
+// OSEnv, or fill every field in tests.
+type Env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads the environment ($DSM_ADDR, $NO_COLOR, $TERM).
+	Getenv func(string) string
+	// StdoutTTY and StderrTTY say whether those are terminals: colors and
+	// screen refreshes go to a terminal only, the bench progress bar to a
+	// terminal on stderr only.
+	StdoutTTY, StderrTTY bool
+	// Now is the wall clock, used only to show ages ("3s ago").
+	Now func() time.Time
+}
+
+// OSEnv is the process's own environment.
+func OSEnv() Env {
+	return Env{
+		Stdin:     os.Stdin,
+		Stdout:    os.Stdout,
+		Stderr:    os.Stderr,
+		Getenv:    os.Getenv,
+		StdoutTTY: isTerminal(os.Stdout),
+		StderrTTY: isTerminal(os.Stderr),
+		Now:       time.Now,
+	}
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// app is one invocation of dsmctl: its flags, its connection, its exit code.
+type app struct {
+	env     Env
+	addr    string
+	json    bool
+	timeout time.Duration
+
+	exit int // set by commands whose result is an exit code (status)
+
+	mu      sync.Mutex
+	conn    *grpc.ClientConn
+	dialErr error // the last error of the dialer, to explain UNAVAILABLE
+}
+
+// Run runs dsmctl with args (without the program name) and returns the
+// process exit code. Errors are printed to env.Stderr as one line.
+func Run(ctx context.Context, args []string, env Env) int {
+	if env.Now == nil {
+		env.Now = time.Now
+	}
+	if env.Getenv == nil {
+		env.Getenv = func(string) string { return "" }
+	}
+	a := &app{env: env}
+	defer a.close()
+	root := a.rootCmd()
+	root.SetArgs(args)
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return a.exit
+	}
+	var u usageError
+	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+		fmt.Fprintf(env.Stderr, "dsmctl: %s — see `dsmctl %s--help`\n", oneLine(err.Error()), helpPath(root, args))
+		return ExitUsage
+	}
+	fmt.Fprintf(env.Stderr, "dsmctl: %s\n", a.describe(err))
+	return ExitError
+}
+
+// helpPath is the command path of args that names real commands, for the
+// hint of a usage error ("region create ").
+func helpPath(root *cobra.Command, args []string) string {
+	c, _, err := root.Find(args)
+	if err != nil || c == root {
+		return ""
+	}
+	return strings.TrimPrefix(c.CommandPath(), root.Name()+" ") + " "
+}
+
+// usageError is a wrong command line: exit code ExitUsage.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// args checks the number of positional arguments; names is what the help
+// calls them.
+func args(min, max int, names string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) < min || len(a) > max {
+			path := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+			return usagef("%s takes %s, got %d argument%s", path, names, len(a), plural(len(a)))
+		}
+		return nil
+	}
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "dsmctl",
+		Short: "Operate a DSM cluster: status, regions, pages, statistics, memory",
+		Long: `dsmctl is the operator's window into a DSM cluster. It talks to one dsmd
+over its admin API (gRPC) and, through it, shows the whole cluster: members,
+Raft, regions and their placement, the MSI state of pages as a picture,
+live statistics; it can create and delete regions and read and write region
+memory through the coherence protocol.
+
+The daemon is found at --addr, else $DSM_ADDR, else ` + DefaultAddr + `.
+An address is a Unix socket path (/run/dsm/dsmd.sock, unix:///path) or a
+TCP host:port (127.0.0.1:7400).
+
+Exit codes: 0 success, 1 error, 2 bad command line, 3 status degraded,
+4 status unhealthy.`,
+		Example: `  dsmctl status
+  dsmctl --addr 127.0.0.1:7400 region ls
+  DSM_ADDR=/tmp/n2.sock dsmctl pages feat --range 0:4096`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	def := a.env.Getenv(AddrEnv)
+	if def == "" {
+		def = DefaultAddr
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.addr, "addr", def, "dsmd admin address: a Unix socket path or host:port ($"+AddrEnv+")")
+	pf.BoolVar(&a.json, "json", false, "print stable JSON instead of tables")
+	pf.DurationVar(&a.timeout, "timeout", 10*time.Second, "deadline of each request to dsmd")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(
+		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
+		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(),
+	)
+	return root
+}
+
+// admin connects to dsmd on first use. grpc.NewClient does not dial: the
+// first RPC does, and a failure surfaces as UNAVAILABLE, explained by the
+// dialer's recorded error (describe).
+func (a *app) admin() (dsmpb.AdminClient, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn == nil {
+		network, address := splitAddr(a.addr)
+		if address == "" {
+			return nil, usagef("--addr is empty")
+		}
+		dial := func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, address)
+			a.mu.Lock()
+			a.dialErr = err // nil once connected: later UNAVAILABLEs come from dsmd
+			a.mu.Unlock()
+			return c, err
+		}
+		conn, err := grpc.NewClient("passthrough:///"+address,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(dial),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("dsmd at %s: %w", a.addr, err)
+		}
+		a.conn = conn
+	}
+	return dsmpb.NewAdminClient(a.conn), nil
+}
+
+func (a *app) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn != nil {
+		a.conn.Close()
+		a.conn = nil
+	}
+}
+
+// splitAddr turns --addr into a network and an address: unix:///path,
+// unix:path and anything with a slash or without a colon are Unix socket
+// paths; the rest is TCP host:port.
+func splitAddr(addr string) (network, address string) {
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		return "unix", strings.TrimPrefix(addr, "unix://")
+	case strings.HasPrefix(addr, "unix:"):
+		return "unix", strings.TrimPrefix(addr, "unix:")
+	case strings.HasPrefix(addr, "tcp://"):
+		return "tcp", strings.TrimPrefix(addr, "tcp://")
+	case strings.Contains(addr, "/") || !strings.Contains(addr, ":"):
+		return "unix", addr
+	}
+	return "tcp", addr
+}
+
+// call is the context of one request: the command's, bounded by --timeout.
+func (a *app) call(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), a.timeout)
+}
+
+// describe turns an error into the one line dsmctl prints: what failed,
+// where, and what to try.
+func (a *app) describe(err error) string {
+	where := "dsmd at " + a.addr
+	var se interface {
+		error
+		GRPCStatus() *status.Status
+	}
+	if !errors.As(err, &se) {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Sprintf("%s did not answer within %v — is it overloaded? raise --timeout", where, a.timeout)
+		}
+		return oneLine(err.Error())
+	}
+	st := se.GRPCStatus()
+	// Keep what the command added around the gRPC error ("after 1048576 of
+	// 2097152 bytes: ").
+	if prefix := oneLine(strings.TrimSuffix(err.Error(), se.Error())); prefix != "" && prefix != oneLine(err.Error()) {
+		return prefix + " " + a.describeStatus(st, where)
+	}
+	return a.describeStatus(st, where)
+}
+
+func (a *app) describeStatus(st *status.Status, where string) string {
+	msg := oneLine(st.Message())
+	switch st.Code() {
+	case codes.Unavailable:
+		a.mu.Lock()
+		derr := a.dialErr
+		a.mu.Unlock()
+		if derr != nil {
+			return fmt.Sprintf("%s: %s — is dsmd running? try `dsmctl status --addr ADDR` or set $%s", where, dialReason(derr), AddrEnv)
+		}
+		return fmt.Sprintf("%s: unavailable: %s — retry, or look at `dsmctl status`", where, msg)
+	case codes.DeadlineExceeded:
+		return fmt.Sprintf("%s did not answer within %v — raise --timeout, or look at `dsmctl status`", where, a.timeout)
+	case codes.NotFound:
+		if strings.Contains(msg, "region") {
+			return msg + " — list regions with `dsmctl region ls`"
+		}
+		return msg
+	case codes.InvalidArgument, codes.AlreadyExists, codes.FailedPrecondition:
+		return msg
+	case codes.Unimplemented:
+		return fmt.Sprintf("%s does not offer this: %s — are dsmctl and dsmd the same version?", where, msg)
+	case codes.Canceled:
+		return "interrupted"
+	}
+	return fmt.Sprintf("%s: %s: %s", where, strings.ToLower(st.Code().String()), msg)
+}
+
+// dialReason says in words why the socket could not be reached.
+func dialReason(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ENOENT):
+		return "no socket there"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		return "permission denied (run as a member of the socket's group)"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "connection timed out"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return oneLine(op.Err.Error())
+	}
+	return oneLine(err.Error())
+}
+
+// printJSON writes v as indented JSON: field order is that of the structs,
+// map keys are sorted, so the output is stable.
+func (a *app) printJSON(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	_, err = a.env.Stdout.Write(b)
+	return err
+}
+
+// color says whether stdout gets ANSI colors: a terminal, $NO_COLOR unset,
+// $TERM not dumb, and not --json.
+func (a *app) color() bool {
+	return a.env.StdoutTTY && !a.json && a.env.Getenv("NO_COLOR") == "" && a.env.Getenv("TERM") != "dumb"
+}

@@ -1,0 +1,282 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// The JSON shapes below are dsmctl's stable output: fields are added, never
+// renamed or removed. Node ids are numbers (1 for n1), sizes bytes,
+// latencies nanoseconds.
+
+type statusJSON struct {
+	Node        uint32           `json:"node_id"`
+	Version     string           `json:"version"`
+	Leader      uint32           `json:"leader_id"`
+	Term        uint64           `json:"term"`
+	Epoch       uint64           `json:"epoch"`
+	RegionCount uint32           `json:"region_count"`
+	Health      string           `json:"health"`
+	Reasons     []string         `json:"reasons"`
+	Nodes       []nodeStatusJSON `json:"nodes"`
+}
+
+type nodeStatusJSON struct {
+	Node          uint32 `json:"node_id"`
+	Addr          string `json:"addr"`
+	State         string `json:"state"`
+	Voter         bool   `json:"voter"`
+	CacheBytes    uint64 `json:"cache_bytes"`
+	CacheCapacity uint64 `json:"cache_capacity_bytes"`
+	DirtyPages    uint64 `json:"dirty_pages"`
+	HomedShards   uint32 `json:"homed_shards"`
+	Error         string `json:"error,omitempty"`
+}
+
+func healthName(v dsmpb.Health_Verdict) string {
+	return enumName(v.String(), "VERDICT_")
+}
+
+// healthExit is the exit code of status for a verdict; an unknown verdict is
+// unhealthy, so that a probe never passes on an answer it cannot read.
+func healthExit(v dsmpb.Health_Verdict) int {
+	switch v {
+	case dsmpb.Health_VERDICT_HEALTHY:
+		return ExitOK
+	case dsmpb.Health_VERDICT_DEGRADED:
+		return ExitDegraded
+	}
+	return ExitUnhealthy
+}
+
+func (a *app) statusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "The cluster at a glance, with a health verdict (exit code 0 only when healthy)",
+		Long: `status shows the members with their state, the Raft leader and term, the
+epoch, the number of regions, cache use and dirty pages per node, and a
+health verdict with its reasons.
+
+The exit code is the verdict: 0 healthy, 3 degraded (serving, with less
+margin), 4 unhealthy or unknown, 1 when dsmd cannot be asked.`,
+		Example: `  dsmctl status
+  dsmctl status --json | jq .health
+  until dsmctl status >/dev/null; do sleep 1; done   # wait for a healthy cluster`,
+		Args: args(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			st, err := c.Status(ctx, &dsmpb.StatusRequest{})
+			if err != nil {
+				return err
+			}
+			verdict := st.GetHealth().GetVerdict()
+			a.exit = healthExit(verdict)
+			if a.json {
+				v := statusJSON{
+					Node: st.NodeId, Version: st.Version, Leader: st.LeaderId, Term: st.Term, Epoch: st.Epoch,
+					RegionCount: st.RegionCount, Health: healthName(verdict),
+					Reasons: append([]string{}, st.GetHealth().GetReasons()...),
+					Nodes:   []nodeStatusJSON{},
+				}
+				for _, n := range st.Nodes {
+					v.Nodes = append(v.Nodes, nodeStatusJSON{
+						Node: n.NodeId, Addr: n.Addr, State: memberState(n.State), Voter: n.Voter,
+						CacheBytes: n.CacheBytes, CacheCapacity: n.CacheCapacityBytes,
+						DirtyPages: n.DirtyPages, HomedShards: n.HomedShards, Error: n.Error,
+					})
+				}
+				return a.printJSON(v)
+			}
+			col := a.color()
+			w := a.env.Stdout
+			by := node(st.NodeId)
+			if st.Version != "" {
+				by += " (dsmd " + st.Version + ")"
+			}
+			fmt.Fprintf(w, "answered by %s · leader %s · term %d · epoch %d · %d region%s\n\n",
+				by, node(st.LeaderId), st.Term, st.Epoch, st.RegionCount, plural(int(st.RegionCount)))
+			t := newTable("NODE", "ADDR", "STATE", "VOTER", "CACHE", "DIRTY PAGES", "SHARDS")
+			for _, n := range st.Nodes {
+				cache := FormatSize(n.CacheBytes) + " / " + FormatSize(n.CacheCapacityBytes)
+				dirty := fmt.Sprint(n.DirtyPages)
+				if n.Error != "" {
+					cache, dirty = "? ("+oneLine(n.Error)+")", "?"
+				}
+				t.row(node(n.NodeId), n.Addr, paint(col, stateColor(n.State), memberState(n.State)),
+					yesNo(n.Voter), cache, dirty, n.HomedShards)
+			}
+			if err := t.write(w); err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "\nhealth: %s\n", paint(col, verdictColor(verdict), healthName(verdict)))
+			for _, r := range st.GetHealth().GetReasons() {
+				fmt.Fprintf(w, "  - %s\n", oneLine(r))
+			}
+			return nil
+		},
+	}
+}
+
+func stateColor(s dsmpb.MemberState) string {
+	switch s {
+	case dsmpb.MemberState_MEMBER_STATE_ALIVE:
+		return "32"
+	case dsmpb.MemberState_MEMBER_STATE_SUSPECT, dsmpb.MemberState_MEMBER_STATE_JOINING:
+		return "33"
+	case dsmpb.MemberState_MEMBER_STATE_DEAD:
+		return "31"
+	}
+	return ""
+}
+
+func verdictColor(v dsmpb.Health_Verdict) string {
+	switch v {
+	case dsmpb.Health_VERDICT_HEALTHY:
+		return "1;32"
+	case dsmpb.Health_VERDICT_DEGRADED:
+		return "1;33"
+	}
+	return "1;31"
+}
+
+type memberJSON struct {
+	Node       uint32 `json:"node_id"`
+	Name       string `json:"name"`
+	State      string `json:"state"`
+	GossipAddr string `json:"gossip_addr"`
+	RaftAddr   string `json:"raft_addr"`
+	VerbsAddr  string `json:"verbs_addr"`
+	GRPCAddr   string `json:"grpc_addr"`
+	LastSeen   int64  `json:"last_seen_unix_nano"`
+}
+
+func (a *app) membersCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "members",
+		Short:   "The members of the cluster with their state and addresses",
+		Example: "  dsmctl members\n  dsmctl members --json",
+		Args:    args(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			m, err := c.Members(ctx, &dsmpb.MembersRequest{})
+			if err != nil {
+				return err
+			}
+			if a.json {
+				v := struct {
+					Epoch   uint64       `json:"epoch"`
+					Members []memberJSON `json:"members"`
+				}{Epoch: m.Epoch, Members: []memberJSON{}}
+				for _, x := range m.Members {
+					v.Members = append(v.Members, memberJSON{x.NodeId, x.Name, memberState(x.State),
+						x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, x.LastSeenUnixNano})
+				}
+				return a.printJSON(v)
+			}
+			col := a.color()
+			now := a.env.Now()
+			t := newTable("NODE", "NAME", "STATE", "GOSSIP", "RAFT", "VERBS", "GRPC", "LAST SEEN")
+			for _, x := range m.Members {
+				t.row(node(x.NodeId), x.Name, paint(col, stateColor(x.State), memberState(x.State)),
+					x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, age(now, x.LastSeenUnixNano))
+			}
+			fmt.Fprintf(a.env.Stdout, "epoch %d · %d member%s\n\n", m.Epoch, len(m.Members), plural(len(m.Members)))
+			return t.write(a.env.Stdout)
+		},
+	}
+}
+
+type raftJSON struct {
+	Node               uint32           `json:"node_id"`
+	Role               string           `json:"role"`
+	Leader             uint32           `json:"leader_id"`
+	LeaderAddr         string           `json:"leader_addr"`
+	Term               uint64           `json:"term"`
+	LastIndex          uint64           `json:"last_index"`
+	CommitIndex        uint64           `json:"commit_index"`
+	AppliedIndex       uint64           `json:"applied_index"`
+	ConfigurationIndex uint64           `json:"configuration_index"`
+	LastContactMS      uint64           `json:"last_contact_ms"`
+	Voters             []uint32         `json:"voters"`
+	NonVoters          []uint32         `json:"non_voters"`
+	Configuration      []raftServerJSON `json:"configuration"`
+}
+
+type raftServerJSON struct {
+	Node     uint32 `json:"node_id"`
+	Addr     string `json:"addr"`
+	Suffrage string `json:"suffrage"`
+}
+
+func (a *app) raftCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "raft",
+		Short:   "The Raft state of the directory: leader, term, indexes, configuration",
+		Example: "  dsmctl raft\n  dsmctl raft --json | jq .leader_id",
+		Args:    args(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			r, err := c.Raft(ctx, &dsmpb.RaftRequest{})
+			if err != nil {
+				return err
+			}
+			v := raftJSON{
+				Node: r.NodeId, Role: r.Role, Leader: r.LeaderId, LeaderAddr: r.LeaderAddr, Term: r.Term,
+				LastIndex: r.LastIndex, CommitIndex: r.CommitIndex, AppliedIndex: r.AppliedIndex,
+				ConfigurationIndex: r.ConfigurationIndex, LastContactMS: r.LastContactMs,
+				Voters: []uint32{}, NonVoters: []uint32{}, Configuration: []raftServerJSON{},
+			}
+			for _, s := range r.Configuration {
+				suf := enumName(s.Suffrage.String(), "SUFFRAGE_")
+				v.Configuration = append(v.Configuration, raftServerJSON{s.NodeId, s.Addr, suf})
+				if s.Suffrage == dsmpb.RaftServer_SUFFRAGE_VOTER {
+					v.Voters = append(v.Voters, s.NodeId)
+				} else {
+					v.NonVoters = append(v.NonVoters, s.NodeId)
+				}
+			}
+			if a.json {
+				return a.printJSON(v)
+			}
+			w := a.env.Stdout
+			leader := node(r.LeaderId)
+			if r.LeaderAddr != "" {
+				leader += " (" + r.LeaderAddr + ")"
+			}
+			if r.LeaderId == 0 {
+				leader = paint(a.color(), "1;31", "none")
+			}
+			fmt.Fprintf(w, "%s is %s · leader %s · term %d\n", node(r.NodeId), r.Role, leader, r.Term)
+			fmt.Fprintf(w, "last index %d · commit %d · applied %d · configuration index %d · last contact %d ms\n",
+				r.LastIndex, r.CommitIndex, r.AppliedIndex, r.ConfigurationIndex, r.LastContactMs)
+			fmt.Fprintf(w, "voters %s · non-voters %s\n\n", nodes(v.Voters), nodes(v.NonVoters))
+			t := newTable("NODE", "ADDR", "SUFFRAGE", "ROLE")
+			for _, s := range r.Configuration {
+				role := ""
+				if s.NodeId == r.LeaderId {
+					role = "leader"
+				}
+				t.row(node(s.NodeId), s.Addr, enumName(s.Suffrage.String(), "SUFFRAGE_"), role)
+			}
+			return t.write(w)
+		},
+	}
+}

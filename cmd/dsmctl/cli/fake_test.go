@@ -1,0 +1,373 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// fakeAdmin is an in-memory Admin server with a fixed, deterministic
+// cluster of three nodes: the state of page p is M at node (p/7)%3+1 when p
+// is a multiple of 7, else S at (p%4)+1 nodes when p is a multiple of 3,
+// else I. Stats advance every counter by a fixed step and the clock by one
+// second per call. Memory is sparse, per page.
+type fakeAdmin struct {
+	dsmpb.UnimplementedAdminServer
+
+	mu      sync.Mutex
+	verdict dsmpb.Health_Verdict
+	reasons []string
+	regions map[string]*dsmpb.Region
+	mem     map[string]map[uint64][]byte // region -> page -> bytes
+	nextID  uint32
+	statsN  int64
+	reads   int
+	writes  int
+	deleted []string
+}
+
+func newFakeAdmin() *fakeAdmin {
+	f := &fakeAdmin{
+		verdict: dsmpb.Health_VERDICT_HEALTHY,
+		regions: map[string]*dsmpb.Region{},
+		mem:     map[string]map[uint64][]byte{},
+		nextID:  1,
+	}
+	f.addRegion("feat", 1<<30, 4096, dsmpb.Durability_DURABILITY_DURABLE)
+	f.addRegion("small", 100*4096, 4096, dsmpb.Durability_DURABILITY_MEMORY)
+	return f
+}
+
+func (f *fakeAdmin) addRegion(name string, size uint64, ps uint32, d dsmpb.Durability) *dsmpb.Region {
+	r := &dsmpb.Region{Name: name, Id: f.nextID, Size: size, PageSize: ps, Durability: d, CreatedEpoch: 3, Shards: 4}
+	f.nextID++
+	f.regions[name] = r
+	f.mem[name] = map[uint64][]byte{}
+	return r
+}
+
+func (f *fakeAdmin) region(name string) (*dsmpb.Region, error) {
+	r := f.regions[name]
+	if r == nil {
+		return nil, status.Errorf(codes.NotFound, "region %q not found", name)
+	}
+	return r, nil
+}
+
+func (f *fakeAdmin) Status(context.Context, *dsmpb.StatusRequest) (*dsmpb.StatusResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := &dsmpb.StatusResponse{NodeId: 1, Version: "v0.0.0-test", LeaderId: 1, Term: 7, Epoch: 12, RegionCount: uint32(len(f.regions)),
+		Health: &dsmpb.Health{Verdict: f.verdict, Reasons: f.reasons}}
+	for i := uint32(1); i <= 3; i++ {
+		n := &dsmpb.NodeStatus{NodeId: i, Addr: fmt.Sprintf("127.0.0.1:74%02d", i), State: dsmpb.MemberState_MEMBER_STATE_ALIVE,
+			Voter: true, CacheBytes: uint64(i) << 28, CacheCapacityBytes: 4 << 30, DirtyPages: uint64(10 * i), HomedShards: 2}
+		if i == 3 && f.verdict != dsmpb.Health_VERDICT_HEALTHY {
+			n.State = dsmpb.MemberState_MEMBER_STATE_DEAD
+			n.Error = "connection refused"
+		}
+		st.Nodes = append(st.Nodes, n)
+	}
+	return st, nil
+}
+
+// fakeNow is the clock of the fake cluster (and of the tests' Env.Now).
+const fakeNow = int64(1_800_000_000_000_000_000)
+
+func (f *fakeAdmin) Members(context.Context, *dsmpb.MembersRequest) (*dsmpb.MembersResponse, error) {
+	m := &dsmpb.MembersResponse{Epoch: 12}
+	for i := uint32(1); i <= 3; i++ {
+		m.Members = append(m.Members, &dsmpb.Member{NodeId: i, Name: fmt.Sprintf("host%d", i),
+			State: dsmpb.MemberState_MEMBER_STATE_ALIVE, GossipAddr: fmt.Sprintf("127.0.0.1:73%02d", i),
+			RaftAddr: fmt.Sprintf("127.0.0.1:75%02d", i), VerbsAddr: fmt.Sprintf("127.0.0.1:76%02d", i),
+			GrpcAddr: fmt.Sprintf("127.0.0.1:74%02d", i), LastSeenUnixNano: fakeNow - int64(i)*1_500_000_000})
+	}
+	return m, nil
+}
+
+func (f *fakeAdmin) Raft(context.Context, *dsmpb.RaftRequest) (*dsmpb.RaftResponse, error) {
+	return &dsmpb.RaftResponse{NodeId: 1, Role: "leader", LeaderId: 1, LeaderAddr: "127.0.0.1:7501", Term: 7,
+		LastIndex: 120, CommitIndex: 120, AppliedIndex: 119, ConfigurationIndex: 5,
+		Configuration: []*dsmpb.RaftServer{
+			{NodeId: 1, Addr: "127.0.0.1:7501", Suffrage: dsmpb.RaftServer_SUFFRAGE_VOTER},
+			{NodeId: 2, Addr: "127.0.0.1:7502", Suffrage: dsmpb.RaftServer_SUFFRAGE_VOTER},
+			{NodeId: 3, Addr: "127.0.0.1:7503", Suffrage: dsmpb.RaftServer_SUFFRAGE_VOTER},
+			{NodeId: 4, Addr: "127.0.0.1:7504", Suffrage: dsmpb.RaftServer_SUFFRAGE_NONVOTER},
+		}}, nil
+}
+
+func (f *fakeAdmin) Regions(context.Context, *dsmpb.RegionsRequest) (*dsmpb.RegionsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r := &dsmpb.RegionsResponse{Epoch: 12}
+	for _, x := range f.regions {
+		r.Regions = append(r.Regions, x)
+	}
+	return r, nil
+}
+
+func (f *fakeAdmin) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest) (*dsmpb.RegionInfoResponse, error) {
+	switch req.Name {
+	case "leaderless": // the cluster cannot answer now
+		return nil, status.Error(codes.Unavailable, "no Raft leader: n1 lost its lease in epoch 12")
+	case "slow": // the answer never comes before the caller's deadline
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.region(req.Name)
+	if err != nil {
+		return nil, err
+	}
+	pages := r.Size / uint64(r.PageSize)
+	per := (pages + uint64(r.Shards) - 1) / uint64(r.Shards)
+	resp := &dsmpb.RegionInfoResponse{Region: r, Epoch: 12}
+	for i := uint32(0); i < r.Shards; i++ {
+		home := i%3 + 1
+		resp.Shards = append(resp.Shards, &dsmpb.Shard{Index: i, FirstPage: uint64(i) * per,
+			PageCount: min(per, pages-uint64(i)*per), Home: home, Backups: []uint32{home%3 + 1}})
+	}
+	return resp, nil
+}
+
+func (f *fakeAdmin) CreateRegion(_ context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ps := req.PageSize
+	if ps == 0 {
+		ps = 4096
+	}
+	switch {
+	case req.Name == "":
+		return nil, status.Error(codes.InvalidArgument, "region name is empty")
+	case ps&(ps-1) != 0:
+		return nil, status.Errorf(codes.InvalidArgument, "page size %d is not a power of two", ps)
+	case req.Size == 0 || req.Size%uint64(ps) != 0:
+		return nil, status.Errorf(codes.InvalidArgument, "size %d is not a whole number of %d-byte pages", req.Size, ps)
+	case f.regions[req.Name] != nil:
+		return nil, status.Errorf(codes.AlreadyExists, "region %q already exists", req.Name)
+	}
+	return &dsmpb.CreateRegionResponse{Region: f.addRegion(req.Name, req.Size, ps, req.Durability)}, nil
+}
+
+func (f *fakeAdmin) DeleteRegion(_ context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := f.region(req.Name); err != nil {
+		return nil, err
+	}
+	delete(f.regions, req.Name)
+	delete(f.mem, req.Name)
+	f.deleted = append(f.deleted, req.Name)
+	return &dsmpb.DeleteRegionResponse{}, nil
+}
+
+// pageState is the fake cluster's state of page p of a region of total
+// pages. The region is cut into 16 stripes; stripe s is, by s%4: all M at
+// node (s/4)%3+1; S at (p%3)+1 nodes; I; or a page-by-page mix (M at
+// (p/7)%3+1 when p%7 == 0, else S at (p%4)+1 when p%3 == 0, else I), so
+// that both a grid of single pages and one of groups have something to show.
+func pageState(p, total uint64) (owner uint32, sharers int) {
+	s := p / max(total/16, 1)
+	switch s % 4 {
+	case 0:
+		return uint32(s/4%3 + 1), 0
+	case 1:
+		return 0, int(p%3) + 1
+	case 2:
+		return 0, 0
+	}
+	switch {
+	case p%7 == 0:
+		return uint32(p/7%3 + 1), 0
+	case p%3 == 0:
+		return 0, int(p%4) + 1
+	}
+	return 0, 0
+}
+
+func (f *fakeAdmin) Pages(_ context.Context, req *dsmpb.PagesRequest) (*dsmpb.PagesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.region(req.Region)
+	if err != nil {
+		return nil, err
+	}
+	total := r.Size / uint64(r.PageSize)
+	count := req.PageCount
+	if count == 0 && req.FirstPage < total {
+		count = total - req.FirstPage
+	}
+	if req.FirstPage >= total || count > total-req.FirstPage {
+		return nil, status.Errorf(codes.InvalidArgument, "pages %d+%d outside region %q of %d pages", req.FirstPage, count, req.Region, total)
+	}
+	group := max(req.Group, 1)
+	if (count+group-1)/group > 65536 {
+		return nil, status.Error(codes.InvalidArgument, "more than 65536 cells")
+	}
+	resp := &dsmpb.PagesResponse{NodeId: 1, Region: r, FirstPage: req.FirstPage, PageCount: count, Group: group, Cluster: req.Cluster}
+	for first := req.FirstPage; first < req.FirstPage+count; first += group {
+		c := &dsmpb.PageCell{FirstPage: first, Pages: min(group, req.FirstPage+count-first), LocalState: dsmpb.PageState_PAGE_STATE_INVALID}
+		owners := map[uint32]bool{}
+		for p := first; p < first+c.Pages; p++ {
+			o, s := pageState(p, total)
+			switch {
+			case o != 0:
+				c.Modified++
+				owners[o] = true
+				if o == 1 {
+					c.LocalState = dsmpb.PageState_PAGE_STATE_MODIFIED
+					c.Dirty++
+				}
+			case s > 0:
+				c.Shared++
+				c.MaxSharers = max(c.MaxSharers, uint32(s))
+				if group == 1 {
+					for k := 1; k <= s; k++ {
+						c.Sharers = append(c.Sharers, uint32(k))
+					}
+				}
+				if c.LocalState != dsmpb.PageState_PAGE_STATE_MODIFIED {
+					c.LocalState = dsmpb.PageState_PAGE_STATE_SHARED
+				}
+			default:
+				c.Invalid++
+			}
+		}
+		for n := uint32(1); n <= 3; n++ {
+			if owners[n] {
+				c.Owners = append(c.Owners, n)
+			}
+		}
+		if !req.Cluster { // only this node's copies
+			c.Modified, c.Shared, c.Invalid, c.Owners, c.MaxSharers, c.Sharers = 0, 0, 0, nil, 0, nil
+			switch c.LocalState {
+			case dsmpb.PageState_PAGE_STATE_MODIFIED:
+				c.Modified, c.Owners = 1, []uint32{1}
+			case dsmpb.PageState_PAGE_STATE_SHARED:
+				c.Shared, c.MaxSharers = 1, 1
+			default:
+				c.Invalid = c.Pages
+			}
+		}
+		resp.Cells = append(resp.Cells, c)
+	}
+	return resp, nil
+}
+
+func (f *fakeAdmin) Stats(context.Context, *dsmpb.StatsRequest) (*dsmpb.StatsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.statsN++
+	k := uint64(f.statsN)
+	resp := &dsmpb.StatsResponse{}
+	for i := uint64(1); i <= 3; i++ {
+		n := &dsmpb.NodeStats{NodeId: uint32(i), TimeUnixNano: fakeNow + f.statsN*1e9,
+			Faults: map[string]uint64{"read": 100 * i * k, "write": 10 * i * k, "upgrade": i * k},
+			Hits:   1000 * k, Misses: 50 * i * k, InvalidationsSent: 5 * i * k, InvalidationsReceived: 7 * i * k,
+			BytesIn: 4096 * 50 * i * k, BytesOut: 4096 * 20 * i * k,
+			CacheBytes: i << 28, CacheCapacityBytes: 4 << 30, CachePages: i << 16, DirtyPages: 10 * i,
+			MissLatency: &dsmpb.Histogram{Count: 50 * i * k, P50Ns: 12_300 * i, P99Ns: 85_000 * i, P999Ns: 1_250_000 * i}}
+		if i == 3 && f.verdict != dsmpb.Health_VERDICT_HEALTHY {
+			n = &dsmpb.NodeStats{NodeId: 3, Error: "node n3 (127.0.0.1:7403): connection refused"}
+		}
+		resp.Nodes = append(resp.Nodes, n)
+	}
+	return resp, nil
+}
+
+// span checks a byte range of a region.
+func (f *fakeAdmin) span(name string, off, n uint64) (*dsmpb.Region, error) {
+	r, err := f.region(name)
+	if err != nil {
+		return nil, err
+	}
+	if n > 1<<20 {
+		return nil, status.Errorf(codes.InvalidArgument, "%d bytes is more than 1 MiB", n)
+	}
+	if off > r.Size || n > r.Size-off {
+		return nil, status.Errorf(codes.InvalidArgument, "bytes %d+%d are outside region %q of %d bytes", off, n, name, r.Size)
+	}
+	return r, nil
+}
+
+func (f *fakeAdmin) ReadMemory(_ context.Context, req *dsmpb.ReadMemoryRequest) (*dsmpb.ReadMemoryResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.span(req.Region, req.Offset, uint64(req.Length))
+	if err != nil {
+		return nil, err
+	}
+	f.reads++
+	ps := uint64(r.PageSize)
+	out := make([]byte, req.Length)
+	for i := range out {
+		a := req.Offset + uint64(i)
+		if pg := f.mem[req.Region][a/ps]; pg != nil {
+			out[i] = pg[a%ps]
+		}
+	}
+	return &dsmpb.ReadMemoryResponse{Data: out}, nil
+}
+
+func (f *fakeAdmin) WriteMemory(_ context.Context, req *dsmpb.WriteMemoryRequest) (*dsmpb.WriteMemoryResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, err := f.span(req.Region, req.Offset, uint64(len(req.Data)))
+	if err != nil {
+		return nil, err
+	}
+	f.writes++
+	ps := uint64(r.PageSize)
+	for i, b := range req.Data {
+		a := req.Offset + uint64(i)
+		pg := f.mem[req.Region][a/ps]
+		if pg == nil {
+			pg = make([]byte, ps)
+			f.mem[req.Region][a/ps] = pg
+		}
+		pg[a%ps] = b
+	}
+	return &dsmpb.WriteMemoryResponse{Written: uint64(len(req.Data))}, nil
+}
+
+// serveFake serves a fresh fakeAdmin on a Unix socket in a new short
+// temporary directory (socket paths are limited to 108 bytes) and returns
+// it with the socket path. Cleanup stops it.
+func serveFake(t testing.TB) (*fakeAdmin, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dsmctl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "dsmd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeAdmin()
+	srv := grpc.NewServer()
+	dsmpb.RegisterAdminServer(srv, f)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+		os.RemoveAll(dir)
+	})
+	return f, sock
+}

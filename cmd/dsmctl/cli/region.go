@@ -1,0 +1,258 @@
+package cli
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+type regionJSON struct {
+	Name         string `json:"name"`
+	ID           uint32 `json:"id"`
+	Size         uint64 `json:"size"`
+	PageSize     uint32 `json:"page_size"`
+	Pages        uint64 `json:"pages"`
+	Durability   string `json:"durability"`
+	Shards       uint32 `json:"shards"`
+	CreatedEpoch uint64 `json:"created_epoch"`
+}
+
+func regionView(r *dsmpb.Region) regionJSON {
+	v := regionJSON{Name: r.GetName(), ID: r.GetId(), Size: r.GetSize(), PageSize: r.GetPageSize(),
+		Durability: durability(r.GetDurability()), Shards: r.GetShards(), CreatedEpoch: r.GetCreatedEpoch()}
+	if v.PageSize != 0 {
+		v.Pages = (v.Size + uint64(v.PageSize) - 1) / uint64(v.PageSize)
+	}
+	return v
+}
+
+func (a *app) regionCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:     "region",
+		Short:   "Create, list, describe and delete regions",
+		Example: "  dsmctl region create feat 64GiB --durable\n  dsmctl region ls\n  dsmctl region info feat\n  dsmctl region rm feat",
+		Args:    args(0, 0, "a subcommand (create, ls, info, rm)"),
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd())
+	return c
+}
+
+func (a *app) regionCreateCmd() *cobra.Command {
+	var pageSize string
+	var durable bool
+	c := &cobra.Command{
+		Use:   "create NAME SIZE",
+		Short: "Create a region of SIZE bytes (units: KiB, MiB, GiB, TiB; kB, MB... are decimal)",
+		Long: `create adds a region to the cluster directory. SIZE takes units (4KiB, 64GiB,
+1TiB) and must be a whole number of pages. Regions are sparse: an untouched
+page costs nothing. With --durable, Sync persists pages and copies them to a
+backup home, so synced data survives the crash of any one node.`,
+		Example: "  dsmctl region create feat 64GiB\n  dsmctl region create graph 1TiB --page-size 64KiB --durable",
+		Args:    args(2, 2, "NAME and SIZE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			size, err := ParseSize(argv[1])
+			if err != nil {
+				return usageError{err}
+			}
+			ps, err := ParseSize(pageSize)
+			if err != nil {
+				return usagef("--page-size: %v", err)
+			}
+			if ps > 1<<31 {
+				return usagef("--page-size %s is too large", pageSize)
+			}
+			d := dsmpb.Durability_DURABILITY_MEMORY
+			if durable {
+				d = dsmpb.Durability_DURABILITY_DURABLE
+			}
+			cl, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			r, err := cl.CreateRegion(ctx, &dsmpb.CreateRegionRequest{
+				Name: argv[0], Size: size, PageSize: uint32(ps), Durability: d})
+			if err != nil {
+				return err
+			}
+			v := regionView(r.GetRegion())
+			if a.json {
+				return a.printJSON(v)
+			}
+			_, err = fmt.Fprintf(a.env.Stdout, "created region %s (%s): %s in %s pages, %s, %d shard%s\n",
+				v.Name, ids.RegionID(v.ID), FormatSize(v.Size), FormatSize(uint64(v.PageSize)),
+				v.Durability, v.Shards, plural(int(v.Shards)))
+			return err
+		},
+	}
+	c.Flags().StringVar(&pageSize, "page-size", "4KiB", "page size, a power of two from 4KiB to 2MiB")
+	c.Flags().BoolVar(&durable, "durable", false, "make Sync persist pages and copy them to a backup")
+	return c
+}
+
+func (a *app) regionLsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the regions",
+		Example: "  dsmctl region ls\n  dsmctl region ls --json | jq -r '.regions[].name'",
+		Args:    args(0, 0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cl, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			rs, err := cl.Regions(ctx, &dsmpb.RegionsRequest{})
+			if err != nil {
+				return err
+			}
+			list := append([]*dsmpb.Region(nil), rs.Regions...)
+			sort.Slice(list, func(i, j int) bool { return list[i].GetName() < list[j].GetName() })
+			if a.json {
+				v := struct {
+					Epoch   uint64       `json:"epoch"`
+					Regions []regionJSON `json:"regions"`
+				}{Epoch: rs.Epoch, Regions: []regionJSON{}}
+				for _, r := range list {
+					v.Regions = append(v.Regions, regionView(r))
+				}
+				return a.printJSON(v)
+			}
+			if len(list) == 0 {
+				_, err := fmt.Fprintln(a.env.Stdout, "no regions; create one with `dsmctl region create NAME SIZE`")
+				return err
+			}
+			t := newTable("NAME", "ID", "SIZE", "PAGE", "PAGES", "DURABILITY", "SHARDS")
+			for _, r := range list {
+				v := regionView(r)
+				t.row(v.Name, ids.RegionID(v.ID), FormatSize(v.Size), FormatSize(uint64(v.PageSize)),
+					v.Pages, v.Durability, v.Shards)
+			}
+			return t.write(a.env.Stdout)
+		},
+	}
+}
+
+func (a *app) regionRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"delete"},
+		Short:   "Delete a region and free its pages on every node",
+		Example: "  dsmctl region rm feat",
+		Args:    args(1, 1, "NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			cl, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			if _, err := cl.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: argv[0]}); err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(struct {
+					Deleted string `json:"deleted"`
+				}{argv[0]})
+			}
+			_, err = fmt.Fprintf(a.env.Stdout, "deleted region %s\n", argv[0])
+			return err
+		},
+	}
+}
+
+type shardJSON struct {
+	Index     uint32   `json:"index"`
+	FirstPage uint64   `json:"first_page"`
+	PageCount uint64   `json:"page_count"`
+	Home      uint32   `json:"home"`
+	Backups   []uint32 `json:"backups"`
+}
+
+type homeJSON struct {
+	Node         uint32 `json:"node_id"`
+	Shards       int    `json:"shards"`
+	Pages        uint64 `json:"pages"`
+	BackupShards int    `json:"backup_shards"`
+	BackupPages  uint64 `json:"backup_pages"`
+}
+
+func (a *app) regionInfoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info NAME",
+		Short: "Describe a region and its placement: shards per home, and their backups",
+		Example: "  dsmctl region info feat\n" +
+			"  dsmctl region info feat --json | jq '.homes'",
+		Args: args(1, 1, "NAME"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			cl, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: argv[0]})
+			if err != nil {
+				return err
+			}
+			v := struct {
+				Region regionJSON  `json:"region"`
+				Epoch  uint64      `json:"epoch"`
+				Homes  []homeJSON  `json:"homes"`
+				Shards []shardJSON `json:"shards"`
+			}{Region: regionView(ri.GetRegion()), Epoch: ri.Epoch, Homes: []homeJSON{}, Shards: []shardJSON{}}
+			homes := map[uint32]*homeJSON{}
+			get := func(n uint32) *homeJSON {
+				if homes[n] == nil {
+					homes[n] = &homeJSON{Node: n}
+				}
+				return homes[n]
+			}
+			for _, s := range ri.Shards {
+				v.Shards = append(v.Shards, shardJSON{s.Index, s.FirstPage, s.PageCount, s.Home,
+					append([]uint32{}, s.Backups...)})
+				h := get(s.Home)
+				h.Shards++
+				h.Pages += s.PageCount
+				for _, b := range s.Backups {
+					h := get(b)
+					h.BackupShards++
+					h.BackupPages += s.PageCount
+				}
+			}
+			for _, h := range homes {
+				v.Homes = append(v.Homes, *h)
+			}
+			sort.Slice(v.Homes, func(i, j int) bool { return v.Homes[i].Node < v.Homes[j].Node })
+			if a.json {
+				return a.printJSON(v)
+			}
+			w := a.env.Stdout
+			r := v.Region
+			fmt.Fprintf(w, "region %s (%s) · %s · %d pages of %s · %s · epoch %d\n\n",
+				r.Name, ids.RegionID(r.ID), FormatSize(r.Size), r.Pages, FormatSize(uint64(r.PageSize)),
+				r.Durability, v.Epoch)
+			t := newTable("NODE", "HOME SHARDS", "HOME PAGES", "BACKUP SHARDS", "BACKUP PAGES")
+			for _, h := range v.Homes {
+				t.row(node(h.Node), h.Shards, h.Pages, h.BackupShards, h.BackupPages)
+			}
+			if err := t.write(w); err != nil {
+				return err
+			}
+			fmt.Fprintln(w)
+			t = newTable("SHARD", "PAGES", "HOME", "BACKUPS")
+			for _, s := range v.Shards {
+				t.row(s.Index, fmt.Sprintf("%d-%d", s.FirstPage, s.FirstPage+s.PageCount-1), node(s.Home), nodes(s.Backups))
+			}
+			return t.write(w)
+		},
+	}
+}
