@@ -1,0 +1,251 @@
+package tcp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/tcp"
+)
+
+const hang = 30 * time.Second
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func listen(t *testing.T, id ids.NodeID, addr string) *tcp.Transport {
+	t.Helper()
+	tr, err := tcp.Listen(id, addr, tcp.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func register(t *testing.T, tr rdma.Transport, size int) rdma.Registration {
+	t.Helper()
+	mem, err := rdma.Alloc(size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := tr.Register(mem, rdma.AccessAll)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		reg.Deregister()
+		rdma.Free(mem)
+	})
+	return reg
+}
+
+func TestListenAndAddPeerValidate(t *testing.T) {
+	if _, err := tcp.Listen(ids.None, "127.0.0.1:0", tcp.Config{}); err == nil {
+		t.Error("Listen with node id 0 succeeded")
+	}
+	if _, err := tcp.Listen(1, "127.0.0.1:notaport", tcp.Config{}); err == nil {
+		t.Error("Listen on a bad address succeeded")
+	}
+	tr := listen(t, 1, "127.0.0.1:0")
+	if err := tr.AddPeer(2, "no port"); err == nil {
+		t.Error("AddPeer with a bad address succeeded")
+	}
+	if err := tr.AddPeer(0, "127.0.0.1:1"); err == nil {
+		t.Error("AddPeer of node 0 succeeded")
+	}
+}
+
+// A peer that restarts on the same address is reached again: the broken
+// connection fails what was on it, and a later operation connects anew.
+func TestReconnectAfterRestart(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	addr := b.Addr()
+	a.AddPeer(2, addr)
+	reg := register(t, b, 4096)
+	op := []rdma.Op{{Kind: rdma.OpFAA, RKey: reg.Descriptor().RKey, Operand: 1}}
+	if err := a.Post(ctxT(t), 2, op); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	b2 := listen(t, 2, addr)
+	reg2 := register(t, b2, 4096)
+	copy(reg2.Bytes(), "restarted")
+	// The first Post may still meet the old connection and fail; a
+	// following one must reach the new listener.
+	var err error
+	for i := 0; i < 2; i++ {
+		op := []rdma.Op{{Kind: rdma.OpRead, RKey: reg2.Descriptor().RKey, Buf: make([]byte, 9)}}
+		if err = a.Post(ctxT(t), 2, op); err == nil {
+			if string(op[0].Buf) != "restarted" {
+				t.Fatalf("READ after restart = %q", op[0].Buf)
+			}
+			break
+		}
+		if !errors.Is(err, rdma.ErrPeerUnreachable) {
+			t.Fatalf("Post across a restart: %v, want ErrPeerUnreachable or success", err)
+		}
+	}
+	if err != nil {
+		t.Fatalf("no Post reached the restarted peer: %v", err)
+	}
+}
+
+// An address where nobody listens fails promptly with ErrPeerUnreachable.
+func TestUnreachableAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	a := listen(t, 1, "127.0.0.1:0")
+	a.AddPeer(2, addr)
+	err = a.Post(ctxT(t), 2, []rdma.Op{{Kind: rdma.OpFAA}})
+	var pe *rdma.PeerError
+	if !errors.Is(err, rdma.ErrPeerUnreachable) || !errors.As(err, &pe) || pe.Peer != 2 {
+		t.Fatalf("Post = %v, want PeerError(n2, ErrPeerUnreachable)", err)
+	}
+	if err := a.Send(ctxT(t), 2, []byte("x")); !errors.Is(err, rdma.ErrPeerUnreachable) {
+		t.Fatalf("Send = %v, want ErrPeerUnreachable", err)
+	}
+}
+
+func TestRemovePeer(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	a.AddPeer(2, b.Addr())
+	reg := register(t, b, 4096)
+	op := []rdma.Op{{Kind: rdma.OpFAA, RKey: reg.Descriptor().RKey, Operand: 1}}
+	if err := a.Post(ctxT(t), 2, op); err != nil {
+		t.Fatal(err)
+	}
+	a.RemovePeer(2)
+	if err := a.Post(ctxT(t), 2, op); !errors.Is(err, rdma.ErrUnknownPeer) {
+		t.Errorf("Post after RemovePeer: %v, want ErrUnknownPeer", err)
+	}
+	a.AddPeer(2, b.Addr())
+	if err := a.Post(ctxT(t), 2, op); err != nil {
+		t.Errorf("Post after AddPeer again: %v", err)
+	}
+	if got := rdma.LoadWord(reg.Bytes(), 0); got != 2 {
+		t.Errorf("counter %d, want 2", got)
+	}
+}
+
+// Messages to the local node reach the local handler; messages follow the
+// operations posted before them on the same connection.
+func TestSendOrderWithPosts(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	a.AddPeer(2, b.Addr())
+	reg := register(t, b, 4096)
+	got := make(chan string, 100)
+	b.SetHandler(func(from ids.NodeID, msg []byte) {
+		// The WRITE posted before the message has executed.
+		got <- fmt.Sprintf("%v %s %s", from, msg, reg.Bytes()[:len(msg)])
+	})
+	for i := 0; i < 20; i++ {
+		m := []byte(fmt.Sprintf("m%02d", i))
+		if err := a.Post(ctxT(t), 2, []rdma.Op{{Kind: rdma.OpWrite, RKey: reg.Descriptor().RKey, Buf: m}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Send(ctxT(t), 2, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 20; i++ {
+		select {
+		case g := <-got:
+			if want := fmt.Sprintf("n1 m%02d m%02d", i, i); g != want {
+				t.Fatalf("message %d: %q, want %q", i, g, want)
+			}
+		case <-time.After(hang):
+			t.Fatal("message lost")
+		}
+	}
+	self := make(chan string, 1)
+	a.SetHandler(func(from ids.NodeID, msg []byte) { self <- fmt.Sprintf("%v %s", from, msg) })
+	buf := []byte("to myself")
+	if err := a.Send(ctxT(t), 1, buf); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, "XXXXXXXXX") // the handler owns its own copy
+	if g := <-self; g != "n1 to myself" {
+		t.Errorf("local message %q", g)
+	}
+}
+
+// Batches that move more than the per-batch limit are refused before
+// sending with ErrTooLarge.
+func TestBatchByteLimit(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	a.AddPeer(2, b.Addr())
+	big := make([]byte, rdma.MaxTransfer)
+	ops := make([]rdma.Op, 17)
+	for i := range ops {
+		ops[i] = rdma.Op{Kind: rdma.OpWrite, RKey: rdma.RKey{Key: 1}, Buf: big}
+	}
+	if err := a.Post(ctxT(t), 2, ops); !errors.Is(err, rdma.ErrTooLarge) {
+		t.Errorf("%d x 4 MiB WRITE: %v, want ErrTooLarge", len(ops), err)
+	}
+	for i := range ops {
+		ops[i].Kind = rdma.OpRead
+	}
+	if err := a.Post(ctxT(t), 2, ops); !errors.Is(err, rdma.ErrTooLarge) {
+		t.Errorf("%d x 4 MiB READ: %v, want ErrTooLarge", len(ops), err)
+	}
+}
+
+// Many goroutines share one connection; every READ gets its own data.
+func TestConcurrentReadsDistinct(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	a.AddPeer(2, b.Addr())
+	const workers, iters, size = 16, 50, 1 << 12
+	reg := register(t, b, workers*size)
+	for w := 0; w < workers; w++ {
+		for i := 0; i < size; i++ {
+			reg.Bytes()[w*size+i] = byte(w*31 + i)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < iters; i++ {
+				n := 1 + (i*97+w)%size
+				op := []rdma.Op{{Kind: rdma.OpRead, RKey: reg.Descriptor().RKey, Offset: uint64(w * size), Buf: make([]byte, n)}}
+				if err := a.Post(ctxT(t), 2, op); err != nil {
+					errs <- err
+					return
+				}
+				for j, c := range op[0].Buf {
+					if c != byte(w*31+j) {
+						errs <- fmt.Errorf("worker %d: byte %d of a %d-byte READ is %d", w, j, n, c)
+						return
+					}
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
