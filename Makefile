@@ -1,0 +1,63 @@
+# The service's build, test and run targets. `make help` lists them.
+
+GO          ?= go
+GOPATH      := $(shell $(GO) env GOPATH)
+STATICCHECK ?= $(GOPATH)/bin/staticcheck
+STATICCHECK_VERSION := v0.8.2
+# The ofi backend (libfabric through cgo) is built and tested when libfabric
+# is installed; `make test` says so plainly when it is not.
+HAVE_OFI    := $(shell pkg-config --exists libfabric 2>/dev/null && echo yes)
+FUZZTIME    ?= 30s
+SEEDS       ?= 100000
+BENCHCOUNT  ?= 5
+
+.PHONY: help run test test-ofi testrace lint fmt bench fuzz sim tools clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
+
+run: ## a two-node demo of one-sided verbs over the tcp transport (becomes the local cluster once dsmd exists)
+	$(GO) run ./rdma/internal/demo
+
+test: ## unit and integration tests with the race detector, plus the ofi suite when libfabric is installed
+	$(GO) test -race -timeout 20m ./...
+	@$(MAKE) --no-print-directory test-ofi
+
+test-ofi: ## the ofi backend's tests (needs libfabric-dev)
+ifeq ($(HAVE_OFI),yes)
+	$(GO) test -race -tags ofi -timeout 10m ./rdma/ofi/...
+else
+	@echo "SKIPPED: ofi backend tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
+endif
+
+testrace: test ## alias of test: the race detector is always on
+
+lint: tools ## go vet and staticcheck (with the ofi tag too when libfabric is installed)
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+ifeq ($(HAVE_OFI),yes)
+	$(GO) vet -tags ofi ./rdma/...
+	$(STATICCHECK) -tags ofi ./rdma/...
+endif
+	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+
+fmt: ## gofmt the tree
+	gofmt -w .
+
+bench: ## transport benchmarks (compare runs with benchstat)
+	$(GO) test ./rdma -run '^$$' -bench . -benchmem -count $(BENCHCOUNT)
+
+fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
+	@grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r f; do \
+		dir=$$(dirname "$$f"); \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
+			echo "== $$dir $$name ($(FUZZTIME))"; \
+			$(GO) test "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
+		done; \
+	done
+
+tools: ## install the linters this Makefile uses
+	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+clean: ## remove build outputs and local run data
+	rm -rf bin .run
