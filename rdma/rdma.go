@@ -104,6 +104,9 @@ const (
 	MaxTransfer = 4 << 20
 	// MaxBatch is the most operations one Post may carry.
 	MaxBatch = 256
+	// MaxBatchBytes is the most that the READs of one batch may fetch, and
+	// the most that its WRITEs may carry.
+	MaxBatchBytes = 32 << 20
 	// MaxMessage is the largest two-sided message.
 	MaxMessage = 64 << 10
 )
@@ -191,16 +194,17 @@ type Transport interface {
 	// filled) or when ctx ends. The first failing op ends the batch: the
 	// ops after it are not executed and report ErrFlushed, and Post returns
 	// that first error. A batch that fails CheckBatch (empty, too many
-	// ops, an oversized transfer, an unknown kind) is not sent: every op
+	// ops or bytes, an oversized transfer, an unknown kind) is not sent: every op
 	// reports that error. When ctx ends first, Post returns ctx.Err(); the
 	// ops may or may not have executed at the target, but Post never
 	// touches ops or their buffers after it returned. Posting to the local
 	// node executes the ops on local registered memory.
 	Post(ctx context.Context, peer ids.NodeID, ops []Op) error
 	// Send delivers msg (at most MaxMessage bytes) to the handler of peer.
-	// Messages to one peer arrive in the order they were sent; a message
-	// can be lost when the connection fails, and Send then reports it if
-	// it still can.
+	// It returns once the message is queued for the peer: messages are not
+	// acknowledged. Messages to one peer arrive in the order they were
+	// sent; a message can be lost when the connection fails, and Send then
+	// reports it if it still can.
 	Send(ctx context.Context, peer ids.NodeID, msg []byte) error
 	// SetHandler installs the receiver of messages. Messages that arrive
 	// before a handler is set are dropped.
@@ -247,16 +251,26 @@ func CheckBatch(ops []Op) error {
 	if len(ops) > MaxBatch {
 		return fmt.Errorf("%w: %d operations in one batch (max %d)", ErrTooLarge, len(ops), MaxBatch)
 	}
+	var reads, writes int
 	for i := range ops {
 		switch ops[i].Kind {
 		case OpRead, OpWrite:
-			if len(ops[i].Buf) > MaxTransfer {
-				return fmt.Errorf("%w: %d-byte %v (max %d)", ErrTooLarge, len(ops[i].Buf), ops[i].Kind, MaxTransfer)
+			n := len(ops[i].Buf)
+			if n > MaxTransfer {
+				return fmt.Errorf("%w: %d-byte %v (max %d)", ErrTooLarge, n, ops[i].Kind, MaxTransfer)
+			}
+			if ops[i].Kind == OpRead {
+				reads += n
+			} else {
+				writes += n
 			}
 		case OpCAS, OpFAA:
 		default:
 			return fmt.Errorf("%w: %v", ErrBadRequest, ops[i].Kind)
 		}
+	}
+	if reads > MaxBatchBytes || writes > MaxBatchBytes {
+		return fmt.Errorf("%w: batch reads %d and writes %d bytes (max %d each)", ErrTooLarge, reads, writes, MaxBatchBytes)
 	}
 	return nil
 }

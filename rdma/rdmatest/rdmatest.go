@@ -413,6 +413,13 @@ func testBadRequests(t *testing.T, b Backend) {
 	if err := ts[0].Post(ctxT(t), 2, big); !errors.Is(err, rdma.ErrTooLarge) {
 		t.Errorf("%d-op batch: %v, want ErrTooLarge", len(big), err)
 	}
+	var heavy []rdma.Op
+	for n := 0; n <= rdma.MaxBatchBytes; n += rdma.MaxTransfer {
+		heavy = append(heavy, read(rk, 0, rdma.MaxTransfer))
+	}
+	if err := ts[0].Post(ctxT(t), 2, heavy); !errors.Is(err, rdma.ErrTooLarge) {
+		t.Errorf("batch reading %d bytes: %v, want ErrTooLarge", len(heavy)*rdma.MaxTransfer, err)
+	}
 	if err := ts[0].Send(ctxT(t), 2, make([]byte, rdma.MaxMessage+1)); !errors.Is(err, rdma.ErrTooLarge) {
 		t.Errorf("oversized message: %v, want ErrTooLarge", err)
 	}
