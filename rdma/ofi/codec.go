@@ -1,0 +1,207 @@
+//go:build ofi
+
+package ofi
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
+)
+
+// Errors of the wire format and of addresses.
+var (
+	// ErrBadFrame is a two-sided message that does not decode.
+	ErrBadFrame = errors.New("ofi: malformed control frame")
+	// ErrBadAddr is an address that is not one this backend produced.
+	ErrBadAddr = errors.New("ofi: malformed address")
+	// ErrProviderMismatch is a peer address on another provider.
+	ErrProviderMismatch = errors.New("ofi: peer uses another provider")
+)
+
+// Every two-sided message starts with this header: version, kind, two zero
+// bytes and the sender's node id (little-endian).
+const (
+	hdrLen     = 8
+	wireV1     = 1
+	maxNameLen = 256
+)
+
+// frameKind is the kind of a two-sided message. The zero value is invalid.
+type frameKind uint8
+
+const (
+	// frameUser carries a caller's message to the handler.
+	frameUser frameKind = 1 + iota
+	// frameQuery asks the target for the descriptor of a key.
+	frameQuery
+	// frameReply answers a query.
+	frameReply
+	// frameBye says that the sender is closing its endpoint; the receiver
+	// answers with a frameReply once it handled every frame and request
+	// the sender issued before it.
+	frameBye
+	// frameRevoke says that the sender deregistered a key; the receiver
+	// answers with a frameReply (not found) once it will no longer issue
+	// operations on that key.
+	frameRevoke
+)
+
+const (
+	queryLen  = 16 // reqID, key
+	replyLen  = 34 // reqID, key, len, base, found, access
+	revokeLen = 16 // reqID, key
+	byeLen    = 8  // reqID
+)
+
+// frame is a decoded two-sided message. Payload aliases the input.
+type frame struct {
+	Kind    frameKind
+	From    ids.NodeID
+	ReqID   uint64
+	Key     uint64
+	Len     uint64
+	Base    uint64
+	Found   bool
+	Access  rdma.Access
+	Payload []byte
+}
+
+func putHdr(b []byte, k frameKind, from ids.NodeID) {
+	b[0] = wireV1
+	b[1] = byte(k)
+	b[2], b[3] = 0, 0
+	binary.LittleEndian.PutUint32(b[4:], uint32(from))
+}
+
+// encodeQuery, encodeReply, encodeRevoke and encodeBye write a control frame
+// into b, which is large enough, and return its length.
+func encodeQuery(b []byte, from ids.NodeID, reqID, key uint64) int {
+	putHdr(b, frameQuery, from)
+	binary.LittleEndian.PutUint64(b[8:], reqID)
+	binary.LittleEndian.PutUint64(b[16:], key)
+	return hdrLen + queryLen
+}
+
+func encodeReply(b []byte, from ids.NodeID, f *frame) int {
+	putHdr(b, frameReply, from)
+	binary.LittleEndian.PutUint64(b[8:], f.ReqID)
+	binary.LittleEndian.PutUint64(b[16:], f.Key)
+	binary.LittleEndian.PutUint64(b[24:], f.Len)
+	binary.LittleEndian.PutUint64(b[32:], f.Base)
+	b[40] = 0
+	if f.Found {
+		b[40] = 1
+	}
+	b[41] = byte(f.Access)
+	return hdrLen + replyLen
+}
+
+func encodeRevoke(b []byte, from ids.NodeID, reqID, key uint64) int {
+	putHdr(b, frameRevoke, from)
+	binary.LittleEndian.PutUint64(b[8:], reqID)
+	binary.LittleEndian.PutUint64(b[16:], key)
+	return hdrLen + revokeLen
+}
+
+func encodeBye(b []byte, from ids.NodeID, reqID uint64) int {
+	putHdr(b, frameBye, from)
+	binary.LittleEndian.PutUint64(b[8:], reqID)
+	return hdrLen + byeLen
+}
+
+// decodeFrame parses a two-sided message. It never panics: any input that
+// is not exactly a frame of this version gets ErrBadFrame.
+func decodeFrame(b []byte, f *frame) error {
+	if len(b) < hdrLen {
+		return fmt.Errorf("%w: %d bytes", ErrBadFrame, len(b))
+	}
+	if b[0] != wireV1 || b[2] != 0 || b[3] != 0 {
+		return fmt.Errorf("%w: header %x", ErrBadFrame, b[:4])
+	}
+	*f = frame{Kind: frameKind(b[1]), From: ids.NodeID(binary.LittleEndian.Uint32(b[4:]))}
+	if f.From == ids.None {
+		return fmt.Errorf("%w: no sender", ErrBadFrame)
+	}
+	body := b[hdrLen:]
+	want := -1
+	switch f.Kind {
+	case frameUser:
+		if len(body) > rdma.MaxMessage {
+			return fmt.Errorf("%w: %d-byte message", ErrBadFrame, len(body))
+		}
+		f.Payload = body
+		return nil
+	case frameQuery:
+		want = queryLen
+	case frameReply:
+		want = replyLen
+	case frameBye:
+		want = byeLen
+	case frameRevoke:
+		want = revokeLen
+	default:
+		return fmt.Errorf("%w: kind %d", ErrBadFrame, b[1])
+	}
+	if len(body) != want {
+		return fmt.Errorf("%w: %d-byte body for kind %d", ErrBadFrame, len(body), b[1])
+	}
+	switch f.Kind {
+	case frameQuery, frameRevoke:
+		f.ReqID = binary.LittleEndian.Uint64(body)
+		f.Key = binary.LittleEndian.Uint64(body[8:])
+	case frameBye:
+		f.ReqID = binary.LittleEndian.Uint64(body)
+	case frameReply:
+		f.ReqID = binary.LittleEndian.Uint64(body)
+		f.Key = binary.LittleEndian.Uint64(body[8:])
+		f.Len = binary.LittleEndian.Uint64(body[16:])
+		f.Base = binary.LittleEndian.Uint64(body[24:])
+		switch body[32] {
+		case 0:
+		case 1:
+			f.Found = true
+		default:
+			return fmt.Errorf("%w: found flag %d", ErrBadFrame, body[32])
+		}
+		f.Access = rdma.Access(body[33])
+		if f.Access&^rdma.AccessAll != 0 {
+			return fmt.Errorf("%w: access %#x", ErrBadFrame, body[33])
+		}
+	}
+	return nil
+}
+
+// An address is "ofi:" + provider + ":" + hex of the endpoint name that
+// fi_getname returned. The provider is part of it because an endpoint name
+// only means something to the provider that made it.
+const addrPrefix = "ofi:"
+
+func formatAddr(prov string, name []byte) string {
+	return addrPrefix + prov + ":" + hex.EncodeToString(name)
+}
+
+// parseAddr splits an address into provider and endpoint name.
+func parseAddr(s string) (prov string, name []byte, err error) {
+	rest, ok := strings.CutPrefix(s, addrPrefix)
+	if !ok {
+		return "", nil, fmt.Errorf("%w: %q", ErrBadAddr, s)
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", nil, fmt.Errorf("%w: %q", ErrBadAddr, s)
+	}
+	prov, h := rest[:i], rest[i+1:]
+	if len(h) == 0 || len(h) > 2*maxNameLen {
+		return "", nil, fmt.Errorf("%w: name of %d hex digits", ErrBadAddr, len(h))
+	}
+	name, err = hex.DecodeString(h)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrBadAddr, err)
+	}
+	return prov, name, nil
+}

@@ -1,0 +1,184 @@
+//go:build ofi
+
+package ofi
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dsmkit/dsm/rdma"
+)
+
+const childEnv = "DSM_OFI_CRASH_CHILD"
+
+// crashChild is the peer process of TestPeerProcessDies: it opens an
+// endpoint, registers memory, tells the parent about both on stdout, learns
+// the parent's address on stdin, and then serves until it is killed.
+func crashChild(prov string) {
+	tr, err := Listen(2, "127.0.0.1:0", Config{Provider: prov})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	mem, err := rdma.Alloc(4 << 20)
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	reg, err := tr.Register(mem, rdma.AccessAll)
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	d := reg.Descriptor()
+	name := tr.shmName
+	if name == "" {
+		name = "-"
+	}
+	fmt.Printf("PEER %s %d %d %d %s\n", tr.Addr(), d.RKey.Key, d.RKey.Base, os.Getpid(), name)
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() {
+		os.Exit(1)
+	}
+	if err := tr.AddPeer(1, strings.TrimSpace(in.Text())); err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	fmt.Println("READY")
+	select {} // until killed
+}
+
+// TestPeerProcessDies kills (SIGKILL) a peer process while large reads to
+// it are in flight: every Post must fail with ErrPeerUnreachable within
+// about OpTimeout, the survivor must close cleanly, and for shm the file the
+// dead endpoint left in /dev/shm must be removed by the next Listen.
+func TestPeerProcessDies(t *testing.T) {
+	if prov := os.Getenv(childEnv); prov != "" {
+		crashChild(prov)
+		return
+	}
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, prov := range []string{"tcp;ofi_rxm", "shm", "sockets"} {
+		t.Run(prov, func(t *testing.T) { testPeerProcessDies(t, prov) })
+	}
+}
+
+func testPeerProcessDies(t *testing.T, prov string) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPeerProcessDies$")
+	cmd.Env = append(os.Environ(), childEnv+"="+prov)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	defer func() {
+		if !killed {
+			cmd.Process.Kill()
+		}
+		cmd.Wait()
+	}()
+	out := bufio.NewScanner(stdout)
+	line := func() string {
+		if !out.Scan() {
+			t.Fatalf("child ended: %v", out.Err())
+		}
+		return out.Text()
+	}
+	var addr, shmName string
+	var key, base uint64
+	var pid int
+	if _, err := fmt.Sscanf(line(), "PEER %s %d %d %d %s", &addr, &key, &base, &pid, &shmName); err != nil {
+		t.Fatalf("child said: %v", err)
+	}
+
+	const opTimeout = time.Second
+	a, err := Listen(1, "127.0.0.1:0", Config{Provider: prov, OpTimeout: opTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.AddPeer(2, addr); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(stdin, a.Addr())
+	if got := line(); got != "READY" {
+		t.Fatalf("child said %q", got)
+	}
+	rk := rdma.RKey{Key: key, Base: base}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.Post(ctx, 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 1}}); err != nil {
+		t.Fatalf("post before the kill: %v", err)
+	}
+
+	const workers = 4
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ops := make([]rdma.Op, 4)
+			for i := range ops {
+				ops[i] = rdma.Op{Kind: rdma.OpRead, RKey: rk, Offset: uint64(i) << 20, Buf: make([]byte, 1<<20)}
+			}
+			for {
+				if err := a.Post(ctx, 2, ops); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	killedAt := time.Now()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed = true
+	wg.Wait()
+	took := time.Since(killedAt)
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, rdma.ErrPeerUnreachable) {
+			t.Errorf("post to the killed peer: %v, want ErrPeerUnreachable", err)
+		}
+	}
+	t.Logf("%s: all posts failed %v after the kill (OpTimeout %v)", prov, took.Round(time.Millisecond), opTimeout)
+
+	if prov == "shm" {
+		cmd.Wait()
+		file := filepath.Join(shmDir, shmName)
+		if _, err := os.Stat(file); err != nil {
+			t.Logf("the killed endpoint left no file (%v)", err)
+			return
+		}
+		b, err := Listen(3, "", Config{Provider: "shm"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Close()
+		if _, err := os.Stat(file); !os.IsNotExist(err) {
+			t.Errorf("stale file %s of the killed endpoint survived the next Listen: %v", file, err)
+		}
+	}
+}
