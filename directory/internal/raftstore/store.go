@@ -1,0 +1,285 @@
+package raftstore
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/cockroachdb/pebble"
+	"github.com/hashicorp/raft"
+)
+
+// ErrKeyNotFound is returned by Get and GetUint64 for a key that was never
+// set. Its text is what hashicorp/raft checks for.
+var ErrKeyNotFound = errors.New("not found")
+
+// ErrCorrupt reports a stored record that cannot be decoded.
+var ErrCorrupt = errors.New("raftstore: corrupt record")
+
+// ErrClosed is returned by calls after Close.
+var ErrClosed = errors.New("raftstore: closed")
+
+const (
+	prefixLog    = 'l'
+	prefixStable = 's'
+)
+
+// Store is a raft.LogStore and raft.StableStore on pebble. It is safe for
+// concurrent use.
+type Store struct {
+	db *pebble.DB
+}
+
+var (
+	_ raft.LogStore    = (*Store)(nil)
+	_ raft.StableStore = (*Store)(nil)
+)
+
+// Open opens (creating if needed) the store in dir. logger receives pebble's
+// informational messages; nil discards them.
+func Open(dir string, logger *slog.Logger) (*Store, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	opts := &pebble.Options{Logger: pebbleLogger{logger}}
+	db, err := pebble.Open(dir, opts)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close flushes nothing (every write was already synced) and releases the
+// database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func logKey(index uint64) []byte {
+	k := make([]byte, 9)
+	k[0] = prefixLog
+	binary.BigEndian.PutUint64(k[1:], index)
+	return k
+}
+
+func stableKey(key []byte) []byte {
+	k := make([]byte, 1+len(key))
+	k[0] = prefixStable
+	copy(k[1:], key)
+	return k
+}
+
+// logBounds returns the key range holding every log entry.
+func logBounds() (lower, upper []byte) {
+	return []byte{prefixLog}, []byte{prefixLog + 1}
+}
+
+// FirstIndex returns the first index stored, 0 when the log is empty.
+func (s *Store) FirstIndex() (uint64, error) { return s.edgeIndex(true) }
+
+// LastIndex returns the last index stored, 0 when the log is empty.
+func (s *Store) LastIndex() (uint64, error) { return s.edgeIndex(false) }
+
+func (s *Store) edgeIndex(first bool) (uint64, error) {
+	lo, hi := logBounds()
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return 0, fmt.Errorf("raftstore: iterator: %w", err)
+	}
+	var ok bool
+	if first {
+		ok = it.First()
+	} else {
+		ok = it.Last()
+	}
+	var idx uint64
+	if ok {
+		k := it.Key()
+		if len(k) != 9 {
+			it.Close()
+			return 0, fmt.Errorf("%w: log key of %d bytes", ErrCorrupt, len(k))
+		}
+		idx = binary.BigEndian.Uint64(k[1:])
+	}
+	if err := it.Close(); err != nil {
+		return 0, fmt.Errorf("raftstore: iterator: %w", err)
+	}
+	return idx, nil
+}
+
+// GetLog reads the entry at index into log; raft.ErrLogNotFound when absent.
+func (s *Store) GetLog(index uint64, log *raft.Log) error {
+	v, closer, err := s.db.Get(logKey(index))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return raft.ErrLogNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("raftstore: get log %d: %w", index, err)
+	}
+	defer closer.Close()
+	if err := decodeLog(v, log); err != nil {
+		return err
+	}
+	if log.Index != index {
+		return fmt.Errorf("%w: entry under index %d says %d", ErrCorrupt, index, log.Index)
+	}
+	return nil
+}
+
+// StoreLog stores one entry, synced.
+func (s *Store) StoreLog(log *raft.Log) error { return s.StoreLogs([]*raft.Log{log}) }
+
+// StoreLogs stores entries in one synced batch: all or none of them are
+// durable after a crash.
+func (s *Store) StoreLogs(logs []*raft.Log) error {
+	b := s.db.NewBatch()
+	defer b.Close()
+	var buf []byte
+	for _, l := range logs {
+		buf = encodeLog(buf[:0], l)
+		if err := b.Set(logKey(l.Index), buf, nil); err != nil {
+			return fmt.Errorf("raftstore: batch: %w", err)
+		}
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("raftstore: store logs: %w", err)
+	}
+	return nil
+}
+
+// DeleteRange deletes the entries min through max inclusive, synced.
+func (s *Store) DeleteRange(min, max uint64) error {
+	if max < min {
+		return nil
+	}
+	end := []byte{prefixLog + 1}
+	if max != ^uint64(0) {
+		end = logKey(max + 1)
+	}
+	if err := s.db.DeleteRange(logKey(min), end, pebble.Sync); err != nil {
+		return fmt.Errorf("raftstore: delete range [%d,%d]: %w", min, max, err)
+	}
+	return nil
+}
+
+// Set stores a stable value, synced.
+func (s *Store) Set(key, val []byte) error {
+	if err := s.db.Set(stableKey(key), val, pebble.Sync); err != nil {
+		return fmt.Errorf("raftstore: set: %w", err)
+	}
+	return nil
+}
+
+// Get returns a copy of a stable value; ErrKeyNotFound when never set.
+func (s *Store) Get(key []byte) ([]byte, error) {
+	v, closer, err := s.db.Get(stableKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, ErrKeyNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: get: %w", err)
+	}
+	defer closer.Close()
+	return append([]byte(nil), v...), nil
+}
+
+// SetUint64 stores a stable counter, synced.
+func (s *Store) SetUint64(key []byte, val uint64) error {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], val)
+	return s.Set(key, b[:])
+}
+
+// GetUint64 returns a stable counter; 0 and ErrKeyNotFound when never set.
+func (s *Store) GetUint64(key []byte) (uint64, error) {
+	v, err := s.Get(key)
+	if err != nil {
+		return 0, err
+	}
+	if len(v) != 8 {
+		return 0, fmt.Errorf("%w: uint64 value of %d bytes", ErrCorrupt, len(v))
+	}
+	return binary.BigEndian.Uint64(v), nil
+}
+
+// Log entry encoding, version 1:
+//
+//	version u8 | index u64 | term u64 | type u8 | appendedAt unix nanos i64 |
+//	len(data) uvarint | data | len(extensions) uvarint | extensions
+const logVersion = 1
+
+func encodeLog(buf []byte, l *raft.Log) []byte {
+	buf = append(buf, logVersion)
+	buf = binary.BigEndian.AppendUint64(buf, l.Index)
+	buf = binary.BigEndian.AppendUint64(buf, l.Term)
+	buf = append(buf, byte(l.Type))
+	var at int64
+	if !l.AppendedAt.IsZero() {
+		at = l.AppendedAt.UnixNano()
+	}
+	buf = binary.BigEndian.AppendUint64(buf, uint64(at))
+	buf = binary.AppendUvarint(buf, uint64(len(l.Data)))
+	buf = append(buf, l.Data...)
+	buf = binary.AppendUvarint(buf, uint64(len(l.Extensions)))
+	buf = append(buf, l.Extensions...)
+	return buf
+}
+
+func decodeLog(b []byte, l *raft.Log) error {
+	const fixed = 1 + 8 + 8 + 1 + 8
+	if len(b) < fixed {
+		return fmt.Errorf("%w: log entry of %d bytes", ErrCorrupt, len(b))
+	}
+	if b[0] != logVersion {
+		return fmt.Errorf("%w: log entry version %d", ErrCorrupt, b[0])
+	}
+	l.Index = binary.BigEndian.Uint64(b[1:])
+	l.Term = binary.BigEndian.Uint64(b[9:])
+	l.Type = raft.LogType(b[17])
+	at := int64(binary.BigEndian.Uint64(b[18:]))
+	l.AppendedAt = time.Time{}
+	if at != 0 {
+		l.AppendedAt = time.Unix(0, at)
+	}
+	rest := b[fixed:]
+	var err error
+	if l.Data, rest, err = readBytes(rest); err != nil {
+		return err
+	}
+	if l.Extensions, rest, err = readBytes(rest); err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(rest))
+	}
+	return nil
+}
+
+func readBytes(b []byte) (field, rest []byte, err error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return nil, nil, fmt.Errorf("%w: bad field length", ErrCorrupt)
+	}
+	b = b[k:]
+	if n == 0 {
+		return nil, b, nil
+	}
+	return append([]byte(nil), b[:n]...), b[n:], nil
+}
+
+// pebbleLogger sends pebble's messages to slog. pebble's Fatalf is only
+// called on unrecoverable corruption of its own files; it logs and exits as
+// pebble's own default logger does.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
+	panic(fmt.Sprintf("raftstore: pebble fatal: "+format, args...))
+}
+
+var _ io.Closer = (*Store)(nil)
