@@ -1,0 +1,115 @@
+package directory
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// cmdType is the kind of a replicated command.
+type cmdType uint8
+
+const (
+	cmdCreateRegion cmdType = 1 + iota
+	cmdDeleteRegion
+	cmdPutMember
+	cmdSetMemberState
+)
+
+// commandVersion is the first byte of every encoded command.
+const commandVersion = 1
+
+// maxCommandSize bounds a command; larger input is refused before decoding.
+const maxCommandSize = 256 << 10
+
+// command is one entry of the Raft log. Every command is idempotent, so a
+// proposer may retry one whose outcome it did not learn.
+type command struct {
+	Type cmdType `json:"t"`
+	// cmdCreateRegion
+	Spec      *RegionSpec `json:"spec,omitempty"`
+	CreatedAt int64       `json:"at,omitempty"` // unix nanoseconds, stamped by the proposer
+	// cmdDeleteRegion
+	Name string `json:"name,omitempty"`
+	// cmdPutMember
+	Member *Member `json:"member,omitempty"`
+	// KeepDescriptors leaves the stored descriptors alone (gossip-driven
+	// updates know addresses, not descriptors).
+	KeepDescriptors bool `json:"keep,omitempty"`
+	// cmdSetMemberState
+	ID    ids.NodeID  `json:"id,omitempty"`
+	State MemberState `json:"state,omitempty"`
+}
+
+func encodeCommand(c command) []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		// Every field is a plain value; marshalling cannot fail.
+		panic("directory: encode command: " + err.Error())
+	}
+	return append([]byte{commandVersion}, b...)
+}
+
+// decodeCommand parses and validates a command. It never panics; every
+// failure wraps ErrBadCommand (or ErrInvalidRegion / ErrInvalidMember for a
+// well-formed command with bad content).
+func decodeCommand(b []byte) (command, error) {
+	var c command
+	if len(b) == 0 {
+		return c, fmt.Errorf("%w: empty", ErrBadCommand)
+	}
+	if len(b) > maxCommandSize {
+		return c, fmt.Errorf("%w: %d bytes", ErrBadCommand, len(b))
+	}
+	if b[0] != commandVersion {
+		return c, fmt.Errorf("%w: version %d", ErrBadCommand, b[0])
+	}
+	dec := json.NewDecoder(bytes.NewReader(b[1:]))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return command{}, fmt.Errorf("%w: %v", ErrBadCommand, err)
+	}
+	if dec.More() {
+		return command{}, fmt.Errorf("%w: trailing data", ErrBadCommand)
+	}
+	switch c.Type {
+	case cmdCreateRegion:
+		if c.Spec == nil {
+			return command{}, fmt.Errorf("%w: create without spec", ErrBadCommand)
+		}
+		if _, err := c.Spec.Normalize(); err != nil {
+			return command{}, err
+		}
+	case cmdDeleteRegion:
+		if err := validName(c.Name); err != nil {
+			return command{}, err
+		}
+	case cmdPutMember:
+		if c.Member == nil {
+			return command{}, fmt.Errorf("%w: put without member", ErrBadCommand)
+		}
+		if err := c.Member.validate(); err != nil {
+			return command{}, err
+		}
+		if c.Member.State != StateAlive {
+			return command{}, fmt.Errorf("%w: put of a %v member", ErrInvalidMember, c.Member.State)
+		}
+	case cmdSetMemberState:
+		if c.ID == ids.None {
+			return command{}, fmt.Errorf("%w: zero id", ErrInvalidMember)
+		}
+		if c.State != StateLeft && c.State != StateFailed && c.State != StateAlive {
+			return command{}, fmt.Errorf("%w: cannot set state %v", ErrInvalidMember, c.State)
+		}
+	default:
+		return command{}, fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)
+	}
+	return c, nil
+}
+
+func createRegionCmd(spec RegionSpec, at time.Time) command {
+	return command{Type: cmdCreateRegion, Spec: &spec, CreatedAt: at.UnixNano()}
+}

@@ -1,0 +1,176 @@
+package directory
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// Config configures one directory replica.
+type Config struct {
+	// NodeID is this node's id: configured, stable across restarts, unique.
+	NodeID ids.NodeID
+	// DataDir holds the Raft log and stable store (pebble) and snapshots.
+	DataDir string
+
+	// GossipAddr, RaftAddr and RPCAddr are host:port to bind. They are also
+	// the addresses advertised to peers, so they must name a concrete
+	// interface (not 0.0.0.0). Port 0 picks a free port; Addrs reports it.
+	// A node that restarts from its DataDir should keep its Raft address.
+	GossipAddr string
+	RaftAddr   string
+	RPCAddr    string
+	// GRPCAddr and VerbsAddr are published to peers, not used here.
+	GRPCAddr  string
+	VerbsAddr string
+
+	// Join lists gossip addresses of existing members; any one reachable
+	// member is enough. Retried in the background until one answers.
+	Join []string
+	// BootstrapExpect: wait until this many servers with the same setting
+	// are visible in gossip, then the one with the lowest id bootstraps
+	// Raft with them as voters. 0: never bootstrap, wait to be added by the
+	// leader. Never bootstraps over existing Raft state, its own or a
+	// visible peer's.
+	BootstrapExpect int
+	// MaxVoters is the number of Raft voters the leader maintains: 3
+	// (default) or 5; 1 for a single-node cluster. Further members join as
+	// non-voters and are promoted when a voter fails or leaves.
+	MaxVoters int
+
+	Timing Timing
+	// Logger receives the directory's, Raft's, memberlist's and pebble's
+	// messages. nil discards them.
+	Logger *slog.Logger
+	// Now stamps region creation times; nil means time.Now.
+	Now func() time.Time
+}
+
+// Timing holds the timeouts. Zero fields take LANTiming's values.
+type Timing struct {
+	RaftHeartbeat   time.Duration
+	RaftElection    time.Duration
+	RaftLeaderLease time.Duration
+	RaftCommit      time.Duration
+
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+
+	GossipProbeInterval time.Duration
+	GossipProbeTimeout  time.Duration
+	GossipInterval      time.Duration
+	// GossipSuspicionMult scales how long a suspect has to refute before
+	// it is declared dead: GossipSuspicionMult * ProbeInterval at least,
+	// GossipSuspicionMaxMult times that at most (shrinking with
+	// confirmations from other members).
+	GossipSuspicionMult    int
+	GossipSuspicionMaxMult int
+
+	// ReconcileInterval is how often the leader reconciles gossip with the
+	// replicated member table even without events.
+	ReconcileInterval time.Duration
+	// ReapAfter: an alive member that the leader has not heard of in
+	// gossip for this long is marked failed.
+	ReapAfter time.Duration
+	// RPCTimeout bounds one forwarded call on the leader.
+	RPCTimeout time.Duration
+}
+
+// LANTiming is tuned for a LAN or loopback: failure detection in about a
+// second, leader failover in about one to two (docs/architecture.md has the
+// measurements).
+func LANTiming() Timing {
+	return Timing{
+		RaftHeartbeat:   500 * time.Millisecond,
+		RaftElection:    500 * time.Millisecond,
+		RaftLeaderLease: 250 * time.Millisecond,
+		RaftCommit:      20 * time.Millisecond,
+
+		SnapshotInterval:  30 * time.Second,
+		SnapshotThreshold: 4096,
+		TrailingLogs:      4096,
+
+		GossipProbeInterval:    200 * time.Millisecond,
+		GossipProbeTimeout:     100 * time.Millisecond,
+		GossipInterval:         50 * time.Millisecond,
+		GossipSuspicionMult:    4,
+		GossipSuspicionMaxMult: 4,
+
+		ReconcileInterval: time.Second,
+		ReapAfter:         30 * time.Second,
+		RPCTimeout:        5 * time.Second,
+	}
+}
+
+func (t Timing) withDefaults() Timing {
+	d := LANTiming()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	set(&t.RaftHeartbeat, d.RaftHeartbeat)
+	set(&t.RaftElection, d.RaftElection)
+	set(&t.RaftLeaderLease, d.RaftLeaderLease)
+	set(&t.RaftCommit, d.RaftCommit)
+	set(&t.SnapshotInterval, d.SnapshotInterval)
+	set(&t.GossipProbeInterval, d.GossipProbeInterval)
+	set(&t.GossipProbeTimeout, d.GossipProbeTimeout)
+	set(&t.GossipInterval, d.GossipInterval)
+	set(&t.ReconcileInterval, d.ReconcileInterval)
+	set(&t.ReapAfter, d.ReapAfter)
+	set(&t.RPCTimeout, d.RPCTimeout)
+	if t.SnapshotThreshold == 0 {
+		t.SnapshotThreshold = d.SnapshotThreshold
+	}
+	if t.TrailingLogs == 0 {
+		t.TrailingLogs = d.TrailingLogs
+	}
+	if t.GossipSuspicionMult == 0 {
+		t.GossipSuspicionMult = d.GossipSuspicionMult
+	}
+	if t.GossipSuspicionMaxMult == 0 {
+		t.GossipSuspicionMaxMult = d.GossipSuspicionMaxMult
+	}
+	return t
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeID == ids.None {
+		return c, fmt.Errorf("%w: zero NodeID", ErrInvalidConfig)
+	}
+	if c.DataDir == "" {
+		return c, fmt.Errorf("%w: no DataDir", ErrInvalidConfig)
+	}
+	for name, a := range map[string]string{"GossipAddr": c.GossipAddr, "RaftAddr": c.RaftAddr, "RPCAddr": c.RPCAddr} {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			return c, fmt.Errorf("%w: %s %q: %v", ErrInvalidConfig, name, a, err)
+		}
+		ip := net.ParseIP(host)
+		if ip == nil || ip.IsUnspecified() {
+			return c, fmt.Errorf("%w: %s %q must be a concrete IP address", ErrInvalidConfig, name, a)
+		}
+	}
+	if c.MaxVoters == 0 {
+		c.MaxVoters = 3
+	}
+	if c.MaxVoters != 1 && c.MaxVoters != 3 && c.MaxVoters != 5 {
+		return c, fmt.Errorf("%w: MaxVoters %d (want 1, 3 or 5)", ErrInvalidConfig, c.MaxVoters)
+	}
+	if c.BootstrapExpect < 0 || c.BootstrapExpect > c.MaxVoters {
+		return c, fmt.Errorf("%w: BootstrapExpect %d not in [0, MaxVoters=%d]", ErrInvalidConfig, c.BootstrapExpect, c.MaxVoters)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	c.Timing = c.Timing.withDefaults()
+	return c, nil
+}

@@ -1,0 +1,713 @@
+package directory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+
+	"github.com/dsmkit/dsm/directory/internal/raftstore"
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// Directory is one replica of the cluster directory. Create it with Open;
+// every method is safe for concurrent use.
+type Directory struct {
+	cfg Config
+	log *slog.Logger
+
+	store  *raftstore.Store
+	logs   *raft.LogCache
+	snaps  *raft.FileSnapshotStore
+	trans  *raft.NetworkTransport
+	raft   *raft.Raft
+	fsm    *fsm
+	notify *notifier
+	gossip *gossip
+	ml     *memberlist.Memberlist
+	rpc    *rpcServer
+
+	gossipAddr string // bound gossip address
+
+	// joined is set once a join of Config.Join (or saved peers) succeeded.
+	// Bootstrap waits for it, so that a node sent to join an existing
+	// cluster sees that cluster's state before it counts servers.
+	joined atomic.Bool
+
+	closeCh   chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup
+
+	// reconcileMu serializes the leader's member-table changes: the
+	// reconciliation pass and graceful leaves.
+	reconcileMu sync.Mutex
+
+	// Owned by the run loop.
+	bootstrapped bool
+	absentSince  map[ids.NodeID]time.Time
+	savedPeers   []string
+	join         []string // Config.Join plus the saved peers
+}
+
+// Addrs are the addresses a directory actually bound.
+type Addrs struct {
+	Gossip, Raft, RPC string
+}
+
+// Open starts a replica: opens (or creates) its Raft state in DataDir,
+// starts Raft, the forwarding RPC and gossip, and joins the cluster in the
+// background. It returns before the cluster has a leader.
+func Open(cfg Config) (_ *Directory, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	d := &Directory{
+		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID.String()),
+		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{},
+	}
+	var closers []func()
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	}()
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("directory: data dir: %w", err)
+	}
+	d.store, err = raftstore.Open(filepath.Join(cfg.DataDir, "raft"), d.log)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { d.store.Close() })
+	d.logs, err = raft.NewLogCache(512, d.store)
+	if err != nil {
+		return nil, fmt.Errorf("directory: log cache: %w", err)
+	}
+	d.snaps, err = raft.NewFileSnapshotStoreWithLogger(cfg.DataDir, 2, hclogFor(d.log, "raft-snapshot"))
+	if err != nil {
+		return nil, fmt.Errorf("directory: snapshot store: %w", err)
+	}
+	d.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+	if err != nil {
+		return nil, fmt.Errorf("directory: raft transport %s: %w", cfg.RaftAddr, err)
+	}
+	closers = append(closers, func() { d.trans.Close() })
+	hasState, err := raft.HasExistingState(d.logs, d.store, d.snaps)
+	if err != nil {
+		return nil, fmt.Errorf("directory: raft state: %w", err)
+	}
+	d.notify = newNotifier()
+	d.fsm = newFSM(d.notify)
+	closers = append(closers, d.notify.close)
+
+	t := cfg.Timing
+	rc := raft.DefaultConfig()
+	rc.LocalID = serverID(cfg.NodeID)
+	rc.HeartbeatTimeout = t.RaftHeartbeat
+	rc.ElectionTimeout = t.RaftElection
+	rc.LeaderLeaseTimeout = t.RaftLeaderLease
+	rc.CommitTimeout = t.RaftCommit
+	rc.SnapshotInterval = t.SnapshotInterval
+	rc.SnapshotThreshold = t.SnapshotThreshold
+	rc.TrailingLogs = t.TrailingLogs
+	rc.ShutdownOnRemove = false // a removed member may come back and be re-added
+	rc.Logger = hclogFor(d.log, "raft")
+	d.raft, err = raft.NewRaft(rc, d.fsm, d.logs, d.store, d.snaps, d.trans)
+	if err != nil {
+		return nil, fmt.Errorf("directory: raft: %w", err)
+	}
+	closers = append(closers, func() { _ = d.raft.Shutdown().Error() })
+	d.bootstrapped = hasState
+
+	d.rpc, err = newRPCServer(cfg.RPCAddr, d.handleRPC, t.RPCTimeout, d.log)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, d.rpc.close)
+
+	d.gossip = newGossip(nodeMeta{
+		ID: cfg.NodeID, GRPCAddr: cfg.GRPCAddr, VerbsAddr: cfg.VerbsAddr,
+		RaftAddr: string(d.trans.LocalAddr()), RPCAddr: d.rpc.addr(),
+		Expect: cfg.BootstrapExpect, HasState: hasState,
+	})
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = nodeName(cfg.NodeID)
+	host, port, _ := net.SplitHostPort(cfg.GossipAddr)
+	mc.BindAddr, mc.AdvertiseAddr = host, host
+	mc.BindPort, _ = strconv.Atoi(port)
+	mc.AdvertisePort = mc.BindPort
+	mc.ProbeInterval = t.GossipProbeInterval
+	mc.ProbeTimeout = t.GossipProbeTimeout
+	mc.GossipInterval = t.GossipInterval
+	mc.SuspicionMult = t.GossipSuspicionMult
+	mc.SuspicionMaxTimeoutMult = t.GossipSuspicionMaxMult
+	mc.PushPullInterval = 10 * time.Second
+	mc.TCPTimeout = 2 * time.Second
+	mc.DeadNodeReclaimTime = time.Second
+	mc.Delegate = d.gossip
+	mc.Events = d.gossip
+	mc.Logger = log.New(slogWriter{l: d.log, component: "memberlist"}, "", 0)
+	d.ml, err = memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("directory: gossip %s: %w", cfg.GossipAddr, err)
+	}
+	// memberlist wrote the port it bound (for port 0) back into mc.
+	d.gossipAddr = net.JoinHostPort(mc.AdvertiseAddr, strconv.Itoa(mc.AdvertisePort))
+
+	d.join = slices.Clone(cfg.Join)
+	self := d.Addrs().Gossip
+	for _, a := range loadPeers(cfg.DataDir) {
+		if a != self && !slices.Contains(d.join, a) {
+			d.join = append(d.join, a)
+		}
+	}
+	d.wg.Add(1)
+	go d.run()
+	if len(d.join) > 0 {
+		d.wg.Add(1)
+		go d.joinLoop()
+	}
+	return d, nil
+}
+
+func serverID(id ids.NodeID) raft.ServerID { return raft.ServerID(nodeName(id)) }
+
+func parseServerID(s raft.ServerID) (ids.NodeID, bool) {
+	n, err := strconv.ParseUint(string(s), 10, 32)
+	return ids.NodeID(n), err == nil && n != 0
+}
+
+// NodeID is this replica's node id.
+func (d *Directory) NodeID() ids.NodeID { return d.cfg.NodeID }
+
+// Addrs reports the bound addresses (useful with port 0).
+func (d *Directory) Addrs() Addrs {
+	return Addrs{Gossip: d.gossipAddr, Raft: string(d.trans.LocalAddr()), RPC: d.rpc.addr()}
+}
+
+func (d *Directory) joinLoop() {
+	defer d.wg.Done()
+	delay := 100 * time.Millisecond
+	for {
+		n, err := d.ml.Join(d.join)
+		if n > 0 {
+			d.joined.Store(true)
+			select {
+			case d.gossip.signal <- struct{}{}:
+			default:
+			}
+			return
+		}
+		d.log.Info("directory: join failed, retrying", "join", d.join, "err", err)
+		select {
+		case <-d.closeCh:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// Close stops the replica without telling anyone: peers see it fail. Its
+// state stays in DataDir for a restart. Use Leave to go away gracefully.
+func (d *Directory) Close() error {
+	d.closeOnce.Do(func() {
+		close(d.closeCh)
+		errs := []error{}
+		if err := d.raft.Shutdown().Error(); err != nil {
+			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))
+		}
+		d.wg.Wait()
+		d.rpc.close()
+		if err := d.ml.Shutdown(); err != nil {
+			errs = append(errs, fmt.Errorf("gossip shutdown: %w", err))
+		}
+		// Close also the pooled outbound connections, so that peers'
+		// handlers of them end.
+		d.trans.CloseStreams()
+		if err := d.trans.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("raft transport: %w", err))
+		}
+		if err := d.store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("store: %w", err))
+		}
+		d.notify.close()
+		d.closeErr = errors.Join(errs...)
+	})
+	return d.closeErr
+}
+
+func (d *Directory) closed() bool {
+	select {
+	case <-d.closeCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// View returns the local, possibly stale, replica of the directory.
+func (d *Directory) View() *View {
+	v, _ := d.fsm.current()
+	return v
+}
+
+// Epoch is the local replica's epoch.
+func (d *Directory) Epoch() ids.Epoch { return d.View().Epoch }
+
+// Regions returns the local replica's region table.
+func (d *Directory) Regions() []Region { return d.View().Regions() }
+
+// Region looks a region up by name in the local replica.
+func (d *Directory) Region(name string) (Region, bool) { return d.View().Region(name) }
+
+// Members returns the local replica's member table.
+func (d *Directory) Members() []Member { return d.View().Members() }
+
+// Placement returns the home and backups of page p of region r in the local
+// replica.
+func (d *Directory) Placement(r ids.RegionID, p ids.PageNo) (Placement, error) {
+	return d.View().Placement(r, p)
+}
+
+// Subscribe returns a channel of changes to the local replica, starting with
+// the current view, and a cancel function. The channel is closed by cancel
+// or Close. Changes coalesce when the reader is slow; the directory never
+// waits for a reader.
+func (d *Directory) Subscribe() (<-chan Change, func()) {
+	return d.notify.subscribe(d.View())
+}
+
+// CreateRegion creates a region, or returns the existing one with the same
+// name and the same (normalized) spec. It fails with ErrRegionExists if the
+// name is taken with another spec, and with a *SpecError (ErrInvalidRegion)
+// on bad input. It retries through leader changes until ctx ends, and
+// returns once the region is in the local replica.
+func (d *Directory) CreateRegion(ctx context.Context, spec RegionSpec) (Region, error) {
+	spec, err := spec.Normalize()
+	if err != nil {
+		return Region{}, err
+	}
+	res, err := d.apply(ctx, encodeCommand(createRegionCmd(spec, d.cfg.Now())))
+	if err != nil {
+		return Region{}, err
+	}
+	return res.Region, res.Err
+}
+
+// DeleteRegion deletes a region by name; deleting a missing region succeeds.
+func (d *Directory) DeleteRegion(ctx context.Context, name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdDeleteRegion, Name: name}))
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
+// SetLocalMeta publishes this node's registered-memory descriptors (opaque
+// bytes, at most 64 KiB) in the member table, in a new epoch.
+func (d *Directory) SetLocalMeta(ctx context.Context, descriptors []byte) error {
+	m := d.gossip.meta.Load().member()
+	m.Descriptors = slices.Clone(descriptors)
+	if err := m.validate(); err != nil {
+		return err
+	}
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdPutMember, Member: &m}))
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
+// LinearizableView returns a view that includes every change committed
+// before the call: the leader confirms its leadership with a barrier and a
+// heartbeat round, and this replica waits until it has applied as much.
+func (d *Directory) LinearizableView(ctx context.Context) (*View, error) {
+	var idx uint64
+	err := d.retry(ctx, func(ctx context.Context) (bool, error) {
+		if d.raft.State() == raft.Leader {
+			i, err := d.readIndex(ctx)
+			idx = i
+			return retryable(err), err
+		}
+		resp, err := d.callLeader(ctx, rpcRequest{Op: opReadIndex})
+		idx = resp.Index
+		return retryable(err), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return d.waitApplied(ctx, idx)
+}
+
+// readIndex runs on the leader: after the barrier every committed command is
+// applied here, and VerifyLeader proves no newer leader exists.
+func (d *Directory) readIndex(ctx context.Context) (uint64, error) {
+	if err := raftErr(d.raft.Barrier(timeoutOf(ctx)).Error()); err != nil {
+		return 0, err
+	}
+	if err := raftErr(d.raft.VerifyLeader().Error()); err != nil {
+		return 0, err
+	}
+	return d.View().Index, nil
+}
+
+func (d *Directory) waitApplied(ctx context.Context, idx uint64) (*View, error) {
+	for {
+		v, ch := d.fsm.current()
+		if v.Index >= idx {
+			return v, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-d.closeCh:
+			return nil, ErrClosed
+		}
+	}
+}
+
+func timeoutOf(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(time.Until(dl), time.Millisecond)
+	}
+	return 0
+}
+
+// raftErr maps raft's leadership errors onto ours.
+func raftErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w: %v", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrClosed
+	}
+	return err
+}
+
+func retryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader) {
+		return true
+	}
+	var ne net.Error
+	var oe *net.OpError
+	return errors.As(err, &ne) || errors.As(err, &oe)
+}
+
+// retry runs fn until it succeeds, fails for good, or ctx ends.
+func (d *Directory) retry(ctx context.Context, fn func(context.Context) (bool, error)) error {
+	delay := 10 * time.Millisecond
+	for {
+		if d.closed() {
+			return ErrClosed
+		}
+		again, err := fn(ctx)
+		if !again {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v (last: %v)", ErrNoLeader, ctx.Err(), err)
+		case <-d.closeCh:
+			return ErrClosed
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+// apply commits an encoded command through the leader, forwarding it when
+// this replica is a follower, and waits until the local replica has applied
+// it. Commands are idempotent, so a retry after an unknown outcome is safe.
+func (d *Directory) apply(ctx context.Context, cmd []byte) (applyResult, error) {
+	var res applyResult
+	err := d.retry(ctx, func(ctx context.Context) (bool, error) {
+		var err error
+		if d.raft.State() == raft.Leader {
+			res, err = d.applyLocal(ctx, cmd)
+			return retryable(err), err
+		}
+		resp, err := d.callLeader(ctx, rpcRequest{Op: opApply, Cmd: cmd})
+		if err != nil {
+			return retryable(err), err
+		}
+		res = applyResult{Index: resp.Index, Epoch: resp.Epoch, Err: fromWire(resp.Err)}
+		if resp.Region != nil {
+			res.Region = *resp.Region
+		}
+		return retryable(res.Err), nil
+	})
+	if err != nil {
+		return applyResult{}, err
+	}
+	if res.Err != nil {
+		return res, nil
+	}
+	if _, err := d.waitApplied(ctx, res.Index); err != nil {
+		return applyResult{}, err
+	}
+	return res, nil
+}
+
+func (d *Directory) applyLocal(ctx context.Context, cmd []byte) (applyResult, error) {
+	f := d.raft.Apply(cmd, timeoutOf(ctx))
+	if err := raftErr(f.Error()); err != nil {
+		return applyResult{}, err
+	}
+	res, ok := f.Response().(applyResult)
+	if !ok {
+		return applyResult{}, fmt.Errorf("directory: unexpected apply response %T", f.Response())
+	}
+	return res, nil
+}
+
+// callLeader sends req to the current leader's forwarding port.
+func (d *Directory) callLeader(ctx context.Context, req rpcRequest) (rpcResponse, error) {
+	_, lid := d.raft.LeaderWithID()
+	id, ok := parseServerID(lid)
+	if !ok {
+		return rpcResponse{}, ErrNoLeader
+	}
+	addr := ""
+	if m, ok := d.View().Member(id); ok {
+		addr = m.RPCAddr
+	}
+	if e, ok := d.gossip.lookup(id); ok && e.state == gossipAlive {
+		addr = e.meta.RPCAddr
+	}
+	if addr == "" {
+		return rpcResponse{}, fmt.Errorf("%w: address of leader %v unknown", ErrNoLeader, id)
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timing.RPCTimeout)
+	defer cancel()
+	resp, err := callRPC(cctx, addr, req)
+	if err != nil {
+		if ctx.Err() == nil {
+			// The leader may have died or moved; try again.
+			return rpcResponse{}, fmt.Errorf("%w: leader %v at %s: %v", ErrNoLeader, id, addr, err)
+		}
+		return rpcResponse{}, err
+	}
+	if req.Op != opApply && resp.Err != nil {
+		return resp, fromWire(resp.Err)
+	}
+	return resp, nil
+}
+
+// handleRPC serves one forwarded request.
+func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
+	switch req.Op {
+	case opApply:
+		if d.raft.State() != raft.Leader {
+			return rpcResponse{Err: toWire(ErrNotLeader)}
+		}
+		if _, err := decodeCommand(req.Cmd); err != nil {
+			return rpcResponse{Err: toWire(err)}
+		}
+		res, err := d.applyLocal(ctx, req.Cmd)
+		if err != nil {
+			return rpcResponse{Err: toWire(err)}
+		}
+		resp := rpcResponse{Index: res.Index, Epoch: res.Epoch, Err: toWire(res.Err)}
+		if res.Region.ID != 0 {
+			r := res.Region
+			resp.Region = &r
+		}
+		return resp
+	case opReadIndex:
+		if d.raft.State() != raft.Leader {
+			return rpcResponse{Err: toWire(ErrNotLeader)}
+		}
+		idx, err := d.readIndex(ctx)
+		return rpcResponse{Index: idx, Err: toWire(err)}
+	case opLeave:
+		if d.raft.State() != raft.Leader {
+			return rpcResponse{Err: toWire(ErrNotLeader)}
+		}
+		return rpcResponse{Err: toWire(d.leaveMember(ctx, req.ID))}
+	case opStatus:
+		v := d.View()
+		return rpcResponse{Index: v.Index, Epoch: v.Epoch, Status: &snapshotState{
+			Version: snapshotVersion, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
+			Members: v.members, Regions: v.regions,
+		}}
+	}
+	return rpcResponse{Err: toWire(fmt.Errorf("%w: unknown op %q", ErrBadFrame, req.Op))}
+}
+
+// RemoteView reads the local view of the replica whose forwarding RPC
+// listens at rpcAddr (for operators and tests: no leader check).
+func RemoteView(ctx context.Context, rpcAddr string) (*View, error) {
+	resp, err := callRPC(ctx, rpcAddr, rpcRequest{Op: opStatus})
+	if err != nil {
+		return nil, fmt.Errorf("directory: status from %s: %w", rpcAddr, err)
+	}
+	if err := fromWire(resp.Err); err != nil {
+		return nil, err
+	}
+	if resp.Status == nil {
+		return nil, fmt.Errorf("%w: status without state", ErrBadFrame)
+	}
+	b, err := json.Marshal(resp.Status)
+	if err != nil {
+		return nil, err
+	}
+	return decodeSnapshot(b)
+}
+
+// Leave takes this node out of the cluster gracefully: it hands off Raft
+// leadership, announces its departure in gossip, has the leader mark it left
+// and remove it from Raft, then closes.
+func (d *Directory) Leave(ctx context.Context) error {
+	if d.raft.State() == raft.Leader && len(d.voters()) > 1 {
+		if err := d.raft.LeadershipTransfer().Error(); err != nil {
+			d.log.Warn("directory: leadership transfer before leave", "err", err)
+		}
+	}
+	if err := d.ml.Leave(time.Second); err != nil {
+		d.log.Warn("directory: gossip leave", "err", err)
+	}
+	err := d.retry(ctx, func(ctx context.Context) (bool, error) {
+		if d.raft.State() == raft.Leader {
+			err := d.leaveMember(ctx, d.cfg.NodeID)
+			return retryable(err), err
+		}
+		_, err := d.callLeader(ctx, rpcRequest{Op: opLeave, ID: d.cfg.NodeID})
+		return retryable(err), err
+	})
+	return errors.Join(err, d.Close())
+}
+
+// leaveMember runs on the leader for a member that announced its departure:
+// it is marked left and removed from Raft. Gossip is told first, so that a
+// reconciliation working from older gossip cannot bring it back.
+func (d *Directory) leaveMember(ctx context.Context, id ids.NodeID) error {
+	if id == ids.None {
+		return fmt.Errorf("%w: zero id", ErrInvalidMember)
+	}
+	d.reconcileMu.Lock()
+	defer d.reconcileMu.Unlock()
+	d.gossip.mark(id, gossipLeft)
+	return d.removeMember(ctx, id, StateLeft)
+}
+
+// voters returns the current Raft voters.
+func (d *Directory) voters() []raft.Server {
+	f := d.raft.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	var out []raft.Server
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// RaftStats is a summary of this replica's Raft state.
+type RaftStats struct {
+	State             string // Follower, Candidate, Leader, Shutdown
+	Leader            ids.NodeID
+	LeaderAddr        string
+	Term              uint64
+	LastIndex         uint64
+	CommitIndex       uint64
+	AppliedIndex      uint64
+	LastSnapshotIndex uint64
+	Voters            []ids.NodeID
+	NonVoters         []ids.NodeID
+}
+
+// RaftStats reports this replica's Raft state.
+func (d *Directory) RaftStats() RaftStats {
+	addr, lid := d.raft.LeaderWithID()
+	leader, _ := parseServerID(lid)
+	st := d.raft.Stats()
+	num := func(k string) uint64 { n, _ := strconv.ParseUint(st[k], 10, 64); return n }
+	s := RaftStats{
+		State: d.raft.State().String(), Leader: leader, LeaderAddr: string(addr),
+		Term: num("term"), LastIndex: d.raft.LastIndex(), CommitIndex: d.raft.CommitIndex(),
+		AppliedIndex: d.raft.AppliedIndex(), LastSnapshotIndex: num("last_snapshot_index"),
+	}
+	if f := d.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			id, ok := parseServerID(srv.ID)
+			if !ok {
+				continue
+			}
+			if srv.Suffrage == raft.Voter {
+				s.Voters = append(s.Voters, id)
+			} else {
+				s.NonVoters = append(s.NonVoters, id)
+			}
+		}
+	}
+	slices.Sort(s.Voters)
+	slices.Sort(s.NonVoters)
+	return s
+}
+
+// TransferLeadership asks this replica, if it leads, to hand leadership to
+// another voter (operators, tests).
+func (d *Directory) TransferLeadership() error {
+	return raftErr(d.raft.LeadershipTransfer().Error())
+}
+
+// Snapshot asks Raft to take a snapshot now (operators, tests).
+func (d *Directory) Snapshot() error { return d.raft.Snapshot().Error() }
+
+// GossipMember is a member as this node's gossip sees it right now.
+type GossipMember struct {
+	ID    ids.NodeID
+	Addr  string      // gossip address
+	State MemberState // alive, left or failed
+}
+
+// GossipMembers reports the local failure detector's latest verdicts, as
+// delivered by gossip events. It is not replicated and may disagree with
+// Members for a moment. (memberlist's own member list hands out pointers
+// into its state that it keeps updating, so it is not read here.)
+func (d *Directory) GossipMembers() []GossipMember {
+	var out []GossipMember
+	for id, e := range d.gossip.snapshot() {
+		st := StateAlive
+		switch e.state {
+		case gossipDead:
+			st = StateFailed
+		case gossipLeft:
+			st = StateLeft
+		}
+		out = append(out, GossipMember{ID: id, Addr: e.addr, State: st})
+	}
+	slices.SortFunc(out, func(a, b GossipMember) int { return cmpID(a.ID, b.ID) })
+	return out
+}

@@ -1,0 +1,498 @@
+package directory_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/directory/placement"
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+func TestSingleNode(t *testing.T) {
+	c := newCluster(t)
+	c.startN(1, 1, 1)
+	d := c.leader()
+	ctx := ctxT(t)
+	c.waitMembers(1)
+
+	sub, cancel := d.Subscribe()
+	defer cancel()
+	first := <-sub
+	if first.Cur.Epoch != d.Epoch() {
+		t.Fatalf("first change has epoch %v, replica %v", first.Cur.Epoch, d.Epoch())
+	}
+
+	r, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ID == 0 || r.PageSize != directory.DefaultPageSize || r.Backups != directory.DefaultBackups || r.Durability != directory.DurabilitySynced {
+		t.Fatalf("defaults not applied: %+v", r)
+	}
+	again, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 40, PageSize: 4096})
+	if err != nil || again.ID != r.ID {
+		t.Fatalf("idempotent create: %+v, %v; first %+v", again, err, r)
+	}
+	if _, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 39}); !errors.Is(err, directory.ErrRegionExists) {
+		t.Fatalf("create with another size: %v, want ErrRegionExists", err)
+	}
+	for _, bad := range []directory.RegionSpec{
+		{Name: "zero"},
+		{Name: "absurd", Size: 1 << 62},
+		{Name: "odd-page", Size: 1 << 20, PageSize: 3000},
+		{Name: "huge-page", Size: 1 << 30, PageSize: 4 << 20},
+		{Name: "ragged", Size: 4097},
+		{Name: "", Size: 4096},
+		{Name: "sp ace", Size: 4096},
+		{Name: "backups", Size: 4096, Backups: 9},
+	} {
+		_, err := d.CreateRegion(ctx, bad)
+		var se *directory.SpecError
+		if !errors.Is(err, directory.ErrInvalidRegion) || !errors.As(err, &se) {
+			t.Errorf("create %+v: %v, want a SpecError", bad, err)
+		}
+	}
+	if got, ok := d.Region("big"); !ok || got.ID != r.ID {
+		t.Fatalf("Region(big) = %+v %v", got, ok)
+	}
+	p, err := d.Placement(r.ID, ids.PageNo(r.Pages()-1))
+	if err != nil || p.Home != 1 || len(p.Backups) != 0 {
+		t.Fatalf("placement on one node: %+v %v", p, err)
+	}
+	if _, err := d.Placement(r.ID, ids.PageNo(r.Pages())); !errors.Is(err, directory.ErrPageOutOfRange) {
+		t.Fatalf("page past the end: %v", err)
+	}
+	if _, err := d.Placement(r.ID+100, 0); !errors.Is(err, directory.ErrNoRegion) {
+		t.Fatalf("unknown region: %v", err)
+	}
+
+	e0 := d.Epoch()
+	if err := d.SetLocalMeta(ctx, []byte("descriptors-v1")); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := d.View().Member(1)
+	if string(m.Descriptors) != "descriptors-v1" || d.Epoch() <= e0 || m.Epoch != d.Epoch() {
+		t.Fatalf("after SetLocalMeta: member %+v, epoch %v (was %v)", m, d.Epoch(), e0)
+	}
+	if m.GRPCAddr == "" || m.VerbsAddr == "" || m.RaftAddr != d.Addrs().Raft {
+		t.Fatalf("member addresses not published: %+v", m)
+	}
+	waitFor(t, "a change notification with the new epoch", func() bool {
+		select {
+		case ch := <-sub:
+			return ch.Cur.Epoch == d.Epoch() && ch.EpochChanged()
+		default:
+			return false
+		}
+	})
+
+	if err := d.DeleteRegion(ctx, "big"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.DeleteRegion(ctx, "big"); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if _, ok := d.Region("big"); ok {
+		t.Fatal("region still there after delete")
+	}
+	r2, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 39})
+	if err != nil || r2.ID == r.ID {
+		t.Fatalf("recreate after delete: %+v %v (old id %v); ids must not be reused", r2, err, r.ID)
+	}
+	v, err := d.LinearizableView(ctx)
+	if err != nil || v.Index < d.View().Index-0 {
+		t.Fatalf("linearizable view: %v", err)
+	}
+	if _, ok := v.Region("big"); !ok {
+		t.Fatal("linearizable view misses the region")
+	}
+}
+
+func TestThreeNodes(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	ctx := ctxT(t)
+	st := l.RaftStats()
+	if !slices.Equal(st.Voters, []ids.NodeID{1, 2, 3}) || len(st.NonVoters) != 0 {
+		t.Fatalf("raft configuration %+v", st)
+	}
+	var follower *directory.Directory
+	for _, d := range c.live() {
+		if d != l {
+			follower = d
+			break
+		}
+	}
+	r, err := follower.CreateRegion(ctx, spec("from-follower"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := follower.Region("from-follower"); !ok || got.ID != r.ID {
+		t.Fatal("a follower's own write is not in its replica when CreateRegion returns")
+	}
+	for _, d := range c.live() {
+		v, err := d.LinearizableView(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := v.Region("from-follower"); !ok || got.ID != r.ID {
+			t.Fatalf("node %v linearizable view lacks the region", d.NodeID())
+		}
+	}
+	_, err = follower.CreateRegion(ctx, directory.RegionSpec{Name: "from-follower", Size: 4096})
+	if !errors.Is(err, directory.ErrRegionExists) {
+		t.Fatalf("conflicting create through a follower: %v, want ErrRegionExists", err)
+	}
+	var se *directory.SpecError
+	if _, err := follower.CreateRegion(ctx, directory.RegionSpec{Name: "x", Size: 4096, PageSize: 5000}); !errors.As(err, &se) || se.Field != "PageSize" {
+		t.Fatalf("bad page size: %v", err)
+	}
+}
+
+// TestConcurrentCreateSameName: every node creates the same region at once;
+// exactly one region results and everyone gets its id.
+func TestConcurrentCreateSameName(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	c.leader()
+	c.waitMembers(1, 2, 3)
+	ctx := ctxT(t)
+	for round := range 5 {
+		name := fmt.Sprintf("shared-%d", round)
+		var wg sync.WaitGroup
+		got := make([]ids.RegionID, 0, 9)
+		var mu sync.Mutex
+		for _, d := range c.live() {
+			for range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r, err := d.CreateRegion(ctx, spec(name))
+					if err != nil {
+						t.Errorf("node %v: %v", d.NodeID(), err)
+						return
+					}
+					mu.Lock()
+					got = append(got, r.ID)
+					mu.Unlock()
+				}()
+			}
+		}
+		wg.Wait()
+		if len(got) != 9 || slices.Compact(slices.Sorted(slices.Values(got))) == nil || len(slices.Compact(slices.Sorted(slices.Values(got)))) != 1 {
+			t.Fatalf("round %d: region ids %v, want one id nine times", round, got)
+		}
+	}
+	v, err := c.live()[0].LinearizableView(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(v.Regions()); n != 5 {
+		t.Fatalf("%d regions, want 5", n)
+	}
+}
+
+// TestFiveNodes: three voters bootstrap; two more join as non-voters.
+func TestFiveNodes(t *testing.T) {
+	c := newCluster(t)
+	c.startN(5, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3, 4, 5)
+	waitFor(t, "raft configuration 3 voters + 2 non-voters", func() bool {
+		st := l.RaftStats()
+		return len(st.Voters) == 3 && len(st.NonVoters) == 2
+	})
+	ctx := ctxT(t)
+	if _, err := c.node(5).CreateRegion(ctx, spec("via-nonvoter")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFiveVoters: MaxVoters 5, all five bootstrap together.
+func TestFiveVoters(t *testing.T) {
+	c := newCluster(t)
+	c.startN(5, 5, 5)
+	l := c.leader()
+	c.waitMembers(1, 2, 3, 4, 5)
+	if st := l.RaftStats(); !slices.Equal(st.Voters, idsUpTo(5)) {
+		t.Fatalf("voters %v", st.Voters)
+	}
+}
+
+// TestLeaderFailure: the leader dies; a new one takes over, nothing
+// committed is lost, the dead node is marked failed in a new epoch, its
+// shards move to their first backups and a non-voter is promoted.
+func TestLeaderFailure(t *testing.T) {
+	c := newCluster(t)
+	c.startN(4, 3, 3)
+	old := c.leader()
+	c.waitMembers(1, 2, 3, 4)
+	ctx := ctxT(t)
+	var regions []directory.Region
+	for i := range 10 {
+		r, err := c.node(ids.NodeID(1+i%4)).CreateRegion(ctx, spec(fmt.Sprintf("r%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		regions = append(regions, r)
+	}
+	dead := old.NodeID()
+	before := old.View()
+	var survivor *directory.Directory
+	for _, d := range c.live() {
+		if d != old {
+			survivor = d
+		}
+	}
+	sub, cancel := survivor.Subscribe()
+	defer cancel()
+	<-sub
+	c.stop(dead)
+
+	nl := c.leader()
+	if nl.NodeID() == dead {
+		t.Fatal("dead node still leader")
+	}
+	if _, err := survivor.CreateRegion(ctx, spec("after-failover")); err != nil {
+		t.Fatal(err)
+	}
+	var alive []ids.NodeID
+	for _, id := range idsUpTo(4) {
+		if id != dead {
+			alive = append(alive, id)
+		}
+	}
+	c.waitMembers(alive...)
+	v, err := survivor.LinearizableView(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regions {
+		if got, ok := v.Region(r.Name); !ok || got.ID != r.ID {
+			t.Fatalf("committed region %q lost", r.Name)
+		}
+	}
+	m, _ := v.Member(dead)
+	if m.State != directory.StateFailed || v.Epoch <= before.Epoch || m.Epoch <= before.Epoch {
+		t.Fatalf("dead member %+v in epoch %v (before %v)", m, v.Epoch, before.Epoch)
+	}
+	// Shards homed on the dead node are now homed on their first backup; no
+	// other shard moved.
+	r := regions[0]
+	movedShards := 0
+	for s := uint64(0); s < r.Shards(); s++ {
+		sh := placement.Shard{Region: r.ID, Index: s}
+		p0, err := before.ShardPlacement(sh, r.Backups)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p1, err := v.ShardPlacement(sh, r.Backups)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p0.Home == dead {
+			movedShards++
+			if p1.Home != p0.Backups[0] {
+				t.Fatalf("shard %d: home %v failed, new home %v, backup was %v", s, dead, p1.Home, p0.Backups[0])
+			}
+		} else if p1.Home != p0.Home {
+			t.Fatalf("shard %d moved from live home %v to %v", s, p0.Home, p1.Home)
+		}
+		if p1.Epoch != v.Epoch || slices.Contains(p1.Backups, dead) {
+			t.Fatalf("shard %d placement %+v", s, p1)
+		}
+	}
+	if movedShards == 0 {
+		t.Fatal("the dead node homed no shard of a 512-shard region; the test proves nothing")
+	}
+	waitFor(t, "non-voter promoted to replace the dead voter", func() bool {
+		st := nl.RaftStats()
+		return len(st.Voters) == 3 && !slices.Contains(st.Voters, dead) && len(st.NonVoters) == 0
+	})
+	waitFor(t, "a notification that the dead node departed", func() bool {
+		select {
+		case ch := <-sub:
+			return slices.Contains(ch.Departed(), dead)
+		default:
+			return false
+		}
+	})
+}
+
+// TestRestartFromDataDir: a follower stops, the cluster moves on, the
+// follower restarts from its data directory and catches up.
+func TestRestartFromDataDir(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	ctx := ctxT(t)
+	if _, err := l.CreateRegion(ctx, spec("before")); err != nil {
+		t.Fatal(err)
+	}
+	var f ids.NodeID
+	for _, d := range c.live() {
+		if d != l {
+			f = d.NodeID()
+		}
+	}
+	c.stop(f)
+	if _, err := l.CreateRegion(ctx, spec("while-down")); err != nil {
+		t.Fatal(err)
+	}
+	d := c.start(c.config(f, 3, 3, nil))
+	waitFor(t, "restarted node catches up", func() bool {
+		_, a := d.Region("before")
+		_, b := d.Region("while-down")
+		return a && b
+	})
+	c.waitMembers(1, 2, 3)
+	if _, err := d.CreateRegion(ctx, spec("after-restart")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSnapshotCatchUp: the log is compacted, then a new node joins and
+// receives the state as a snapshot.
+func TestSnapshotCatchUp(t *testing.T) {
+	c := newCluster(t)
+	seed := c.config(1, 1, 3, nil)
+	seed.Timing.SnapshotThreshold = 8
+	seed.Timing.TrailingLogs = 4
+	c.cfgs[1] = seed
+	l := c.start(seed)
+	c.leader()
+	ctx := ctxT(t)
+	for i := range 40 {
+		if _, err := l.CreateRegion(ctx, spec(fmt.Sprintf("snap-%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	n := c.start(c.config(2, 0, 3, []string{seed.GossipAddr}))
+	// The log before the snapshot is gone from the leader, so the only way
+	// for the new node to get the 40 regions is to install the snapshot;
+	// check both.
+	if s := l.RaftStats(); s.LastSnapshotIndex == 0 {
+		t.Fatalf("leader has no snapshot: %+v", s)
+	}
+	waitFor(t, "the new node installs a snapshot and has all 40 regions", func() bool {
+		return len(n.Regions()) == 40 && n.RaftStats().LastSnapshotIndex > 0
+	})
+	c.waitMembers(1, 2)
+}
+
+// TestLeave: a node leaves gracefully; it is marked left and removed from
+// Raft, and the remaining nodes keep working.
+func TestLeave(t *testing.T) {
+	c := newCluster(t)
+	c.startN(4, 3, 3)
+	c.leader()
+	c.waitMembers(1, 2, 3, 4)
+	ctx := ctxT(t)
+	d := c.node(2)
+	c.mu.Lock()
+	delete(c.nodes, 2)
+	c.mu.Unlock()
+	if err := d.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitMembers(1, 3, 4)
+	l := c.leader()
+	m, _ := l.View().Member(2)
+	if m.State != directory.StateLeft {
+		t.Fatalf("member 2 is %v after leave", m.State)
+	}
+	waitFor(t, "node 2 out of raft, 3 voters", func() bool {
+		st := l.RaftStats()
+		return len(st.Voters) == 3 && !slices.Contains(st.Voters, 2) && !slices.Contains(st.NonVoters, 2)
+	})
+	if _, err := c.node(4).CreateRegion(ctx, spec("after-leave")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestOpenRejectsBadConfig(t *testing.T) {
+	good := directory.Config{NodeID: 1, DataDir: t.TempDir(), GossipAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0"}
+	for name, mut := range map[string]func(*directory.Config){
+		"zero id":        func(c *directory.Config) { c.NodeID = 0 },
+		"no dir":         func(c *directory.Config) { c.DataDir = "" },
+		"wildcard":       func(c *directory.Config) { c.RaftAddr = "0.0.0.0:0" },
+		"hostname":       func(c *directory.Config) { c.GossipAddr = "localhost:0" },
+		"voters":         func(c *directory.Config) { c.MaxVoters = 4 },
+		"expect>voters":  func(c *directory.Config) { c.BootstrapExpect = 5 },
+		"negative count": func(c *directory.Config) { c.BootstrapExpect = -1 },
+	} {
+		cfg := good
+		mut(&cfg)
+		if d, err := directory.Open(cfg); !errors.Is(err, directory.ErrInvalidConfig) {
+			if d != nil {
+				d.Close()
+			}
+			t.Errorf("%s: %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
+
+// TestNoBootstrapBesideExistingCluster: a node configured to bootstrap
+// alone but sent to join an existing cluster joins it instead of founding a
+// second one.
+func TestNoBootstrapBesideExistingCluster(t *testing.T) {
+	c := newCluster(t)
+	c.startN(1, 1, 3)
+	l := c.leader()
+	ctx := ctxT(t)
+	r, err := l.CreateRegion(ctx, spec("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := c.start(c.config(2, 1, 3, []string{c.config(1, 1, 3, nil).GossipAddr}))
+	waitFor(t, "node 2 in the existing cluster", func() bool {
+		got, ok := n.Region("first")
+		st := l.RaftStats()
+		return ok && got.ID == r.ID && slices.Contains(st.Voters, 2)
+	})
+	c.waitMembers(1, 2)
+	if st := n.RaftStats(); st.Leader != l.NodeID() {
+		t.Fatalf("node 2 follows %v, want %v", st.Leader, l.NodeID())
+	}
+}
+
+// TestPortZero: with port 0 everywhere the node binds free ports, reports
+// them, and publishes them in its member record.
+func TestPortZero(t *testing.T) {
+	d, err := directory.Open(directory.Config{
+		NodeID: 7, DataDir: t.TempDir(), GossipAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", RPCAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, MaxVoters: 1, Timing: testTiming(), Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	a := d.Addrs()
+	for _, addr := range []string{a.Gossip, a.Raft, a.RPC} {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "0" {
+			t.Fatalf("address %q of %+v", addr, a)
+		}
+	}
+	waitFor(t, "the member record with the bound addresses", func() bool {
+		m, ok := d.View().Member(7)
+		return ok && m.RaftAddr == a.Raft && m.RPCAddr == a.RPC
+	})
+	v, err := directory.RemoteView(ctxT(t), a.RPC)
+	if err != nil || v.Epoch != d.Epoch() {
+		t.Fatalf("remote view %v, %v", v, err)
+	}
+	if g := d.GossipMembers(); len(g) != 1 || g[0].Addr != a.Gossip || g[0].State != directory.StateAlive {
+		t.Fatalf("gossip members %+v, want itself at %s", g, a.Gossip)
+	}
+}

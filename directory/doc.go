@@ -1,0 +1,63 @@
+// Package directory is the cluster directory of the DSM service: the
+// Raft-replicated authority on what changes rarely and must never be lost or
+// disagree (design.md §3). It holds
+//
+//   - the region table: name (unique), id (never reused), size, page size,
+//     shard size, number of backups, durability, creation time;
+//   - the member table: node id, addresses (gRPC, verbs, Raft, directory
+//     RPC), state (alive, left, failed) and the opaque registered-memory
+//     descriptors each node publishes for its home pages;
+//   - the epoch, which grows by one with every change of the member table
+//     (and so of placement); and
+//   - implicitly, placement: pages are grouped into shards of ShardSize
+//     bytes and each shard's home and backups are computed by rendezvous
+//     hashing (package placement) over the alive members. Placement is a pure
+//     function of a View, so every replica derives the same answer.
+//
+// # Replication
+//
+// Every change is a command (command.go) committed through hashicorp/raft
+// and applied by the FSM (fsm.go) to an immutable View. Commands are
+// idempotent (create and delete by name, puts and state changes that compare
+// with the current value), so a proposer may retry one whose outcome it did
+// not learn, as CreateRegion does across leader changes. Followers forward
+// writes to the leader over the directory's own small RPC (rpc.go: 4-byte
+// length-prefixed JSON frames on RPCAddr). LinearizableView asks the leader
+// for a read index (Barrier, then VerifyLeader) and waits until the local
+// replica has applied that far; every other read uses the local replica and
+// may be stale by a few milliseconds.
+//
+// The Raft log and stable store live in one pebble database
+// (internal/raftstore), behind raft's log cache; snapshots are files in
+// DataDir; the transport is raft's TCP transport.
+//
+// # Membership
+//
+// memberlist gossips each node's metadata (id, addresses, bootstrap-expect,
+// whether it holds Raft state) and detects failures. Its callbacks only
+// queue events. The node's run loop drains the queue and, on the Raft
+// leader, reconciles (reconcile.go): alive gossip members are put alive in
+// the member table and added to Raft (voters up to MaxVoters, non-voters
+// beyond, non-voters promoted when a voter goes); dead ones are marked
+// failed, departed ones left, and both are removed from Raft. Each table
+// change is one command, so one epoch.
+//
+// Bootstrap follows Consul's bootstrap-expect: when BootstrapExpect servers
+// with that same setting are alive in gossip and none of them (nor this
+// node) holds Raft state, the one with the lowest node id bootstraps Raft
+// with all of them as voters. A node with state never bootstraps again; a
+// node whose peers have state waits to be added.
+//
+// # Driving it
+//
+//	d, err := directory.Open(directory.Config{NodeID: 1, DataDir: dir,
+//		GossipAddr: "10.0.0.1:7946", RaftAddr: "10.0.0.1:7947", RPCAddr: "10.0.0.1:7948",
+//		Join: []string{"10.0.0.2:7946"}, BootstrapExpect: 3})
+//	defer d.Close()
+//	r, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "features", Size: 64 << 30})
+//	p, err := d.Placement(r.ID, page) // p.Home, p.Backups, p.Epoch
+//	changes, cancel := d.Subscribe()   // new epochs, members joined / departed
+//
+// Every method is safe for concurrent use. Close stops the replica as if it
+// crashed (peers detect the failure); Leave departs gracefully.
+package directory

@@ -1,0 +1,256 @@
+package directory
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+func member(id ids.NodeID) *Member {
+	return &Member{ID: id, GRPCAddr: "127.0.0.1:1", VerbsAddr: "127.0.0.1:2", RaftAddr: "127.0.0.1:3", RPCAddr: "127.0.0.1:4", State: StateAlive}
+}
+
+func seedCommands() []command {
+	return []command{
+		createRegionCmd(RegionSpec{Name: "a", Size: 1 << 30}, time.Unix(1, 0)),
+		createRegionCmd(RegionSpec{Name: "b", Size: 1 << 40, PageSize: 2 << 20, Backups: 2, Durability: DurabilityMemory}, time.Unix(2, 0)),
+		{Type: cmdDeleteRegion, Name: "a"},
+		{Type: cmdPutMember, Member: member(1)},
+		{Type: cmdPutMember, Member: member(2), KeepDescriptors: true},
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed},
+	}
+}
+
+func applyAll(t *testing.T, f *fsm, cmds []command) []applyResult {
+	t.Helper()
+	var out []applyResult
+	for i, c := range cmds {
+		res := f.Apply(&raft.Log{Index: uint64(i + 1), Type: raft.LogCommand, Data: encodeCommand(c)}).(applyResult)
+		out = append(out, res)
+	}
+	return out
+}
+
+func TestFSMEpochRules(t *testing.T) {
+	f := newFSM(newNotifier())
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: member(1)},                                                                                // e1
+		{Type: cmdPutMember, Member: member(1), KeepDescriptors: true},                                                         // same: no epoch
+		createRegionCmd(RegionSpec{Name: "r", Size: 4096}, time.Unix(5, 0)),                                                    // regions do not bump
+		{Type: cmdPutMember, Member: member(2)},                                                                                // e2
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                                                                   // e3
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                                                                   // same: no epoch
+		{Type: cmdSetMemberState, ID: 9, State: StateFailed},                                                                   // unknown: no-op
+		{Type: cmdPutMember, Member: &Member{ID: 1, RaftAddr: "x", RPCAddr: "y", State: StateAlive, Descriptors: []byte("d")}}, // e4
+	})
+	want := []ids.Epoch{1, 1, 1, 2, 3, 3, 3, 4}
+	for i, r := range res {
+		if r.Err != nil || r.Epoch != want[i] {
+			t.Fatalf("command %d: epoch %v err %v, want epoch %v", i, r.Epoch, r.Err, want[i])
+		}
+	}
+	v, _ := f.current()
+	if got := v.Alive(); !reflect.DeepEqual(got, []ids.NodeID{1}) {
+		t.Fatalf("alive %v", got)
+	}
+	m, _ := v.Member(1)
+	if m.Epoch != 4 || string(m.Descriptors) != "d" {
+		t.Fatalf("member 1: %+v", m)
+	}
+	// Gossip-driven puts keep the descriptors.
+	f.Apply(&raft.Log{Index: 100, Type: raft.LogCommand, Data: encodeCommand(command{Type: cmdPutMember, Member: member(1), KeepDescriptors: true})})
+	v, _ = f.current()
+	if m, _ := v.Member(1); string(m.Descriptors) != "d" {
+		t.Fatalf("descriptors lost by a gossip update: %+v", m)
+	}
+}
+
+func TestFSMBadCommandChangesNothing(t *testing.T) {
+	f := newFSM(newNotifier())
+	applyAll(t, f, seedCommands())
+	before, _ := f.current()
+	res := f.Apply(&raft.Log{Index: 99, Type: raft.LogCommand, Data: []byte("\x01{not json")}).(applyResult)
+	if !errors.Is(res.Err, ErrBadCommand) {
+		t.Fatalf("bad command: %v", res.Err)
+	}
+	after, _ := f.current()
+	if !reflect.DeepEqual(before, after) {
+		t.Fatal("a malformed command changed the state")
+	}
+}
+
+// TestSnapshotRoundTrip: Persist then Restore into a fresh FSM gives the
+// same view, and a replica fed the same commands agrees.
+func TestSnapshotRoundTrip(t *testing.T) {
+	f := newFSM(newNotifier())
+	applyAll(t, f, seedCommands())
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &memSink{}
+	if err := snap.Persist(sink); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSM(newNotifier())
+	if err := g.Restore(nopCloser{bytes.NewReader(sink.Bytes())}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := f.current()
+	b, _ := g.current()
+	if !reflect.DeepEqual(a, b) {
+		t.Fatalf("restored view differs:\n%+v\n%+v", a, b)
+	}
+	h := newFSM(newNotifier())
+	applyAll(t, h, seedCommands())
+	c, _ := h.current()
+	if !reflect.DeepEqual(a, c) {
+		t.Fatal("two replicas applying the same log disagree")
+	}
+}
+
+func TestNotifierCoalesces(t *testing.T) {
+	n := newNotifier()
+	v0 := &View{Epoch: 0}
+	ch, cancel := n.subscribe(v0)
+	defer cancel()
+	for e := ids.Epoch(1); e <= 100; e++ {
+		n.publish(&View{Epoch: e}) // nobody reads: must not block
+	}
+	c := <-ch
+	if c.Prev.Epoch != 0 || c.Cur.Epoch != 100 {
+		t.Fatalf("coalesced change %v -> %v, want 0 -> 100", c.Prev.Epoch, c.Cur.Epoch)
+	}
+	n.publish(&View{Epoch: 101})
+	c = <-ch
+	if c.Prev.Epoch != 100 || c.Cur.Epoch != 101 {
+		t.Fatalf("next change %v -> %v", c.Prev.Epoch, c.Cur.Epoch)
+	}
+	n.close()
+	if _, ok := <-ch; ok {
+		t.Fatal("channel open after close")
+	}
+	cancel() // after close: harmless
+}
+
+func TestWireErrorsKeepIdentity(t *testing.T) {
+	for _, err := range []error{ErrRegionExists, ErrNotLeader, &SpecError{Field: "Size", Reason: "zero"}, errors.New("other")} {
+		back := fromWire(toWire(err))
+		if errors.Is(err, ErrRegionExists) && !errors.Is(back, ErrRegionExists) ||
+			errors.Is(err, ErrNotLeader) && !errors.Is(back, ErrNotLeader) {
+			t.Fatalf("%v came back as %v", err, back)
+		}
+		var se *SpecError
+		if errors.As(err, &se) {
+			var se2 *SpecError
+			if !errors.As(back, &se2) || *se2 != *se {
+				t.Fatalf("spec error came back as %v", back)
+			}
+		}
+		var re *RemoteError
+		if err.Error() == "other" && !errors.As(back, &re) {
+			t.Fatalf("unknown error came back as %T", back)
+		}
+	}
+}
+
+type memSink struct{ bytes.Buffer }
+
+func (*memSink) ID() string    { return "mem" }
+func (*memSink) Cancel() error { return nil }
+func (*memSink) Close() error  { return nil }
+
+type nopCloser struct{ *bytes.Reader }
+
+func (nopCloser) Close() error { return nil }
+
+// Fuzz targets for every decoder of bytes that arrive from the network:
+// Raft log entries (commands), snapshots, gossip metadata and RPC frames.
+
+func FuzzDecodeCommand(f *testing.F) {
+	for _, c := range seedCommands() {
+		f.Add(encodeCommand(c))
+	}
+	f.Add([]byte{1, '{', '}'})
+	f.Add([]byte{2})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := decodeCommand(b)
+		if err != nil {
+			return
+		}
+		c2, err := decodeCommand(encodeCommand(c))
+		if err != nil || !reflect.DeepEqual(c, c2) {
+			t.Fatalf("accepted command does not round-trip: %+v vs %+v (%v)", c, c2, err)
+		}
+		// Applying any accepted command never panics and is deterministic.
+		v := &View{nextRegion: 1}
+		a, ra := applyCommand(v, c)
+		b2, rb := applyCommand(v, c)
+		if !reflect.DeepEqual(a, b2) || (ra.Err == nil) != (rb.Err == nil) {
+			t.Fatal("apply is not deterministic")
+		}
+	})
+}
+
+func FuzzDecodeSnapshot(f *testing.F) {
+	g := newFSM(newNotifier())
+	for i, c := range seedCommands() {
+		g.Apply(&raft.Log{Index: uint64(i + 1), Data: encodeCommand(c)})
+	}
+	v, _ := g.current()
+	b, _ := encodeSnapshot(v)
+	f.Add(b)
+	f.Add([]byte(`{"version":1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := decodeSnapshot(b)
+		if err != nil {
+			return
+		}
+		for _, r := range v.Regions() {
+			if _, err := v.Placement(r.ID, ids.PageNo(r.Pages()-1)); err != nil && !errors.Is(err, ErrNoMembers) {
+				t.Fatalf("placement in an accepted snapshot: %v", err)
+			}
+		}
+	})
+}
+
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add(encodeMeta(nodeMeta{ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Expect: 3}))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeMeta(b)
+		if err != nil {
+			return
+		}
+		m2, err := decodeMeta(encodeMeta(m))
+		if err != nil || m2 != m {
+			t.Fatalf("meta does not round-trip: %+v vs %+v (%v)", m, m2, err)
+		}
+	})
+}
+
+func FuzzReadFrame(f *testing.F) {
+	frame := func(v any) []byte {
+		var buf bytes.Buffer
+		if err := writeFrame(&buf, v); err != nil {
+			f.Fatal(err)
+		}
+		return buf.Bytes()
+	}
+	f.Add(frame(rpcRequest{Op: opApply, Cmd: encodeCommand(seedCommands()[0])}))
+	f.Add(frame(rpcRequest{Op: opLeave, ID: 3}))
+	f.Add(binary.BigEndian.AppendUint32(nil, 0xffffffff))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req rpcRequest
+		_ = readFrame(bytes.NewReader(b), &req)
+		var resp rpcResponse
+		_ = readFrame(bytes.NewReader(b), &resp)
+	})
+}

@@ -1,0 +1,188 @@
+package directory
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// nodeMeta is what a node gossips about itself (memberlist node metadata,
+// at most memberlist.MetaMaxSize bytes).
+type nodeMeta struct {
+	ID        ids.NodeID `json:"id"`
+	GRPCAddr  string     `json:"grpc,omitempty"`
+	VerbsAddr string     `json:"verbs,omitempty"`
+	RaftAddr  string     `json:"raft"`
+	RPCAddr   string     `json:"rpc"`
+	// Expect is the node's bootstrap-expect (0: it never bootstraps).
+	Expect int `json:"expect,omitempty"`
+	// HasState is set once the node holds Raft state: a cluster exists and
+	// nobody may bootstrap another one.
+	HasState bool `json:"state,omitempty"`
+}
+
+func encodeMeta(m nodeMeta) []byte {
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic("directory: encode meta: " + err.Error())
+	}
+	return b
+}
+
+// decodeMeta parses gossip metadata received from the network.
+func decodeMeta(b []byte) (nodeMeta, error) {
+	var m nodeMeta
+	if len(b) > memberlist.MetaMaxSize {
+		return m, fmt.Errorf("%w: %d bytes", ErrBadMeta, len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nodeMeta{}, fmt.Errorf("%w: %v", ErrBadMeta, err)
+	}
+	if dec.More() {
+		return nodeMeta{}, fmt.Errorf("%w: trailing data", ErrBadMeta)
+	}
+	if m.ID == ids.None || m.RaftAddr == "" || m.RPCAddr == "" || m.Expect < 0 || m.Expect > 7 {
+		return nodeMeta{}, fmt.Errorf("%w: id %v raft %q rpc %q expect %d", ErrBadMeta, m.ID, m.RaftAddr, m.RPCAddr, m.Expect)
+	}
+	if err := m.member().validate(); err != nil {
+		return nodeMeta{}, fmt.Errorf("%w: %v", ErrBadMeta, err)
+	}
+	return m, nil
+}
+
+func (m nodeMeta) member() Member {
+	return Member{ID: m.ID, GRPCAddr: m.GRPCAddr, VerbsAddr: m.VerbsAddr, RaftAddr: m.RaftAddr, RPCAddr: m.RPCAddr, State: StateAlive}
+}
+
+func nodeName(id ids.NodeID) string { return strconv.FormatUint(uint64(id), 10) }
+
+// gossipState is what gossip says about one node.
+type gossipState uint8
+
+const (
+	gossipAlive gossipState = 1 + iota
+	gossipDead
+	gossipLeft
+)
+
+type gossipEntry struct {
+	meta  nodeMeta
+	state gossipState
+	addr  string // gossip address
+}
+
+type gossipEvent struct {
+	entry gossipEntry
+}
+
+// gossip is the memberlist delegate. Its callbacks only append to a queue
+// and signal; they never block memberlist.
+type gossip struct {
+	meta atomic.Pointer[nodeMeta]
+
+	mu      sync.Mutex
+	queue   []gossipEvent
+	signal  chan struct{}
+	dropped atomic.Uint64 // events whose metadata did not decode
+
+	// members is the latest gossip state per node, kept by the directory's
+	// run loop from the queue; guarded by mu.
+	members map[ids.NodeID]gossipEntry
+}
+
+func newGossip(m nodeMeta) *gossip {
+	g := &gossip{signal: make(chan struct{}, 1), members: map[ids.NodeID]gossipEntry{}}
+	g.meta.Store(&m)
+	return g
+}
+
+// NodeMeta implements memberlist.Delegate.
+func (g *gossip) NodeMeta(limit int) []byte {
+	b := encodeMeta(*g.meta.Load())
+	if len(b) > limit {
+		return nil
+	}
+	return b
+}
+
+func (g *gossip) NotifyMsg([]byte)                           {}
+func (g *gossip) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (g *gossip) LocalState(join bool) []byte                { return nil }
+func (g *gossip) MergeRemoteState(buf []byte, join bool)     {}
+
+func (g *gossip) NotifyJoin(n *memberlist.Node)   { g.push(n, gossipAlive) }
+func (g *gossip) NotifyUpdate(n *memberlist.Node) { g.push(n, gossipAlive) }
+func (g *gossip) NotifyLeave(n *memberlist.Node) {
+	st := gossipDead
+	if n.State == memberlist.StateLeft {
+		st = gossipLeft
+	}
+	g.push(n, st)
+}
+
+func (g *gossip) push(n *memberlist.Node, st gossipState) {
+	m, err := decodeMeta(n.Meta)
+	if err != nil || nodeName(m.ID) != n.Name {
+		g.dropped.Add(1)
+		return
+	}
+	g.mu.Lock()
+	g.queue = append(g.queue, gossipEvent{entry: gossipEntry{meta: m, state: st, addr: n.Address()}})
+	g.mu.Unlock()
+	select {
+	case g.signal <- struct{}{}:
+	default:
+	}
+}
+
+// drain applies queued events to the member map and reports whether there
+// were any.
+func (g *gossip) drain() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	q := g.queue
+	g.queue = nil
+	for _, e := range q {
+		g.members[e.entry.meta.ID] = e.entry
+	}
+	return len(q) > 0
+}
+
+// mark records st for id as if gossip had said it, after every event
+// already queued: a leave confirmed over RPC is not undone by an older
+// "alive" still waiting in the queue.
+func (g *gossip) mark(id ids.NodeID, st gossipState) {
+	g.drain()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if e, ok := g.members[id]; ok {
+		e.state = st
+		g.members[id] = e
+	}
+}
+
+func (g *gossip) snapshot() map[ids.NodeID]gossipEntry {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[ids.NodeID]gossipEntry, len(g.members))
+	for k, v := range g.members {
+		out[k] = v
+	}
+	return out
+}
+
+func (g *gossip) lookup(id ids.NodeID) (gossipEntry, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e, ok := g.members[id]
+	return e, ok
+}

@@ -1,0 +1,105 @@
+package directory
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// Change tells a subscriber that the directory moved from Prev to Cur.
+// Changes coalesce: a slow subscriber sees one Change spanning everything it
+// missed, never a stale one, and the applier never waits for it.
+type Change struct {
+	Prev *View // what this subscriber saw last (an empty view at first)
+	Cur  *View
+}
+
+// EpochChanged reports whether membership or placement changed.
+func (c Change) EpochChanged() bool { return c.Prev.Epoch != c.Cur.Epoch }
+
+// Joined returns members alive in Cur but not in Prev.
+func (c Change) Joined() []ids.NodeID { return minus(c.Cur.alive, c.Prev.alive) }
+
+// Departed returns members alive in Prev but not in Cur: their shards moved
+// to their backups.
+func (c Change) Departed() []ids.NodeID { return minus(c.Prev.alive, c.Cur.alive) }
+
+func minus(a, b []ids.NodeID) []ids.NodeID {
+	var out []ids.NodeID
+	for _, x := range a {
+		if _, ok := slices.BinarySearch(b, x); !ok {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// notifier fans views out to subscribers without ever blocking the
+// publisher: each subscriber has a one-slot channel, and a pending Change is
+// replaced by a wider one.
+type notifier struct {
+	mu     sync.Mutex
+	subs   map[*subscriber]struct{}
+	closed bool
+}
+
+type subscriber struct {
+	ch   chan Change
+	last *View
+}
+
+func newNotifier() *notifier { return &notifier{subs: map[*subscriber]struct{}{}} }
+
+func (n *notifier) subscribe(cur *View) (<-chan Change, func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := &subscriber{ch: make(chan Change, 1), last: &View{}}
+	if n.closed {
+		close(s.ch)
+		return s.ch, func() {}
+	}
+	n.subs[s] = struct{}{}
+	n.deliver(s, cur)
+	cancel := func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if _, ok := n.subs[s]; ok {
+			delete(n.subs, s)
+			close(s.ch)
+		}
+	}
+	return s.ch, cancel
+}
+
+// deliver sends v to s, merging with an undelivered Change. Only deliver
+// sends on s.ch, always under n.mu, so after the non-blocking drain the send
+// cannot block.
+func (n *notifier) deliver(s *subscriber, v *View) {
+	prev := s.last
+	select {
+	case old := <-s.ch:
+		prev = old.Prev
+	default:
+	}
+	s.ch <- Change{Prev: prev, Cur: v}
+	s.last = v
+}
+
+func (n *notifier) publish(v *View) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for s := range n.subs {
+		n.deliver(s, v)
+	}
+}
+
+func (n *notifier) close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.closed = true
+	for s := range n.subs {
+		close(s.ch)
+		delete(n.subs, s)
+	}
+}

@@ -1,0 +1,332 @@
+package directory
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// run is the replica's background loop: it drains gossip events, keeps the
+// gossiped metadata current, bootstraps when the time has come and, on the
+// leader, reconciles gossip with the member table and the Raft
+// configuration.
+func (d *Directory) run() {
+	defer d.wg.Done()
+	tick := time.NewTicker(d.cfg.Timing.ReconcileInterval)
+	defer tick.Stop()
+	leaderCh := d.raft.LeaderCh()
+	for {
+		select {
+		case <-d.closeCh:
+			return
+		case <-d.gossip.signal:
+		case <-leaderCh:
+		case <-tick.C:
+		}
+		if d.gossip.drain() {
+			d.savePeers()
+		}
+		d.publishHasState()
+		d.maybeBootstrap()
+		if d.raft.State() == raft.Leader {
+			d.reconcile()
+		}
+	}
+}
+
+// peersFile, in DataDir, lists the gossip addresses of the members last
+// seen alive. A node that restarts joins them again (besides Config.Join):
+// without it, a restarted seed node would sit alone in its own gossip
+// cluster while the others consider it dead.
+const peersFile = "gossip-peers.json"
+
+func (d *Directory) savePeers() {
+	var addrs []string
+	for _, e := range d.gossip.snapshot() {
+		if e.state == gossipAlive && e.meta.ID != d.cfg.NodeID && e.addr != "" {
+			addrs = append(addrs, e.addr)
+		}
+	}
+	slices.Sort(addrs)
+	if slices.Equal(addrs, d.savedPeers) {
+		return
+	}
+	b, _ := json.Marshal(addrs)
+	tmp := filepath.Join(d.cfg.DataDir, peersFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		d.log.Warn("directory: save gossip peers", "err", err)
+		return
+	}
+	if err := os.Rename(tmp, filepath.Join(d.cfg.DataDir, peersFile)); err != nil {
+		d.log.Warn("directory: save gossip peers", "err", err)
+		return
+	}
+	d.savedPeers = addrs
+}
+
+// loadPeers reads the addresses saved by savePeers; a missing or damaged
+// file yields none.
+func loadPeers(dir string) []string {
+	b, err := os.ReadFile(filepath.Join(dir, peersFile))
+	if err != nil {
+		return nil
+	}
+	var addrs []string
+	if json.Unmarshal(b, &addrs) != nil {
+		return nil
+	}
+	return addrs
+}
+
+// publishHasState sets HasState in the gossiped metadata once this replica
+// holds Raft state, so that nobody bootstraps a second cluster beside it.
+func (d *Directory) publishHasState() {
+	m := *d.gossip.meta.Load()
+	if m.HasState || d.raft.LastIndex() == 0 {
+		return
+	}
+	m.HasState = true
+	d.gossip.meta.Store(&m)
+	// UpdateNode waits for the broadcast to go out; bound the wait (zero
+	// would mean forever).
+	if err := d.ml.UpdateNode(d.cfg.Timing.GossipProbeInterval * 5); err != nil {
+		d.log.Debug("directory: update gossip metadata", "err", err)
+	}
+}
+
+// maybeBootstrap implements bootstrap-expect: when BootstrapExpect servers
+// (including this one) are alive in gossip with the same setting and none
+// has Raft state, the one with the lowest id bootstraps Raft with all of them
+// as voters. The others are told by the new leader.
+func (d *Directory) maybeBootstrap() {
+	if d.bootstrapped || d.cfg.BootstrapExpect == 0 {
+		return
+	}
+	if d.raft.LastIndex() > 0 {
+		d.bootstrapped = true
+		return
+	}
+	if len(d.cfg.Join) > 0 && !d.joined.Load() {
+		return
+	}
+	var servers []nodeMeta
+	for _, e := range d.gossip.snapshot() {
+		if e.state != gossipAlive {
+			continue
+		}
+		if e.meta.HasState {
+			// A cluster exists: wait for its leader to add us.
+			return
+		}
+		if e.meta.Expect == 0 {
+			continue
+		}
+		if e.meta.Expect != d.cfg.BootstrapExpect {
+			d.log.Warn("directory: bootstrap-expect mismatch, not bootstrapping", "peer", e.meta.ID.String(), "peer_expect", e.meta.Expect, "expect", d.cfg.BootstrapExpect)
+			return
+		}
+		servers = append(servers, e.meta)
+	}
+	if len(servers) < d.cfg.BootstrapExpect {
+		return
+	}
+	slices.SortFunc(servers, func(a, b nodeMeta) int { return cmpID(a.ID, b.ID) })
+	servers = servers[:d.cfg.BootstrapExpect]
+	if servers[0].ID != d.cfg.NodeID {
+		return
+	}
+	var conf raft.Configuration
+	for _, s := range servers {
+		conf.Servers = append(conf.Servers, raft.Server{Suffrage: raft.Voter, ID: serverID(s.ID), Address: raft.ServerAddress(s.RaftAddr)})
+	}
+	err := d.raft.BootstrapCluster(conf).Error()
+	d.bootstrapped = true
+	if err != nil {
+		d.log.Warn("directory: bootstrap", "err", err)
+		return
+	}
+	d.log.Info("directory: bootstrapped", "voters", len(conf.Servers))
+}
+
+// reconcile runs on the leader. Gossip is the truth about who is reachable;
+// the member table and the Raft configuration are brought in line with it,
+// each change a replicated command in its own epoch:
+//
+//  1. an alive gossip member missing from the table, not alive there, or
+//     with other addresses is put alive;
+//  2. an alive table member that gossip reports dead is marked failed, one
+//     that left is marked left, and one gossip has not known for ReapAfter
+//     is marked failed;
+//  3. Raft: servers of failed or left members are removed; alive members
+//     missing from Raft are added, as voters while fewer than MaxVoters,
+//     as non-voters beyond; non-voters are promoted when voters are missing.
+func (d *Directory) reconcile() {
+	d.reconcileMu.Lock()
+	defer d.reconcileMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.Timing.RPCTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-d.closeCh:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	d.gossip.drain()
+	gs := d.gossip.snapshot()
+	self := d.gossip.meta.Load()
+	gs[self.ID] = gossipEntry{meta: *self, state: gossipAlive}
+
+	for _, id := range sortedKeys(gs) {
+		e := gs[id]
+		if e.state != gossipAlive {
+			continue
+		}
+		want := e.meta.member()
+		if m, ok := d.View().Member(id); ok && m.State == StateAlive && m.sameAddrs(want) {
+			continue
+		}
+		if _, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdPutMember, Member: &want, KeepDescriptors: true})); err != nil {
+			d.log.Warn("directory: reconcile put member", "member", id.String(), "err", err)
+			return
+		}
+		d.log.Info("directory: member alive", "member", id.String(), "epoch", d.Epoch().String())
+	}
+
+	now := time.Now()
+	for _, m := range d.View().members {
+		if m.State != StateAlive {
+			delete(d.absentSince, m.ID)
+			continue
+		}
+		e, known := gs[m.ID]
+		var to MemberState
+		switch {
+		case known && e.state == gossipAlive:
+			delete(d.absentSince, m.ID)
+			continue
+		case known && e.state == gossipLeft:
+			to = StateLeft
+		case known && e.state == gossipDead:
+			to = StateFailed
+		default:
+			since, ok := d.absentSince[m.ID]
+			if !ok {
+				d.absentSince[m.ID] = now
+				continue
+			}
+			if now.Sub(since) < d.cfg.Timing.ReapAfter {
+				continue
+			}
+			to = StateFailed
+		}
+		if err := d.removeMember(ctx, m.ID, to); err != nil {
+			d.log.Warn("directory: reconcile remove member", "member", m.ID.String(), "err", err)
+			return
+		}
+		d.log.Info("directory: member "+to.String(), "member", m.ID.String(), "epoch", d.Epoch().String())
+	}
+	d.reconcileRaft(ctx)
+}
+
+// removeMember marks a member left or failed (new epoch) and removes it
+// from the Raft configuration, unless that would remove the last voter.
+func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, st MemberState) error {
+	if _, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st})); err != nil {
+		return err
+	}
+	f := d.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return raftErr(err)
+	}
+	voters := 0
+	present := false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+		if s.ID == serverID(id) {
+			present = true
+		}
+	}
+	if !present || (id == d.cfg.NodeID && voters <= 1) {
+		return nil
+	}
+	return raftErr(d.raft.RemoveServer(serverID(id), 0, timeoutOf(ctx)).Error())
+}
+
+func (d *Directory) reconcileRaft(ctx context.Context) {
+	f := d.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	servers := map[raft.ServerID]raft.Server{}
+	voters := 0
+	for _, s := range f.Configuration().Servers {
+		servers[s.ID] = s
+		if s.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	v := d.View()
+	// Remove servers whose member has failed or left.
+	for sid := range servers {
+		id, ok := parseServerID(sid)
+		if !ok || id == d.cfg.NodeID {
+			continue
+		}
+		if m, ok := v.Member(id); ok && (m.State == StateFailed || m.State == StateLeft) {
+			if err := raftErr(d.raft.RemoveServer(sid, 0, timeoutOf(ctx)).Error()); err != nil {
+				d.log.Warn("directory: remove raft server", "member", id.String(), "err", err)
+				return
+			}
+			if servers[sid].Suffrage == raft.Voter {
+				voters--
+			}
+			delete(servers, sid)
+			d.log.Info("directory: removed from raft", "member", id.String())
+		}
+	}
+	// Add missing alive members; promote non-voters while voters are short.
+	for _, m := range v.members {
+		if m.State != StateAlive || m.RaftAddr == "" {
+			continue
+		}
+		sid := serverID(m.ID)
+		s, present := servers[sid]
+		addr := raft.ServerAddress(m.RaftAddr)
+		var fut raft.IndexFuture
+		switch {
+		case present && s.Address == addr && (s.Suffrage == raft.Voter || voters >= d.cfg.MaxVoters):
+			continue
+		case present && s.Suffrage == raft.Voter:
+			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx)) // address change
+		case voters < d.cfg.MaxVoters:
+			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx))
+			voters++
+		default:
+			fut = d.raft.AddNonvoter(sid, addr, 0, timeoutOf(ctx))
+		}
+		if err := raftErr(fut.Error()); err != nil {
+			d.log.Warn("directory: add raft server", "member", m.ID.String(), "err", err)
+			return
+		}
+		d.log.Info("directory: raft configuration changed", "member", m.ID.String(), "voters", voters)
+	}
+}
+
+func sortedKeys[V any](m map[ids.NodeID]V) []ids.NodeID {
+	out := make([]ids.NodeID, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

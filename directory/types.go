@@ -1,0 +1,364 @@
+package directory
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"slices"
+	"time"
+
+	"github.com/dsmkit/dsm/directory/placement"
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// Sentinel errors. Those that a forwarded call can return keep their
+// identity across the RPC: errors.Is works on the caller's side.
+var (
+	ErrInvalidRegion  = errors.New("directory: invalid region spec")
+	ErrRegionExists   = errors.New("directory: region exists with a different spec")
+	ErrNoRegion       = errors.New("directory: no such region")
+	ErrTooManyRegions = errors.New("directory: region ids exhausted")
+	ErrPageOutOfRange = errors.New("directory: page out of range")
+	ErrNoMembers      = errors.New("directory: no alive members")
+	ErrInvalidMember  = errors.New("directory: invalid member")
+	ErrNotLeader      = errors.New("directory: not the leader")
+	ErrNoLeader       = errors.New("directory: no leader")
+	ErrClosed         = errors.New("directory: closed")
+	ErrBadCommand     = errors.New("directory: malformed command")
+	ErrBadSnapshot    = errors.New("directory: malformed snapshot")
+	ErrBadFrame       = errors.New("directory: malformed rpc frame")
+	ErrBadMeta        = errors.New("directory: malformed gossip metadata")
+	ErrInvalidConfig  = errors.New("directory: invalid config")
+)
+
+// SpecError says which field of a RegionSpec is wrong and why. It matches
+// ErrInvalidRegion with errors.Is.
+type SpecError struct {
+	Field  string
+	Reason string
+}
+
+func (e *SpecError) Error() string {
+	return "directory: invalid region spec: " + e.Field + ": " + e.Reason
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidRegion) hold.
+func (e *SpecError) Unwrap() error { return ErrInvalidRegion }
+
+// Durability says what Sync promises for a region's pages.
+type Durability uint8
+
+const (
+	// DurabilitySynced: after Sync, data is persisted at the home and copied
+	// to the backups (design.md §5). The default.
+	DurabilitySynced Durability = 1 + iota
+	// DurabilityMemory: pages live only in memory; a synced page survives a
+	// single crash through its backup copies but not a restart of the whole
+	// cluster.
+	DurabilityMemory
+)
+
+func (d Durability) String() string {
+	switch d {
+	case DurabilitySynced:
+		return "synced"
+	case DurabilityMemory:
+		return "memory"
+	}
+	return fmt.Sprintf("Durability(%d)", uint8(d))
+}
+
+// Limits of a region.
+const (
+	DefaultPageSize  = 4 << 10
+	MinPageSize      = 4 << 10
+	MaxPageSize      = 2 << 20
+	DefaultShardSize = 2 << 20
+	MaxShardSize     = 1 << 30
+	MaxRegionSize    = 1 << 50 // 1 PiB of sparse address space
+	DefaultBackups   = 1
+	MaxBackups       = 4
+	MaxNameLen       = 128
+)
+
+// RegionSpec is what a caller asks for. Zero fields take defaults (see
+// Normalize).
+type RegionSpec struct {
+	Name       string
+	Size       uint64     // bytes; a multiple of PageSize
+	PageSize   uint32     // power of two in [MinPageSize, MaxPageSize]; 0 = DefaultPageSize
+	ShardSize  uint64     // bytes of consecutive pages placed together; 0 = max(DefaultShardSize, PageSize)
+	Backups    int        // backup homes per shard, 1..MaxBackups; 0 = DefaultBackups
+	Durability Durability // 0 = DurabilitySynced
+}
+
+// Normalize fills defaults and validates. The returned spec is what the
+// directory stores; two specs are the same region if their normalized forms
+// are equal.
+func (s RegionSpec) Normalize() (RegionSpec, error) {
+	if err := validName(s.Name); err != nil {
+		return s, err
+	}
+	if s.PageSize == 0 {
+		s.PageSize = DefaultPageSize
+	}
+	if s.PageSize < MinPageSize || s.PageSize > MaxPageSize || bits.OnesCount32(s.PageSize) != 1 {
+		return s, &SpecError{"PageSize", fmt.Sprintf("%d is not a power of two in [%d, %d]", s.PageSize, MinPageSize, MaxPageSize)}
+	}
+	if s.Size == 0 {
+		return s, &SpecError{"Size", "zero"}
+	}
+	if s.Size > MaxRegionSize {
+		return s, &SpecError{"Size", fmt.Sprintf("%d exceeds the maximum %d", s.Size, uint64(MaxRegionSize))}
+	}
+	if s.Size%uint64(s.PageSize) != 0 {
+		return s, &SpecError{"Size", fmt.Sprintf("%d is not a multiple of the page size %d", s.Size, s.PageSize)}
+	}
+	if s.ShardSize == 0 {
+		s.ShardSize = max(DefaultShardSize, uint64(s.PageSize))
+	}
+	if s.ShardSize < uint64(s.PageSize) || s.ShardSize > MaxShardSize || bits.OnesCount64(s.ShardSize) != 1 {
+		return s, &SpecError{"ShardSize", fmt.Sprintf("%d is not a power of two in [page size, %d]", s.ShardSize, MaxShardSize)}
+	}
+	if s.Backups == 0 {
+		s.Backups = DefaultBackups
+	}
+	if s.Backups < 1 || s.Backups > MaxBackups {
+		return s, &SpecError{"Backups", fmt.Sprintf("%d not in [1, %d]", s.Backups, MaxBackups)}
+	}
+	if s.Durability == 0 {
+		s.Durability = DurabilitySynced
+	}
+	if s.Durability != DurabilitySynced && s.Durability != DurabilityMemory {
+		return s, &SpecError{"Durability", s.Durability.String()}
+	}
+	return s, nil
+}
+
+func validName(n string) error {
+	if n == "" {
+		return &SpecError{"Name", "empty"}
+	}
+	if len(n) > MaxNameLen {
+		return &SpecError{"Name", fmt.Sprintf("longer than %d bytes", MaxNameLen)}
+	}
+	if n[0] == '.' || n[0] == '-' {
+		return &SpecError{"Name", "starts with '.' or '-'"}
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !ok {
+			return &SpecError{"Name", fmt.Sprintf("byte %q at %d outside [A-Za-z0-9._-]", c, i)}
+		}
+	}
+	return nil
+}
+
+// Region is one entry of the region table. Regions ids are never reused.
+type Region struct {
+	ID ids.RegionID
+	RegionSpec
+	CreatedAt time.Time
+}
+
+// Pages is the number of pages of the region.
+func (r Region) Pages() uint64 { return r.Size / uint64(r.PageSize) }
+
+// PagesPerShard is the number of consecutive pages placed together.
+func (r Region) PagesPerShard() uint64 { return r.ShardSize / uint64(r.PageSize) }
+
+// Shards is the number of shards of the region.
+func (r Region) Shards() uint64 { return (r.Pages() + r.PagesPerShard() - 1) / r.PagesPerShard() }
+
+// ShardOf returns the shard holding page p.
+func (r Region) ShardOf(p ids.PageNo) placement.Shard {
+	return placement.Shard{Region: r.ID, Index: uint64(p) / r.PagesPerShard()}
+}
+
+// MemberState is a member's standing in the directory.
+type MemberState uint8
+
+const (
+	// StateAlive: reachable; takes part in placement.
+	StateAlive MemberState = 1 + iota
+	// StateSuspect: gossip doubts the member. Never written to the
+	// replicated table (it would churn epochs); reported by LocalMembers.
+	StateSuspect
+	// StateLeft: left gracefully; no longer placed, not in Raft.
+	StateLeft
+	// StateFailed: declared dead by failure detection; no longer placed,
+	// removed from Raft. It becomes alive again if it comes back.
+	StateFailed
+)
+
+func (s MemberState) String() string {
+	switch s {
+	case StateAlive:
+		return "alive"
+	case StateSuspect:
+		return "suspect"
+	case StateLeft:
+		return "left"
+	case StateFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("MemberState(%d)", uint8(s))
+}
+
+// Member is one node as the directory knows it.
+type Member struct {
+	ID        ids.NodeID
+	GRPCAddr  string // the node's gRPC service
+	VerbsAddr string // where peers reach its registered memory
+	RaftAddr  string // its Raft transport
+	RPCAddr   string // its directory forwarding port
+	State     MemberState
+	// Descriptors are the registered-memory descriptors peers need to reach
+	// the member's home pages. Opaque to the directory; set by the member
+	// itself with SetLocalMeta.
+	Descriptors []byte
+	// Epoch is the epoch in which this record last changed.
+	Epoch ids.Epoch
+}
+
+func (m Member) sameAddrs(o Member) bool {
+	return m.GRPCAddr == o.GRPCAddr && m.VerbsAddr == o.VerbsAddr && m.RaftAddr == o.RaftAddr && m.RPCAddr == o.RPCAddr
+}
+
+func (m Member) validate() error {
+	if m.ID == ids.None {
+		return fmt.Errorf("%w: zero id", ErrInvalidMember)
+	}
+	if m.State < StateAlive || m.State > StateFailed {
+		return fmt.Errorf("%w: state %v", ErrInvalidMember, m.State)
+	}
+	for _, a := range []string{m.GRPCAddr, m.VerbsAddr, m.RaftAddr, m.RPCAddr} {
+		if len(a) > 256 {
+			return fmt.Errorf("%w: address longer than 256 bytes", ErrInvalidMember)
+		}
+	}
+	if len(m.Descriptors) > maxDescriptors {
+		return fmt.Errorf("%w: %d bytes of descriptors exceed %d", ErrInvalidMember, len(m.Descriptors), maxDescriptors)
+	}
+	return nil
+}
+
+const maxDescriptors = 64 << 10
+
+// Placement is where one page lives.
+type Placement struct {
+	Epoch   ids.Epoch
+	Shard   placement.Shard
+	Home    ids.NodeID
+	Backups []ids.NodeID // in failover order; may be shorter than asked if few members are alive
+}
+
+// View is an immutable snapshot of the replicated directory, as applied on
+// this node. Views are shared between the directory and every reader: never
+// modify one (its exported fields included). Every method is safe for
+// concurrent use.
+type View struct {
+	Epoch ids.Epoch
+	// Index is the Raft index of the last command applied to this view.
+	Index      uint64
+	nextRegion ids.RegionID
+	members    []Member             // sorted by ID
+	regions    []Region             // sorted by Name
+	byID       map[ids.RegionID]int // index into regions
+	alive      []ids.NodeID
+}
+
+// setRegions installs rs (sorted by name) and its id index.
+func (v *View) setRegions(rs []Region) {
+	v.regions = rs
+	v.byID = make(map[ids.RegionID]int, len(rs))
+	for i, r := range rs {
+		v.byID[r.ID] = i
+	}
+}
+
+// Members returns the member table sorted by id (a copy).
+func (v *View) Members() []Member {
+	out := slices.Clone(v.members)
+	for i := range out {
+		out[i].Descriptors = slices.Clone(out[i].Descriptors)
+	}
+	return out
+}
+
+// Member returns one member.
+func (v *View) Member(id ids.NodeID) (Member, bool) {
+	i, ok := slices.BinarySearchFunc(v.members, id, func(m Member, id ids.NodeID) int { return cmpID(m.ID, id) })
+	if !ok {
+		return Member{}, false
+	}
+	m := v.members[i]
+	m.Descriptors = slices.Clone(m.Descriptors)
+	return m, true
+}
+
+// Alive returns the ids of alive members, sorted: the placement candidates.
+func (v *View) Alive() []ids.NodeID { return slices.Clone(v.alive) }
+
+// Regions returns the region table sorted by name (a copy).
+func (v *View) Regions() []Region { return slices.Clone(v.regions) }
+
+// Region looks a region up by name.
+func (v *View) Region(name string) (Region, bool) {
+	i, ok := slices.BinarySearchFunc(v.regions, name, func(r Region, n string) int { return cmpStr(r.Name, n) })
+	if !ok {
+		return Region{}, false
+	}
+	return v.regions[i], true
+}
+
+// RegionByID looks a region up by id.
+func (v *View) RegionByID(id ids.RegionID) (Region, bool) {
+	i, ok := v.byID[id]
+	if !ok {
+		return Region{}, false
+	}
+	return v.regions[i], true
+}
+
+// Placement returns the home and backups of page p of region r in this view.
+func (v *View) Placement(r ids.RegionID, p ids.PageNo) (Placement, error) {
+	reg, ok := v.RegionByID(r)
+	if !ok {
+		return Placement{}, fmt.Errorf("%w: %v", ErrNoRegion, r)
+	}
+	if uint64(p) >= reg.Pages() {
+		return Placement{}, fmt.Errorf("%w: %v of %v has %d pages", ErrPageOutOfRange, p, r, reg.Pages())
+	}
+	return v.ShardPlacement(reg.ShardOf(p), reg.Backups)
+}
+
+// ShardPlacement returns the home and up to backups backups of shard s.
+func (v *View) ShardPlacement(s placement.Shard, backups int) (Placement, error) {
+	if len(v.alive) == 0 {
+		return Placement{}, ErrNoMembers
+	}
+	rank := placement.Rank(s, v.alive, 1+backups)
+	return Placement{Epoch: v.Epoch, Shard: s, Home: rank[0], Backups: rank[1:]}, nil
+}
+
+func cmpID(a, b ids.NodeID) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
