@@ -1,0 +1,175 @@
+// Package coherence is the page coherence protocol of the service: an MSI
+// (Modified / Shared / Invalid) invalidation protocol in which every page
+// has a home node keeping a 64-bit coherence word beside the home copy of
+// the page, and nodes change that word with one-sided CAS and FAA and move
+// page data with one-sided READ and WRITE.
+//
+// # A pure state machine
+//
+// Node is one node's protocol state, written in the style of a Raft core:
+// it does no I/O, starts no goroutine and reads no clock. The caller feeds
+// it events through Step and executes what Ready returns:
+//
+//	n, _ := coherence.NewNode(cfg)
+//	n.Step(coherence.Request{ID: 1, Op: coherence.OpLoad, Page: 7})
+//	rd := n.Ready()
+//	// rd.Batches: verbs to post, one batch per element, to b.Home
+//	// rd.Messages: messages to send (Marshal, then rdma Send)
+//	// rd.Pages: mappings to install, write-protect (downgrade) or drop
+//	// rd.Completions: local requests that finished
+//	... later, for each batch: n.Step(coherence.VerbsDone{ID: b.ID, Results: ...})
+//	... for each message received: n.Step(coherence.Receive{Msg: m})
+//	... every tick: n.Step(coherence.Tick{})
+//	... on a directory change: n.Step(coherence.Reconfigure{Epoch: e, Members: ms, Moved: pages})
+//
+// A Verb maps one to one onto an rdma.Op: VerbRead/Write/CAS/FAA are
+// OpRead/Write/CAS/FAA; the home's slot table turns (Home, Page, Span) into
+// (RKey, Offset); a READ gets a buffer of Span.Len bytes; Compare and
+// Operand are copied. A batch must be posted as one rdma Post (its verbs
+// execute in order); a batch that fails did not execute and is retried.
+//
+// # The home slot
+//
+// For every page it serves, the home registers a slot of 8+PageSize bytes:
+// the coherence word at offset 0 and the home copy of the page at offset
+// 8. A READ of the whole slot (SpanSlot) returns the word as it was when
+// the data was read, which is how a reader validates the data.
+//
+// # The coherence word
+//
+//	bits  0- 9  holder    exclusive (M) holder, 0 = none          (10 bits)
+//	bits 10-19  reserved  node the home reserved the page for, 0 =
+//	                      none, 1023 = HomeTurn (back to the home)  (10 bits)
+//	bits 20-35  version   tenure counter, +1 on every acquisition  (16 bits)
+//	bits 36-39  tag       the configuration epoch modulo 16        (4 bits)
+//	bits 40-53  exact     one sharer bit per node 1..14            (14 bits)
+//	bits 54-63  coarse    count of sharers with ids 15..1022       (10 bits)
+//
+// Node ids are 1..MaxNodeID (1022): a cluster of up to 1022 nodes of any
+// id assignment within that range; Config validation refuses larger ids.
+// Nodes 1..ExactSharers (14) are tracked exactly. Every other node adds 1
+// to the coarse count; an acquirer that finds the count non-zero sends the
+// invalidation to every member above 14 (a broadcast: the price of a
+// 64-bit word). The count cannot overflow: it never exceeds the number of
+// node ids above 14 (1008 < 1024), because of the unit rule below.
+//
+// The unit rule: a node's sharer "unit" (its exact bit, or one in the
+// coarse count) is added only by the node itself (FAA on a read miss, or
+// the CAS that downgrades it from M to S), and removed by the node itself
+// (the CAS of an eviction) or by the next acquisition, whose CAS clears
+// every unit and increments the version (after a home failure the new home
+// sets them from the nodes' own reports). So a node's unit added at version
+// v is still in the word exactly while the word's version is v, and a node
+// never adds its unit twice (which would carry into a neighbour's bit).
+// Invalidations carry the acquisition's version: a node whose unit or copy
+// is older drops it; an older invalidation (a duplicate, a reordered
+// message) changes nothing and is acknowledged anyway.
+//
+// The version is the identity of the home copy: every write-back belongs
+// to one tenure, so a READ that returns the same version as the reader's
+// FAA, with no holder, returns the data written back by the last tenure.
+// Versions are compared in serial-number arithmetic over 16 bits: the
+// protocol assumes no message is delayed across 2^15 tenures of its page.
+//
+// # Transitions
+//
+// Read miss: one batch [FAA +unit, READ slot] to the home. Valid when the
+// slot's word has no holder and the version of the FAA: install S. A holder
+// found: send it a recall (read), back off, retry with a READ of the slot
+// (the unit stays counted). The uncontended read miss costs one round trip
+// and no message to any CPU.
+//
+// Write miss or upgrade: one batch [CAS word -> {holder=self, version+1,
+// no sharers}, READ page] (the READ is omitted when the node's S copy is of
+// the current version). A failed CAS returns the word, which is the next
+// attempt's expected value. On success the invalidations go to every
+// recorded sharer in the same Ready; M is granted, and the queued stores
+// and atomics complete, when every sharer has acknowledged.
+//
+// Recall: the holder serves the requests it has queued, then write-protects
+// the page and posts [WRITE page, CAS word -> holder cleared] (read recall:
+// its own unit added in the same CAS, M -> S; write recall or eviction: M
+// -> I). The requester, retrying, then finds the word free.
+//
+// Eviction of S: drop the copy, then remove the unit with a CAS that
+// expects the unit's version (if the version moved, the unit is already
+// gone). Eviction of M: as a write recall.
+//
+// # Epochs and departures
+//
+// Every message carries the sender's epoch and a receiver in another epoch
+// refuses it (ErrStaleEpoch); the sender retransmits in the new epoch. The
+// word carries the epoch's tag: CAS expects it, FAA results are checked
+// against it, and a node refuses a word of another tag and retries.
+// Reconfigure installs a new epoch: members that left are gone for good.
+// Every node stops waiting for acknowledgements from them and drops its S
+// copies (a departed acquirer may have cleared sharer units and died before
+// its invalidations arrived). Nodes learn a new epoch at different times,
+// so a home first asks every member whether it is in the new epoch
+// (MsgEpoch, repeated; a lagging member refuses until it learns) and only
+// when all have answered (MsgEpochAck) repairs the words of its pages with
+// a CAS: the departed holder's tenure ends and its unsynced data reverts to
+// the home copy, a departed reservation lapses, departed exact bits are
+// cleared, and the new tag is stamped. Coarse units of departed nodes stay
+// counted (an extra invalidation) until the next acquisition clears them.
+//
+// # Home failure
+//
+// When a home departs, Reconfigure.Moved names the new home of each of its
+// pages; the new home's slot holds the backup copy of the page (the data
+// last written back; keeping that backup is the durability layer's job) and
+// InitialWord. Every node freezes such a page: an unfinished acquisition is
+// abandoned; an unfinished release claims the tenure (its CAS may or may
+// not have executed at the dead home) and keeps its data without mapping
+// it writable; no verb is posted. It reports its state and copy version to
+// the new home (MsgReport, repeated until answered; the home asks the
+// silent ones with MsgQuery). With every member's report the new home
+// writes the rebuilt word with a CAS and tells every node (MsgRebuilt,
+// saying whether it is the holder or its unit is counted). The M claimant
+// of the newest tenure becomes the holder, unless some node holds a copy
+// of that tenure or a newer one: a reader only installs a copy of a tenure
+// once that tenure has been released, so the claimant's release had taken
+// effect (its write-back is in the backup) and it drops its copy. Else the
+// S reporters of the newest version become the sharers. A node drops an S
+// copy the word does not record, and resumes. Unsynced data of an M holder
+// survives the home's failure; the home copy reverts to the backup.
+//
+// # Contention
+//
+// A blocked request retries with exponential backoff (up to
+// MaxBackoffTicks) and recalls the holder on every attempt. After
+// StarveAttempts failures it asks the page's home to queue it
+// (MsgEnqueue, repeated on every later attempt; the home ignores
+// duplicates). The home keeps a FIFO queue per page and hands the
+// reservation out in order: it writes the head's id into the word's
+// reserved field with a CAS and tells it (MsgGrant). While the page is
+// reserved for R, no other node acquires it. R's own acquisition CAS sets
+// the field to HomeTurn (a reading R sets it with a CAS once its copy is
+// installed; an R that no longer needs the page hands it back at once);
+// the home, which polls the word while a reservation is out, then passes
+// it to the next in line or clears it. So once a node is queued, at most
+// one tenure per node ahead of it in the queue (and the tenure in
+// progress) comes before its own: the simulator measures the most tenures
+// any request waited through (Stats.MaxOvertakes) and fails above a bound.
+// The home's CPU takes part only under contention.
+// Readers ignore reservations: a reader adds its unit once and then holds
+// still, so readers alone cannot starve a writer.
+//
+// # Atomics
+//
+// Load, store, add and compare-and-swap of an aligned 8-byte word run at
+// the page's exclusive holder, on its copy: an atomic is a store as far as
+// coherence is concerned (it takes the tenure) and executes locally once M
+// is granted. Because a page has at most one M copy and no valid S copy
+// while it has one, and loads run only on valid copies, every word
+// operation is linearizable at the step that completes it. A mutex is a
+// word: lock is CAS(0 -> owner) retried, unlock is a store of 0.
+//
+// # Invariants (checked by the simulator in coherence/sim)
+//
+//   - single writer: never an M copy while another valid copy exists;
+//   - every valid copy equals the latest completed store;
+//   - when quiet: the word's holder is the M node, the word's sharer units
+//     are exactly the nodes whose unit is counted, and with no holder the
+//     home copy is the latest data.
+package coherence

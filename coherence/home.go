@@ -1,0 +1,527 @@
+package coherence
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// This file holds reconfiguration and the home side of the protocol: the
+// repair of the words after a departure, the reservation queue, the
+// epoch synchronisation and the rebuild of the words after a home failure.
+
+// homeOp is the kind of a home duty's batch in flight.
+type homeOp uint8
+
+const (
+	hRepair  homeOp = 1 + iota // CAS of the word after a reconfiguration
+	hPoll                      // READ of the word
+	hPass                      // CAS passing the reservation to the next in line
+	hRebuild                   // CAS writing the rebuilt word
+)
+
+// homeDuty is the home's side of one page it serves: the repair after a
+// reconfiguration and the reservation queue.
+type homeDuty struct {
+	no       ids.PageNo
+	guess    Word
+	fresh    bool // guess was just read or written
+	pending  bool // a repair is needed
+	inflight uint64
+	op       homeOp
+	target   ids.NodeID // hPass: the node the reservation goes to
+	retryAt  uint64
+	pollAt   uint64
+
+	// rebuilding: this node became the page's home after the old one
+	// failed; it collects every member's report, then writes the word.
+	rebuilding bool
+	reports    map[ids.NodeID]Message
+	queryAt    uint64
+	rebuilt    Word // the word as rebuilt
+	rebuiltVer uint16
+
+	queue   []ids.NodeID // starving nodes, first come first served
+	granted ids.NodeID   // holder of the reservation, None when none is out
+	grantAt uint64       // tick of the last MsgGrant
+}
+
+// ---- reconfiguration ----
+
+func (n *Node) stepReconfigure(rc Reconfigure) error {
+	if rc.Epoch <= n.epoch {
+		return fmt.Errorf("%w: reconfiguration to %v in %v", ErrStaleEpoch, rc.Epoch, n.epoch)
+	}
+	newMembers := sortedIDs(rc.Members)
+	for _, m := range newMembers {
+		if m == ids.None || m > MaxNodeID {
+			return fmt.Errorf("%w: member id %d", ErrBadConfig, m)
+		}
+	}
+	for no, h := range rc.Moved {
+		if _, ok := slices.BinarySearch(newMembers, h); !ok {
+			return fmt.Errorf("%w: %v moves to %v, not a member", ErrBadConfig, no, h)
+		}
+	}
+	for _, m := range n.members {
+		if _, ok := slices.BinarySearch(newMembers, m); !ok {
+			n.gone[m] = true
+		}
+	}
+	departed := false
+	for _, m := range n.members {
+		if _, ok := slices.BinarySearch(newMembers, m); !ok {
+			departed = true
+		}
+	}
+	n.epoch = rc.Epoch
+	n.members = newMembers
+	for _, p := range n.order {
+		if departed && p.state == Shared && p.ph != phWaitAcks && p.ph != phRelease {
+			// A departed holder may have taken the tenure and died
+			// before its invalidations arrived: no shared copy can be
+			// trusted any more. The sharer unit stays as it is.
+			p.state = Invalid
+			p.data = nil
+			n.effect(PageDrop, p)
+		}
+	}
+	movedPages := make([]ids.PageNo, 0, len(rc.Moved))
+	for no := range rc.Moved {
+		movedPages = append(movedPages, no)
+	}
+	slices.Sort(movedPages)
+	for _, no := range movedPages {
+		home := rc.Moved[no]
+		n.moved[no] = home
+		p := n.page(no)
+		p.home = home
+		if home == n.cfg.ID && n.duty(no) == nil {
+			n.homes = append(n.homes, &homeDuty{no: no, guess: InitialWord(n.epoch),
+				rebuilding: true, reports: map[ids.NodeID]Message{}})
+		}
+		n.freeze(p)
+	}
+	for _, p := range n.order {
+		if p.ph == phWaitAcks {
+			for m := range p.awaiting {
+				if n.gone[m] {
+					delete(p.awaiting, m)
+				}
+			}
+			// Retransmit in the new epoch at once: acks of the old
+			// epoch are refused from now on.
+			n.sendInvalidations(p)
+		}
+		p.retryAt = n.now
+		n.drive(p)
+	}
+	if len(n.homes) > 0 {
+		n.synced = false
+		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
+		n.probe()
+	}
+	for _, h := range n.homes {
+		h.queue = slices.DeleteFunc(h.queue, func(id ids.NodeID) bool { return n.gone[id] })
+		h.pending = true
+		if h.rebuilding {
+			for id := range h.reports {
+				if !n.isMember(id) {
+					delete(h.reports, id)
+				}
+			}
+			n.query(h)
+		}
+		n.driveHome(h)
+	}
+	return nil
+}
+
+// repaired is w after the departure of the gone nodes, in the current
+// epoch: a gone holder's tenure ends (its unsynced data reverts to the home
+// copy), a gone reservation lapses, gone exact sharers are removed. Coarse
+// units of gone nodes stay counted until the next acquisition clears them;
+// an extra unit only costs an extra invalidation.
+func (n *Node) repaired(w Word) Word {
+	if n.gone[w.Holder()] {
+		w = w.withHolder(ids.None)
+	}
+	if n.gone[w.Reserved()] {
+		w = w.withResv(ids.None)
+	}
+	for id := ids.NodeID(1); id <= ExactSharers; id++ {
+		if n.gone[id] && w.hasExactBit(id) {
+			w -= Word(unit(id))
+		}
+	}
+	return w.withTag(n.tag())
+}
+
+func (n *Node) duty(no ids.PageNo) *homeDuty {
+	for _, h := range n.homes {
+		if h.no == no {
+			return h
+		}
+	}
+	return nil
+}
+
+// enqueue queues node id for the reservation of page no (at its home).
+func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
+	h := n.duty(no)
+	if h == nil || id == h.granted || slices.Contains(h.queue, id) || !n.isMember(id) {
+		return
+	}
+	h.queue = append(h.queue, id)
+	n.driveHome(h)
+}
+
+func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) {
+	n.nextID++
+	id := n.nextID
+	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}}
+	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: []Verb{v}})
+	h.inflight, h.op = id, op
+}
+
+func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
+	n.postHome(h, op, Verb{Kind: VerbCAS, Page: h.no, Span: SpanWord, Compare: uint64(h.guess), Operand: uint64(next)})
+}
+
+// driveHome makes every step the home side of a page can make now: repair
+// the word, pass the reservation on when its holder handed it back, poll
+// the word while a reservation is out or nodes are queued.
+func (n *Node) driveHome(h *homeDuty) {
+	for h.inflight == 0 && n.now >= h.retryAt {
+		if h.rebuilding {
+			for _, m := range n.members {
+				if _, ok := h.reports[m]; !ok {
+					return
+				}
+			}
+			n.homeCAS(h, hRebuild, n.rebuiltWord(h))
+			return
+		}
+		if h.pending {
+			if !n.synced {
+				return // every member must be in the new epoch first
+			}
+			n.homeCAS(h, hRepair, n.repaired(h.guess))
+			return
+		}
+		if h.granted == ids.None && len(h.queue) == 0 {
+			return
+		}
+		if !h.fresh {
+			if n.now < h.pollAt {
+				return
+			}
+			h.pollAt = n.now + 1
+			n.postHome(h, hPoll, Verb{Kind: VerbRead, Page: h.no, Span: SpanWord})
+			return
+		}
+		h.fresh = false
+		w := h.guess
+		if w.Tag() != n.tag() {
+			h.pending = true
+			continue
+		}
+		switch r := w.Reserved(); {
+		case r == HomeTurn || r == ids.None:
+			// The turn is back (or lapsed with a departed reserver):
+			// the next in line gets it.
+			next := ids.None
+			for len(h.queue) > 0 && next == ids.None {
+				if n.isMember(h.queue[0]) {
+					next = h.queue[0]
+				}
+				h.queue = h.queue[1:]
+			}
+			if r == ids.None && next == ids.None {
+				h.granted = ids.None
+				return
+			}
+			h.target = next
+			n.homeCAS(h, hPass, w.withResv(next))
+			return
+		case r == h.granted:
+			if n.now-h.grantAt >= uint64(2*n.cfg.RetransmitTicks) {
+				n.sendGrant(h)
+			}
+			return
+		default:
+			h.granted = r
+		}
+	}
+}
+
+// sendGrant tells the reserver that the page is reserved for it.
+func (n *Node) sendGrant(h *homeDuty) {
+	h.grantAt = n.now
+	if h.granted == n.cfg.ID {
+		n.granted(n.page(h.no))
+		return
+	}
+	n.send(MsgGrant, h.granted, h.no, 0, false)
+}
+
+func (n *Node) homeDone(rec batchRec, d VerbsDone) {
+	h := n.duty(rec.page)
+	if h == nil {
+		return
+	}
+	h.inflight = 0
+	op := h.op
+	if d.Err != nil || !resultsFit(rec.verbs, d.Results, n.cfg.PageSize) {
+		if op == hPass && h.target != ids.None {
+			h.queue = append([]ids.NodeID{h.target}, h.queue...)
+		}
+		h.retryAt = n.now + 1
+		return
+	}
+	var w Word
+	if op == hPoll {
+		w = Word(binary.LittleEndian.Uint64(d.Results[0].Data))
+	} else {
+		w = Word(d.Results[0].Word)
+	}
+	ok := op != hPoll && w == Word(rec.verbs[0].Compare)
+	if ok {
+		w = Word(rec.verbs[0].Operand)
+	}
+	h.guess, h.fresh = w, true
+	switch op {
+	case hRebuild:
+		if ok && h.rebuilding {
+			h.rebuilding = false
+			h.pending = false
+			h.rebuilt = w
+			h.rebuiltVer = w.Version()
+			for _, m := range n.members {
+				n.sendRebuilt(h, m)
+			}
+		}
+	case hRepair:
+		if ok {
+			h.pending = h.guess != n.repaired(h.guess)
+		}
+	case hPass:
+		if !ok {
+			if h.target != ids.None {
+				h.queue = append([]ids.NodeID{h.target}, h.queue...)
+			}
+			break
+		}
+		h.granted = h.target
+		if h.granted != ids.None {
+			n.sendGrant(h)
+		}
+	}
+	n.driveHome(h)
+}
+
+// granted notes that the home reserved page p for this node.
+func (n *Node) granted(p *page) {
+	p.granted = true
+	if p.inflight == 0 {
+		p.retryAt = n.now // retry at once
+	}
+	n.drive(p)
+}
+
+// ---- epoch synchronisation ----
+
+// probe asks every member that has not acknowledged the epoch yet.
+func (n *Node) probe() {
+	n.probeAt = n.now
+	for _, m := range n.members {
+		if !n.epochAcks[m] {
+			n.send(MsgEpoch, m, 0, 0, false)
+		}
+	}
+}
+
+func (n *Node) epochAck(from ids.NodeID) {
+	if n.synced {
+		return
+	}
+	n.epochAcks[from] = true
+	for _, m := range n.members {
+		if !n.epochAcks[m] {
+			return
+		}
+	}
+	n.synced = true
+	for _, h := range n.homes {
+		n.driveHome(h)
+	}
+}
+
+// ---- home failover ----
+
+// freeze stops every transition of a page whose home moved, settles it in
+// a stable state (an unfinished release keeps the tenure and its data, an
+// unfinished acquisition is abandoned) and reports it to the new home.
+func (n *Node) freeze(p *page) {
+	switch p.ph {
+	case phRelease:
+		// Did the release take effect at the old home? Only the new
+		// home can tell, from everyone's reports: claim the tenure,
+		// keep the data, map nothing writable meanwhile.
+		p.frozenM = true
+	case phWaitAcks:
+		if p.state == Invalid {
+			p.data = nil
+		}
+	}
+	if !p.frozenM {
+		p.wbData = nil
+	}
+	p.awaiting = nil
+	p.needData = false
+	p.ph = phIdle
+	p.inflight = 0
+	p.unitCounted = false
+	p.granted = false
+	p.recall = false
+	p.retryAt = n.now
+	p.frozen = true
+	n.report(p)
+}
+
+func (n *Node) report(p *page) {
+	p.reportAt = n.now
+	m := Message{Type: MsgReport, From: n.cfg.ID, To: p.home, Epoch: n.epoch, Page: p.no, State: p.state}
+	if p.frozenM {
+		m.State = Modified
+	}
+	if m.State != Invalid {
+		m.Version = p.copyVer
+	}
+	if p.home == n.cfg.ID {
+		n.gotReport(m)
+		return
+	}
+	n.rd.Messages = append(n.rd.Messages, m)
+}
+
+// query asks every member that has not reported yet.
+func (n *Node) query(h *homeDuty) {
+	h.queryAt = n.now
+	for _, m := range n.members {
+		if _, ok := h.reports[m]; !ok && m != n.cfg.ID {
+			n.send(MsgQuery, m, h.no, 0, false)
+		}
+	}
+}
+
+func (n *Node) gotReport(m Message) {
+	h := n.duty(m.Page)
+	if h == nil {
+		return
+	}
+	if !h.rebuilding {
+		if h.inflight == 0 || h.op != hRebuild {
+			n.sendRebuilt(h, m.From) // a reporter that missed the news
+		}
+		return
+	}
+	h.reports[m.From] = m
+	n.driveHome(h)
+}
+
+// rebuiltWord is the word the reports describe. The M reporter of the
+// newest tenure is the holder, unless a reporter holds a copy of that
+// tenure or a newer one: then the tenure had been released (its write-back
+// is in the backup copy) and only the completion of the release was lost
+// with the old home. Otherwise the S reporters of the newest version are
+// the sharers.
+func (n *Node) rebuiltWord(h *homeDuty) Word {
+	w := InitialWord(n.epoch)
+	var holder ids.NodeID
+	var mVer, sVer uint16
+	sFound := false
+	for _, m := range n.members {
+		r, ok := h.reports[m]
+		switch {
+		case !ok:
+		case r.State == Modified && (holder == ids.None || newer(r.Version, mVer)):
+			holder, mVer = m, r.Version
+		case r.State == Shared && (!sFound || newer(r.Version, sVer)):
+			sVer, sFound = r.Version, true
+		}
+	}
+	if holder != ids.None && (!sFound || newer(mVer, sVer)) {
+		return w.withHolder(holder).withVersion(mVer)
+	}
+	if !sFound {
+		return w.withVersion(mVer)
+	}
+	w = w.withVersion(sVer)
+	for _, m := range n.members {
+		if r, ok := h.reports[m]; ok && r.State == Shared && r.Version == sVer {
+			w += Word(unit(m))
+		}
+	}
+	return w
+}
+
+func (n *Node) sendRebuilt(h *homeDuty, to ids.NodeID) {
+	counted := h.rebuilt.Holder() == ids.None && h.rebuilt.Version() == h.rebuiltVer &&
+		(isExact(to) && h.rebuilt.hasExactBit(to) || !isExact(to) && h.reports[to].State == Shared && h.reports[to].Version == h.rebuiltVer)
+	holder := h.rebuilt.Holder() == to
+	if to == n.cfg.ID {
+		n.unfreeze(n.page(h.no), h.rebuiltVer, counted, holder)
+		return
+	}
+	m := Message{Type: MsgRebuilt, From: n.cfg.ID, To: to, Epoch: n.epoch, Page: h.no, Version: h.rebuiltVer}
+	switch {
+	case counted:
+		m.State = Shared
+	case holder:
+		m.State = Modified
+	}
+	n.rd.Messages = append(n.rd.Messages, m)
+}
+
+// unfreeze ends the rebuild of page p's word at version ver; counted says
+// whether the word records this node's sharer unit, holder whether it
+// names this node as the exclusive holder.
+func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
+	if !p.frozen {
+		return
+	}
+	p.frozen = false
+	p.unitCounted, p.unitVer = counted, ver
+	if p.frozenM {
+		// An interrupted release: the tenure is ours again, or it had
+		// ended and the copy cannot stay.
+		p.frozenM = false
+		if holder {
+			p.state = Modified
+			p.data = p.wbData
+			n.effect(PageGrantExclusive, p)
+		} else if p.state != Invalid {
+			p.state = Invalid
+			p.data = nil
+			n.effect(PageDrop, p)
+		}
+		p.wbData = nil
+	}
+	if p.state == Modified && !holder {
+		// Our release had taken effect; only its completion was lost.
+		p.state = Invalid
+		p.data = nil
+		n.effect(PageDrop, p)
+	}
+	if p.state == Shared && (!counted || p.copyVer != ver) {
+		// Not recorded in the rebuilt word: the copy cannot stay.
+		p.state = Invalid
+		p.data = nil
+		n.effect(PageDrop, p)
+	}
+	p.guess = InitialWord(n.epoch).withVersion(ver)
+	n.drive(p)
+}

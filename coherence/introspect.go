@@ -1,0 +1,112 @@
+package coherence
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// ---- introspection (tests, the node layer's status pages) ----
+
+// PageInfo is a snapshot of one page at this node.
+type PageInfo struct {
+	State    State
+	Version  uint16 // tenure of the copy
+	Data     []byte // S, M: the copy (do not modify)
+	Phase    string
+	Pending  int // queued local requests
+	Awaiting []ids.NodeID
+	// Unit reports that the node's sharer unit is in the word, added at
+	// tenure UnitVersion.
+	Unit        bool
+	UnitVersion uint16
+	// Tenure reports that the node holds, or may hold, the page's tenure
+	// and the only up-to-date data: M, a release under way, or a release
+	// interrupted by the failure of the home.
+	Tenure bool
+	// Frozen reports that the page's home moved and the new home has not
+	// rebuilt the word yet.
+	Frozen bool
+}
+
+// Page describes page no at this node.
+func (n *Node) Page(no ids.PageNo) PageInfo {
+	p := n.pages[no]
+	if p == nil {
+		return PageInfo{Phase: phIdle.String()}
+	}
+	info := PageInfo{State: p.state, Version: p.copyVer, Data: p.data, Phase: p.ph.String(), Pending: len(p.queue),
+		Unit: p.unitCounted, UnitVersion: p.unitVer,
+		Tenure: p.state == Modified || p.ph == phRelease || p.frozenM, Frozen: p.frozen}
+	for m := range p.awaiting {
+		info.Awaiting = append(info.Awaiting, m)
+	}
+	slices.Sort(info.Awaiting)
+	return info
+}
+
+// Copy returns the state and the bytes of the local copy of page no
+// (nil when Invalid) without allocating.
+func (n *Node) Copy(no ids.PageNo) (State, []byte) {
+	p := n.pages[no]
+	if p == nil {
+		return Invalid, nil
+	}
+	return p.state, p.data
+}
+
+// Quiet reports whether the node has nothing in progress: no queued
+// request, no batch in flight, no transition under way, no home repair.
+func (n *Node) Quiet() bool {
+	for _, p := range n.order {
+		if p.ph != phIdle || p.inflight != 0 || len(p.queue) > 0 || p.granted || p.frozen {
+			return false
+		}
+	}
+	for _, h := range n.homes {
+		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding {
+			return false
+		}
+	}
+	return n.synced
+}
+
+// Dump is a one-line-per-page description of the node's state, stable for
+// transcripts.
+func (n *Node) Dump() string {
+	var b strings.Builder
+	ps := slices.Clone(n.order)
+	sort.Slice(ps, func(i, j int) bool { return ps[i].no < ps[j].no })
+	for _, p := range ps {
+		fmt.Fprintf(&b, "%v %v: %v v=%d %v", n.cfg.ID, p.no, p.state, p.copyVer, p.ph)
+		if p.unitCounted {
+			fmt.Fprintf(&b, " unit@%d", p.unitVer)
+		}
+		if p.ph == phWaitAcks {
+			fmt.Fprintf(&b, " awaiting=%v", n.Page(p.no).Awaiting)
+		}
+		if p.recall {
+			fmt.Fprintf(&b, " recall(v=%d write=%t)", p.recallVer, p.recallWrite)
+		}
+		if p.frozen {
+			b.WriteString(" frozen")
+		}
+		if p.frozenM {
+			b.WriteString(" (M?)")
+		}
+		if p.granted {
+			b.WriteString(" granted")
+		}
+		if len(p.queue) > 0 {
+			fmt.Fprintf(&b, " queued=%d", len(p.queue))
+		}
+		if p.state != Invalid && len(p.data) >= 8 {
+			fmt.Fprintf(&b, " data[0]=%d", p.load(0))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,48 @@
+package coherence
+
+import "fmt"
+
+// checkInvariants verifies the node's internal consistency. It runs after
+// every Step when built with the invariants tag and panics on a broken
+// invariant: that is a bug of this package, never bad input.
+func (n *Node) checkInvariants() {
+	for _, p := range n.order {
+		fail := func(what string) {
+			panic(fmt.Sprintf("coherence: invariant: %v %v (%v, %v): %s", n.cfg.ID, p.no, p.state, p.ph, what))
+		}
+		switch p.state {
+		case Invalid:
+			if p.data != nil && p.ph != phWaitAcks { // wait-acks: the data of the coming M copy
+				fail("an invalid page keeps data")
+			}
+		case Shared, Modified:
+			if len(p.data) != n.cfg.PageSize {
+				fail("a valid copy of the wrong size")
+			}
+		}
+		if p.state == Modified && (p.ph != phIdle && p.ph != phPassTurn || p.unitCounted) {
+			fail("M outside the idle phase, or with a counted sharer unit")
+		}
+		if p.ph == phWaitAcks && p.awaiting == nil {
+			fail("waiting for acks from nobody")
+		}
+		if (p.ph == phRelease || p.frozenM) && p.wbData == nil {
+			fail("releasing without the data to write back")
+		}
+		if p.frozenM && !p.frozen {
+			fail("an interrupted release outside a freeze")
+		}
+		if p.inflight != 0 {
+			if rec, ok := n.batches[p.inflight]; !ok || rec.home || rec.page != p.no {
+				fail("the batch in flight is not recorded")
+			}
+		}
+	}
+	for _, h := range n.homes {
+		if h.inflight != 0 {
+			if rec, ok := n.batches[h.inflight]; !ok || !rec.home || rec.page != h.no {
+				panic(fmt.Sprintf("coherence: invariant: %v home of %v: the batch in flight is not recorded", n.cfg.ID, h.no))
+			}
+		}
+	}
+}

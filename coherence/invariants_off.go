@@ -1,0 +1,5 @@
+//go:build !invariants
+
+package coherence
+
+const invariantsOn = false

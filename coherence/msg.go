@@ -1,0 +1,186 @@
+package coherence
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// MsgType is the type of a protocol message. The zero value is invalid.
+type MsgType uint8
+
+const (
+	// MsgInvalidate asks a sharer to drop its copy of Page: the sender
+	// acquired tenure Version of the page.
+	MsgInvalidate MsgType = 1 + iota
+	// MsgInvAck acknowledges an invalidation of tenure Version. A node
+	// that no longer holds the page acknowledges too.
+	MsgInvAck
+	// MsgRecall asks the exclusive holder of tenure Version to write the
+	// page back and release it: to S when Write is false, to I when true.
+	MsgRecall
+	// MsgEnqueue asks the home of Page to queue the sender for the
+	// page's reservation: it has been blocked StarveAttempts times.
+	MsgEnqueue
+	// MsgGrant tells the node that the home reserved Page for it.
+	MsgGrant
+	// MsgQuery asks a node for its state of Page: the sender is the
+	// page's new home, rebuilding the word after the old home failed.
+	MsgQuery
+	// MsgReport answers a query (and is repeated until the word is
+	// rebuilt): the node's state of Page (State) and the tenure of its
+	// copy (Version).
+	MsgReport
+	// MsgRebuilt tells a node that the new home rebuilt the word of Page
+	// at version Version: the node's copy, if any, is recorded in it.
+	MsgRebuilt
+	// MsgEpoch asks a node whether it has installed the sender's epoch
+	// (a home asks before it repairs its words after a departure).
+	MsgEpoch
+	// MsgEpochAck answers MsgEpoch: the sender is in Epoch and has
+	// dropped what the departure made untrustworthy.
+	MsgEpochAck
+)
+
+func (t MsgType) String() string {
+	switch t {
+	case MsgInvalidate:
+		return "inv"
+	case MsgInvAck:
+		return "ack"
+	case MsgRecall:
+		return "recall"
+	case MsgEnqueue:
+		return "enqueue"
+	case MsgGrant:
+		return "grant"
+	case MsgQuery:
+		return "query"
+	case MsgReport:
+		return "report"
+	case MsgRebuilt:
+		return "rebuilt"
+	case MsgEpoch:
+		return "epoch"
+	case MsgEpochAck:
+		return "epoch-ack"
+	}
+	return fmt.Sprintf("MsgType(%d)", uint8(t))
+}
+
+// Message is a protocol message between two nodes. Every message carries
+// the sender's epoch; a receiver in another epoch refuses it and the
+// sender retransmits in the new epoch.
+type Message struct {
+	Type    MsgType
+	From    ids.NodeID
+	To      ids.NodeID
+	Epoch   ids.Epoch
+	Page    ids.PageNo
+	Version uint16
+	Write   bool  // MsgRecall: the requester wants to write
+	State   State // MsgReport: the sender's state; MsgRebuilt: Shared if the receiver's unit is counted, Modified if it is the holder
+}
+
+func (m Message) String() string {
+	if m.Type == MsgEpoch || m.Type == MsgEpochAck {
+		return fmt.Sprintf("%v %v->%v %v", m.Type, m.From, m.To, m.Epoch)
+	}
+	s := fmt.Sprintf("%v %v->%v %v %v v=%d", m.Type, m.From, m.To, m.Epoch, m.Page, m.Version)
+	if m.Type == MsgRecall {
+		if m.Write {
+			s += " write"
+		} else {
+			s += " read"
+		}
+	}
+	if m.Type == MsgReport {
+		s += " " + m.State.String()
+	}
+	return s
+}
+
+// Wire format, little-endian, fixed size:
+//
+//	0  format (1)      1  type        2  flags                  3  zero
+//	flags: bit 0 write (recall), bit 1 shared, bit 2 modified (report, rebuilt)
+//	4  from (u32)      8  to (u32)    12 epoch (u64)            20 page (u64)
+//	28 version (u16)
+const (
+	msgFormat    = 1
+	msgLen       = 30
+	flagWrite    = 1
+	flagShared   = 2
+	flagModified = 4
+	knownFlags   = flagWrite | flagShared | flagModified
+	maxMsgType_  = MsgEpochAck
+)
+
+// Marshal encodes m.
+func (m Message) Marshal() []byte {
+	b := make([]byte, msgLen)
+	b[0] = msgFormat
+	b[1] = byte(m.Type)
+	if m.Write {
+		b[2] |= flagWrite
+	}
+	switch m.State {
+	case Shared:
+		b[2] |= flagShared
+	case Modified:
+		b[2] |= flagModified
+	}
+	binary.LittleEndian.PutUint32(b[4:], uint32(m.From))
+	binary.LittleEndian.PutUint32(b[8:], uint32(m.To))
+	binary.LittleEndian.PutUint64(b[12:], uint64(m.Epoch))
+	binary.LittleEndian.PutUint64(b[20:], uint64(m.Page))
+	binary.LittleEndian.PutUint16(b[28:], m.Version)
+	return b
+}
+
+// Unmarshal decodes and validates a message. It never panics; every
+// failure wraps ErrBadMessage.
+func Unmarshal(b []byte) (Message, error) {
+	var m Message
+	if len(b) != msgLen {
+		return m, fmt.Errorf("%w: %d bytes, want %d", ErrBadMessage, len(b), msgLen)
+	}
+	if b[0] != msgFormat {
+		return m, fmt.Errorf("%w: format %d", ErrBadMessage, b[0])
+	}
+	m.Type = MsgType(b[1])
+	if m.Type < MsgInvalidate || m.Type > maxMsgType_ {
+		return m, fmt.Errorf("%w: type %d", ErrBadMessage, b[1])
+	}
+	if b[2]&^knownFlags != 0 || b[3] != 0 {
+		return m, fmt.Errorf("%w: flags %#x %#x", ErrBadMessage, b[2], b[3])
+	}
+	if b[2]&flagWrite != 0 && m.Type != MsgRecall {
+		return m, fmt.Errorf("%w: write flag on %v", ErrBadMessage, m.Type)
+	}
+	m.Write = b[2]&flagWrite != 0
+	switch st := b[2] & (flagShared | flagModified); {
+	case st != 0 && m.Type != MsgReport && m.Type != MsgRebuilt:
+		return m, fmt.Errorf("%w: state flags on %v", ErrBadMessage, m.Type)
+	case st == flagShared:
+		m.State = Shared
+	case st == flagModified:
+		m.State = Modified
+	case st != 0:
+		return m, fmt.Errorf("%w: both state flags", ErrBadMessage)
+	}
+	from := binary.LittleEndian.Uint32(b[4:])
+	to := binary.LittleEndian.Uint32(b[8:])
+	if from == 0 || from > MaxNodeID || to == 0 || to > MaxNodeID || from == to {
+		return m, fmt.Errorf("%w: from %d to %d", ErrBadMessage, from, to)
+	}
+	m.From, m.To = ids.NodeID(from), ids.NodeID(to)
+	m.Epoch = ids.Epoch(binary.LittleEndian.Uint64(b[12:]))
+	if m.Epoch == 0 {
+		return m, fmt.Errorf("%w: epoch 0", ErrBadMessage)
+	}
+	m.Page = ids.PageNo(binary.LittleEndian.Uint64(b[20:]))
+	m.Version = binary.LittleEndian.Uint16(b[28:])
+	return m, nil
+}

@@ -1,0 +1,601 @@
+package coherence
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// State is the MSI state of a node's copy of a page. The zero value is
+// Invalid.
+type State uint8
+
+const (
+	// Invalid: no copy.
+	Invalid State = iota
+	// Shared: a read-only copy, valid until an invalidation of a newer
+	// tenure arrives.
+	Shared
+	// Modified: the only copy; the node is the exclusive holder.
+	Modified
+)
+
+func (s State) String() string {
+	switch s {
+	case Invalid:
+		return "I"
+	case Shared:
+		return "S"
+	case Modified:
+		return "M"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Config configures a Node.
+type Config struct {
+	// ID is this node; 1..MaxNodeID.
+	ID ids.NodeID
+	// PageSize is the page size in bytes: a positive multiple of 8.
+	PageSize int
+	// Epoch and Members are the initial configuration.
+	Epoch   ids.Epoch
+	Members []ids.NodeID
+	// HomeOf names the home of a page. It must be a pure function of the
+	// page (placement changes arrive as a new Node).
+	HomeOf func(ids.PageNo) ids.NodeID
+	// HomedPages are the pages this node is home for: on a
+	// reconfiguration it repairs their words (releases what departed
+	// members held and stamps the new epoch tag).
+	HomedPages []ids.PageNo
+	// RetransmitTicks is how long an invalidation waits for its
+	// acknowledgement before it is sent again (default 4).
+	RetransmitTicks int
+	// MaxBackoffTicks caps the exponential backoff of a blocked request
+	// (default 8).
+	MaxBackoffTicks int
+	// StarveAttempts is the number of failed attempts after which a
+	// request reserves the page (default 3).
+	StarveAttempts int
+}
+
+func (c *Config) validate() error {
+	if c.ID == ids.None || c.ID > MaxNodeID {
+		return fmt.Errorf("%w: node id %d outside 1..%d", ErrBadConfig, c.ID, MaxNodeID)
+	}
+	if c.PageSize <= 0 || c.PageSize%8 != 0 {
+		return fmt.Errorf("%w: page size %d", ErrBadConfig, c.PageSize)
+	}
+	if c.Epoch == 0 {
+		return fmt.Errorf("%w: epoch 0", ErrBadConfig)
+	}
+	if c.HomeOf == nil {
+		return fmt.Errorf("%w: no HomeOf", ErrBadConfig)
+	}
+	for _, m := range c.Members {
+		if m == ids.None || m > MaxNodeID {
+			return fmt.Errorf("%w: member id %d outside 1..%d", ErrBadConfig, m, MaxNodeID)
+		}
+	}
+	if c.RetransmitTicks <= 0 {
+		c.RetransmitTicks = 4
+	}
+	if c.MaxBackoffTicks <= 0 {
+		c.MaxBackoffTicks = 8
+	}
+	if c.StarveAttempts <= 0 {
+		c.StarveAttempts = 3
+	}
+	return nil
+}
+
+// phase is what a page's client side is doing.
+type phase uint8
+
+const (
+	phIdle     phase = iota
+	phRead           // FAA+READ or READ of the slot, until a valid copy arrives
+	phAcquire        // CAS for the tenure (or READ of the word to refresh)
+	phWaitAcks       // tenure held, waiting for invalidation acks (and data)
+	phRelease        // write-back and release of the tenure
+	phEvict          // removing the sharer unit after dropping an S copy
+	phPassTurn       // CAS handing our reservation back to the home
+)
+
+var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn"}
+
+func (p phase) String() string { return phaseNames[p] }
+
+// page is one page as seen by this node.
+type page struct {
+	no   ids.PageNo
+	home ids.NodeID
+
+	state   State
+	data    []byte // S, M: the copy
+	copyVer uint16 // S, M: tenure of the copy
+
+	// unitCounted: our sharer unit is in the word, added when the word's
+	// version was unitVer. It stays there until the next acquisition
+	// (which bumps the version), or until we remove it.
+	unitCounted bool
+	unitVer     uint16
+
+	guess Word // the last word observed
+
+	ph       phase
+	inflight uint64 // outstanding batch, 0 = none
+	retryAt  uint64 // tick before which nothing is posted
+	attempts int
+
+	// phRead: invalidations seen while the read was in flight.
+	invSeen bool
+	invMax  uint16
+
+	// phAcquire / phWaitAcks
+	expect   Word // CAS expected value of the attempt in flight
+	acqVer   uint16
+	awaiting map[ids.NodeID]bool
+	needData bool
+	invSent  uint64 // tick of the last (re)transmission
+	invEvery int    // current retransmission interval in ticks
+
+	// frozen: the page's home moved; nothing is posted until the new
+	// home has rebuilt the word (MsgRebuilt). reportAt: last MsgReport.
+	frozen   bool
+	reportAt uint64
+	// frozenM: the page froze during a release; the node claims the
+	// tenure (wbData holds the data) until the rebuild says whether the
+	// release had taken effect.
+	frozenM bool
+
+	// granted: the home reserved the page for us (MsgGrant, or our
+	// reservation seen in the word); cleared when the turn is handed back.
+	granted bool
+
+	// a recall of tenure recallVer received
+	recall      bool
+	recallWrite bool
+	recallVer   uint16
+
+	// phRelease
+	relWrite  bool   // release to I (write recall, eviction) rather than S
+	wroteBack bool   // the WRITE of the page executed
+	wbData    []byte // the bytes to write back
+
+	queue []Request
+}
+
+type batchRec struct {
+	page  ids.PageNo
+	home  bool // a home repair, not the client side
+	verbs []Verb
+}
+
+// Node is the coherence state machine of one node. It is not safe for
+// concurrent use: the caller serialises Step and Ready.
+type Node struct {
+	cfg     Config
+	epoch   ids.Epoch
+	members []ids.NodeID // sorted
+	gone    map[ids.NodeID]bool
+	moved   map[ids.PageNo]ids.NodeID // pages whose home changed
+	now     uint64
+
+	// synced: every member has acknowledged the current epoch (MsgEpoch),
+	// so no member still trusts what a departure invalidated; a home
+	// repairs its words only then. epochAcks: who has.
+	synced    bool
+	epochAcks map[ids.NodeID]bool
+	probeAt   uint64
+
+	pages   map[ids.PageNo]*page
+	order   []*page // creation order, for deterministic iteration
+	homes   []*homeDuty
+	batches map[uint64]batchRec
+	nextID  uint64
+
+	rd Ready
+}
+
+// NewNode returns the state machine of cfg.ID.
+func NewNode(cfg Config) (*Node, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg:     cfg,
+		epoch:   cfg.Epoch,
+		members: sortedIDs(cfg.Members),
+		gone:    map[ids.NodeID]bool{},
+		moved:   map[ids.PageNo]ids.NodeID{},
+		synced:  true,
+		pages:   map[ids.PageNo]*page{},
+		batches: map[uint64]batchRec{},
+	}
+	for _, p := range cfg.HomedPages {
+		n.homes = append(n.homes, &homeDuty{no: p, guess: InitialWord(cfg.Epoch)})
+	}
+	return n, nil
+}
+
+func sortedIDs(in []ids.NodeID) []ids.NodeID {
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// ID is the node's id.
+func (n *Node) ID() ids.NodeID { return n.cfg.ID }
+
+// Epoch is the node's current epoch.
+func (n *Node) Epoch() ids.Epoch { return n.epoch }
+
+// Ready returns the actions accumulated since the last call and clears
+// them.
+func (n *Node) Ready() Ready {
+	rd := n.rd
+	n.rd = Ready{}
+	return rd
+}
+
+func (n *Node) tag() uint8 { return epochTag(n.epoch) }
+
+func (n *Node) isMember(id ids.NodeID) bool {
+	_, ok := slices.BinarySearch(n.members, id)
+	return ok
+}
+
+func (n *Node) homeOf(no ids.PageNo) ids.NodeID {
+	if h, ok := n.moved[no]; ok {
+		return h
+	}
+	return n.cfg.HomeOf(no)
+}
+
+func (n *Node) page(no ids.PageNo) *page {
+	p := n.pages[no]
+	if p == nil {
+		p = &page{no: no, home: n.homeOf(no), guess: InitialWord(n.epoch)}
+		n.pages[no] = p
+		n.order = append(n.order, p)
+	}
+	return p
+}
+
+// Step feeds one event to the state machine. It returns an error for an
+// event it refuses (a malformed request, a completion of an unknown batch,
+// a message of another epoch); the state is unchanged then.
+func (n *Node) Step(ev Event) error {
+	if invariantsOn {
+		defer n.checkInvariants()
+	}
+	switch ev := ev.(type) {
+	case Request:
+		return n.stepRequest(ev)
+	case VerbsDone:
+		return n.stepDone(ev)
+	case Receive:
+		return n.stepReceive(ev.Msg)
+	case Tick:
+		n.stepTick()
+		return nil
+	case Reconfigure:
+		return n.stepReconfigure(ev)
+	}
+	return fmt.Errorf("%w: event %T", ErrBadRequest, ev)
+}
+
+func (n *Node) stepRequest(r Request) error {
+	switch r.Op {
+	case OpLoad, OpStore, OpAdd, OpCAS:
+		if r.Offset < 0 || r.Offset%8 != 0 || r.Offset+8 > n.cfg.PageSize {
+			return fmt.Errorf("%w: offset %d in a %d-byte page", ErrBadRequest, r.Offset, n.cfg.PageSize)
+		}
+	case OpEvict:
+	default:
+		return fmt.Errorf("%w: op %v", ErrBadRequest, r.Op)
+	}
+	if n.homeOf(r.Page) == ids.None {
+		return fmt.Errorf("%w: page %v has no home", ErrBadRequest, r.Page)
+	}
+	p := n.page(r.Page)
+	p.queue = append(p.queue, r)
+	n.drive(p)
+	return nil
+}
+
+// ---- actions ----
+
+func (n *Node) post(p *page, home bool, verbs ...Verb) uint64 {
+	n.nextID++
+	id := n.nextID
+	n.batches[id] = batchRec{page: p.no, home: home, verbs: verbs}
+	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: p.home, Verbs: verbs})
+	return id
+}
+
+func (n *Node) send(t MsgType, to ids.NodeID, pg ids.PageNo, ver uint16, write bool) {
+	n.rd.Messages = append(n.rd.Messages, Message{
+		Type: t, From: n.cfg.ID, To: to, Epoch: n.epoch, Page: pg, Version: ver, Write: write,
+	})
+}
+
+func (n *Node) effect(k PageEffectKind, p *page) {
+	e := PageEffect{Kind: k, Page: p.no}
+	if k == PageInstallShared || k == PageGrantExclusive {
+		e.Data = p.data
+	}
+	n.rd.Pages = append(n.rd.Pages, e)
+}
+
+func (n *Node) complete(c Completion) { n.rd.Completions = append(n.rd.Completions, c) }
+
+func (n *Node) backoff(p *page) {
+	d := 1 << min(p.attempts, 6)
+	d = min(d, n.cfg.MaxBackoffTicks)
+	p.retryAt = n.now + uint64(d)
+}
+
+// ---- the driver ----
+
+// drive makes every step the page can make now.
+func (n *Node) drive(p *page) {
+	for !p.frozen && p.inflight == 0 && n.now >= p.retryAt {
+		switch p.ph {
+		case phIdle:
+			if !n.driveIdle(p) {
+				return
+			}
+		case phRead:
+			n.postRead(p)
+		case phAcquire:
+			n.postAcquire(p)
+		case phWaitAcks:
+			if len(p.awaiting) == 0 && !p.needData {
+				n.grant(p)
+				continue
+			}
+			if p.needData {
+				p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanPage})
+			}
+			return
+		case phRelease:
+			n.postRelease(p)
+		case phEvict:
+			n.postEvict(p)
+		case phPassTurn:
+			n.postPassTurn(p)
+		}
+	}
+}
+
+// driveIdle serves what the local copy allows and starts the next
+// transition. It reports whether the page left the idle phase.
+func (n *Node) driveIdle(p *page) bool {
+	for len(p.queue) > 0 {
+		r := p.queue[0]
+		switch r.Op {
+		case OpLoad:
+			if p.state == Invalid {
+				n.startRead(p)
+				return true
+			}
+			n.complete(Completion{ID: r.ID, Op: r.Op, Page: r.Page, Offset: r.Offset, Value: p.load(r.Offset)})
+		case OpStore, OpAdd, OpCAS:
+			if p.state != Modified {
+				n.startAcquire(p)
+				return true
+			}
+			c := Completion{ID: r.ID, Op: r.Op, Page: r.Page, Offset: r.Offset}
+			old := p.load(r.Offset)
+			switch r.Op {
+			case OpStore:
+				p.store(r.Offset, r.Value)
+			case OpAdd:
+				c.Value = old
+				p.store(r.Offset, old+r.Value)
+			case OpCAS:
+				c.Value = old
+				if old == r.Compare {
+					p.store(r.Offset, r.Value)
+					c.Swapped = true
+				}
+			}
+			n.complete(c)
+		case OpEvict:
+			switch p.state {
+			case Modified:
+				n.startRelease(p, true)
+				return true
+			case Shared:
+				p.state = Invalid
+				p.data = nil
+				n.effect(PageDrop, p)
+				if p.unitCounted {
+					p.ph = phEvict
+					return true
+				}
+			}
+			n.complete(Completion{ID: r.ID, Op: r.Op, Page: r.Page})
+		}
+		p.queue = p.queue[1:]
+	}
+	if p.recall {
+		if p.state == Modified && p.copyVer == p.recallVer {
+			n.startRelease(p, p.recallWrite)
+			return true
+		}
+		p.recall = false
+	}
+	if p.granted {
+		// Reserved for us, but nothing left to do: hand the turn on.
+		p.ph = phPassTurn
+		return true
+	}
+	return false
+}
+
+func (p *page) load(off int) uint64 { return binary.LittleEndian.Uint64(p.data[off:]) }
+
+func (p *page) store(off int, v uint64) { binary.LittleEndian.PutUint64(p.data[off:], v) }
+
+// ---- completions ----
+
+func (n *Node) stepDone(d VerbsDone) error {
+	rec, ok := n.batches[d.ID]
+	if !ok {
+		return fmt.Errorf("%w: #%d", ErrUnknownBatch, d.ID)
+	}
+	delete(n.batches, d.ID)
+	if rec.home {
+		n.homeDone(rec, d)
+		return nil
+	}
+	p := n.pages[rec.page]
+	if p.inflight != d.ID {
+		return nil // a batch abandoned when the page's home moved
+	}
+	p.inflight = 0
+	if d.Err != nil || !resultsFit(rec.verbs, d.Results, n.cfg.PageSize) {
+		// Not executed: retry the same phase after a tick.
+		p.retryAt = n.now + 1
+		return nil
+	}
+	switch p.ph {
+	case phRead:
+		n.readDone(p, d.Results)
+	case phAcquire:
+		n.acquireDone(p, rec.verbs, d.Results)
+	case phWaitAcks:
+		p.data = slices.Clone(d.Results[0].Data)
+		p.needData = false
+	case phRelease:
+		n.releaseDone(p, rec.verbs, d.Results)
+	case phEvict:
+		n.evictDone(p, rec.verbs, d.Results)
+	case phPassTurn:
+		n.passTurnDone(p, d.Results)
+	}
+	n.drive(p)
+	return nil
+}
+
+// resultsFit checks the shape of the results the caller reported.
+func resultsFit(verbs []Verb, res []Result, pageSize int) bool {
+	if len(res) != len(verbs) {
+		return false
+	}
+	for i, v := range verbs {
+		if v.Kind == VerbRead && len(res[i].Data) != v.Span.Len(pageSize) {
+			return false
+		}
+	}
+	return true
+}
+
+// ---- messages ----
+
+func (n *Node) stepReceive(m Message) error {
+	if m.To != n.cfg.ID {
+		return fmt.Errorf("%w: addressed to %v", ErrBadMessage, m.To)
+	}
+	if m.Epoch != n.epoch {
+		return fmt.Errorf("%w: %v from %v in %v, this node is in %v", ErrStaleEpoch, m.Type, m.From, m.Epoch, n.epoch)
+	}
+	if !n.isMember(m.From) {
+		return fmt.Errorf("%w: %v from non-member %v", ErrStaleEpoch, m.Type, m.From)
+	}
+	switch m.Type {
+	case MsgEpoch:
+		n.send(MsgEpochAck, m.From, 0, 0, false)
+		return nil
+	case MsgEpochAck:
+		n.epochAck(m.From)
+		return nil
+	}
+	p := n.page(m.Page)
+	switch m.Type {
+	case MsgInvalidate:
+		if p.state == Shared && newer(m.Version, p.copyVer) {
+			p.state = Invalid
+			p.data = nil
+			n.effect(PageDrop, p)
+		}
+		if p.unitCounted && newer(m.Version, p.unitVer) {
+			p.unitCounted = false
+		}
+		if p.ph == phRead && p.inflight != 0 {
+			if !p.invSeen || newer(m.Version, p.invMax) {
+				p.invMax = m.Version
+			}
+			p.invSeen = true
+		}
+		n.send(MsgInvAck, m.From, m.Page, m.Version, false)
+	case MsgInvAck:
+		if p.ph == phWaitAcks && p.acqVer == m.Version && p.awaiting[m.From] {
+			delete(p.awaiting, m.From)
+			p.invEvery = n.cfg.RetransmitTicks
+		}
+	case MsgQuery:
+		if p.frozen && m.From == p.home {
+			n.report(p)
+		}
+	case MsgReport:
+		n.gotReport(m)
+	case MsgRebuilt:
+		if m.From == p.home {
+			n.unfreeze(p, m.Version, m.State == Shared, m.State == Modified)
+		}
+	case MsgEnqueue:
+		n.enqueue(m.Page, m.From)
+	case MsgGrant:
+		if m.From == p.home {
+			n.granted(p)
+			return nil
+		}
+	case MsgRecall:
+		switch {
+		case p.ph == phIdle && p.state == Modified && p.copyVer == m.Version,
+			p.ph == phWaitAcks && p.acqVer == m.Version:
+			if !p.recall || p.recallVer != m.Version {
+				p.recall, p.recallVer, p.recallWrite = true, m.Version, m.Write
+			} else if m.Write {
+				p.recallWrite = true
+			}
+		}
+	}
+	n.drive(p)
+	return nil
+}
+
+// ---- time ----
+
+func (n *Node) stepTick() {
+	n.now++
+	for _, p := range n.order {
+		if p.ph == phWaitAcks && len(p.awaiting) > 0 && n.now-p.invSent >= uint64(p.invEvery) {
+			// Retransmit with exponential backoff so that a slow
+			// network is not flooded with copies.
+			p.invEvery = min(2*p.invEvery, 16*n.cfg.RetransmitTicks)
+			n.sendInvalidations(p)
+		}
+		n.drive(p)
+	}
+	for _, p := range n.order {
+		if p.frozen && n.now-p.reportAt >= uint64(2*n.cfg.RetransmitTicks) {
+			n.report(p)
+		}
+	}
+	if !n.synced && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
+		n.probe()
+	}
+	for _, h := range n.homes {
+		if h.rebuilding && n.now-h.queryAt >= uint64(2*n.cfg.RetransmitTicks) {
+			n.query(h)
+		}
+		n.driveHome(h)
+	}
+}

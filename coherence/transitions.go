@@ -1,0 +1,358 @@
+package coherence
+
+import (
+	"encoding/binary"
+	"slices"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// This file holds the client side of the transitions of one page: the
+// read miss, the acquisition of a tenure, the release, the eviction and
+// the hand-back of a reservation.
+
+// ---- read miss ----
+
+func (n *Node) startRead(p *page) {
+	p.ph = phRead
+	p.attempts = 0
+	n.postRead(p)
+}
+
+func (n *Node) postRead(p *page) {
+	p.invSeen = false
+	slot := Verb{Kind: VerbRead, Page: p.no, Span: SpanSlot}
+	if p.unitCounted {
+		p.inflight = n.post(p, false, slot)
+		return
+	}
+	p.inflight = n.post(p, false, Verb{Kind: VerbFAA, Page: p.no, Span: SpanWord, Operand: unit(n.cfg.ID)}, slot)
+}
+
+func (n *Node) readDone(p *page, res []Result) {
+	if len(res) == 2 {
+		r := Word(res[0].Word)
+		p.unitCounted = true
+		p.unitVer = r.Version()
+	}
+	slot := res[len(res)-1].Data
+	w := Word(binary.LittleEndian.Uint64(slot))
+	p.guess = w
+	if w.Version() != p.unitVer || (p.invSeen && newer(p.invMax, p.unitVer)) {
+		// An acquisition after our unit was added cleared it.
+		p.unitCounted = false
+	}
+	if p.unitCounted && w.Tag() == n.tag() && w.Holder() == ids.None {
+		p.state = Shared
+		p.data = slices.Clone(slot[8:])
+		p.copyVer = p.unitVer
+		n.effect(PageInstallShared, p)
+		p.attempts = 0
+		if w.Reserved() == n.cfg.ID {
+			p.granted = true // idle will hand the turn back
+		}
+		p.ph = phIdle
+		return
+	}
+	p.attempts++
+	if !p.unitCounted && w.Holder() == ids.None && w.Tag() == n.tag() && p.attempts < 4 {
+		return // raced with an acquisition: add the unit again at once
+	}
+	n.blocked(p, w, false)
+}
+
+// blocked handles an attempt that found the page held or reserved: recall
+// the holder, reserve the page when starving, back off.
+func (n *Node) blocked(p *page, w Word, write bool) {
+	if h := w.Holder(); h != ids.None && h != n.cfg.ID && w.Tag() == n.tag() {
+		n.send(MsgRecall, h, p.no, w.Version(), write)
+	}
+	if p.attempts >= n.cfg.StarveAttempts && w.Reserved() != n.cfg.ID {
+		// Starving: queue for the reservation at the home (again on
+		// every attempt: the home ignores duplicates).
+		if p.home == n.cfg.ID {
+			n.enqueue(p.no, n.cfg.ID)
+		} else {
+			n.send(MsgEnqueue, p.home, p.no, 0, false)
+		}
+	}
+	n.backoff(p)
+}
+
+// ---- write miss / upgrade ----
+
+func (n *Node) startAcquire(p *page) {
+	p.ph = phAcquire
+	p.attempts = 0
+	n.postAcquire(p)
+}
+
+func (n *Node) acquirable(w Word) bool {
+	return w.Tag() == n.tag() && w.Holder() == ids.None && (w.Reserved() == ids.None || w.Reserved() == n.cfg.ID)
+}
+
+func (n *Node) postAcquire(p *page) {
+	g := p.guess
+	if !n.acquirable(g) {
+		p.expect = 0
+		p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
+		return
+	}
+	next := g.withHolder(n.cfg.ID).withVersion(g.Version() + 1).withoutSharers()
+	if g.Reserved() == n.cfg.ID {
+		next = next.withResv(HomeTurn) // our turn is used: the home passes it on
+	}
+	p.expect = g
+	cas := Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(next)}
+	if p.state == Shared && p.copyVer == g.Version() {
+		p.inflight = n.post(p, false, cas)
+		return
+	}
+	p.inflight = n.post(p, false, cas, Verb{Kind: VerbRead, Page: p.no, Span: SpanPage})
+}
+
+func (n *Node) acquireDone(p *page, verbs []Verb, res []Result) {
+	var w Word
+	if verbs[0].Kind == VerbRead {
+		w = Word(binary.LittleEndian.Uint64(res[0].Data))
+	} else {
+		w = Word(res[0].Word)
+	}
+	if verbs[0].Kind != VerbCAS || w != p.expect {
+		p.guess = w
+		if n.acquirable(w) {
+			if verbs[0].Kind == VerbCAS {
+				p.attempts++
+			}
+			if p.attempts < 8 {
+				return // the word moved under us: try again at once
+			}
+			n.backoff(p)
+			return
+		}
+		p.attempts++
+		n.blocked(p, w, true)
+		return
+	}
+	// The tenure is ours.
+	old := w
+	if old.Reserved() == n.cfg.ID {
+		p.granted = false // the CAS handed the turn back
+	}
+	p.acqVer = old.Version() + 1
+	p.guess = Word(verbs[0].Operand)
+	p.unitCounted = false
+	switch {
+	case len(res) == 2:
+		p.data = slices.Clone(res[1].Data)
+		p.needData = false
+	case p.state == Shared && p.copyVer == old.Version():
+		p.needData = false
+	default:
+		p.needData = true
+	}
+	p.awaiting = map[ids.NodeID]bool{}
+	for _, m := range n.sharersOf(old) {
+		p.awaiting[m] = true
+	}
+	p.ph = phWaitAcks
+	p.attempts = 0
+	p.invEvery = n.cfg.RetransmitTicks
+	n.sendInvalidations(p)
+}
+
+// sharersOf lists the members the word may record as sharers, other than
+// this node: the exact bits, and every member above ExactSharers when the
+// coarse count is not zero.
+func (n *Node) sharersOf(w Word) []ids.NodeID {
+	var out []ids.NodeID
+	for _, m := range n.members {
+		if m == n.cfg.ID {
+			continue
+		}
+		if isExact(m) && w.hasExactBit(m) || !isExact(m) && w.Coarse() > 0 {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// sendInvalidations sends the invalidation to every sharer still to
+// acknowledge, all in one step.
+func (n *Node) sendInvalidations(p *page) {
+	p.invSent = n.now
+	for _, m := range n.members {
+		if p.awaiting[m] {
+			n.send(MsgInvalidate, m, p.no, p.acqVer, false)
+		}
+	}
+}
+
+func (n *Node) grant(p *page) {
+	p.state = Modified
+	p.copyVer = p.acqVer
+	p.awaiting = nil
+	p.ph = phIdle
+	n.effect(PageGrantExclusive, p)
+}
+
+// ---- release (recall, eviction of M) ----
+
+func (n *Node) startRelease(p *page, write bool) {
+	// Write-protect first: no store may land after the copy that is
+	// written back. The tenure stays ours until the CAS releases it.
+	p.wbData = p.data
+	if write {
+		// Going to I: unmap now, keep the bytes for the write-back.
+		p.state = Invalid
+		p.data = nil
+		n.effect(PageDrop, p)
+	} else {
+		p.state = Shared
+		n.effect(PageDowngrade, p)
+	}
+	p.ph = phRelease
+	p.relWrite = write
+	p.wroteBack = false
+	n.postRelease(p)
+}
+
+func (n *Node) releaseTarget(g Word, write bool) Word {
+	next := g.withHolder(ids.None)
+	if !write {
+		next += Word(unit(n.cfg.ID))
+	}
+	return next
+}
+
+func (n *Node) postRelease(p *page) {
+	g := p.guess
+	if g.Holder() != n.cfg.ID || g.Version() != p.copyVer {
+		g = g.withHolder(n.cfg.ID).withVersion(p.copyVer)
+	}
+	p.expect = g
+	cas := Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(n.releaseTarget(g, p.relWrite))}
+	if p.wroteBack {
+		p.inflight = n.post(p, false, cas)
+		return
+	}
+	p.inflight = n.post(p, false, Verb{Kind: VerbWrite, Page: p.no, Span: SpanPage, Data: slices.Clone(p.wbData)}, cas)
+}
+
+func (n *Node) releaseDone(p *page, verbs []Verb, res []Result) {
+	if len(verbs) == 2 {
+		p.wroteBack = true
+	}
+	w := Word(res[len(res)-1].Word)
+	if w == p.expect {
+		p.guess = n.releaseTarget(w, p.relWrite)
+		p.recall = false
+		p.ph = phIdle
+		p.wbData = nil
+		if !p.relWrite {
+			p.unitCounted = true
+			p.unitVer = p.copyVer
+		}
+		n.finishEvict(p)
+		return
+	}
+	p.guess = w
+	if w.Holder() != n.cfg.ID || w.Version() != p.copyVer {
+		// The tenure was taken from us (we were declared gone): the
+		// data reverts to the home copy.
+		if p.state != Invalid {
+			p.state = Invalid
+			p.data = nil
+			n.effect(PageDrop, p)
+		}
+		p.wbData = nil
+		p.recall = false
+		p.ph = phIdle
+		n.finishEvict(p)
+	}
+}
+
+func (n *Node) finishEvict(p *page) {
+	if len(p.queue) > 0 && p.queue[0].Op == OpEvict && p.state == Invalid {
+		r := p.queue[0]
+		p.queue = p.queue[1:]
+		n.complete(Completion{ID: r.ID, Op: r.Op, Page: r.Page})
+	}
+}
+
+// ---- eviction of S ----
+
+func (n *Node) evictCASOK(p *page) bool {
+	g := p.guess
+	if g.Version() != p.unitVer {
+		return false
+	}
+	if isExact(n.cfg.ID) {
+		return g.hasExactBit(n.cfg.ID)
+	}
+	return g.Coarse() > 0
+}
+
+func (n *Node) postEvict(p *page) {
+	if !p.unitCounted {
+		p.ph = phIdle
+		n.finishEvict(p)
+		return
+	}
+	if !n.evictCASOK(p) {
+		p.expect = 0
+		p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
+		return
+	}
+	g := p.guess
+	p.expect = g
+	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(g - Word(unit(n.cfg.ID)))})
+}
+
+func (n *Node) evictDone(p *page, verbs []Verb, res []Result) {
+	var w Word
+	if verbs[0].Kind == VerbRead {
+		w = Word(binary.LittleEndian.Uint64(res[0].Data))
+	} else {
+		w = Word(res[0].Word)
+	}
+	if verbs[0].Kind == VerbCAS && w == p.expect {
+		p.guess = w - Word(unit(n.cfg.ID))
+		p.unitCounted = false
+	} else {
+		p.guess = w
+		if w.Version() != p.unitVer {
+			p.unitCounted = false
+		}
+	}
+	if !p.unitCounted {
+		p.ph = phIdle
+		n.finishEvict(p)
+	}
+}
+
+// ---- reservation ----
+
+// postPassTurn hands a reservation we hold back to the home.
+func (n *Node) postPassTurn(p *page) {
+	g := p.guess
+	if g.Reserved() != n.cfg.ID {
+		g = g.withResv(n.cfg.ID)
+	}
+	p.expect = g
+	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(g.withResv(HomeTurn))})
+}
+
+func (n *Node) passTurnDone(p *page, res []Result) {
+	w := Word(res[0].Word)
+	if w == p.expect {
+		p.guess = w.withResv(HomeTurn)
+	} else {
+		p.guess = w
+		if w.Reserved() == n.cfg.ID {
+			return // try again with the word as it is
+		}
+	}
+	p.granted = false
+	p.ph = phIdle
+}

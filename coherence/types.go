@@ -1,0 +1,302 @@
+package coherence
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// VerbKind is the kind of a one-sided verb. It maps one to one onto
+// rdma.OpKind (READ, WRITE, CAS, FAA); the zero value is invalid.
+type VerbKind uint8
+
+const (
+	// VerbRead reads the target span of the home slot.
+	VerbRead VerbKind = 1 + iota
+	// VerbWrite writes Data to the target span.
+	VerbWrite
+	// VerbCAS compares the coherence word with Compare and, if equal,
+	// replaces it with Operand.
+	VerbCAS
+	// VerbFAA adds Operand to the coherence word.
+	VerbFAA
+)
+
+func (k VerbKind) String() string {
+	switch k {
+	case VerbRead:
+		return "READ"
+	case VerbWrite:
+		return "WRITE"
+	case VerbCAS:
+		return "CAS"
+	case VerbFAA:
+		return "FAA"
+	}
+	return fmt.Sprintf("VerbKind(%d)", uint8(k))
+}
+
+// Span names the bytes of a home slot a verb touches. The home keeps, for
+// every page it serves, a slot of 8+PageSize bytes in registered memory:
+// the coherence word at offset 0 and the home copy of the page at offset 8.
+type Span uint8
+
+const (
+	// SpanWord is the coherence word: 8 bytes at slot offset 0.
+	SpanWord Span = 1 + iota
+	// SpanPage is the home copy: PageSize bytes at slot offset 8.
+	SpanPage
+	// SpanSlot is the word followed by the page: 8+PageSize bytes at
+	// slot offset 0. A READ of the slot returns the word as it is when
+	// the data is read, which validates the data.
+	SpanSlot
+)
+
+func (s Span) String() string {
+	switch s {
+	case SpanWord:
+		return "word"
+	case SpanPage:
+		return "page"
+	case SpanSlot:
+		return "slot"
+	}
+	return fmt.Sprintf("Span(%d)", uint8(s))
+}
+
+// Offset is the byte offset of the span inside the page's slot.
+func (s Span) Offset() uint64 {
+	if s == SpanPage {
+		return 8
+	}
+	return 0
+}
+
+// Len is the length of the span for pages of pageSize bytes.
+func (s Span) Len(pageSize int) int {
+	switch s {
+	case SpanWord:
+		return 8
+	case SpanPage:
+		return pageSize
+	}
+	return 8 + pageSize
+}
+
+// Verb is one one-sided operation on the home slot of a page. The node
+// layer turns it into an rdma.Op: Kind -> OpKind, (home, Page, Span) ->
+// (RKey, Offset) through the home's slot table, Data -> Buf of a WRITE, a
+// READ gets a fresh Buf of Span.Len bytes, Compare/Operand as they are.
+type Verb struct {
+	Kind    VerbKind
+	Page    ids.PageNo
+	Span    Span
+	Compare uint64 // CAS
+	Operand uint64 // CAS: new value; FAA: addend
+	Data    []byte // WRITE
+}
+
+func (v Verb) String() string {
+	switch v.Kind {
+	case VerbCAS:
+		return fmt.Sprintf("CAS %v %v %v->%v", v.Page, v.Span, Word(v.Compare), Word(v.Operand))
+	case VerbFAA:
+		return fmt.Sprintf("FAA %v %v +%#x", v.Page, v.Span, v.Operand)
+	}
+	return fmt.Sprintf("%v %v %v", v.Kind, v.Page, v.Span)
+}
+
+// Batch is a list of verbs to post to one home as one batch (one round
+// trip, executed in order). The caller reports its outcome with VerbsDone
+// carrying the same ID.
+type Batch struct {
+	ID    uint64
+	Home  ids.NodeID
+	Verbs []Verb
+}
+
+func (b Batch) String() string {
+	parts := make([]string, len(b.Verbs))
+	for i, v := range b.Verbs {
+		parts[i] = v.String()
+	}
+	return fmt.Sprintf("batch#%d ->%v [%s]", b.ID, b.Home, strings.Join(parts, "; "))
+}
+
+// Result is the outcome of one verb: the word before a CAS or FAA, the
+// bytes of a READ (Span.Len of them); nothing for a WRITE.
+type Result struct {
+	Word uint64
+	Data []byte
+}
+
+// OpKind is the kind of a local request. The zero value is invalid.
+type OpKind uint8
+
+const (
+	// OpLoad loads the 8-byte word at Offset.
+	OpLoad OpKind = 1 + iota
+	// OpStore stores Value at Offset.
+	OpStore
+	// OpAdd adds Value at Offset and returns the old value.
+	OpAdd
+	// OpCAS replaces the word at Offset with Value if it equals Compare;
+	// it returns the old value and whether it swapped.
+	OpCAS
+	// OpEvict gives up the local copy of the page (write-back if M).
+	OpEvict
+)
+
+func (k OpKind) String() string {
+	switch k {
+	case OpLoad:
+		return "load"
+	case OpStore:
+		return "store"
+	case OpAdd:
+		return "add"
+	case OpCAS:
+		return "cas"
+	case OpEvict:
+		return "evict"
+	}
+	return fmt.Sprintf("OpKind(%d)", uint8(k))
+}
+
+// Completion reports the end of a local request.
+type Completion struct {
+	ID      uint64
+	Op      OpKind
+	Page    ids.PageNo
+	Offset  int
+	Value   uint64 // load: the value; add, cas: the old value
+	Swapped bool   // cas
+}
+
+func (c Completion) String() string {
+	s := fmt.Sprintf("done#%d %v %v+%d", c.ID, c.Op, c.Page, c.Offset)
+	switch c.Op {
+	case OpLoad, OpAdd:
+		s += fmt.Sprintf(" =%d", c.Value)
+	case OpCAS:
+		s += fmt.Sprintf(" old=%d swapped=%t", c.Value, c.Swapped)
+	}
+	return s
+}
+
+// PageEffectKind says what the caller must do to its mapping of a page.
+type PageEffectKind uint8
+
+const (
+	// PageInstallShared maps the page read-only with Data.
+	PageInstallShared PageEffectKind = 1 + iota
+	// PageGrantExclusive maps the page read-write (Data is the content).
+	PageGrantExclusive
+	// PageDowngrade write-protects the page (M -> S).
+	PageDowngrade
+	// PageDrop unmaps the page (-> I).
+	PageDrop
+)
+
+func (k PageEffectKind) String() string {
+	switch k {
+	case PageInstallShared:
+		return "install-S"
+	case PageGrantExclusive:
+		return "grant-M"
+	case PageDowngrade:
+		return "downgrade"
+	case PageDrop:
+		return "drop"
+	}
+	return fmt.Sprintf("PageEffectKind(%d)", uint8(k))
+}
+
+// PageEffect is a change of the local mapping of one page.
+type PageEffect struct {
+	Kind PageEffectKind
+	Page ids.PageNo
+	Data []byte // install, grant: the page content (the node's copy; do not modify)
+}
+
+func (e PageEffect) String() string { return fmt.Sprintf("%v %v", e.Kind, e.Page) }
+
+// Ready is what a Step asks the caller to do. Batches and messages may be
+// issued in any order and in parallel; completions may be reported at once.
+type Ready struct {
+	Batches     []Batch
+	Messages    []Message
+	Pages       []PageEffect
+	Completions []Completion
+}
+
+// Empty reports whether there is nothing to do.
+func (r *Ready) Empty() bool {
+	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0
+}
+
+// Event is an input of Node.Step: Request, VerbsDone, Receive, Tick or
+// Reconfigure.
+type Event interface{ isEvent() }
+
+// Request is a local access (a fault, an explicit ReadAt/WriteAt word, an
+// atomic) or an eviction. Offset is the byte offset of an 8-byte word in
+// the page and must be a multiple of 8.
+type Request struct {
+	ID      uint64
+	Op      OpKind
+	Page    ids.PageNo
+	Offset  int
+	Value   uint64
+	Compare uint64
+}
+
+// VerbsDone reports the outcome of a Batch: Results[i] belongs to Verbs[i]
+// when Err is nil. A batch that failed (peer unreachable, dropped) did not
+// execute; the node retries it.
+type VerbsDone struct {
+	ID      uint64
+	Results []Result
+	Err     error
+}
+
+// Receive delivers a message from a peer.
+type Receive struct{ Msg Message }
+
+// Tick advances the node's clock by one tick.
+type Tick struct{}
+
+// Reconfigure installs a new configuration: the epoch and the members.
+// Members absent from the new list are gone: the node stops waiting for
+// them, and a home releases what they held in the words it keeps.
+type Reconfigure struct {
+	Epoch   ids.Epoch
+	Members []ids.NodeID
+	// Moved are the pages whose home changed (their old home departed),
+	// with their new home. Every node freezes them and reports its state
+	// to the new home, which rebuilds the word; the new home's slot must
+	// hold the backup copy of the page and InitialWord(Epoch).
+	Moved map[ids.PageNo]ids.NodeID
+}
+
+func (Request) isEvent()     {}
+func (VerbsDone) isEvent()   {}
+func (Receive) isEvent()     {}
+func (Tick) isEvent()        {}
+func (Reconfigure) isEvent() {}
+
+// Errors.
+var (
+	// ErrStaleEpoch refuses a message stamped with another epoch.
+	ErrStaleEpoch = errors.New("coherence: stale epoch")
+	// ErrBadRequest refuses a malformed local request.
+	ErrBadRequest = errors.New("coherence: bad request")
+	// ErrBadConfig refuses an invalid configuration.
+	ErrBadConfig = errors.New("coherence: bad configuration")
+	// ErrUnknownBatch reports a VerbsDone that names no outstanding batch.
+	ErrUnknownBatch = errors.New("coherence: unknown batch")
+	// ErrBadMessage refuses a message that cannot be decoded.
+	ErrBadMessage = errors.New("coherence: bad message")
+)
