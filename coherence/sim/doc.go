@@ -1,0 +1,46 @@
+// Package sim is the deterministic simulator of the coherence protocol: N
+// coherence.Node state machines (2 to 64 in the test configurations) over
+// an rdma/mem network in manual mode, driven by a seeded random scheduler,
+// checked against a reference model after every step.
+//
+// # What a run does
+//
+// New builds the cluster: nodes 1..N, page p homed on node p%H+1 (H =
+// (Pages+1)/2 homes, most serving two pages) with its
+// slot (coherence word and home copy) in the home's registered memory. Run
+// then takes random steps, each one of: issue a local request at an idle
+// node (load, store, add, CAS, evict; or the next step of a mutex client),
+// execute a pending batch at its home, report an executed batch to its
+// node (completions are delayed and reordered independently of execution,
+// as on a real fabric), deliver a pending message, advance every node's
+// clock. During the workload phase it also drops batches and messages,
+// duplicates messages, and crashes nodes (homes too, with HomeCrashes),
+// each crash followed some steps later by the reconfiguration that removes
+// the node (and moves its pages). Then the faults and the new requests
+// stop and the run settles: every request must complete within
+// SettleSteps.
+//
+// # What it checks
+//
+// After every step: at most one M copy of a page and no other valid copy
+// beside it; every valid copy equals the reference model (the latest
+// completed store). At every completion: loads, adds and CASes return what
+// the reference model says; no request waited through more than 2N+4
+// tenures of other nodes (fairness). When the run has settled: the home
+// word names the M holder, its sharer units match the nodes' own view of
+// their units, the home copy holds the latest data when nobody holds M;
+// the recorded history of word operations is linearizable (porcupine;
+// configurations without crashes, since a crash loses unsynced stores by
+// design); the mutex counter equals the number of critical sections.
+//
+// A crash reverts the reference model of the pages the node held in M to
+// their home copy: unsynced data is lost, as documented.
+//
+// # Reproducing a failure
+//
+// A failing seed is run again with tracing on; the returned *Violation
+// prints the seed, the configuration, the broken invariant and every step.
+// The methods of the driver (Request, Deliveries, Complete, Tick, Crash,
+// Reconfigure, Stabilize, Dump, Check) take one chosen step at a time; the
+// interaction tests of package coherence drive them from transcripts.
+package sim

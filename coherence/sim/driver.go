@@ -1,0 +1,138 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma/mem"
+)
+
+// This file is the manual driver used by the interaction tests: every
+// method is one deterministic step (or a deterministic sequence of them)
+// chosen by the caller instead of the random scheduler.
+
+// Filter selects pending deliveries. Zero fields match everything.
+type Filter struct {
+	From, To ids.NodeID
+	Kind     mem.DeliveryKind
+}
+
+func (f Filter) match(d *mem.Delivery) bool {
+	return (f.From == ids.None || d.From == f.From) && (f.To == ids.None || d.To == f.To) && (f.Kind == 0 || d.Kind == f.Kind)
+}
+
+// Action is what to do with the matching deliveries.
+type Action uint8
+
+const (
+	// Deliver executes batches and hands messages to their receivers.
+	Deliver Action = 1 + iota
+	// Drop loses them (a batch fails and is retried by its node).
+	Drop
+	// Duplicate queues a second copy of each matching message.
+	Duplicate
+)
+
+// Deliveries applies act to at most limit (0: all) pending deliveries
+// that match f, oldest first, and returns how many it touched.
+func (s *Sim) Deliveries(f Filter, act Action, limit int) int {
+	touched := 0
+	for _, d := range s.net.Pending() {
+		if !f.match(d) || (limit > 0 && touched >= limit) {
+			continue
+		}
+		s.step++
+		touched++
+		switch act {
+		case Deliver:
+			s.deliverOne(d, false)
+		case Drop:
+			s.tracef("drop %v", d)
+			_ = s.net.Drop(d)
+		case Duplicate:
+			if d.Kind == mem.MessageDelivery {
+				s.tracef("duplicate %v", d)
+				_ = s.net.Duplicate(d)
+			}
+		}
+		s.check(false)
+	}
+	return touched
+}
+
+// Complete reports executed batches to their nodes (of node id only, when
+// not None), oldest first, and returns how many.
+func (s *Sim) Complete(id ids.NodeID) int {
+	count := 0
+	for i := 0; i < len(s.done); {
+		if id != ids.None && s.done[i].node != id {
+			i++
+			continue
+		}
+		s.step++
+		s.completeBatch(i)
+		s.check(false)
+		count++
+	}
+	return count
+}
+
+// Stabilize delivers, completes and ticks, oldest first, until nothing is
+// in flight or maxSteps passed. It reports whether the cluster is quiet.
+func (s *Sim) Stabilize(maxSteps int) bool {
+	for i := 0; i < maxSteps && s.err == nil; i++ {
+		if len(s.lagging) > 0 {
+			s.step++
+			s.reconfigureOne(0)
+			s.check(false)
+			continue
+		}
+		if p := s.net.Pending(); len(p) > 0 {
+			s.step++
+			s.deliverOne(p[0], false)
+			s.check(false)
+			continue
+		}
+		if len(s.done) > 0 {
+			s.step++
+			s.completeBatch(0)
+			s.check(false)
+			continue
+		}
+		if !s.busy() {
+			return true
+		}
+		s.Tick()
+	}
+	return !s.busy()
+}
+
+// Pending lists the deliveries waiting in the network and the executed
+// batches whose completion has not reached their node.
+func (s *Sim) Pending() string {
+	var b strings.Builder
+	for _, d := range s.net.Pending() {
+		fmt.Fprintf(&b, "net %v\n", s.describe(d))
+	}
+	for _, d := range s.done {
+		fmt.Fprintf(&b, "completion %v batch#%d err=%v\n", d.node, d.batch.ID, d.err)
+	}
+	return b.String()
+}
+
+func (s *Sim) describe(d *mem.Delivery) string {
+	if d.Kind == mem.MessageDelivery {
+		if m, err := decode(d.Msg); err == nil {
+			return m
+		}
+	}
+	return d.String()
+}
+
+// TakeTrace returns the trace recorded since the last call.
+func (s *Sim) TakeTrace() []string {
+	t := s.trace
+	s.trace = nil
+	return t
+}

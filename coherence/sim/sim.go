@@ -1,0 +1,1032 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand"
+	"slices"
+	"strings"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/mem"
+)
+
+// Options is one configuration of the simulator.
+type Options struct {
+	Nodes    int // 2..64 (up to coherence.MaxNodeID)
+	Pages    int // pages in play, page p homed on node p%H+1, H = (Pages+1)/2
+	PageSize int // bytes, a multiple of 8 (default 16)
+	Ops      int // local requests issued before the run settles
+	// Hot sends every request to page 0: all nodes hammer one page.
+	Hot bool
+	// Faults drops batches and messages and duplicates messages during
+	// the workload phase.
+	Faults bool
+	// Crashes is the number of nodes that crash, homes only as allowed by
+	// HomeCrashes (each crash is followed, some steps later, by the
+	// reconfiguration that removes the node).
+	Crashes int
+	// HomeCrashes lets that many of the crashes hit home nodes: their
+	// pages move to a new home, which rebuilds the words from the
+	// survivors' reports; the page data comes from the backup (the old
+	// home copy as it was at the crash: every write-back is taken to be
+	// synced).
+	HomeCrashes int
+	// AsyncReconfig hands a reconfiguration to the live nodes one by one,
+	// at random later steps, as a directory's replicas learn it, instead
+	// of to all of them in one step.
+	AsyncReconfig bool
+	// Evict lets clients evict pages.
+	Evict bool
+	// Mutex makes every client run lock / increment / unlock on a
+	// mutex built on CAS (page 0, word 0 is the lock, word 1 the
+	// counter) instead of random accesses.
+	Mutex bool
+	// Linearizability checks the recorded history with porcupine.
+	Linearizability bool
+	// SettleSteps bounds the steps after the workload and the faults stop
+	// in which every request must complete (default 200000).
+	SettleSteps int
+	// Trace records every step (used to print the trace of a failure).
+	Trace bool
+}
+
+func (o *Options) norm() error {
+	if o.Nodes < 2 || o.Nodes > coherence.MaxNodeID {
+		return fmt.Errorf("sim: %d nodes", o.Nodes)
+	}
+	if o.Pages < 1 || o.Pages > o.Nodes {
+		return fmt.Errorf("sim: %d pages for %d nodes", o.Pages, o.Nodes)
+	}
+	if o.PageSize == 0 {
+		o.PageSize = 16
+	}
+	if o.PageSize%8 != 0 || o.PageSize < 16 {
+		return fmt.Errorf("sim: page size %d", o.PageSize)
+	}
+	if o.SettleSteps == 0 {
+		o.SettleSteps = 200000
+	}
+	if o.HomeCrashes > 0 {
+		o.Crashes = min(o.Crashes, o.Nodes-2)
+		o.HomeCrashes = min(o.HomeCrashes, o.Crashes)
+	} else if o.Crashes > o.Nodes-o.homes()-1 {
+		o.Crashes = max(0, o.Nodes-o.homes()-1)
+	}
+	return nil
+}
+
+// homes is the number of home nodes: nodes 1..homes, page p on node
+// p%homes+1, so that most homes serve two pages.
+func (o Options) homes() int { return (o.Pages + 1) / 2 }
+
+func (o Options) String() string {
+	return fmt.Sprintf("nodes=%d pages=%d ops=%d hot=%t faults=%t crashes=%d home-crashes=%d async-reconfig=%t evict=%t mutex=%t lin=%t",
+		o.Nodes, o.Pages, o.Ops, o.Hot, o.Faults, o.Crashes, o.HomeCrashes, o.AsyncReconfig, o.Evict, o.Mutex, o.Linearizability)
+}
+
+// Stats are figures of one run.
+type Stats struct {
+	Steps       int // total steps
+	SettleSteps int // steps the settle phase took
+	Completed   int // requests completed
+	MaxLatency  int // most steps between a request and its completion
+	Messages    int // messages delivered
+	Batches     int // batches delivered
+	// MaxOvertakes is the most exclusive tenures other nodes took on a
+	// page while one request on that page waited: the fairness figure.
+	MaxOvertakes int
+	// CriticalSections is the number of mutex critical sections run.
+	CriticalSections int
+	// Crashes and HomeCrashes count the nodes that crashed.
+	Crashes, HomeCrashes int
+}
+
+// Violation is a broken invariant: the seed, the configuration, what broke
+// and, when the run was traced, the steps that led there.
+type Violation struct {
+	Seed  int64
+	Opts  Options
+	Step  int
+	What  string
+	Trace []string
+}
+
+func (v *Violation) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sim: seed %d (%v): step %d: %s", v.Seed, v.Opts, v.Step, v.What)
+	if len(v.Trace) > 0 {
+		b.WriteString("\ntrace:\n")
+		for _, l := range v.Trace {
+			b.WriteString("  ")
+			b.WriteString(l)
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// Run runs one seed. On a violation it runs the seed again with tracing
+// on and returns the *Violation with the trace.
+func Run(seed int64, o Options) (Stats, error) {
+	st, err := runOnce(seed, o)
+	var v *Violation
+	if errors.As(err, &v) && !o.Trace {
+		o.Trace = true
+		if _, err2 := runOnce(seed, o); err2 != nil {
+			return st, err2
+		}
+		return st, fmt.Errorf("%w (the traced rerun did not fail: nondeterminism)", err)
+	}
+	return st, err
+}
+
+func runOnce(seed int64, o Options) (Stats, error) {
+	s, err := New(seed, o)
+	if err != nil {
+		return Stats{}, err
+	}
+	return s.run()
+}
+
+type pendingDone struct {
+	node  ids.NodeID
+	batch coherence.Batch
+	ops   []rdma.Op
+	err   error
+}
+
+type clientOp struct {
+	req    coherence.Request
+	call   int
+	grants int // grants on the page when the request was issued
+}
+
+type simNode struct {
+	id     ids.NodeID
+	sm     *coherence.Node
+	ep     *mem.Endpoint
+	alive  bool
+	client *clientOp
+	// mutex client
+	mstate int // 0 idle, 1 locking, 2 to load the counter, 3 to store it, 4 to unlock
+	mval   uint64
+}
+
+type slot struct {
+	home ids.NodeID
+	reg  rdma.Registration
+	off  uint64
+}
+
+// Sim is one simulated cluster over a manual mem network. Its methods
+// (the driver's interface used by the interaction tests) run one step
+// each; Check verifies the invariants.
+type Sim struct {
+	Seed  int64
+	Opts  Options
+	rng   *rand.Rand
+	net   *mem.Network
+	nodes []*simNode // index = id; [0] unused
+	slots map[ids.PageNo]slot
+	ref   map[ids.PageNo][]byte
+	epoch ids.Epoch
+	gone  map[ids.NodeID]bool
+
+	done        []pendingDone
+	step        int
+	nextReq     uint64
+	issued      int
+	crashes     int
+	homeCrashes int
+	moving      map[ids.PageNo][]byte // pages whose home crashed -> backup data
+	reconf      int                   // steps until the pending reconfiguration; -1 none
+	rc          coherence.Reconfigure // the latest reconfiguration
+	lagging     []ids.NodeID          // live nodes that have not received rc yet
+	stats       Stats
+	history     []op
+	grants      map[ids.PageNo]int // exclusive grants per page
+	csOwner     ids.NodeID
+	csCount     uint64
+
+	trace []string
+	err   error
+}
+
+// New builds a cluster: nodes 1..o.Nodes, page p homed on node p%H+1 (H =
+// (Pages+1)/2), every
+// word initialised in epoch 1.
+func New(seed int64, o Options) (*Sim, error) {
+	if err := o.norm(); err != nil {
+		return nil, err
+	}
+	s := &Sim{
+		Seed: seed, Opts: o, rng: rand.New(rand.NewSource(seed)),
+		net:   mem.NewNetwork(mem.Manual()),
+		slots: map[ids.PageNo]slot{}, ref: map[ids.PageNo][]byte{},
+		epoch: 1, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{},
+		moving: map[ids.PageNo][]byte{},
+	}
+	members := make([]ids.NodeID, o.Nodes)
+	for i := range members {
+		members[i] = ids.NodeID(i + 1)
+	}
+	homeOf := func(p ids.PageNo) ids.NodeID {
+		if int(p) >= o.Pages {
+			return ids.None
+		}
+		return ids.NodeID(int(p)%o.homes() + 1)
+	}
+	s.nodes = make([]*simNode, o.Nodes+1)
+	slotLen := 8 + o.PageSize
+	// Odd seeds start the versions just below the 16-bit wrap.
+	var startVer uint16
+	if seed%2 == 1 {
+		startVer = uint16(65535 - s.rng.Intn(40))
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		id := ids.NodeID(i)
+		ep, err := s.net.Endpoint(id)
+		if err != nil {
+			return nil, err
+		}
+		var homed []ids.PageNo
+		for p := 0; p < o.Pages; p++ {
+			if homeOf(ids.PageNo(p)) == id {
+				homed = append(homed, ids.PageNo(p))
+			}
+		}
+		sm, err := coherence.NewNode(coherence.Config{
+			ID: id, PageSize: o.PageSize, Epoch: 1, Members: members,
+			HomeOf: homeOf, HomedPages: homed,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(homed) > 0 {
+			buf := make([]byte, len(homed)*slotLen)
+			reg, err := ep.Register(buf, rdma.AccessAll)
+			if err != nil {
+				return nil, err
+			}
+			for k, p := range homed {
+				off := uint64(k * slotLen)
+				rdma.StoreWord(reg.Bytes(), off, uint64(coherence.InitialWord(1).WithVersion(startVer)))
+				s.slots[p] = slot{home: id, reg: reg, off: off}
+				s.ref[p] = make([]byte, o.PageSize)
+			}
+		}
+		n := &simNode{id: id, sm: sm, ep: ep, alive: true}
+		ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
+		s.nodes[i] = n
+	}
+	return s, nil
+}
+
+func (s *Sim) tracef(format string, args ...any) {
+	if s.Opts.Trace {
+		s.trace = append(s.trace, fmt.Sprintf("%5d ", s.step)+fmt.Sprintf(format, args...))
+	}
+}
+
+func (s *Sim) fail(format string, args ...any) {
+	if s.err == nil {
+		v := &Violation{Seed: s.Seed, Opts: s.Opts, Step: s.step, What: fmt.Sprintf(format, args...)}
+		if s.Opts.Trace {
+			v.Trace = s.trace
+		}
+		s.err = v
+	}
+}
+
+// Err is the first violation found, if any.
+func (s *Sim) Err() error { return s.err }
+
+// ---- executing what nodes ask ----
+
+func (s *Sim) apply(n *simNode) {
+	rd := n.sm.Ready()
+	for _, b := range rd.Batches {
+		s.tracef("%v posts %v", n.id, b)
+		s.postBatch(n, b)
+	}
+	for _, m := range rd.Messages {
+		s.tracef("%v sends %v", n.id, m)
+		_ = n.ep.Send(context.Background(), m.To, m.Marshal())
+	}
+	for _, e := range rd.Pages {
+		s.tracef("%v page %v", n.id, e)
+		if e.Kind == coherence.PageGrantExclusive {
+			s.grants[e.Page]++
+		}
+	}
+	for _, c := range rd.Completions {
+		s.tracef("%v %v", n.id, c)
+		s.completed(n, c)
+	}
+}
+
+func (s *Sim) postBatch(n *simNode, b coherence.Batch) {
+	sl, ok := s.slots[b.Verbs[0].Page]
+	if ok && sl.home != b.Home && !s.nodes[b.Home].alive {
+		// A node that has not learnt of the move yet: the batch fails.
+		s.done = append(s.done, pendingDone{node: n.id, batch: b, err: &rdma.PeerError{Peer: b.Home, Err: rdma.ErrPeerUnreachable}})
+		return
+	}
+	if !ok || sl.home != b.Home {
+		s.fail("%v posted %v to a node that is not the home", n.id, b)
+		return
+	}
+	ops := make([]rdma.Op, len(b.Verbs))
+	for i, v := range b.Verbs {
+		vs := s.slots[v.Page]
+		op := rdma.Op{RKey: vs.reg.Descriptor().RKey, Offset: vs.off + v.Span.Offset()}
+		switch v.Kind {
+		case coherence.VerbRead:
+			op.Kind = rdma.OpRead
+			op.Buf = make([]byte, v.Span.Len(s.Opts.PageSize))
+		case coherence.VerbWrite:
+			op.Kind = rdma.OpWrite
+			op.Buf = v.Data
+		case coherence.VerbCAS:
+			op.Kind, op.Compare, op.Operand = rdma.OpCAS, v.Compare, v.Operand
+		case coherence.VerbFAA:
+			op.Kind, op.Operand = rdma.OpFAA, v.Operand
+		}
+		ops[i] = op
+	}
+	n.ep.PostAsync(b.Home, ops, func(err error) {
+		s.done = append(s.done, pendingDone{node: n.id, batch: b, ops: ops, err: err})
+	})
+}
+
+func (s *Sim) receive(n *simNode, from ids.NodeID, b []byte) {
+	if !n.alive {
+		return
+	}
+	s.stats.Messages++
+	m, err := coherence.Unmarshal(b)
+	if err != nil {
+		s.fail("%v got an undecodable message from %v: %v", n.id, from, err)
+		return
+	}
+	if m.From != from {
+		s.fail("%v got a message from %v that claims to be from %v", n.id, from, m.From)
+		return
+	}
+	if err := n.sm.Step(coherence.Receive{Msg: m}); err != nil {
+		s.tracef("%v refuses %v: %v", n.id, m, err)
+		return
+	}
+	s.tracef("%v receives %v", n.id, m)
+	s.apply(n)
+}
+
+// completeBatch reports the i-th executed batch to its node.
+func (s *Sim) completeBatch(i int) {
+	d := s.done[i]
+	s.done = slices.Delete(s.done, i, i+1)
+	n := s.nodes[d.node]
+	if !n.alive {
+		return
+	}
+	ev := coherence.VerbsDone{ID: d.batch.ID, Err: d.err}
+	if d.err == nil {
+		ev.Results = make([]coherence.Result, len(d.ops))
+		for k := range d.ops {
+			ev.Results[k] = coherence.Result{Word: d.ops[k].Result, Data: d.ops[k].Buf}
+		}
+	}
+	s.tracef("%v completes batch#%d err=%v", n.id, d.batch.ID, d.err)
+	if err := n.sm.Step(ev); err != nil {
+		s.fail("%v refused the completion of batch#%d: %v", n.id, d.batch.ID, err)
+		return
+	}
+	s.apply(n)
+}
+
+// ---- the reference model ----
+
+func (s *Sim) refWord(p ids.PageNo, off int) uint64 {
+	return binary.LittleEndian.Uint64(s.ref[p][off:])
+}
+
+func (s *Sim) setRef(p ids.PageNo, off int, v uint64) {
+	binary.LittleEndian.PutUint64(s.ref[p][off:], v)
+}
+
+func (s *Sim) completed(n *simNode, c coherence.Completion) {
+	s.stats.Completed++
+	co := n.client
+	if co == nil || co.req.ID != c.ID {
+		s.fail("%v completed %v, which is not its outstanding request", n.id, c)
+		return
+	}
+	n.client = nil
+	if lat := s.step - co.call; lat > s.stats.MaxLatency {
+		s.stats.MaxLatency = lat
+	}
+	if ov := s.grants[co.req.Page] - co.grants - 1; ov > s.stats.MaxOvertakes {
+		s.stats.MaxOvertakes = ov
+		if bound := 2*s.Opts.Nodes + 4; ov > bound {
+			s.fail("fairness: %v's %v on %v waited through %d tenures of other nodes (bound %d)", n.id, co.req.Op, co.req.Page, ov, bound)
+		}
+	}
+	r := co.req
+	if r.Op == coherence.OpEvict {
+		return
+	}
+	cur := s.refWord(r.Page, r.Offset)
+	switch r.Op {
+	case coherence.OpLoad:
+		if c.Value != cur {
+			s.fail("%v: load %v+%d returned %d, the latest store is %d", n.id, r.Page, r.Offset, c.Value, cur)
+		}
+	case coherence.OpStore:
+		s.setRef(r.Page, r.Offset, r.Value)
+	case coherence.OpAdd:
+		if c.Value != cur {
+			s.fail("%v: add %v+%d saw %d, the latest value is %d", n.id, r.Page, r.Offset, c.Value, cur)
+		}
+		s.setRef(r.Page, r.Offset, cur+r.Value)
+	case coherence.OpCAS:
+		if c.Value != cur || c.Swapped != (cur == r.Compare) {
+			s.fail("%v: cas %v+%d saw %d swapped=%t, the latest value is %d", n.id, r.Page, r.Offset, c.Value, c.Swapped, cur)
+		}
+		if c.Swapped {
+			s.setRef(r.Page, r.Offset, r.Value)
+		}
+	}
+	if s.Opts.Linearizability {
+		s.history = append(s.history, op{client: int(n.id), req: r, out: c, call: co.call, ret: s.step})
+	}
+	if s.Opts.Mutex {
+		s.mutexDone(n, c)
+	}
+}
+
+// ---- requests ----
+
+// Request queues a local request at node id (one outstanding per node),
+// as a step of its own.
+func (s *Sim) Request(id ids.NodeID, r coherence.Request) error {
+	s.step++
+	err := s.request(id, r)
+	s.check(false)
+	return err
+}
+
+func (s *Sim) request(id ids.NodeID, r coherence.Request) error {
+	if int(id) <= 0 || int(id) >= len(s.nodes) {
+		return fmt.Errorf("sim: no node %v", id)
+	}
+	n := s.nodes[id]
+	if !n.alive {
+		return fmt.Errorf("sim: %v is down", id)
+	}
+	if n.client != nil {
+		return fmt.Errorf("sim: %v already has request #%d outstanding", id, n.client.req.ID)
+	}
+	s.nextReq++
+	r.ID = s.nextReq
+	n.client = &clientOp{req: r, call: s.step, grants: s.grants[r.Page]}
+	s.tracef("%v requests %v %v+%d v=%d", id, r.Op, r.Page, r.Offset, r.Value)
+	if err := n.sm.Step(r); err != nil {
+		n.client = nil
+		return err
+	}
+	s.apply(n)
+	return nil
+}
+
+func (s *Sim) randomRequest(n *simNode) {
+	if s.Opts.Mutex {
+		s.mutexNext(n)
+		return
+	}
+	pg := ids.PageNo(0)
+	if !s.Opts.Hot {
+		pg = ids.PageNo(s.rng.Intn(s.Opts.Pages))
+	}
+	r := coherence.Request{Page: pg, Offset: 8 * s.rng.Intn(s.Opts.PageSize/8)}
+	x := s.rng.Intn(100)
+	switch {
+	case x < 45:
+		r.Op = coherence.OpLoad
+	case x < 65:
+		r.Op, r.Value = coherence.OpStore, uint64(s.rng.Intn(1000))
+	case x < 80:
+		r.Op, r.Value = coherence.OpAdd, uint64(1+s.rng.Intn(9))
+	case x < 92 || !s.Opts.Evict:
+		r.Op, r.Compare, r.Value = coherence.OpCAS, uint64(s.rng.Intn(4)), uint64(s.rng.Intn(1000))
+		if s.rng.Intn(2) == 0 {
+			r.Compare = s.refWord(r.Page, r.Offset) // sometimes a CAS that can succeed
+		}
+	default:
+		r.Op = coherence.OpEvict
+		r.Offset = 0
+	}
+	if err := s.request(n.id, r); err != nil {
+		s.fail("request: %v", err)
+	}
+}
+
+// mutexNext issues the next request of a mutex client: lock with
+// CAS(0 -> id), load the counter, store counter+1, unlock with a store of
+// 0. Each is issued in a step of its own, so critical sections interleave
+// with everything else.
+func (s *Sim) mutexNext(n *simNode) {
+	r := coherence.Request{Page: 0}
+	switch n.mstate {
+	case 0:
+		n.mstate = 1
+		r.Op, r.Compare, r.Value = coherence.OpCAS, 0, uint64(n.id)
+	case 2:
+		r.Op, r.Offset = coherence.OpLoad, 8
+	case 3:
+		r.Op, r.Offset, r.Value = coherence.OpStore, 8, n.mval+1
+	case 4:
+		r.Op, r.Offset, r.Value = coherence.OpStore, 0, 0
+	default:
+		return
+	}
+	if err := s.request(n.id, r); err != nil {
+		s.fail("mutex request: %v", err)
+	}
+}
+
+// mutexDone advances a mutex client after a completion and checks mutual
+// exclusion when the lock is taken.
+func (s *Sim) mutexDone(n *simNode, c coherence.Completion) {
+	switch n.mstate {
+	case 1:
+		if !c.Swapped {
+			n.mstate = 0
+			return
+		}
+		if s.csOwner != ids.None {
+			s.fail("mutual exclusion: %v took the lock while %v holds it", n.id, s.csOwner)
+		}
+		s.csOwner = n.id
+		s.csCount++
+		s.stats.CriticalSections++
+		n.mstate = 2
+	case 2:
+		n.mval = c.Value
+		n.mstate = 3
+	case 3:
+		n.mstate = 4
+	case 4:
+		s.csOwner = ids.None
+		n.mstate = 0
+	}
+}
+
+// ---- faults and reconfiguration ----
+
+// Crash kills node id. Whatever it held in M and had not written back is
+// lost: the reference model reverts those pages to the home copy.
+func (s *Sim) Crash(id ids.NodeID) error {
+	s.step++
+	return s.crash(id)
+}
+
+func (s *Sim) crash(id ids.NodeID) error {
+	if int(id) <= 0 || int(id) >= len(s.nodes) {
+		return fmt.Errorf("sim: no node %v", id)
+	}
+	n := s.nodes[id]
+	if !n.alive {
+		return fmt.Errorf("sim: %v is already down", id)
+	}
+	for p, sl := range s.slots {
+		if sl.home == id && s.Opts.HomeCrashes == 0 {
+			return fmt.Errorf("sim: %v is the home of %v: home crashes are off (HomeCrashes)", id, p)
+		}
+	}
+	n.alive = false
+	n.client = nil
+	s.gone[id] = true
+	s.lagging = slices.DeleteFunc(s.lagging, func(x ids.NodeID) bool { return x == id })
+	for p, sl := range s.slots {
+		w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
+		// The word names the holder, except while the page is frozen
+		// for a rebuild: then the node's own claim counts.
+		if info := n.sm.Page(p); w.Holder() == id || info.Frozen && info.Tenure {
+			copy(s.ref[p], sl.reg.Bytes()[sl.off+8:sl.off+8+uint64(s.Opts.PageSize)])
+			s.tracef("%v held %v: it reverts to the home copy", id, p)
+		}
+	}
+	for p, sl := range s.slots {
+		if sl.home == id {
+			s.moving[p] = slices.Clone(sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)])
+			s.tracef("%v was the home of %v: it moves at the next reconfiguration", id, p)
+		}
+	}
+	if s.csOwner == id {
+		s.csOwner = ids.None
+	}
+	n.mstate = 0
+	s.tracef("crash %v", id)
+	s.net.Crash(id)
+	return nil
+}
+
+// Reconfigure moves every live node to the next epoch, without the nodes
+// that crashed.
+func (s *Sim) Reconfigure() {
+	s.step++
+	s.reconfigure(false)
+	s.check(false)
+}
+
+func (s *Sim) reconfigure(async bool) {
+	s.epoch++
+	var members []ids.NodeID
+	for _, n := range s.nodes[1:] {
+		if n.alive {
+			members = append(members, n.id)
+		}
+	}
+	s.tracef("reconfigure %v members=%d", s.epoch, len(members))
+	var moved map[ids.PageNo]ids.NodeID
+	if len(s.moving) > 0 {
+		moved = map[ids.PageNo]ids.NodeID{}
+		pages := make([]ids.PageNo, 0, len(s.moving))
+		for p := range s.moving {
+			pages = append(pages, p)
+		}
+		slices.Sort(pages)
+		for _, p := range pages {
+			home := members[s.rng.Intn(len(members))]
+			buf := make([]byte, 8+s.Opts.PageSize)
+			reg, err := s.nodes[home].ep.Register(buf, rdma.AccessAll)
+			if err != nil {
+				s.fail("register the new slot of %v at %v: %v", p, home, err)
+				return
+			}
+			rdma.StoreWord(reg.Bytes(), 0, uint64(coherence.InitialWord(s.epoch)))
+			copy(reg.Bytes()[8:], s.moving[p])
+			s.slots[p] = slot{home: home, reg: reg}
+			moved[p] = home
+			s.tracef("%v moves to %v", p, home)
+		}
+		clear(s.moving)
+	}
+	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, Moved: moved}
+	s.lagging = s.lagging[:0]
+	for _, n := range s.nodes[1:] {
+		if n.alive {
+			s.lagging = append(s.lagging, n.id)
+		}
+	}
+	if !async {
+		for len(s.lagging) > 0 {
+			s.reconfigureOne(0)
+		}
+	}
+}
+
+// ReconfigureAsync moves to the next epoch like Reconfigure, but no node
+// learns it until Learn hands it over.
+func (s *Sim) ReconfigureAsync() {
+	s.step++
+	s.reconfigure(true)
+	s.check(false)
+}
+
+// Learn hands the latest reconfiguration to node id, if it lags.
+func (s *Sim) Learn(id ids.NodeID) error {
+	i := slices.Index(s.lagging, id)
+	if i < 0 {
+		return fmt.Errorf("sim: %v does not lag", id)
+	}
+	s.step++
+	s.reconfigureOne(i)
+	s.check(false)
+	return nil
+}
+
+// reconfigureOne hands the latest reconfiguration to the i-th lagging node.
+func (s *Sim) reconfigureOne(i int) {
+	n := s.nodes[s.lagging[i]]
+	s.lagging = slices.Delete(s.lagging, i, i+1)
+	s.tracef("%v learns %v", n.id, s.rc.Epoch)
+	if err := n.sm.Step(s.rc); err != nil {
+		s.fail("%v refused reconfiguration: %v", n.id, err)
+	}
+	s.apply(n)
+}
+
+// Tick advances the clock of every live node, as a step of its own.
+func (s *Sim) Tick() {
+	s.step++
+	s.tick()
+	s.check(false)
+}
+
+func (s *Sim) tick() {
+	s.tracef("tick")
+	for _, n := range s.nodes[1:] {
+		if n.alive {
+			_ = n.sm.Step(coherence.Tick{})
+			s.apply(n)
+		}
+	}
+}
+
+// ---- the scheduler ----
+
+func (s *Sim) busy() bool {
+	if len(s.net.Pending()) > 0 || len(s.done) > 0 {
+		return true
+	}
+	for _, n := range s.nodes[1:] {
+		if n.alive && (n.client != nil || !n.sm.Quiet() || n.mstate >= 2) {
+			return true
+		}
+	}
+	return s.reconf >= 0 || len(s.lagging) > 0
+}
+
+// deliverOne delivers (or, with faults, drops or duplicates) the i-th
+// pending delivery.
+func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
+	if faults {
+		switch x := s.rng.Intn(100); {
+		case x < 3:
+			s.tracef("drop %v", d)
+			_ = s.net.Drop(d)
+			return
+		case x < 6 && d.Kind == mem.MessageDelivery:
+			s.tracef("duplicate %v", d)
+			_ = s.net.Duplicate(d)
+		}
+	}
+	if d.Kind == mem.BatchDelivery {
+		s.stats.Batches++
+		s.tracef("execute %v", d)
+	}
+	_ = s.net.Deliver(d)
+}
+
+// randomStep takes one step. workload: new requests may be issued and
+// faults injected.
+func (s *Sim) randomStep(workload bool) {
+	s.step++
+	if s.reconf >= 0 {
+		if s.reconf == 0 {
+			s.reconf = -1
+			s.reconfigure(s.Opts.AsyncReconfig)
+			return
+		}
+		s.reconf--
+	}
+	if len(s.lagging) > 0 && s.rng.Intn(8) == 0 {
+		s.reconfigureOne(s.rng.Intn(len(s.lagging)))
+		return
+	}
+	pending := s.net.Pending()
+	x := s.rng.Intn(100)
+	if !workload && s.Opts.Mutex && x < 20 {
+		// Clients inside a critical section finish it.
+		for _, n := range s.nodes[1:] {
+			if n.alive && n.client == nil && n.mstate >= 2 {
+				s.mutexNext(n)
+				return
+			}
+		}
+	}
+	switch {
+	case workload && x < 20 && s.issued < s.Opts.Ops:
+		var idle []*simNode
+		for _, n := range s.nodes[1:] {
+			if n.alive && n.client == nil {
+				idle = append(idle, n)
+			}
+		}
+		if len(idle) > 0 {
+			s.issued++
+			s.randomRequest(idle[s.rng.Intn(len(idle))])
+			return
+		}
+	case workload && x < 21 && s.crashes < s.Opts.Crashes && s.reconf < 0 && len(s.lagging) == 0 && s.rng.Intn(6) == 0:
+		var cand []*simNode
+		from := s.Opts.homes() + 1
+		if s.homeCrashes < s.Opts.HomeCrashes {
+			from = 1
+		}
+		for _, n := range s.nodes[from:] {
+			if n.alive {
+				cand = append(cand, n)
+			}
+		}
+		if len(cand) > 0 {
+			s.crashes++
+			victim := cand[s.rng.Intn(len(cand))].id
+			for _, sl := range s.slots {
+				if sl.home == victim {
+					s.homeCrashes++
+					break
+				}
+			}
+			_ = s.crash(victim)
+			s.reconf = 5 + s.rng.Intn(60)
+			return
+		}
+	case x < 30 && (len(pending) < 4*s.Opts.Nodes || s.rng.Intn(10) == 0):
+		// Time passes slowly while much is in flight: the network is
+		// much faster than a tick.
+		s.tick()
+		return
+	case x < 55 && len(s.done) > 0:
+		s.completeBatch(s.rng.Intn(len(s.done)))
+		return
+	}
+	if len(pending) > 0 {
+		s.deliverOne(pending[s.rng.Intn(len(pending))], workload && s.Opts.Faults)
+		return
+	}
+	if len(s.done) > 0 {
+		s.completeBatch(s.rng.Intn(len(s.done)))
+		return
+	}
+	s.tick()
+}
+
+func (s *Sim) run() (Stats, error) {
+	limit := s.Opts.Ops*200 + 10000
+	for s.issued < s.Opts.Ops {
+		if s.step > limit {
+			s.fail("workload did not finish in %d steps:\n%s", limit, s.Dump())
+			break
+		}
+		s.randomStep(true)
+		s.check(false)
+		if s.err != nil {
+			return s.stats, s.err
+		}
+	}
+	start := s.step
+	for s.busy() {
+		if s.step-start > s.Opts.SettleSteps {
+			s.fail("liveness: still busy %d steps after the faults stopped:\n%s", s.step-start, s.Dump())
+			break
+		}
+		s.randomStep(false)
+		s.check(false)
+		if s.err != nil {
+			return s.stats, s.err
+		}
+	}
+	s.stats.SettleSteps = s.step - start
+	s.stats.Steps = s.step
+	s.stats.Crashes, s.stats.HomeCrashes = s.crashes, s.homeCrashes
+	if s.err == nil {
+		s.check(true)
+	}
+	if s.err == nil && s.Opts.Mutex && s.crashes == 0 {
+		if got := s.refWord(0, 8); got != s.csCount {
+			s.fail("mutex: counter is %d after %d critical sections", got, s.csCount)
+		}
+	}
+	if s.err == nil && s.Opts.Linearizability {
+		if err := checkLinearizable(s.history); err != nil {
+			s.fail("%v", err)
+		}
+	}
+	return s.stats, s.err
+}
+
+// ---- invariants ----
+
+// Check verifies the invariants now; quiescent adds those that hold only
+// when nothing is in flight. It returns the first violation.
+func (s *Sim) Check(quiescent bool) error {
+	s.check(quiescent)
+	return s.err
+}
+
+func (s *Sim) check(quiescent bool) {
+	if s.err != nil {
+		return
+	}
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		var holder ids.NodeID
+		valid := 0
+		for _, n := range s.nodes[1:] {
+			if !n.alive {
+				continue
+			}
+			state, data := n.sm.Copy(p)
+			if state == coherence.Invalid {
+				continue
+			}
+			valid++
+			if state == coherence.Modified {
+				if holder != ids.None {
+					s.fail("single writer: %v and %v both hold %v in M", holder, n.id, p)
+					return
+				}
+				holder = n.id
+			}
+			if !bytes.Equal(data, s.ref[p]) {
+				s.fail("data: %v's %v copy of %v is %v, the latest is %v", n.id, state, p, data, s.ref[p])
+				return
+			}
+		}
+		if holder != ids.None && valid > 1 {
+			s.fail("single writer: %v holds %v in M while %d other copies are valid", holder, p, valid-1)
+			return
+		}
+		if quiescent {
+			s.checkWord(p, holder)
+		}
+	}
+}
+
+func (s *Sim) checkWord(p ids.PageNo, holder ids.NodeID) {
+	sl := s.slots[p]
+	w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
+	if w.Holder() != holder {
+		s.fail("word of %v is %v, but the M holder is %v", p, w, holder)
+		return
+	}
+	if w.Tag() != uint8(s.epoch&15) {
+		s.fail("word of %v is %v, in epoch %v", p, w, s.epoch)
+		return
+	}
+	if holder == ids.None {
+		home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
+		if !bytes.Equal(home, s.ref[p]) {
+			s.fail("lost update: home copy of %v is %v, the latest is %v", p, home, s.ref[p])
+			return
+		}
+	}
+	if w.Reserved() != ids.None {
+		s.fail("word of %v is still reserved when quiet: %v", p, w)
+		return
+	}
+	coarse, goneCoarse := 0, 0
+	for _, n := range s.nodes[1:] {
+		if !n.alive {
+			if n.id > coherence.ExactSharers {
+				goneCoarse++
+			}
+			continue
+		}
+		info := n.sm.Page(p)
+		counted := info.Unit && info.UnitVersion == w.Version()
+		if info.State == coherence.Shared && (!counted || info.Version != w.Version()) {
+			s.fail("%v shares %v at v%d (unit=%t@%d) but the word is %v", n.id, p, info.Version, info.Unit, info.UnitVersion, w)
+			return
+		}
+		if info.State == coherence.Modified && info.Version != w.Version() {
+			s.fail("%v holds %v at v%d but the word is %v", n.id, p, info.Version, w)
+			return
+		}
+		if n.id <= coherence.ExactSharers {
+			if bit := w.Exact()&(1<<(n.id-1)) != 0; bit != counted {
+				s.fail("word of %v is %v: bit of %v is %t, the node's unit is %t@%d", p, w, n.id, bit, info.Unit, info.UnitVersion)
+				return
+			}
+		} else if counted {
+			coarse++
+		}
+	}
+	if c := int(w.Coarse()); c < coarse || c > coarse+goneCoarse {
+		s.fail("word of %v is %v: %d coarse sharers live, %d gone", p, w, coarse, goneCoarse)
+	}
+}
+
+// Dump describes every live node and the word of every page.
+func (s *Sim) Dump() string {
+	var b strings.Builder
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		sl := s.slots[p]
+		w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
+		home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
+		fmt.Fprintf(&b, "%v@%v word=%v home[0]=%d ref[0]=%d\n", p, sl.home, w, binary.LittleEndian.Uint64(home), s.refWord(p, 0))
+	}
+	for _, n := range s.nodes[1:] {
+		if !n.alive {
+			fmt.Fprintf(&b, "%v down\n", n.id)
+			continue
+		}
+		b.WriteString(n.sm.Dump())
+	}
+	return b.String()
+}
+
+func decode(b []byte) (string, error) {
+	m, err := coherence.Unmarshal(b)
+	if err != nil {
+		return "", err
+	}
+	return m.String(), nil
+}

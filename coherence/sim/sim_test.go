@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	flagSeeds   = flag.Int("seeds", 0, "seeds per configuration (0: the CI share)")
+	flagSeed    = flag.Int64("seed", -1, "run only this seed (with -config) and print its trace on failure")
+	flagConf    = flag.String("config", "", "run only the configuration with this name")
+	flagFirst   = flag.Int64("first-seed", 1, "first seed")
+	flagWorkers = flag.Int("workers", 1, "seeds run in parallel")
+)
+
+// configs are the configurations every seed runs through, with the share
+// of the CI seeds each gets.
+var configs = []struct {
+	name  string
+	opts  Options
+	share int
+}{
+	{"small", Options{Nodes: 3, Pages: 2, Ops: 60, Linearizability: true}, 300},
+	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 350},
+	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 300},
+	{"crash", Options{Nodes: 6, Pages: 2, Ops: 80, Faults: true, Evict: true, Crashes: 2}, 150},
+	{"home-crash", Options{Nodes: 5, Pages: 3, Ops: 80, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2}, 150},
+	{"async-reconfig", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 1, AsyncReconfig: true}, 150},
+	{"hot-8", Options{Nodes: 8, Pages: 1, Ops: 80, Hot: true, Faults: true, Linearizability: true}, 250},
+	{"mutex", Options{Nodes: 5, Pages: 1, Ops: 60, Mutex: true, Faults: true}, 150},
+	{"wide-20", Options{Nodes: 20, Pages: 2, Ops: 100, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 1}, 150},
+	{"hot-64", Options{Nodes: 64, Pages: 1, Ops: 100, Hot: true, Faults: true, Crashes: 1}, 25},
+	{"wide-64", Options{Nodes: 64, Pages: 4, Ops: 120, Evict: true, Faults: true, Crashes: 3, HomeCrashes: 1}, 25},
+}
+
+func totalShare() int {
+	t := 0
+	for _, c := range configs {
+		t += c.share
+	}
+	return t
+}
+
+// TestSimSeeds runs the simulator over many seeds of every configuration:
+// the CI share by default (2,000 seeds; a quarter under the race
+// detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
+// -workers. A failure prints the seed, the invariant and the trace, and
+// the command that reruns that seed alone.
+func TestSimSeeds(t *testing.T) {
+	total := 0
+	for _, c := range configs {
+		if *flagConf != "" && *flagConf != c.name {
+			continue
+		}
+		n := c.share
+		if raceEnabled {
+			n = max(1, n/4)
+		}
+		if *flagSeeds > 0 {
+			n = max(1, int(int64(c.share)*int64(*flagSeeds)/int64(totalShare())))
+		}
+		first := *flagFirst
+		if *flagSeed >= 0 {
+			first, n = *flagSeed, 1
+		}
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			var (
+				mu     sync.Mutex
+				worst  Stats
+				failed error
+				next   = first
+			)
+			var wg sync.WaitGroup
+			for w := 0; w < max(1, *flagWorkers); w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						mu.Lock()
+						if failed != nil || next >= first+int64(n) {
+							mu.Unlock()
+							return
+						}
+						seed := next
+						next++
+						mu.Unlock()
+						st, err := Run(seed, c.opts)
+						mu.Lock()
+						if err != nil && failed == nil {
+							failed = fmt.Errorf("%v\nrerun: go test ./coherence/sim -run 'TestSimSeeds/%s$' -config=%s -seed=%d -v", err, c.name, c.name, seed)
+						}
+						worst.MaxLatency = max(worst.MaxLatency, st.MaxLatency)
+						worst.SettleSteps = max(worst.SettleSteps, st.SettleSteps)
+						worst.Steps = max(worst.Steps, st.Steps)
+						worst.MaxOvertakes = max(worst.MaxOvertakes, st.MaxOvertakes)
+						worst.CriticalSections += st.CriticalSections
+						worst.Crashes += st.Crashes
+						worst.HomeCrashes += st.HomeCrashes
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			if failed != nil {
+				t.Fatal(failed)
+			}
+			if c.opts.Mutex && worst.CriticalSections == 0 {
+				t.Fatal("no mutex client ever entered its critical section")
+			}
+			if n >= 20 && c.opts.Crashes > 0 && worst.Crashes == 0 || n >= 20 && c.opts.HomeCrashes > 0 && worst.HomeCrashes == 0 {
+				t.Fatalf("no crash happened in %d seeds of a configuration with crashes", n)
+			}
+			t.Logf("%d seeds in %v; worst: steps=%d settle=%d request latency=%d steps, overtaken by %d tenures; in all: %d critical sections, %d crashes (%d of homes)",
+				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes)
+		})
+		total += n
+	}
+	t.Logf("%d seeds in all", total)
+}
+
+func Example_options() {
+	fmt.Println(configs[0].opts)
+	// Output: nodes=3 pages=2 ops=60 hot=false faults=false crashes=0 home-crashes=0 async-reconfig=false evict=false mutex=false lin=true
+}
