@@ -1,0 +1,191 @@
+package coherence_test
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/datadriven"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/coherence/sim"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma/mem"
+)
+
+// TestInteraction runs the transcripts under testdata/interaction/: a small language
+// that drives a simulated cluster step by step and prints what every step
+// did. Rewrite the expectations with -rewrite.
+//
+//	add-nodes N [pages=P]           a cluster of N nodes, page p homed on n(p%H+1), H=(P+1)/2
+//	read nX page=P [off=O]          a load
+//	write nX page=P [off=O] v=V     a store
+//	add nX page=P [off=O] v=V       an atomic add
+//	cas nX page=P [off=O] cmp=C v=V an atomic compare-and-swap
+//	evict nX page=P                 give the page up
+//	deliver [from=nX] [to=nY] [kind=batch|msg] [n=K]   execute / hand over
+//	drop [from=..] [to=..] [kind=..] [n=K]            lose them
+//	dup [from=..] [to=..] [n=K]                       duplicate messages
+//	complete [nX]                   report executed batches to their nodes
+//	tick [n=K]                      advance every clock
+//	crash nX                        kill a node
+//	reconfigure [async]             next epoch without the crashed nodes
+//	                                (async: nobody learns it until learn nX)
+//	learn nX                        hand the pending epoch to a node
+//	stabilize [max=K]               run until nothing is in flight (at most K steps)
+//	pending | dump | check          inspect
+func TestInteraction(t *testing.T) {
+	datadriven.Walk(t, "testdata/interaction", func(t *testing.T, path string) {
+		var s *sim.Sim
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if d.Cmd != "add-nodes" && s == nil {
+				d.Fatalf(t, "add-nodes first")
+			}
+			out := run(t, d, &s)
+			if s != nil {
+				if tr := s.TakeTrace(); len(tr) > 0 {
+					out = strings.Join(tr, "\n") + "\n" + out
+				}
+				if err := s.Err(); err != nil {
+					out += fmt.Sprintf("VIOLATION: %v\n", err)
+				}
+			}
+			if out == "" {
+				out = "ok\n"
+			}
+			return out
+		})
+	})
+}
+
+func node(t *testing.T, d *datadriven.TestData) ids.NodeID {
+	for _, a := range d.CmdArgs {
+		if len(a.Vals) == 0 && strings.HasPrefix(a.Key, "n") {
+			v, err := strconv.Atoi(a.Key[1:])
+			if err != nil {
+				d.Fatalf(t, "bad node %q", a.Key)
+			}
+			return ids.NodeID(v)
+		}
+	}
+	return ids.None
+}
+
+func intArg(t *testing.T, d *datadriven.TestData, key string, def int) int {
+	if !d.HasArg(key) {
+		return def
+	}
+	var v int
+	d.ScanArgs(t, key, &v)
+	return v
+}
+
+func nodeArg(t *testing.T, d *datadriven.TestData, key string) ids.NodeID {
+	if !d.HasArg(key) {
+		return ids.None
+	}
+	var v string
+	d.ScanArgs(t, key, &v)
+	n, err := strconv.Atoi(strings.TrimPrefix(v, "n"))
+	if err != nil {
+		d.Fatalf(t, "bad node %q", v)
+	}
+	return ids.NodeID(n)
+}
+
+func filter(t *testing.T, d *datadriven.TestData) sim.Filter {
+	f := sim.Filter{From: nodeArg(t, d, "from"), To: nodeArg(t, d, "to")}
+	if d.HasArg("kind") {
+		var k string
+		d.ScanArgs(t, "kind", &k)
+		switch k {
+		case "batch":
+			f.Kind = mem.BatchDelivery
+		case "msg":
+			f.Kind = mem.MessageDelivery
+		default:
+			d.Fatalf(t, "kind %q", k)
+		}
+	}
+	return f
+}
+
+func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
+	s := *sp
+	req := func(op coherence.OpKind) string {
+		r := coherence.Request{
+			Op: op, Page: ids.PageNo(intArg(t, d, "page", 0)), Offset: intArg(t, d, "off", 0),
+			Value: uint64(intArg(t, d, "v", 0)), Compare: uint64(intArg(t, d, "cmp", 0)),
+		}
+		if err := s.Request(node(t, d), r); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+		return ""
+	}
+	switch d.Cmd {
+	case "add-nodes":
+		n, err := strconv.Atoi(d.CmdArgs[0].Key)
+		if err != nil {
+			d.Fatalf(t, "add-nodes N")
+		}
+		s, err = sim.New(2, sim.Options{Nodes: n, Pages: intArg(t, d, "pages", 1), Crashes: n, HomeCrashes: n, Trace: true})
+		if err != nil {
+			d.Fatalf(t, "%v", err)
+		}
+		*sp = s
+		return s.Dump()
+	case "read":
+		return req(coherence.OpLoad)
+	case "write":
+		return req(coherence.OpStore)
+	case "add":
+		return req(coherence.OpAdd)
+	case "cas":
+		return req(coherence.OpCAS)
+	case "evict":
+		return req(coherence.OpEvict)
+	case "deliver":
+		s.Deliveries(filter(t, d), sim.Deliver, intArg(t, d, "n", 0))
+	case "drop":
+		s.Deliveries(filter(t, d), sim.Drop, intArg(t, d, "n", 0))
+	case "dup":
+		s.Deliveries(filter(t, d), sim.Duplicate, intArg(t, d, "n", 0))
+	case "complete":
+		s.Complete(node(t, d))
+	case "tick":
+		for i := 0; i < intArg(t, d, "n", 1); i++ {
+			s.Tick()
+		}
+	case "crash":
+		if err := s.Crash(node(t, d)); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "reconfigure":
+		if d.HasArg("async") {
+			s.ReconfigureAsync()
+		} else {
+			s.Reconfigure()
+		}
+	case "learn":
+		if err := s.Learn(node(t, d)); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "stabilize":
+		if !s.Stabilize(intArg(t, d, "max", 100000)) {
+			return "not stable\n"
+		}
+	case "pending":
+		return s.Pending()
+	case "dump":
+		return s.Dump()
+	case "check":
+		if err := s.Check(true); err != nil {
+			return fmt.Sprintf("VIOLATION: %v\n", err)
+		}
+		return "ok\n"
+	default:
+		d.Fatalf(t, "unknown command %q", d.Cmd)
+	}
+	return ""
+}
