@@ -19,8 +19,9 @@ help: ## list the targets
 run: ## a two-node demo of one-sided verbs over the tcp transport (becomes the local cluster once dsmd exists)
 	$(GO) run ./rdma/internal/demo
 
-test: ## unit and integration tests with the race detector, plus the ofi suite when libfabric is installed
+test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, and the ofi suite when libfabric is installed
 	$(GO) test -race -timeout 20m ./...
+	$(GO) test -count=1 -timeout 10m ./coherence/...
 	@$(MAKE) --no-print-directory test-ofi
 
 test-ofi: ## the ofi backend's tests (needs libfabric-dev)
@@ -55,6 +56,9 @@ fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 			$(GO) test "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
 		done; \
 	done
+
+sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000)
+	$(GO) test ./coherence/sim -run '^TestSimSeeds$$' -seeds=$(SEEDS) -workers=$$(nproc) -timeout 0 -v
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
