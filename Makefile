@@ -53,7 +53,7 @@ fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 		dir=$$(dirname "$$f"); \
 		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
 			echo "== $$dir $$name ($(FUZZTIME))"; \
-			$(GO) test "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
+			$(GO) test $(if $(HAVE_OFI),-tags ofi) "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
 		done; \
 	done
 
