@@ -1,0 +1,42 @@
+// Command dsmd is the daemon of the DSM service on one machine. It only
+// reads its flags and the signals, and runs package node; dsmd --help
+// explains every setting.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/dsmkit/dsm/node"
+)
+
+func main() {
+	for _, a := range os.Args[1:] {
+		if a == "-h" || a == "-help" || a == "--help" {
+			node.Usage(os.Stdout)
+			return
+		}
+	}
+	cfg, err := node.ParseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dsmd:", err)
+		fmt.Fprintln(os.Stderr, "dsmd: try dsmd --help")
+		os.Exit(2)
+	}
+	log := cfg.NewLogger(os.Stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := node.Run(ctx, cfg, node.Options{Logger: log}, 10*time.Second); err != nil {
+		log.Error("dsmd failed", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,540 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/directory/placement"
+	"github.com/dsmkit/dsm/internal/ids"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// errNeedsEngine is the answer of every RPC that needs the coherence engine.
+func errNeedsEngine(rpc string) error {
+	return status.Errorf(codes.Unimplemented,
+		"%s needs the coherence engine, which is not built into this dsmd yet", rpc)
+}
+
+// MaxListedShards bounds the shards RegionInfo lists and Status counts: a
+// 1 PiB region has half a billion.
+const MaxListedShards = 1 << 18
+
+// statusError maps an error of the directory to the codes of types.proto.
+func statusError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	msg := err.Error()
+	switch {
+	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange):
+		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, directory.ErrRegionExists):
+		return status.Error(codes.AlreadyExists, msg)
+	case errors.Is(err, directory.ErrNoRegion):
+		return status.Error(codes.NotFound, msg)
+	case errors.Is(err, directory.ErrTooManyRegions):
+		return status.Error(codes.ResourceExhausted, msg)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, msg)
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, msg)
+	case errors.Is(err, directory.ErrNoLeader), errors.Is(err, directory.ErrNotLeader),
+		errors.Is(err, directory.ErrNoMembers), errors.Is(err, directory.ErrClosed):
+		return status.Error(codes.Unavailable, msg)
+	case errors.Is(err, directory.ErrBadCommand), errors.Is(err, directory.ErrBadSnapshot):
+		return status.Error(codes.Internal, msg)
+	}
+	// Anything else came from talking to the leader: a retry may succeed.
+	return status.Error(codes.Unavailable, msg)
+}
+
+func regionPB(r directory.Region) *dsmpb.Region {
+	d := dsmpb.Durability_DURABILITY_DURABLE
+	if r.Durability == directory.DurabilityMemory {
+		d = dsmpb.Durability_DURABILITY_MEMORY
+	}
+	// The directory records a creation time, not a creation epoch:
+	// created_epoch stays 0.
+	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize,
+		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0))))}
+}
+
+func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "region name is empty")
+	}
+	spec := directory.RegionSpec{Name: req.Name, Size: req.Size, PageSize: req.PageSize}
+	switch req.Durability {
+	case dsmpb.Durability_DURABILITY_UNSPECIFIED, dsmpb.Durability_DURABILITY_MEMORY:
+		spec.Durability = directory.DurabilityMemory
+	case dsmpb.Durability_DURABILITY_DURABLE:
+		spec.Durability = directory.DurabilitySynced
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "unknown durability %d", req.Durability)
+	}
+	if req.Size == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "region %q: size is zero", req.Name)
+	}
+	r, err := n.dir.CreateRegion(ctx, spec)
+	if err != nil {
+		return nil, statusError(err)
+	}
+	n.log.Info("region created", "region", r.Name, "id", r.ID, "size", r.Size)
+	return &dsmpb.CreateRegionResponse{Region: regionPB(r)}, nil
+}
+
+func (n *Node) deleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "region name is empty")
+	}
+	if _, ok := n.dir.Region(req.Name); !ok {
+		return nil, status.Errorf(codes.NotFound, "region %q not found", req.Name)
+	}
+	if err := n.dir.DeleteRegion(ctx, req.Name); err != nil {
+		return nil, statusError(err)
+	}
+	n.log.Info("region deleted", "region", req.Name)
+	return &dsmpb.DeleteRegionResponse{}, nil
+}
+
+func (n *Node) region(name string) (directory.Region, error) {
+	if name == "" {
+		return directory.Region{}, status.Error(codes.InvalidArgument, "region name is empty")
+	}
+	r, ok := n.dir.Region(name)
+	if !ok {
+		return directory.Region{}, status.Errorf(codes.NotFound, "region %q not found", name)
+	}
+	return r, nil
+}
+
+// adminServer is the Admin service.
+type adminServer struct {
+	dsmpb.UnimplementedAdminServer
+	n *Node
+}
+
+func memberStatePB(s directory.MemberState, gossip directory.MemberState, inGossip bool) dsmpb.MemberState {
+	switch s {
+	case directory.StateAlive:
+		if inGossip && gossip != directory.StateAlive {
+			return dsmpb.MemberState_MEMBER_STATE_SUSPECT
+		}
+		return dsmpb.MemberState_MEMBER_STATE_ALIVE
+	case directory.StateSuspect:
+		return dsmpb.MemberState_MEMBER_STATE_SUSPECT
+	case directory.StateFailed:
+		return dsmpb.MemberState_MEMBER_STATE_DEAD
+	case directory.StateLeft:
+		return dsmpb.MemberState_MEMBER_STATE_LEFT
+	}
+	return dsmpb.MemberState_MEMBER_STATE_UNSPECIFIED
+}
+
+// memberRow is one member with what gossip says of it.
+type memberRow struct {
+	directory.Member
+	Gossip     directory.GossipMember
+	InGossip   bool
+	InDir      bool
+	StatePB    dsmpb.MemberState
+	GossipAddr string
+}
+
+// members joins the replicated member table with this node's gossip view:
+// alive members that gossip doubts are suspect, gossip members not yet in
+// the table are joining.
+func (n *Node) members(v *directory.View) []memberRow {
+	gossip := map[ids.NodeID]directory.GossipMember{}
+	for _, g := range n.dir.GossipMembers() {
+		gossip[g.ID] = g
+	}
+	var rows []memberRow
+	for _, m := range v.Members() {
+		g, ok := gossip[m.ID]
+		if m.ID == n.dir.NodeID() {
+			g, ok = directory.GossipMember{ID: m.ID, Addr: n.addrs.Gossip, State: directory.StateAlive}, true
+		}
+		rows = append(rows, memberRow{Member: m, Gossip: g, InGossip: ok, InDir: true,
+			StatePB: memberStatePB(m.State, g.State, ok), GossipAddr: g.Addr})
+		delete(gossip, m.ID)
+	}
+	for _, g := range gossip {
+		if g.State != directory.StateAlive {
+			continue
+		}
+		rows = append(rows, memberRow{Member: directory.Member{ID: g.ID}, Gossip: g, InGossip: true,
+			StatePB: dsmpb.MemberState_MEMBER_STATE_JOINING, GossipAddr: g.Addr})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].ID < rows[j].ID })
+	return rows
+}
+
+// homedShards counts, per node, the shards it is home for, over every
+// region; ok is false when there are too many shards to count cheaply, and
+// homeless lists the regions with a shard that has no home.
+func homedShards(v *directory.View) (homes map[ids.NodeID]uint32, short []string, homeless []string, ok bool) {
+	homes = map[ids.NodeID]uint32{}
+	var total uint64
+	for _, r := range v.Regions() {
+		total += r.Shards()
+	}
+	if total > MaxListedShards {
+		return homes, nil, nil, false
+	}
+	alive := len(v.Alive())
+	for _, r := range v.Regions() {
+		if alive < 1+r.Backups {
+			short = append(short, fmt.Sprintf("region %q wants %d backups per shard; %d members alive", r.Name, r.Backups, alive))
+		}
+		for s := uint64(0); s < r.Shards(); s++ {
+			p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: s}, r.Backups)
+			if err != nil || p.Home == ids.None {
+				homeless = append(homeless, r.Name)
+				break
+			}
+			homes[p.Home]++
+		}
+	}
+	return homes, short, homeless, true
+}
+
+// Health is the verdict of Status and its reasons, worst first.
+type Health struct {
+	Verdict dsmpb.Health_Verdict
+	Reasons []string
+}
+
+// judge computes the health verdict from what this node knows.
+func (n *Node) judge(v *directory.View, rs directory.RaftStats, rows []memberRow, homeless, short []string) Health {
+	var bad, warn []string
+	if rs.Leader == ids.None {
+		bad = append(bad, fmt.Sprintf("no Raft leader known to n%d (state %s, term %d)", n.cfg.ID, rs.State, rs.Term))
+	}
+	voters := map[ids.NodeID]bool{}
+	for _, id := range rs.Voters {
+		voters[id] = true
+	}
+	aliveVoters := 0
+	for _, r := range rows {
+		switch r.StatePB {
+		case dsmpb.MemberState_MEMBER_STATE_DEAD:
+			warn = append(warn, fmt.Sprintf("member n%d failed (%s)", r.ID, r.VerbsAddr))
+		case dsmpb.MemberState_MEMBER_STATE_SUSPECT:
+			warn = append(warn, fmt.Sprintf("member n%d is suspect: gossip says %s", r.ID, r.Gossip.State))
+		case dsmpb.MemberState_MEMBER_STATE_JOINING:
+			warn = append(warn, fmt.Sprintf("member n%d is in gossip but not yet in the directory", r.ID))
+		case dsmpb.MemberState_MEMBER_STATE_ALIVE:
+			if voters[r.ID] {
+				aliveVoters++
+			}
+		}
+	}
+	if len(rs.Voters) > 0 && aliveVoters < len(rs.Voters)/2+1 {
+		bad = append(bad, fmt.Sprintf("only %d of %d Raft voters alive: no quorum", aliveVoters, len(rs.Voters)))
+	}
+	if len(v.Alive()) == 0 {
+		bad = append(bad, "no alive members in the directory")
+	}
+	for _, r := range homeless {
+		bad = append(bad, fmt.Sprintf("region %q has a shard with no live home", r))
+	}
+	warn = append(warn, short...)
+	switch {
+	case len(bad) > 0:
+		return Health{dsmpb.Health_VERDICT_UNHEALTHY, append(bad, warn...)}
+	case len(warn) > 0:
+		return Health{dsmpb.Health_VERDICT_DEGRADED, warn}
+	}
+	return Health{Verdict: dsmpb.Health_VERDICT_HEALTHY}
+}
+
+func (s *adminServer) Status(ctx context.Context, _ *dsmpb.StatusRequest) (*dsmpb.StatusResponse, error) {
+	n := s.n
+	v := n.dir.View()
+	rs := n.dir.RaftStats()
+	rows := n.members(v)
+	homes, short, homeless, counted := homedShards(v)
+	h := n.judge(v, rs, rows, homeless, short)
+	voters := map[ids.NodeID]bool{}
+	for _, id := range rs.Voters {
+		voters[id] = true
+	}
+	resp := &dsmpb.StatusResponse{
+		NodeId: uint32(n.cfg.ID), LeaderId: uint32(rs.Leader), Term: rs.Term, Epoch: uint64(v.Epoch),
+		RegionCount: uint32(len(v.Regions())), Version: Version,
+		Health: &dsmpb.Health{Verdict: h.Verdict, Reasons: h.Reasons},
+	}
+	for _, r := range rows {
+		ns := &dsmpb.NodeStatus{NodeId: uint32(r.ID), Addr: r.GRPCAddr, State: r.StatePB,
+			Voter: voters[r.ID], HomedShards: homes[r.ID]}
+		if r.ID == ids.NodeID(n.cfg.ID) {
+			n.cacheFigures(ns)
+		}
+		if !counted {
+			ns.HomedShards = 0
+		}
+		resp.Nodes = append(resp.Nodes, ns)
+	}
+	if !localOnly(ctx) {
+		n.askPeers(ctx, resp.Nodes)
+	}
+	return resp, nil
+}
+
+// cacheFigures fills this node's cache use into ns.
+func (n *Node) cacheFigures(ns *dsmpb.NodeStatus) {
+	ns.CacheCapacityBytes = uint64(n.cfg.CacheSize)
+	if n.cache != nil {
+		st := n.cache.Stats()
+		ns.CacheBytes = uint64(st.ResidentPages) * dsmPageSize
+		ns.DirtyPages = uint64(st.DirtyPages)
+	}
+}
+
+// statusLocalKey marks a Status call from a peer's Status: answer for
+// yourself, ask nobody.
+const statusLocalKey = "dsm-status-local"
+
+func localOnly(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(statusLocalKey)) > 0
+}
+
+// peerTimeout bounds one peer's answer to Status.
+const peerTimeout = time.Second
+
+// askPeers fills in the cache figures of the other alive members by asking
+// each, in parallel, over its published gRPC address. A peer that does not
+// answer keeps its row with the reason in Error.
+func (n *Node) askPeers(ctx context.Context, nodes []*dsmpb.NodeStatus) {
+	var wg sync.WaitGroup
+	for _, ns := range nodes {
+		if ns.NodeId == n.cfg.ID {
+			continue
+		}
+		if ns.State != dsmpb.MemberState_MEMBER_STATE_ALIVE || ns.Addr == "" {
+			ns.Error = fmt.Sprintf("n%d not asked: %s", ns.NodeId, memberWord(ns.State))
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.askPeer(ctx, ns); err != nil {
+				ns.Error = fmt.Sprintf("n%d did not answer: %s", ns.NodeId, status.Convert(err).Message())
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func memberWord(s dsmpb.MemberState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "MEMBER_STATE_"))
+}
+
+func (n *Node) askPeer(ctx context.Context, ns *dsmpb.NodeStatus) error {
+	target := ns.Addr
+	if !strings.HasPrefix(target, "unix://") {
+		target = "passthrough:///" + target
+	}
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, peerTimeout)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, statusLocalKey, "1")
+	st, err := dsmpb.NewAdminClient(conn).Status(ctx, &dsmpb.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	for _, p := range st.Nodes {
+		if p.NodeId == ns.NodeId {
+			ns.CacheBytes, ns.CacheCapacityBytes, ns.DirtyPages = p.CacheBytes, p.CacheCapacityBytes, p.DirtyPages
+			return nil
+		}
+	}
+	return fmt.Errorf("its answer has no line for itself (node id %d answered)", st.NodeId)
+}
+
+// dsmPageSize is the unit of localcache's page counts.
+const dsmPageSize = 4096
+
+func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*dsmpb.MembersResponse, error) {
+	v := s.n.dir.View()
+	resp := &dsmpb.MembersResponse{Epoch: uint64(v.Epoch)}
+	for _, r := range s.n.members(v) {
+		resp.Members = append(resp.Members, &dsmpb.Member{
+			NodeId: uint32(r.ID), Name: r.ID.String(), State: r.StatePB,
+			GossipAddr: r.GossipAddr, RaftAddr: r.RaftAddr, VerbsAddr: r.VerbsAddr, GrpcAddr: r.GRPCAddr,
+		})
+	}
+	return resp, nil
+}
+
+func (s *adminServer) Raft(ctx context.Context, _ *dsmpb.RaftRequest) (*dsmpb.RaftResponse, error) {
+	rs := s.n.dir.RaftStats()
+	v := s.n.dir.View()
+	resp := &dsmpb.RaftResponse{
+		NodeId: uint32(s.n.cfg.ID), Role: strings.ToLower(rs.State), LeaderId: uint32(rs.Leader),
+		LeaderAddr: rs.LeaderAddr, Term: rs.Term, LastIndex: rs.LastIndex, CommitIndex: rs.CommitIndex,
+		AppliedIndex: rs.AppliedIndex,
+	}
+	add := func(id ids.NodeID, suf dsmpb.RaftServer_Suffrage) {
+		srv := &dsmpb.RaftServer{NodeId: uint32(id), Suffrage: suf}
+		if m, ok := v.Member(id); ok {
+			srv.Addr = m.RaftAddr
+		}
+		resp.Configuration = append(resp.Configuration, srv)
+	}
+	for _, id := range rs.Voters {
+		add(id, dsmpb.RaftServer_SUFFRAGE_VOTER)
+	}
+	for _, id := range rs.NonVoters {
+		add(id, dsmpb.RaftServer_SUFFRAGE_NONVOTER)
+	}
+	return resp, nil
+}
+
+// freshView is a view that includes every change committed before the
+// call, so that an operator who created a region on one node sees it on
+// another; without a leader to confirm it, the local replica.
+func (n *Node) freshView(ctx context.Context) *directory.View {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if v, err := n.dir.LinearizableView(ctx); err == nil {
+		return v
+	}
+	return n.dir.View()
+}
+
+func (s *adminServer) Regions(ctx context.Context, _ *dsmpb.RegionsRequest) (*dsmpb.RegionsResponse, error) {
+	v := s.n.freshView(ctx)
+	resp := &dsmpb.RegionsResponse{Epoch: uint64(v.Epoch)}
+	for _, r := range v.Regions() {
+		resp.Regions = append(resp.Regions, regionPB(r))
+	}
+	return resp, nil
+}
+
+func (s *adminServer) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest) (*dsmpb.RegionInfoResponse, error) {
+	v := s.n.freshView(ctx)
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "region name is empty")
+	}
+	r, ok := v.Region(req.Name)
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "region %q not found", req.Name)
+	}
+	if r.Shards() > MaxListedShards {
+		return nil, status.Errorf(codes.InvalidArgument, "region %q has %d shards; RegionInfo lists at most %d",
+			r.Name, r.Shards(), MaxListedShards)
+	}
+	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch)}
+	pps := r.PagesPerShard()
+	for i := uint64(0); i < r.Shards(); i++ {
+		p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: i}, r.Backups)
+		if err != nil {
+			return nil, statusError(err)
+		}
+		first := i * pps
+		count := min(pps, r.Pages()-first)
+		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: first, PageCount: count, Home: uint32(p.Home)}
+		for _, b := range p.Backups {
+			sh.Backups = append(sh.Backups, uint32(b))
+		}
+		resp.Shards = append(resp.Shards, sh)
+	}
+	return resp, nil
+}
+
+func (s *adminServer) CreateRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
+	return s.n.createRegion(ctx, req)
+}
+
+func (s *adminServer) DeleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
+	return s.n.deleteRegion(ctx, req)
+}
+
+func (s *adminServer) Pages(context.Context, *dsmpb.PagesRequest) (*dsmpb.PagesResponse, error) {
+	return nil, errNeedsEngine("Pages (per-page MSI state)")
+}
+
+func (s *adminServer) Stats(context.Context, *dsmpb.StatsRequest) (*dsmpb.StatsResponse, error) {
+	return nil, errNeedsEngine("Stats (fault, miss and invalidation counters)")
+}
+
+func (s *adminServer) ReadMemory(context.Context, *dsmpb.ReadMemoryRequest) (*dsmpb.ReadMemoryResponse, error) {
+	return nil, errNeedsEngine("ReadMemory")
+}
+
+func (s *adminServer) WriteMemory(context.Context, *dsmpb.WriteMemoryRequest) (*dsmpb.WriteMemoryResponse, error) {
+	return nil, errNeedsEngine("WriteMemory")
+}
+
+// clientServer is the Client service: region calls now, memory calls once
+// the coherence engine exists.
+type clientServer struct {
+	dsmpb.UnimplementedClientServer
+	n *Node
+}
+
+func (s *clientServer) CreateRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
+	return s.n.createRegion(ctx, req)
+}
+
+func (s *clientServer) DeleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
+	return s.n.deleteRegion(ctx, req)
+}
+
+func (s *clientServer) ListRegions(ctx context.Context, _ *dsmpb.ListRegionsRequest) (*dsmpb.ListRegionsResponse, error) {
+	resp := &dsmpb.ListRegionsResponse{}
+	for _, r := range s.n.dir.Regions() {
+		resp.Regions = append(resp.Regions, regionPB(r))
+	}
+	return resp, nil
+}
+
+func (s *clientServer) GetRegion(ctx context.Context, req *dsmpb.GetRegionRequest) (*dsmpb.GetRegionResponse, error) {
+	r, err := s.n.region(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return &dsmpb.GetRegionResponse{Region: regionPB(r)}, nil
+}
+
+func (s *clientServer) Load(context.Context, *dsmpb.LoadRequest) (*dsmpb.LoadResponse, error) {
+	return nil, errNeedsEngine("Load")
+}
+
+func (s *clientServer) Store(context.Context, *dsmpb.StoreRequest) (*dsmpb.StoreResponse, error) {
+	return nil, errNeedsEngine("Store")
+}
+
+func (s *clientServer) Add(context.Context, *dsmpb.AddRequest) (*dsmpb.AddResponse, error) {
+	return nil, errNeedsEngine("Add")
+}
+
+func (s *clientServer) CompareAndSwap(context.Context, *dsmpb.CompareAndSwapRequest) (*dsmpb.CompareAndSwapResponse, error) {
+	return nil, errNeedsEngine("CompareAndSwap")
+}
+
+func (s *clientServer) Sync(context.Context, *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
+	return nil, errNeedsEngine("Sync")
+}

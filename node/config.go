@@ -1,0 +1,396 @@
+package node
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Default ports: with --bind HOST and no per-address flag, a node listens on
+// HOST:PortBase (gossip), +1 (Raft), +2 (directory RPC) and +3 (verbs).
+const (
+	DefaultPortBase = 7946
+	// DefaultSocket is where local clients find dsmd when neither --socket
+	// nor --data-dir says otherwise. dsmctl and the dsm library use the same
+	// path when $DSM_ADDR is unset.
+	DefaultSocket = "/run/dsm/dsmd.sock"
+	// DefaultCacheSize bounds the page cache.
+	DefaultCacheSize = Size(1 << 30)
+)
+
+// Sentinel errors of the configuration.
+var (
+	ErrConfig = errors.New("node: invalid config")
+)
+
+// ConfigError says which setting is wrong and why; it matches ErrConfig.
+type ConfigError struct {
+	Setting string
+	Reason  string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("node: invalid config: --%s: %s", e.Setting, e.Reason)
+}
+
+// Unwrap makes errors.Is(err, ErrConfig) hold.
+func (e *ConfigError) Unwrap() error { return ErrConfig }
+
+// Config is everything dsmd is started with. Flags (ParseFlags) and an
+// optional JSON file with the same keys fill it; the flags win.
+type Config struct {
+	// ID is this node's id: required, stable across restarts, unique.
+	ID uint32 `json:"id"`
+	// DataDir holds the directory's Raft state. Required.
+	DataDir string `json:"data_dir"`
+
+	// Bind is the host every derived address uses (a concrete interface:
+	// it is also what peers are told). PortBase is the first of the four
+	// derived ports.
+	Bind     string `json:"bind"`
+	PortBase int    `json:"port_base"`
+	// Explicit addresses (host:port) override the derived ones.
+	GossipAddr string `json:"gossip_addr"`
+	RaftAddr   string `json:"raft_addr"`
+	RPCAddr    string `json:"rpc_addr"`
+	VerbsAddr  string `json:"verbs_addr"`
+	// GRPCAddr, when set, serves the Client and Admin services on TCP too
+	// (host:port); it is off by default: the Unix socket is the interface.
+	GRPCAddr string `json:"grpc_addr"`
+
+	// Join lists gossip addresses of existing members.
+	Join []string `json:"join"`
+	// BootstrapExpect: the number of servers that bootstrap the cluster
+	// together (0: join an existing cluster only).
+	BootstrapExpect int `json:"bootstrap_expect"`
+
+	// Socket is the Unix socket of the gRPC services for local clients.
+	// Empty: DATA_DIR/dsmd.sock.
+	Socket string `json:"socket"`
+	// MapSocket is the SOCK_SEQPACKET socket of mapping sessions. Empty:
+	// DATA_DIR/map.sock.
+	MapSocket string `json:"map_socket"`
+	// CacheSize bounds the page cache, in bytes.
+	CacheSize Size `json:"cache_size"`
+	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
+	MetricsAddr string `json:"metrics_addr"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `json:"log_level"`
+	// ConfigFile is the JSON file read before the flags are applied.
+	ConfigFile string `json:"-"`
+}
+
+// Default returns the configuration before any flag or file.
+func Default() Config {
+	return Config{
+		Bind:      "127.0.0.1",
+		PortBase:  DefaultPortBase,
+		CacheSize: DefaultCacheSize,
+		LogLevel:  "info",
+	}
+}
+
+// Size is a byte count that reads units: 4096, 64MiB, 1GiB, 2G (binary),
+// 1GB (decimal). In JSON it is a number or such a string.
+type Size uint64
+
+var sizeUnits = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40},
+	{"b", 1},
+}
+
+// ParseSize reads a size with an optional unit.
+func ParseSize(s string) (Size, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := uint64(1)
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	if n, err := strconv.ParseUint(t, 10, 64); err == nil {
+		if n != 0 && mult > math.MaxUint64/n {
+			return 0, fmt.Errorf("node: size %q too large", s)
+		}
+		return Size(n * mult), nil
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || math.IsNaN(f) || t == "" {
+		return 0, fmt.Errorf("node: bad size %q (try 4096, 512MiB, 2GiB)", s)
+	}
+	v := f * float64(mult)
+	if v >= math.MaxUint64 {
+		return 0, fmt.Errorf("node: size %q too large", s)
+	}
+	return Size(v), nil
+}
+
+func (s Size) String() string {
+	v := uint64(s)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if v >= u.mult && v%u.mult == 0 {
+			return strconv.FormatUint(v/u.mult, 10) + u.suffix
+		}
+	}
+	return strconv.FormatUint(v, 10)
+}
+
+// Set implements flag.Value.
+func (s *Size) Set(v string) error {
+	n, err := ParseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = n
+	return nil
+}
+
+// UnmarshalJSON takes a number or a string with a unit.
+func (s *Size) UnmarshalJSON(b []byte) error {
+	var n uint64
+	if err := json.Unmarshal(b, &n); err == nil {
+		*s = Size(n)
+		return nil
+	}
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return fmt.Errorf("node: size must be a number or a string like \"1GiB\"")
+	}
+	return s.Set(str)
+}
+
+type listFlag struct{ l *[]string }
+
+func (f listFlag) String() string {
+	if f.l == nil {
+		return ""
+	}
+	return strings.Join(*f.l, ",")
+}
+
+func (f listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*f.l = append(*f.l, s)
+		}
+	}
+	return nil
+}
+
+// flags binds a flag set to c. Defaults shown are c's current values.
+func flags(c *Config, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("dsmd", flag.ContinueOnError)
+	fs.SetOutput(out)
+	id := &uintFlag{&c.ID}
+	fs.Var(id, "id", "this node's id `N`, a number from 1, unique in the cluster and stable across restarts (required)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory for the Raft log, snapshots and, by default, the sockets (required)")
+	fs.StringVar(&c.Bind, "bind", c.Bind, "host (IP) that every derived address binds and advertises")
+	fs.IntVar(&c.PortBase, "port-base", c.PortBase, "first derived port: gossip on it, Raft +1, directory RPC +2, verbs +3")
+	fs.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "gossip (memberlist) host:port (default BIND:PORT_BASE)")
+	fs.StringVar(&c.RaftAddr, "raft-addr", c.RaftAddr, "Raft transport host:port; keep it across restarts (default BIND:PORT_BASE+1)")
+	fs.StringVar(&c.RPCAddr, "rpc-addr", c.RPCAddr, "directory forwarding RPC host:port (default BIND:PORT_BASE+2)")
+	fs.StringVar(&c.VerbsAddr, "verbs-addr", c.VerbsAddr, "verbs transport (tcp backend) host:port where peers reach this node's memory (default BIND:PORT_BASE+3)")
+	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "also serve the gRPC Client and Admin services on this TCP host:port (default off)")
+	fs.Var(listFlag{&c.Join}, "join", "gossip `host:port` of an existing member; repeat or separate with commas")
+	fs.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "bootstrap a new cluster once this many nodes with the same setting see each other (0: only join)")
+	fs.StringVar(&c.Socket, "socket", c.Socket, "Unix socket of the gRPC services for local clients and dsmctl (default DATA_DIR/dsmd.sock; "+DefaultSocket+" is what clients try without $DSM_ADDR)")
+	fs.StringVar(&c.MapSocket, "map-socket", c.MapSocket, "Unix SOCK_SEQPACKET socket of mapping sessions (default DATA_DIR/map.sock)")
+	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "JSON file with the same settings (keys: id, data_dir, bind, port_base, join, ...); flags win")
+	fs.Usage = func() {
+		fmt.Fprint(out, `dsmd is the daemon of the DSM service on one machine: a member of the
+cluster directory (Raft + gossip), the verbs endpoint of its memory, and the
+gRPC Client and Admin services that the dsm library and dsmctl use.
+
+Usage: dsmd --id N --data-dir DIR [flags]
+
+Flags:
+`)
+		fs.PrintDefaults()
+		fmt.Fprint(out, `
+Example: a three-node cluster on one machine
+  dsmd --id 1 --data-dir /var/lib/dsm/1 --port-base 7946 --bootstrap-expect 3
+  dsmd --id 2 --data-dir /var/lib/dsm/2 --port-base 7956 --bootstrap-expect 3 --join 127.0.0.1:7946
+  dsmd --id 3 --data-dir /var/lib/dsm/3 --port-base 7966 --bootstrap-expect 3 --join 127.0.0.1:7946
+  DSM_ADDR=/var/lib/dsm/1/dsmd.sock dsmctl status
+
+SIGTERM or SIGINT leaves the cluster gracefully and exits.
+`)
+	}
+	return fs
+}
+
+type uintFlag struct{ p *uint32 }
+
+func (f *uintFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return strconv.FormatUint(uint64(*f.p), 10)
+}
+
+func (f *uintFlag) Set(v string) error {
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil {
+		return fmt.Errorf("not a node id: %q", v)
+	}
+	*f.p = uint32(n)
+	return nil
+}
+
+// ParseFlags reads args (without the program name): the defaults, then the
+// --config file if one is named, then the flags given. It returns
+// flag.ErrHelp for --help (the usage is written to out).
+func ParseFlags(args []string, out io.Writer) (Config, error) {
+	cfg := Default()
+	fs := flags(&cfg, out)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, &ConfigError{Setting: "", Reason: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	if cfg.ConfigFile == "" {
+		return cfg, cfg.Validate()
+	}
+	file := Default()
+	b, err := os.ReadFile(cfg.ConfigFile)
+	if err != nil {
+		return Config{}, &ConfigError{Setting: "config", Reason: err.Error()}
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&file); err != nil {
+		return Config{}, &ConfigError{Setting: "config", Reason: fmt.Sprintf("%s: %v", cfg.ConfigFile, err)}
+	}
+	file.ConfigFile = cfg.ConfigFile
+	// Apply the flags given on the command line over the file.
+	var joinGiven bool
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "join" {
+			joinGiven = true
+		}
+	})
+	if joinGiven {
+		file.Join = nil
+	}
+	over := flags(&file, io.Discard)
+	var setErr error
+	fs.Visit(func(f *flag.Flag) {
+		if setErr == nil && f.Name != "join" {
+			setErr = over.Set(f.Name, f.Value.String())
+		}
+	})
+	if joinGiven {
+		file.Join = append([]string(nil), cfg.Join...)
+	}
+	if setErr != nil {
+		return Config{}, setErr
+	}
+	return file, file.Validate()
+}
+
+// Usage writes dsmd's help text.
+func Usage(out io.Writer) {
+	c := Default()
+	flags(&c, out).Usage()
+}
+
+// Validate checks the settings that do not need the network.
+func (c Config) Validate() error {
+	if c.ID == 0 {
+		return &ConfigError{"id", "required: a node id from 1"}
+	}
+	if c.DataDir == "" {
+		return &ConfigError{"data-dir", "required"}
+	}
+	if c.PortBase < 0 || c.PortBase+3 > 65535 {
+		return &ConfigError{"port-base", fmt.Sprintf("%d leaves no room for four ports", c.PortBase)}
+	}
+	if c.BootstrapExpect < 0 {
+		return &ConfigError{"bootstrap-expect", "must not be negative"}
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return &ConfigError{"log-level", err.Error()}
+	}
+	for name, a := range map[string]string{"gossip-addr": c.GossipAddr, "raft-addr": c.RaftAddr,
+		"rpc-addr": c.RPCAddr, "verbs-addr": c.VerbsAddr, "grpc-addr": c.GRPCAddr, "metrics-addr": c.MetricsAddr} {
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return &ConfigError{name, fmt.Sprintf("%q is not host:port", a)}
+		}
+	}
+	if c.Bind == "" && (c.GossipAddr == "" || c.RaftAddr == "" || c.RPCAddr == "" || c.VerbsAddr == "") {
+		return &ConfigError{"bind", "required unless every address is given"}
+	}
+	return nil
+}
+
+// Addrs are the resolved listen addresses of a Config.
+type Addrs struct {
+	Gossip, Raft, RPC, Verbs, GRPC string
+	Socket, MapSocket              string
+}
+
+// Resolve derives every address the node binds from Bind and PortBase,
+// keeping explicit ones.
+func (c Config) Resolve() Addrs {
+	port := func(off int) string { return net.JoinHostPort(c.Bind, strconv.Itoa(c.PortBase+off)) }
+	pick := func(explicit string, off int) string {
+		if explicit != "" {
+			return explicit
+		}
+		return port(off)
+	}
+	a := Addrs{
+		Gossip: pick(c.GossipAddr, 0), Raft: pick(c.RaftAddr, 1), RPC: pick(c.RPCAddr, 2),
+		Verbs: pick(c.VerbsAddr, 3), GRPC: c.GRPCAddr,
+		Socket: c.Socket, MapSocket: c.MapSocket,
+	}
+	if a.Socket == "" {
+		a.Socket = filepath.Join(c.DataDir, "dsmd.sock")
+	}
+	if a.MapSocket == "" {
+		a.MapSocket = filepath.Join(c.DataDir, "map.sock")
+	}
+	return a
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("unknown log level %q (debug, info, warn, error)", s)
+	}
+	return l, nil
+}
+
+// NewLogger returns a text logger to w at the configured level.
+func (c Config) NewLogger(w io.Writer) *slog.Logger {
+	l, err := parseLevel(c.LogLevel)
+	if err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}

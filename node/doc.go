@@ -1,0 +1,70 @@
+// Package node is dsmd, the daemon of the DSM service on one machine, as an
+// importable package: cmd/dsmd only parses its flags (ParseFlags) and calls
+// Run, so tests start whole nodes in-process.
+//
+// # What a node runs
+//
+//   - A replica of the cluster directory (package directory): Raft on pebble
+//     for the region table, placement and members; memberlist for discovery
+//     and failure detection. The node's addresses (gRPC, verbs) are
+//     published in its member record.
+//   - The verbs endpoint of the tcp backend (rdma/tcp). A goroutine follows
+//     the directory (Subscribe) and keeps the transport's peer table equal
+//     to the alive members and their verbs addresses.
+//   - The gRPC Admin and Client services (internal/rpc/dsm/v1) on a Unix
+//     socket (Config.Socket, default DATA_DIR/dsmd.sock) and optionally on
+//     TCP (Config.GRPCAddr). Answers about the cluster come from the local
+//     replica; Regions and RegionInfo first ask the leader for a read index
+//     (LinearizableView, bounded to one second) so that a region created
+//     through one node is listed by every other. Directory errors are mapped
+//     to the codes of types.proto (statusError).
+//   - Prometheus metrics on Config.MetricsAddr (/metrics, /healthz): the Go
+//     runtime and process, the directory's epoch, regions and members, Raft
+//     term, leader and indexes, the health verdict, and the page cache's
+//     counters when the cache runs. They are read at scrape time.
+//
+// # What is not here yet: the coherence engine
+//
+// Every RPC that needs the coherence engine answers codes.Unimplemented with
+// a message saying so ("... needs the coherence engine, which is not built
+// into this dsmd yet"): Admin Pages, Stats, ReadMemory and WriteMemory;
+// Client Load, Store, Add, CompareAndSwap and Sync. No data is made up. The
+// page cache and its mapping-session socket (node/localcache,
+// Config.MapSocket) start only when Options.Coherence is set; dsmd does not
+// set it yet, because a fault that no engine can resolve would leave the
+// client's thread blocked instead of failing.
+//
+// Status reports each alive member's cache use by asking that member's own
+// Status over its published gRPC address, in parallel, one second each,
+// with a metadata marker (dsm-status-local) that keeps the peer from asking
+// further; a member that cannot be asked keeps its row, with the reason.
+//
+// # Health
+//
+// Status judges from the local replica and the local gossip view:
+//
+//   - unhealthy: no Raft leader known, fewer than a majority of the voters
+//     alive, no alive member, or a shard of a region with no live home;
+//   - degraded: a member failed (its shards moved to their backups), a
+//     member that gossip suspects or that is in gossip but not yet in the
+//     directory, or a region asking for more backups than there are other
+//     alive members;
+//   - healthy otherwise. A member that left gracefully is not a fault.
+//
+// # Lifecycle
+//
+//	n, err := node.New(cfg, node.Options{Logger: log})
+//	err = n.Start()                 // binds everything, joins in the background
+//	err = n.Shutdown(ctx)           // graceful: Raft hand-off, gossip leave, marked left
+//	err = n.Close()                 // abrupt: peers see a failure; restartable
+//
+// Run does Start, waits for its context, then Shutdown: dsmd cancels that
+// context on SIGTERM or SIGINT. Every goroutine a Node starts is stopped by
+// Shutdown or Close.
+//
+// # Addresses
+//
+// --bind HOST with --port-base P derives gossip HOST:P, Raft HOST:P+1,
+// directory RPC HOST:P+2 and verbs HOST:P+3; --gossip-addr, --raft-addr,
+// --rpc-addr and --verbs-addr override one each. Port 0 picks a free port.
+package node

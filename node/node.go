@@ -1,0 +1,365 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/internal/ids"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/node/localcache"
+	"github.com/dsmkit/dsm/rdma/tcp"
+)
+
+// Version is dsmd's build version, reported by Status. Set with
+// -ldflags "-X github.com/dsmkit/dsm/node.Version=...".
+var Version = "dev"
+
+// ErrClosed is returned by a Node that was closed.
+var ErrClosed = errors.New("node: closed")
+
+// Options are the parts of a Node that are not settings: seams for tests and
+// for the coherence engine once it exists.
+type Options struct {
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// Timing of the directory; zero takes directory.LANTiming.
+	Timing directory.Timing
+	// Coherence, when set, turns on the page cache and its mapping-session
+	// socket (Config.MapSocket). Without it no mapping is served: a fault
+	// could not be resolved, and a client would hang instead of failing.
+	Coherence localcache.Coherence
+}
+
+// Node is one running dsmd: directory replica, verbs endpoint, gRPC services
+// and metrics. Create it with New, then Start; Close or Shutdown it.
+type Node struct {
+	cfg   Config
+	addrs Addrs
+	opts  Options
+	log   *slog.Logger
+
+	verbs   *tcp.Transport
+	dir     *directory.Directory
+	cache   *localcache.Cache
+	grpc    *grpc.Server
+	lns     []net.Listener
+	metrics *http.Server
+	mln     net.Listener
+
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+	started bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New checks cfg and prepares a node; nothing is bound until Start.
+func New(cfg Config, opts Options) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if opts.Logger == nil {
+		opts.Logger = log
+	}
+	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID))}, nil
+}
+
+// Start binds every address and starts the services. On error everything
+// started so far is stopped again.
+func (n *Node) Start() (err error) {
+	if n.started {
+		return errors.New("node: already started")
+	}
+	n.started = true
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	if err := os.MkdirAll(n.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	id := ids.NodeID(n.cfg.ID)
+
+	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, tcp.Config{Logger: n.log.With("part", "verbs")})
+	if err != nil {
+		return fmt.Errorf("node: verbs transport on %s: %w", n.addrs.Verbs, err)
+	}
+	n.addrs.Verbs = n.verbs.Addr()
+
+	// The gRPC listeners are bound before the directory opens, so that the
+	// address published in the member table is the real one.
+	if err := os.MkdirAll(filepath.Dir(n.addrs.Socket), 0o755); err != nil {
+		return fmt.Errorf("node: socket dir: %w", err)
+	}
+	uln, err := listenUnix(n.addrs.Socket)
+	if err != nil {
+		return err
+	}
+	n.lns = append(n.lns, uln)
+	published := "unix://" + n.addrs.Socket
+	if n.addrs.GRPC != "" {
+		tln, err := net.Listen("tcp", n.addrs.GRPC)
+		if err != nil {
+			return fmt.Errorf("node: grpc on %s: %w", n.addrs.GRPC, err)
+		}
+		n.lns = append(n.lns, tln)
+		n.addrs.GRPC = tln.Addr().String()
+		published = n.addrs.GRPC
+	}
+
+	n.dir, err = directory.Open(directory.Config{
+		NodeID: id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
+		GossipAddr: n.addrs.Gossip, RaftAddr: n.addrs.Raft, RPCAddr: n.addrs.RPC,
+		GRPCAddr: published, VerbsAddr: n.addrs.Verbs,
+		Join: n.cfg.Join, BootstrapExpect: n.cfg.BootstrapExpect,
+		Timing: n.opts.Timing, Logger: n.opts.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("node: directory: %w", err)
+	}
+	da := n.dir.Addrs()
+	n.addrs.Gossip, n.addrs.Raft, n.addrs.RPC = da.Gossip, da.Raft, da.RPC
+
+	if n.opts.Coherence != nil {
+		n.cache, err = localcache.New(localcache.Config{
+			Coherence:     n.opts.Coherence,
+			CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
+			Logger:        n.log.With("part", "cache"),
+		})
+		if err != nil {
+			return fmt.Errorf("node: page cache: %w", err)
+		}
+		if err := n.cache.Listen(n.addrs.MapSocket); err != nil {
+			return fmt.Errorf("node: map socket %s: %w", n.addrs.MapSocket, err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.follow(ctx)
+	}()
+
+	n.grpc = grpc.NewServer()
+	dsmpb.RegisterAdminServer(n.grpc, &adminServer{n: n})
+	dsmpb.RegisterClientServer(n.grpc, &clientServer{n: n})
+	for _, ln := range n.lns {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				n.log.Error("grpc serve", "addr", ln.Addr(), "err", err)
+			}
+		}()
+	}
+
+	if n.cfg.MetricsAddr != "" {
+		n.mln, err = net.Listen("tcp", n.cfg.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("node: metrics on %s: %w", n.cfg.MetricsAddr, err)
+		}
+		n.metrics = &http.Server{Handler: n.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.metrics.Serve(n.mln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Error("metrics serve", "err", err)
+			}
+		}()
+	}
+	n.log.Info("dsmd started", "gossip", n.addrs.Gossip, "raft", n.addrs.Raft, "rpc", n.addrs.RPC,
+		"verbs", n.addrs.Verbs, "socket", n.addrs.Socket, "grpc", n.addrs.GRPC, "metrics", n.MetricsAddr(),
+		"join", n.cfg.Join, "bootstrap_expect", n.cfg.BootstrapExpect, "page_cache", n.cache != nil)
+	return nil
+}
+
+// listenUnix binds a Unix stream socket, replacing a stale file left by a
+// dead daemon but never a live one.
+func listenUnix(path string) (net.Listener, error) {
+	ln, err := net.Listen("unix", path)
+	if err == nil {
+		return ln, nil
+	}
+	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
+		c.Close()
+		return nil, fmt.Errorf("node: socket %s is in use by a live process", path)
+	}
+	if rerr := os.Remove(path); rerr != nil && !os.IsNotExist(rerr) {
+		return nil, fmt.Errorf("node: socket %s: %w", path, err)
+	}
+	ln, err = net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("node: socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// follow keeps the verbs transport's peer table and the page cache's
+// regions in step with the directory.
+func (n *Node) follow(ctx context.Context) {
+	changes, cancel := n.dir.Subscribe()
+	defer cancel()
+	peers := map[ids.NodeID]string{}
+	regions := map[ids.RegionID]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ch, ok := <-changes:
+			if !ok {
+				return
+			}
+			cur := ch.Cur
+			seen := map[ids.NodeID]bool{}
+			for _, m := range cur.Members() {
+				if m.ID == ids.NodeID(n.cfg.ID) || m.State != directory.StateAlive || m.VerbsAddr == "" {
+					continue
+				}
+				seen[m.ID] = true
+				if peers[m.ID] == m.VerbsAddr {
+					continue
+				}
+				if err := n.verbs.AddPeer(m.ID, m.VerbsAddr); err != nil {
+					n.log.Warn("verbs: add peer", "peer", m.ID, "addr", m.VerbsAddr, "err", err)
+					continue
+				}
+				peers[m.ID] = m.VerbsAddr
+				n.log.Info("verbs: peer", "peer", m.ID, "addr", m.VerbsAddr)
+			}
+			for id := range peers {
+				if !seen[id] {
+					n.verbs.RemovePeer(id)
+					delete(peers, id)
+					n.log.Info("verbs: peer gone", "peer", id)
+				}
+			}
+			if n.cache != nil {
+				for _, r := range cur.Regions() {
+					if regions[r.ID] {
+						continue
+					}
+					err := n.cache.AddRegion(localcache.RegionSpec{ID: r.ID, Name: r.Name,
+						Size: int64(r.Size), PageSize: int64(r.PageSize)})
+					if err != nil {
+						n.log.Warn("cache: add region", "region", r.Name, "err", err)
+						continue
+					}
+					regions[r.ID] = true
+				}
+			}
+			if ch.EpochChanged() {
+				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed())
+			}
+		}
+	}
+}
+
+// Addrs reports the addresses the node bound (after Start).
+func (n *Node) Addrs() Addrs { return n.addrs }
+
+// MetricsAddr is the bound metrics address, or "".
+func (n *Node) MetricsAddr() string {
+	if n.mln == nil {
+		return ""
+	}
+	return n.mln.Addr().String()
+}
+
+// Directory is the node's directory replica (after Start).
+func (n *Node) Directory() *directory.Directory { return n.dir }
+
+// Shutdown leaves the cluster gracefully (hands off Raft leadership, tells
+// gossip and the leader), then closes. ctx bounds the departure.
+func (n *Node) Shutdown(ctx context.Context) error {
+	return n.close(ctx, true)
+}
+
+// Close stops the node without leaving: peers see it fail, and it can
+// restart from its data directory.
+func (n *Node) Close() error {
+	return n.close(context.Background(), false)
+}
+
+func (n *Node) close(ctx context.Context, leave bool) error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		if n.grpc != nil {
+			// GracefulStop waits for RPCs in flight; bound it.
+			done := make(chan struct{})
+			go func() { n.grpc.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				n.grpc.Stop()
+				<-done
+			}
+		} else {
+			for _, ln := range n.lns {
+				ln.Close()
+			}
+		}
+		if n.metrics != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			errs = append(errs, n.metrics.Shutdown(sctx))
+			cancel()
+		} else if n.mln != nil {
+			n.mln.Close()
+		}
+		if n.stop != nil {
+			n.stop()
+		}
+		if n.dir != nil {
+			if leave {
+				errs = append(errs, n.dir.Leave(ctx))
+			} else {
+				errs = append(errs, n.dir.Close())
+			}
+		}
+		n.wg.Wait()
+		if n.cache != nil {
+			errs = append(errs, n.cache.Close())
+		}
+		if n.verbs != nil {
+			errs = append(errs, n.verbs.Close())
+		}
+		n.closeErr = errors.Join(errs...)
+		n.log.Info("dsmd stopped", "left", leave, "err", n.closeErr)
+	})
+	return n.closeErr
+}
+
+// Run starts a node and serves until ctx ends, then leaves the cluster
+// gracefully (bounded by leaveTimeout) and closes. It is dsmd's main loop.
+func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Duration) error {
+	n, err := New(cfg, opts)
+	if err != nil {
+		return err
+	}
+	if err := n.Start(); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	n.log.Info("dsmd: leaving the cluster")
+	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	return n.Shutdown(lctx)
+}
