@@ -1,0 +1,491 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The binaries built by TestMain.
+var dsmdBin, dsmctlBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "dsm-tests-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	dsmdBin, dsmctlBin = filepath.Join(dir, "dsmd"), filepath.Join(dir, "dsmctl")
+	for bin, pkg := range map[string]string{dsmdBin: "github.com/dsmkit/dsm/cmd/dsmd", dsmctlBin: "github.com/dsmkit/dsm/cmd/dsmctl"} {
+		args := []string{"build", "-o", bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, pkg)...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+// freeAddr returns a loopback address whose port is free for TCP and UDP
+// (gossip binds both), below the ephemeral range so that no outgoing
+// connection takes it meanwhile.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	for range 200 {
+		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		pc, err := net.ListenPacket("udp", addr)
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		pc.Close()
+		return addr
+	}
+	t.Fatal("no free port")
+	return ""
+}
+
+// proc is one dsmd process.
+type proc struct {
+	id     int
+	args   []string
+	socket string
+	cmd    *exec.Cmd
+	log    *bytes.Buffer
+	done   chan struct{}
+	err    error
+}
+
+type cluster struct {
+	t     *testing.T
+	nodes []*proc
+}
+
+// startCluster starts n dsmd processes that bootstrap one cluster.
+func startCluster(t *testing.T, n int) *cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts dsmd processes; skipped with -short")
+	}
+	c := &cluster{t: t}
+	base := t.TempDir()
+	var join string
+	for i := 1; i <= n; i++ {
+		dir := filepath.Join(base, fmt.Sprintf("n%d", i))
+		gossip := freeAddr(t)
+		if join == "" {
+			join = gossip
+		}
+		p := &proc{id: i, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{}}
+		p.args = []string{"--id", fmt.Sprint(i), "--data-dir", dir,
+			"--gossip-addr", gossip, "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
+			"--bootstrap-expect", fmt.Sprint(n), "--join", join, "--log-level", "info"}
+		p.start(t)
+		c.nodes = append(c.nodes, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range c.nodes {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		for _, p := range c.nodes {
+			select {
+			case <-p.done:
+			case <-time.After(20 * time.Second):
+				t.Errorf("n%d did not exit 20 s after SIGTERM", p.id)
+				p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		for _, p := range c.nodes {
+			if strings.Contains(p.logString(), "DATA RACE") {
+				t.Errorf("n%d: the race detector fired", p.id)
+			}
+		}
+		if t.Failed() {
+			for _, p := range c.nodes {
+				t.Logf("---- n%d log (last 3000 bytes):\n%s", p.id, tail(p.logString(), 3000))
+			}
+		}
+	})
+	return c
+}
+
+// start runs dsmd with p's arguments (again, after a crash: same id, data
+// and addresses).
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	p.done = make(chan struct{})
+	p.cmd = exec.Command(dsmdBin, p.args...)
+	sw := &syncWriter{w: p.log}
+	p.cmd.Stdout, p.cmd.Stderr = sw, sw
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd, done := p.cmd, p.done
+	go func() { p.err = cmd.Wait(); close(done) }()
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(b)
+}
+
+func (p *proc) logString() string {
+	if sw, ok := p.cmd.Stderr.(*syncWriter); ok {
+		sw.mu.Lock()
+		defer sw.mu.Unlock()
+	}
+	return p.log.String()
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// ctl runs dsmctl against node i and returns stdout, stderr and the exit
+// code.
+func (c *cluster) ctl(i int, args ...string) (string, string, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	full := append([]string{"--addr", c.nodes[i-1].socket, "--timeout", "10s"}, args...)
+	cmd := exec.CommandContext(ctx, dsmctlBin, full...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd.Env = append(os.Environ(), "NO_COLOR=1")
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), errb.String(), 0
+	case errors.As(err, &ee):
+		return out.String(), errb.String(), ee.ExitCode()
+	}
+	c.t.Fatalf("dsmctl %v: %v", args, err)
+	return "", "", -1
+}
+
+// ctlJSON runs a dsmctl command with --json that must succeed and decodes it.
+func (c *cluster) ctlJSON(i int, v any, args ...string) {
+	c.t.Helper()
+	out, errs, code := c.ctl(i, append(args, "--json")...)
+	if code != 0 {
+		c.t.Fatalf("dsmctl %v on n%d: exit %d: %s", args, i, code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		c.t.Fatalf("dsmctl %v --json: %v\n%s", args, err, out)
+	}
+}
+
+// eventually retries f until it returns nil or the deadline (generous: it
+// only catches hangs) passes.
+func eventually(t *testing.T, what string, d time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+type statusJSON struct {
+	Node    uint32   `json:"node_id"`
+	Leader  uint32   `json:"leader_id"`
+	Term    uint64   `json:"term"`
+	Epoch   uint64   `json:"epoch"`
+	Regions uint32   `json:"region_count"`
+	Health  string   `json:"health"`
+	Reasons []string `json:"reasons"`
+	Nodes   []struct {
+		Node     uint32 `json:"node_id"`
+		State    string `json:"state"`
+		Voter    bool   `json:"voter"`
+		CacheCap uint64 `json:"cache_capacity_bytes"`
+		Error    string `json:"error"`
+	} `json:"nodes"`
+}
+
+func (c *cluster) waitHealthy(i int) {
+	c.t.Helper()
+	eventually(c.t, fmt.Sprintf("dsmctl status on n%d exits 0", i), 60*time.Second, func() error {
+		for _, p := range c.nodes {
+			select {
+			case <-p.done:
+				return fmt.Errorf("n%d exited: %v", p.id, p.err)
+			default:
+			}
+		}
+		out, errs, code := c.ctl(i, "status")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s%s", code, out, errs)
+		}
+		return nil
+	})
+}
+
+func TestClusterThroughDsmctl(t *testing.T) {
+	c := startCluster(t, 3)
+	c.waitHealthy(1)
+
+	var st statusJSON
+	c.ctlJSON(2, &st, "status")
+	if st.Node != 2 || st.Leader == 0 || st.Term == 0 || st.Health != "healthy" || len(st.Nodes) != 3 {
+		t.Fatalf("status on n2: %+v", st)
+	}
+	for _, n := range st.Nodes {
+		// Every node answered for its own cache (the default 1 GiB).
+		if n.State != "alive" || !n.Voter || n.CacheCap != 1<<30 || n.Error != "" {
+			t.Fatalf("status on n2: member %+v", n)
+		}
+	}
+	out, _, code := c.ctl(3, "status")
+	if code != 0 || !strings.Contains(out, "health: healthy") || !strings.Contains(out, fmt.Sprintf("leader n%d", st.Leader)) {
+		t.Fatalf("status text on n3 (exit %d):\n%s", code, out)
+	}
+
+	var mem struct {
+		Epoch   uint64 `json:"epoch"`
+		Members []struct {
+			Node     uint32 `json:"node_id"`
+			State    string `json:"state"`
+			Gossip   string `json:"gossip_addr"`
+			Raft     string `json:"raft_addr"`
+			Verbs    string `json:"verbs_addr"`
+			GRPCAddr string `json:"grpc_addr"`
+		} `json:"members"`
+	}
+	c.ctlJSON(1, &mem, "members")
+	if len(mem.Members) != 3 || mem.Epoch == 0 {
+		t.Fatalf("members: %+v", mem)
+	}
+	for i, m := range mem.Members {
+		if m.Node != uint32(i+1) || m.State != "alive" || m.Gossip == "" || m.Raft == "" || m.Verbs == "" ||
+			m.GRPCAddr != "unix://"+c.nodes[i].socket {
+			t.Fatalf("member %d: %+v", i, m)
+		}
+	}
+	if out, _, code := c.ctl(1, "members"); code != 0 || strings.Count(out, "alive") != 3 {
+		t.Fatalf("members text (exit %d):\n%s", code, out)
+	}
+
+	var rf struct {
+		Node   uint32   `json:"node_id"`
+		Role   string   `json:"role"`
+		Leader uint32   `json:"leader_id"`
+		Voters []uint32 `json:"voters"`
+	}
+	c.ctlJSON(3, &rf, "raft")
+	if rf.Node != 3 || rf.Leader != st.Leader || len(rf.Voters) != 3 {
+		t.Fatalf("raft on n3: %+v", rf)
+	}
+	if (rf.Role == "leader") != (st.Leader == 3) {
+		t.Fatalf("raft on n3: role %q with leader n%d", rf.Role, st.Leader)
+	}
+
+	if out, errs, code := c.ctl(1, "region", "create", "r1", "64MiB"); code != 0 {
+		t.Fatalf("region create: exit %d: %s%s", code, out, errs)
+	}
+	type regionJSON struct {
+		Name   string `json:"name"`
+		ID     uint32 `json:"id"`
+		Size   uint64 `json:"size"`
+		Shards uint32 `json:"shards"`
+	}
+	var ls struct {
+		Regions []regionJSON `json:"regions"`
+	}
+	c.ctlJSON(3, &ls, "region", "ls")
+	if len(ls.Regions) != 1 || ls.Regions[0].Name != "r1" || ls.Regions[0].Size != 64<<20 || ls.Regions[0].Shards != 32 {
+		t.Fatalf("region ls on n3: %+v", ls)
+	}
+	if out, _, code := c.ctl(3, "region", "ls"); code != 0 || !strings.Contains(out, "r1") {
+		t.Fatalf("region ls text (exit %d):\n%s", code, out)
+	}
+
+	var info struct {
+		Region regionJSON `json:"region"`
+		Shards []struct {
+			Index     uint32   `json:"index"`
+			FirstPage uint64   `json:"first_page"`
+			PageCount uint64   `json:"page_count"`
+			Home      uint32   `json:"home"`
+			Backups   []uint32 `json:"backups"`
+		} `json:"shards"`
+	}
+	c.ctlJSON(2, &info, "region", "info", "r1")
+	if info.Region.Name != "r1" || len(info.Shards) != 32 {
+		t.Fatalf("region info: %+v", info.Region)
+	}
+	homes := map[uint32]int{}
+	var pages uint64
+	for _, s := range info.Shards {
+		if s.Home < 1 || s.Home > 3 || len(s.Backups) != 1 || s.Backups[0] == s.Home || s.Backups[0] < 1 || s.Backups[0] > 3 {
+			t.Fatalf("shard %+v: want a home and one other backup among n1..n3", s)
+		}
+		if s.FirstPage != pages {
+			t.Fatalf("shard %d starts at page %d, want %d", s.Index, s.FirstPage, pages)
+		}
+		pages += s.PageCount
+		homes[s.Home]++
+	}
+	if pages != (64<<20)/4096 || len(homes) < 2 {
+		t.Fatalf("shards cover %d pages over homes %v", pages, homes)
+	}
+	if out, _, code := c.ctl(2, "region", "info", "r1"); code != 0 || !strings.Contains(out, "BACKUPS") {
+		t.Fatalf("region info text (exit %d):\n%s", code, out)
+	}
+
+	// What waits for the coherence engine fails plainly, not with made-up data.
+	if _, errs, code := c.ctl(1, "get", "r1", "0", "16"); code == 0 || !strings.Contains(errs, "coherence engine") {
+		t.Fatalf("get: exit %d, stderr %q", code, errs)
+	}
+
+	if out, errs, code := c.ctl(2, "region", "rm", "r1"); code != 0 {
+		t.Fatalf("region rm: exit %d: %s%s", code, out, errs)
+	}
+	c.ctlJSON(1, &ls, "region", "ls")
+	if len(ls.Regions) != 0 {
+		t.Fatalf("region ls after rm: %+v", ls)
+	}
+	if _, _, code := c.ctl(1, "region", "info", "r1"); code == 0 {
+		t.Fatal("region info of a deleted region exits 0")
+	}
+
+	// SIGTERM: n3 leaves gracefully and exits 0; the others stay healthy
+	// and list it as left.
+	n3 := c.nodes[2]
+	if err := n3.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n3.done:
+		if n3.err != nil {
+			t.Fatalf("n3 after SIGTERM: %v", n3.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("n3 did not exit 30 s after SIGTERM")
+	}
+	eventually(t, "n1 lists n3 as left and is healthy", 30*time.Second, func() error {
+		var st statusJSON
+		out, _, code := c.ctl(1, "status", "--json")
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return err
+		}
+		for _, n := range st.Nodes {
+			if n.Node == 3 && n.State == "left" && code == 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("exit %d: %s", code, out)
+	})
+}
+
+func TestKilledNodeMakesStatusFail(t *testing.T) {
+	c := startCluster(t, 3)
+	c.waitHealthy(1)
+	victim := c.nodes[2]
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	var last string
+	eventually(t, "dsmctl status on n1 exits non-zero after n3 is killed", 60*time.Second, func() error {
+		out, _, code := c.ctl(1, "status")
+		last = out
+		if code == 0 {
+			return errors.New("still healthy")
+		}
+		if code != 3 && code != 4 {
+			return fmt.Errorf("exit %d, want 3 (degraded) or 4 (unhealthy):\n%s", code, out)
+		}
+		return nil
+	})
+	var st statusJSON
+	out, _, code := c.ctl(2, "status", "--json")
+	if code != 3 && code != 4 {
+		t.Fatalf("status on n2: exit %d\n%s\n(n1 said:\n%s)", code, out, last)
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Health == "healthy" || len(st.Reasons) == 0 || !strings.Contains(strings.Join(st.Reasons, "\n"), "n3") {
+		t.Fatalf("status on n2 after n3 died: %+v", st)
+	}
+
+	// n3 restarts from its data directory (its socket file is stale) and the
+	// cluster is healthy again, with n3 alive.
+	victim.log.Reset()
+	victim.start(t)
+	c.waitHealthy(1)
+	c.waitHealthy(3)
+	c.ctlJSON(1, &st, "status")
+	for _, n := range st.Nodes {
+		if n.State != "alive" {
+			t.Fatalf("after n3's restart: %+v", st)
+		}
+	}
+}
+
+func TestDsmdHelp(t *testing.T) {
+	out, err := exec.Command(dsmdBin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("dsmd --help: %v\n%s", err, out)
+	}
+	for _, f := range []string{"id", "data-dir", "bind", "port-base", "gossip-addr", "raft-addr", "rpc-addr",
+		"verbs-addr", "grpc-addr", "join", "bootstrap-expect", "socket", "map-socket", "cache-size",
+		"metrics-addr", "log-level", "config"} {
+		if !strings.Contains(string(out), "-"+f+" ") && !strings.Contains(string(out), "-"+f+"\n") {
+			t.Errorf("dsmd --help does not explain --%s", f)
+		}
+	}
+	if !strings.Contains(string(out), "Example") {
+		t.Error("dsmd --help has no example")
+	}
+	// A missing required flag is a usage error naming it.
+	cmd := exec.Command(dsmdBin, "--data-dir", t.TempDir())
+	out, err = cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--id") {
+		t.Fatalf("dsmd without --id: %v\n%s", err, out)
+	}
+}
