@@ -11,12 +11,15 @@ FUZZTIME    ?= 30s
 SEEDS       ?= 100000
 BENCHCOUNT  ?= 5
 
-.PHONY: help run test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
 
-run: ## a two-node demo of one-sided verbs over the tcp transport (becomes the local cluster once dsmd exists)
+run: ## a local three-node dsmd cluster on loopback (data under .run/); Ctrl-C stops it
+	GO=$(GO) ./deploy/local/run-cluster.sh
+
+demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transport
 	$(GO) run ./rdma/internal/demo
 
 test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, and the ofi suite when libfabric is installed
