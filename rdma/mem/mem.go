@@ -467,7 +467,9 @@ func (e *Endpoint) deliverLoop() {
 	}
 }
 
-// Close implements rdma.Transport. It is idempotent.
+// Close implements rdma.Transport. It is idempotent. In immediate mode it
+// waits for the delivery goroutine to stop, so a message handler must not
+// call Close of its own endpoint.
 func (e *Endpoint) Close() error {
 	if e.closed.Swap(true) {
 		return nil
