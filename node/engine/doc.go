@@ -1,0 +1,88 @@
+// Package engine is the coherence engine of dsmd: it drives one node's
+// protocol state machine (coherence.Node) over the rdma verbs transport
+// and serves the local page cache (node/localcache) and the word atomics.
+//
+// # What it does
+//
+// An Engine serves one region of NumPages pages for one node. New
+// validates the configuration, allocates (rdma.Alloc) and registers the
+// home slots of the pages the node is home of (coherence word at slot
+// offset 0, set to coherence.InitialWord, home copy at 8) and builds the
+// state machine. The slot of page p at its home is at the offset every
+// node computes the same way: the pages of one home, in page order, one
+// slot of 8+PageSize bytes each. Descriptor is this node's registration;
+// Start takes every peer's descriptor (the test passes a map; later the
+// directory carries them) and runs the engine; Close stops it.
+//
+// One goroutine, the loop, owns the state machine; nothing else touches
+// it and there is no lock around it. Others talk to it through channels:
+//
+//   - local requests (misses, evictions, atomics) are submitted and the
+//     caller waits for the completion, its ctx or Close;
+//   - every batch of verbs is turned into rdma ops on the home's slots and
+//     posted on a goroutine of its own; the outcome (results or error) is
+//     stepped back in as VerbsDone;
+//   - messages are marshalled (coherence.Message.Marshal) and sent; the
+//     transport's handler decodes what arrives (a message that does not
+//     decode, or claims another sender, is logged and dropped) and hands
+//     it to the loop;
+//   - a ticker (Config.Tick) steps the protocol clock.
+//
+// # The page cache
+//
+// localcache.Coherence is implemented by ReadMiss (a load of the page's
+// first word: it ends when the node holds a valid copy, which is copied
+// into the buffer), WriteMiss (an add of 0 to the first word: it takes the
+// tenure without changing data) and Evict. The data of a page reaches the
+// cache only through those buffers. The protocol takes pages back through
+// Pages: Drop (-> Invalid) and Downgrade (-> Shared), which return the
+// cache's data when it held the page Modified. That data is the page's
+// truth: it is copied into the state machine's copy and into the
+// write-back, so a recall or an eviction writes back what the cache's
+// clients stored.
+//
+// Invariants:
+//
+//   - Lock order (localcache): before a drop or downgrade of a page, the
+//     engine fails every local miss of that page in flight (ErrConflict);
+//     while the cache is applying it, new misses and evictions of the
+//     page fail at once with ErrConflict. The caller releases its page
+//     lock and retries. Pages is called on a goroutine, never by the loop,
+//     and the calls for one page run one at a time, in order.
+//   - Until the cache has applied a drop or downgrade, every batch and
+//     message about that page is held: an invalidation is acknowledged
+//     only after the cache dropped the page, and a write-back carries the
+//     cache's data.
+//   - While an Evict of a page is in progress, the cache has already
+//     given the page up, and drops and downgrades of it are not passed to
+//     Pages.
+//
+// MemPages is an in-memory Pages with the same page-lock discipline as
+// localcache.Cache: the tests' cache.
+//
+// # Atomics
+//
+// Load, Store, Add and CompareAndSwap of an aligned 8-byte word are the
+// state machine's atomics: they run at the page's exclusive holder, on the
+// state machine's copy. A call that returns its ctx's error may still take
+// effect later (the request stays queued in the protocol).
+//
+// # Not done yet
+//
+//   - One region per engine and one fixed home assignment; no
+//     Reconfigure (epochs, departures, home moves) is fed in, and no
+//     directory supplies the peers' descriptors.
+//   - Mixing atomics and mapped access on one page is not coherent
+//     locally: while the cache holds a page Modified its data is the
+//     truth, and an atomic on that page works on the state machine's
+//     copy, which the cache's data overwrites at the next write-back.
+//   - A failed batch is retried by the protocol as if it had not
+//     executed; rdma Post may have executed part of it (a ctx timeout, a
+//     broken connection). Batches are posted with the engine's context,
+//     without a per-batch deadline.
+//   - localcache.Cache does not implement Pages yet (its Invalidate and
+//     Downgrade would, returning the dirty data); the engine is not wired
+//     into node/ or dsmd.
+//   - No metrics; a ReadMiss or WriteMiss copies the page once more than
+//     needed.
+package engine

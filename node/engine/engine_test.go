@@ -1,0 +1,520 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/mem"
+	"github.com/dsmkit/dsm/rdma/tcp"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	testRegion   = ids.RegionID(7)
+	testPageSize = 64
+	testPages    = 6
+)
+
+// testHome spreads the pages over nodes 1..3.
+func testHome(p ids.PageNo) ids.NodeID { return ids.NodeID(p%3 + 1) }
+
+type testNode struct {
+	e     *Engine
+	pages *MemPages
+	ep    rdma.Transport
+}
+
+// cluster starts three engines over an in-process network. skip names
+// peers whose home memory node 1 is not told about. Everything is closed
+// when the test ends.
+func cluster(t *testing.T, skip ...ids.NodeID) map[ids.NodeID]*testNode {
+	t.Helper()
+	net := mem.NewNetwork()
+	return clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) { return net.Endpoint(id) }, skip...)
+}
+
+// clusterOver is cluster over the transports that newEP makes.
+func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), skip ...ids.NodeID) map[ids.NodeID]*testNode {
+	t.Helper()
+	members := []ids.NodeID{1, 2, 3}
+	nodes := map[ids.NodeID]*testNode{}
+	descs := map[ids.NodeID]rdma.Descriptor{}
+	for _, id := range members {
+		ep, err := newEP(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ep.Close() })
+		pages := &MemPages{}
+		e, err := New(Config{
+			ID: id, Region: testRegion, NumPages: testPages, PageSize: testPageSize,
+			Epoch: 1, Members: members, HomeOf: testHome, Transport: ep, Pages: pages,
+			Tick: time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		d, ok := e.Descriptor()
+		if !ok {
+			t.Fatalf("%v homes no page", id)
+		}
+		descs[id] = d
+		nodes[id] = &testNode{e: e, pages: pages, ep: ep}
+	}
+	for id, n := range nodes {
+		ps := descs
+		if id == 1 && len(skip) > 0 {
+			ps = map[ids.NodeID]rdma.Descriptor{}
+			for pid, d := range descs {
+				if !slices.Contains(skip, pid) {
+					ps[pid] = d
+				}
+			}
+		}
+		n.e.Start(ps)
+	}
+	return nodes
+}
+
+// testCtx is a generous deadline that turns a hang into a failure.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func randomPage(rng *rand.Rand) []byte {
+	b := make([]byte, testPageSize)
+	for i := range b {
+		b[i] = byte(rng.UintN(256))
+	}
+	return b
+}
+
+func TestWriteThenReadElsewhere(t *testing.T) { testWriteThenReadElsewhere(t, cluster(t)) }
+
+func testWriteThenReadElsewhere(t *testing.T, nodes map[ids.NodeID]*testNode) {
+	ctx := testCtx(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for p := ids.PageNo(0); p < testPages; p++ {
+		t.Run(p.String(), func(t *testing.T) {
+			n1, n2, n3 := nodes[1], nodes[2], nodes[3]
+			a := randomPage(rng)
+			if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, a); err != nil {
+				t.Fatalf("n1 write: %v", err)
+			}
+			got, err := n2.pages.Read(ctx, n2.e, testRegion, p, testPageSize)
+			if err != nil {
+				t.Fatalf("n2 read: %v", err)
+			}
+			if !bytes.Equal(got, a) {
+				t.Fatalf("n2 read %x, n1 wrote %x", got, a)
+			}
+			b := randomPage(rng)
+			if err := n3.pages.Write(ctx, n3.e, testRegion, p, testPageSize, 0, b); err != nil {
+				t.Fatalf("n3 write: %v", err)
+			}
+			for _, id := range []ids.NodeID{1, 2, 3} {
+				got, err := nodes[id].pages.Read(ctx, nodes[id].e, testRegion, p, testPageSize)
+				if err != nil {
+					t.Fatalf("%v read: %v", id, err)
+				}
+				if !bytes.Equal(got, b) {
+					t.Fatalf("%v read %x, n3 wrote %x", id, got, b)
+				}
+			}
+		})
+	}
+}
+
+// A partial write keeps the rest of the page; an upgrade from Shared
+// keeps the local data.
+func TestPartialWriteAndUpgrade(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	const p = ids.PageNo(4)
+	full := randomPage(rng)
+	if err := nodes[2].pages.Write(ctx, nodes[2].e, testRegion, p, testPageSize, 0, full); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes[1].pages.Read(ctx, nodes[1].e, testRegion, p, testPageSize); err != nil {
+		t.Fatal(err)
+	}
+	patch := randomPage(rng)[:10]
+	if err := nodes[1].pages.Write(ctx, nodes[1].e, testRegion, p, testPageSize, 20, patch); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(full)
+	copy(want[20:], patch)
+	for _, id := range []ids.NodeID{3, 2, 1} {
+		got, err := nodes[id].pages.Read(ctx, nodes[id].e, testRegion, p, testPageSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%v read %x, want %x", id, got, want)
+		}
+	}
+}
+
+// Evicting a Modified page writes it back: a reader then gets the data
+// from the home.
+func TestEvictWritesBack(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	const p = ids.PageNo(2) // homed at n3
+	a := randomPage(rng)
+	n1 := nodes[1]
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.pages.Evict(ctx, n1.e, testRegion, p); err != nil {
+		t.Fatal(err)
+	}
+	if s := n1.pages.State(testRegion, p); s.String() != "I" {
+		t.Fatalf("after evict n1 holds %v", s)
+	}
+	got, err := nodes[2].pages.Read(ctx, nodes[2].e, testRegion, p, testPageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, a) {
+		t.Fatalf("n2 read %x after eviction of %x", got, a)
+	}
+}
+
+func TestAtomicAddsSumExactly(t *testing.T) { testAtomicAddsSumExactly(t, cluster(t)) }
+
+func testAtomicAddsSumExactly(t *testing.T, nodes map[ids.NodeID]*testNode) {
+	ctx := testCtx(t)
+	const (
+		p       = ids.PageNo(1)
+		off     = 16
+		workers = 3 // per engine
+		adds    = 30
+	)
+	var mu sync.Mutex
+	var olds []uint64
+	var wg sync.WaitGroup
+	errs := make(chan error, 3*workers)
+	for _, n := range nodes {
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < adds; i++ {
+					old, err := n.e.Add(ctx, p, off, 1)
+					if err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					olds = append(olds, old)
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := uint64(len(nodes) * workers * adds)
+	// Every add saw a distinct old value: 0..total-1.
+	slices.Sort(olds)
+	for i, v := range olds {
+		if v != uint64(i) {
+			t.Fatalf("old values %v...: position %d holds %d", olds[:min(len(olds), 10)], i, v)
+		}
+	}
+	for id, n := range nodes {
+		v, err := n.e.Load(ctx, p, off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != total {
+			t.Errorf("%v loads %d, want %d", id, v, total)
+		}
+	}
+}
+
+// A CAS loop from every engine increments exactly; Store and Load agree.
+func TestCompareAndSwapAndStore(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	const p, off = ids.PageNo(5), 8
+	if err := nodes[3].e.Store(ctx, p, off, 1000); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(nodes))
+	const each = 20
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for done := 0; done < each; {
+				cur, err := n.e.Load(ctx, p, off)
+				if err != nil {
+					errs <- err
+					return
+				}
+				old, ok, err := n.e.CompareAndSwap(ctx, p, off, cur, cur+1)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if ok != (old == cur) {
+					errs <- fmt.Errorf("CAS(%d) returned old=%d swapped=%t", cur, old, ok)
+					return
+				}
+				if ok {
+					done++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	v, err := nodes[1].e.Load(ctx, p, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := uint64(1000 + each*len(nodes)); v != want {
+		t.Fatalf("after the CAS loops: %d, want %d", v, want)
+	}
+}
+
+// A request that cannot complete (node 1 does not know node 3's memory)
+// returns the context's error.
+func TestContextCancel(t *testing.T) {
+	nodes := cluster(t, 3)
+	e := nodes[1].e
+	const p = ids.PageNo(2) // homed at n3
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := e.Load(ctx, p, 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Load: %v, want the deadline", err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := e.ReadMiss(ctx2, testRegion, p, make([]byte, testPageSize)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ReadMiss: %v, want canceled", err)
+	}
+	// The engine still serves other pages.
+	if _, err := e.Add(testCtx(t), 0, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCloseFailsCalls(t *testing.T) {
+	nodes := cluster(t, 3)
+	e := nodes[1].e
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.Load(context.Background(), 2, 0) // never completes: n3 unknown
+		errc <- err
+	}()
+	// The call is blocked in the engine; Close must end it.
+	time.Sleep(20 * time.Millisecond)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("blocked Load: %v, want ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end a blocked call")
+	}
+	if _, err := e.Add(context.Background(), 0, 0, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Add after Close: %v", err)
+	}
+	if err := e.WriteMiss(context.Background(), testRegion+1, 0, nil); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("WriteMiss of another region: %v", err)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	net := mem.NewNetwork()
+	ep, err := net.Endpoint(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	base := Config{ID: 1, Region: 1, NumPages: 1, PageSize: 64, Epoch: 1, Members: []ids.NodeID{1},
+		HomeOf: func(ids.PageNo) ids.NodeID { return 1 }, Transport: ep}
+	for name, mod := range map[string]func(*Config){
+		"no transport":  func(c *Config) { c.Transport = nil },
+		"no pages":      func(c *Config) { c.NumPages = 0 },
+		"other id":      func(c *Config) { c.ID = 2 },
+		"bad page size": func(c *Config) { c.PageSize = 12 },
+		"epoch zero":    func(c *Config) { c.Epoch = 0 },
+	} {
+		c := base
+		mod(&c)
+		if e, err := New(c); err == nil {
+			_ = e.Close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// Read-modify-writes of mapped data from every node under contention: the
+// page moves by recalls, its data by the cache's write-backs, and no
+// increment is lost. Readers and evictions run alongside.
+func TestPageIncrementsUnderContention(t *testing.T) {
+	testPageIncrementsUnderContention(t, cluster(t))
+}
+
+func testPageIncrementsUnderContention(t *testing.T, nodes map[ids.NodeID]*testNode) {
+	ctx := testCtx(t)
+	const (
+		p    = ids.PageNo(3) // homed at n1
+		each = 25
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(nodes))
+	for _, n := range nodes {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				err := n.pages.Update(ctx, n.e, testRegion, p, testPageSize, func(d []byte) {
+					// Two counters that must stay equal: a torn
+					// write-back would split them.
+					binary.LittleEndian.PutUint64(d[8:], binary.LittleEndian.Uint64(d[8:])+1)
+					binary.LittleEndian.PutUint64(d[40:], binary.LittleEndian.Uint64(d[40:])+1)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if i%7 == 3 {
+					if err := n.pages.Evict(ctx, n.e, testRegion, p); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			var last uint64
+			for i := 0; i < each; i++ {
+				d, err := n.pages.Read(ctx, n.e, testRegion, p, testPageSize)
+				if err != nil {
+					errs <- err
+					return
+				}
+				a, b := binary.LittleEndian.Uint64(d[8:]), binary.LittleEndian.Uint64(d[40:])
+				if a != b || a < last {
+					errs <- fmt.Errorf("read counters %d and %d after %d", a, b, last)
+					return
+				}
+				last = a
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := uint64(len(nodes) * each)
+	for id, n := range nodes {
+		d, err := n.pages.Read(ctx, n.e, testRegion, p, testPageSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a, b := binary.LittleEndian.Uint64(d[8:]), binary.LittleEndian.Uint64(d[40:]); a != want || b != want {
+			t.Errorf("%v reads counters %d, %d; want %d", id, a, b, want)
+		}
+	}
+}
+
+// The same over the tcp backend on loopback.
+func TestOverTCP(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		eps = map[ids.NodeID]*tcp.Transport{}
+	)
+	newEP := func(id ids.NodeID) (rdma.Transport, error) {
+		ep, err := tcp.Listen(id, "127.0.0.1:0", tcp.Config{})
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for pid, p := range eps {
+			if err := ep.AddPeer(pid, p.Addr()); err != nil {
+				return nil, err
+			}
+			if err := p.AddPeer(id, ep.Addr()); err != nil {
+				return nil, err
+			}
+		}
+		eps[id] = ep
+		return ep, nil
+	}
+	t.Run("write-read", func(t *testing.T) { testWriteThenReadElsewhere(t, clusterOver(t, newEP)) })
+	eps = map[ids.NodeID]*tcp.Transport{}
+	t.Run("atomic-adds", func(t *testing.T) { testAtomicAddsSumExactly(t, clusterOver(t, newEP)) })
+	eps = map[ids.NodeID]*tcp.Transport{}
+	t.Run("page-increments", func(t *testing.T) { testPageIncrementsUnderContention(t, clusterOver(t, newEP)) })
+}
+
+// Bytes that do not decode, and a message that claims another sender, are
+// dropped; the engine keeps serving.
+func TestBadMessagesDropped(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	from := nodes[2].ep
+	for _, b := range [][]byte{nil, {0xff}, bytes.Repeat([]byte{0xa5}, 40)} {
+		if err := from.Send(ctx, 1, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forged := coherence.Message{Type: coherence.MsgInvalidate, From: 3, To: 1, Epoch: 1, Page: 1, Version: 9}
+	if err := from.Send(ctx, 1, forged.Marshal()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []ids.NodeID{1, 2, 1} {
+		if _, err := nodes[id].e.Add(ctx, 1, 0, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v, err := nodes[3].e.Load(ctx, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != 15 {
+		t.Fatalf("after three adds of 5: %d", v)
+	}
+}
