@@ -104,11 +104,12 @@
 // Reconfigure installs a new epoch: members that left are gone for good.
 // Every node stops waiting for acknowledgements from them and drops its S
 // copies (a departed acquirer may have cleared sharer units and died before
-// its invalidations arrived). Nodes learn a new epoch at different times,
-// so a home first asks every member whether it is in the new epoch
-// (MsgEpoch, repeated; a lagging member refuses until it learns) and only
-// when all have answered (MsgEpochAck) repairs the words of its pages with
-// a CAS: the departed holder's tenure ends and its unsynced data reverts to
+// its invalidations arrived), the copy of a downgrade in flight included:
+// its release may have executed before that acquisition. Nodes learn a new
+// epoch at different times, so a home first asks every member whether it
+// is in the new epoch (MsgEpoch, repeated; a lagging member refuses until
+// it learns) and only when all have answered (MsgEpochAck) repairs the
+// words of its pages with a CAS: the departed holder's tenure ends and its unsynced data reverts to
 // the home copy, a departed reservation lapses, departed exact bits are
 // cleared, and the new tag is stamped. Coarse units of departed nodes stay
 // counted (an extra invalidation) until the next acquisition clears them.

@@ -79,10 +79,17 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	n.epoch = rc.Epoch
 	n.members = newMembers
 	for _, p := range n.order {
-		if departed && p.state == Shared && p.ph != phWaitAcks && p.ph != phRelease {
+		if departed && p.state == Shared && p.ph != phWaitAcks {
 			// A departed holder may have taken the tenure and died
 			// before its invalidations arrived: no shared copy can be
 			// trusted any more. The sharer unit stays as it is.
+			//
+			// That includes the copy of a downgrade (a release to S)
+			// in flight: its CAS may have executed already, and a
+			// departed node may have acquired the next tenure since
+			// and died before its invalidation arrived. The release
+			// goes on (wbData keeps the bytes to write back, and the
+			// CAS still adds our unit), but the copy is not kept.
 			p.state = Invalid
 			p.data = nil
 			n.effect(PageDrop, p)

@@ -126,3 +126,31 @@ func Example_options() {
 	fmt.Println(configs[0].opts)
 	// Output: nodes=3 pages=2 ops=60 hot=false faults=false crashes=0 home-crashes=0 async-reconfig=false evict=false mutex=false lin=true
 }
+
+// TestSimRegressions reruns seeds that once broke an invariant, each in the
+// configuration it failed in.
+func TestSimRegressions(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		seed   int64
+		why    string
+	}{
+		// A downgrade's CAS executed, the next tenure was taken by a node
+		// that crashed before its invalidation arrived, and the
+		// reconfiguration kept the copy of the downgrade in flight: a
+		// stale S copy outlived a later store.
+		{"wide-20", 3104303, "reconfiguration during a downgrade"},
+	} {
+		t.Run(fmt.Sprintf("%s/%d", tc.config, tc.seed), func(t *testing.T) {
+			for _, c := range configs {
+				if c.name == tc.config {
+					if _, err := Run(tc.seed, c.opts); err != nil {
+						t.Fatalf("%s: %v", tc.why, err)
+					}
+					return
+				}
+			}
+			t.Fatalf("no configuration %q", tc.config)
+		})
+	}
+}
