@@ -538,3 +538,11 @@ func (s *clientServer) CompareAndSwap(context.Context, *dsmpb.CompareAndSwapRequ
 func (s *clientServer) Sync(context.Context, *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
 	return nil, errNeedsEngine("Sync")
 }
+
+func (s *clientServer) Session(context.Context, *dsmpb.SessionRequest) (*dsmpb.SessionResponse, error) {
+	r := &dsmpb.SessionResponse{NodeId: s.n.cfg.ID, Version: Version}
+	if s.n.cache != nil {
+		r.MapSocket = s.n.addrs.MapSocket
+	}
+	return r, nil
+}

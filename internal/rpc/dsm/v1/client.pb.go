@@ -38,6 +38,103 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_client_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{0}
+}
+
+type SessionResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	NodeId  uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Version string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Absolute path of the mapping-session socket (internal/mapproto).
+	MapSocket     string `protobuf:"bytes,3,opt,name=map_socket,json=mapSocket,proto3" json:"map_socket,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_client_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SessionResponse) GetNodeId() uint32 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *SessionResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *SessionResponse) GetMapSocket() string {
+	if x != nil {
+		return x.MapSocket
+	}
+	return ""
+}
+
 type CreateRegionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 128 bytes of [A-Za-z0-9._-], not starting with '.' or '-'.
@@ -54,7 +151,7 @@ type CreateRegionRequest struct {
 
 func (x *CreateRegionRequest) Reset() {
 	*x = CreateRegionRequest{}
-	mi := &file_client_proto_msgTypes[0]
+	mi := &file_client_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -66,7 +163,7 @@ func (x *CreateRegionRequest) String() string {
 func (*CreateRegionRequest) ProtoMessage() {}
 
 func (x *CreateRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[0]
+	mi := &file_client_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -79,7 +176,7 @@ func (x *CreateRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRegionRequest.ProtoReflect.Descriptor instead.
 func (*CreateRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{0}
+	return file_client_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateRegionRequest) GetName() string {
@@ -119,7 +216,7 @@ type CreateRegionResponse struct {
 
 func (x *CreateRegionResponse) Reset() {
 	*x = CreateRegionResponse{}
-	mi := &file_client_proto_msgTypes[1]
+	mi := &file_client_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -131,7 +228,7 @@ func (x *CreateRegionResponse) String() string {
 func (*CreateRegionResponse) ProtoMessage() {}
 
 func (x *CreateRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[1]
+	mi := &file_client_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -144,7 +241,7 @@ func (x *CreateRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRegionResponse.ProtoReflect.Descriptor instead.
 func (*CreateRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{1}
+	return file_client_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CreateRegionResponse) GetRegion() *Region {
@@ -163,7 +260,7 @@ type DeleteRegionRequest struct {
 
 func (x *DeleteRegionRequest) Reset() {
 	*x = DeleteRegionRequest{}
-	mi := &file_client_proto_msgTypes[2]
+	mi := &file_client_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -175,7 +272,7 @@ func (x *DeleteRegionRequest) String() string {
 func (*DeleteRegionRequest) ProtoMessage() {}
 
 func (x *DeleteRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[2]
+	mi := &file_client_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -188,7 +285,7 @@ func (x *DeleteRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRegionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{2}
+	return file_client_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeleteRegionRequest) GetName() string {
@@ -206,7 +303,7 @@ type DeleteRegionResponse struct {
 
 func (x *DeleteRegionResponse) Reset() {
 	*x = DeleteRegionResponse{}
-	mi := &file_client_proto_msgTypes[3]
+	mi := &file_client_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +315,7 @@ func (x *DeleteRegionResponse) String() string {
 func (*DeleteRegionResponse) ProtoMessage() {}
 
 func (x *DeleteRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[3]
+	mi := &file_client_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +328,7 @@ func (x *DeleteRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRegionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{3}
+	return file_client_proto_rawDescGZIP(), []int{5}
 }
 
 type ListRegionsRequest struct {
@@ -242,7 +339,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_client_proto_msgTypes[4]
+	mi := &file_client_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +351,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[4]
+	mi := &file_client_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +364,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{4}
+	return file_client_proto_rawDescGZIP(), []int{6}
 }
 
 type ListRegionsResponse struct {
@@ -279,7 +376,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_client_proto_msgTypes[5]
+	mi := &file_client_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +388,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[5]
+	mi := &file_client_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +401,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{5}
+	return file_client_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*Region {
@@ -323,7 +420,7 @@ type GetRegionRequest struct {
 
 func (x *GetRegionRequest) Reset() {
 	*x = GetRegionRequest{}
-	mi := &file_client_proto_msgTypes[6]
+	mi := &file_client_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +432,7 @@ func (x *GetRegionRequest) String() string {
 func (*GetRegionRequest) ProtoMessage() {}
 
 func (x *GetRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[6]
+	mi := &file_client_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +445,7 @@ func (x *GetRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{6}
+	return file_client_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRegionRequest) GetName() string {
@@ -367,7 +464,7 @@ type GetRegionResponse struct {
 
 func (x *GetRegionResponse) Reset() {
 	*x = GetRegionResponse{}
-	mi := &file_client_proto_msgTypes[7]
+	mi := &file_client_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +476,7 @@ func (x *GetRegionResponse) String() string {
 func (*GetRegionResponse) ProtoMessage() {}
 
 func (x *GetRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[7]
+	mi := &file_client_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +489,7 @@ func (x *GetRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{7}
+	return file_client_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetRegionResponse) GetRegion() *Region {
@@ -412,7 +509,7 @@ type LoadRequest struct {
 
 func (x *LoadRequest) Reset() {
 	*x = LoadRequest{}
-	mi := &file_client_proto_msgTypes[8]
+	mi := &file_client_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +521,7 @@ func (x *LoadRequest) String() string {
 func (*LoadRequest) ProtoMessage() {}
 
 func (x *LoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[8]
+	mi := &file_client_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +534,7 @@ func (x *LoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRequest.ProtoReflect.Descriptor instead.
 func (*LoadRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{8}
+	return file_client_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LoadRequest) GetRegion() string {
@@ -463,7 +560,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_client_proto_msgTypes[9]
+	mi := &file_client_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +572,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[9]
+	mi := &file_client_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +585,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{9}
+	return file_client_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LoadResponse) GetValue() uint64 {
@@ -509,7 +606,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_client_proto_msgTypes[10]
+	mi := &file_client_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +618,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[10]
+	mi := &file_client_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +631,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{10}
+	return file_client_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StoreRequest) GetRegion() string {
@@ -566,7 +663,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_client_proto_msgTypes[11]
+	mi := &file_client_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +675,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[11]
+	mi := &file_client_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +688,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{11}
+	return file_client_proto_rawDescGZIP(), []int{13}
 }
 
 type AddRequest struct {
@@ -605,7 +702,7 @@ type AddRequest struct {
 
 func (x *AddRequest) Reset() {
 	*x = AddRequest{}
-	mi := &file_client_proto_msgTypes[12]
+	mi := &file_client_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -617,7 +714,7 @@ func (x *AddRequest) String() string {
 func (*AddRequest) ProtoMessage() {}
 
 func (x *AddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[12]
+	mi := &file_client_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -630,7 +727,7 @@ func (x *AddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRequest.ProtoReflect.Descriptor instead.
 func (*AddRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{12}
+	return file_client_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AddRequest) GetRegion() string {
@@ -663,7 +760,7 @@ type AddResponse struct {
 
 func (x *AddResponse) Reset() {
 	*x = AddResponse{}
-	mi := &file_client_proto_msgTypes[13]
+	mi := &file_client_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +772,7 @@ func (x *AddResponse) String() string {
 func (*AddResponse) ProtoMessage() {}
 
 func (x *AddResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[13]
+	mi := &file_client_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +785,7 @@ func (x *AddResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddResponse.ProtoReflect.Descriptor instead.
 func (*AddResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{13}
+	return file_client_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AddResponse) GetNewValue() uint64 {
@@ -710,7 +807,7 @@ type CompareAndSwapRequest struct {
 
 func (x *CompareAndSwapRequest) Reset() {
 	*x = CompareAndSwapRequest{}
-	mi := &file_client_proto_msgTypes[14]
+	mi := &file_client_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +819,7 @@ func (x *CompareAndSwapRequest) String() string {
 func (*CompareAndSwapRequest) ProtoMessage() {}
 
 func (x *CompareAndSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[14]
+	mi := &file_client_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +832,7 @@ func (x *CompareAndSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSwapRequest.ProtoReflect.Descriptor instead.
 func (*CompareAndSwapRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{14}
+	return file_client_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CompareAndSwapRequest) GetRegion() string {
@@ -778,7 +875,7 @@ type CompareAndSwapResponse struct {
 
 func (x *CompareAndSwapResponse) Reset() {
 	*x = CompareAndSwapResponse{}
-	mi := &file_client_proto_msgTypes[15]
+	mi := &file_client_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +887,7 @@ func (x *CompareAndSwapResponse) String() string {
 func (*CompareAndSwapResponse) ProtoMessage() {}
 
 func (x *CompareAndSwapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[15]
+	mi := &file_client_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +900,7 @@ func (x *CompareAndSwapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSwapResponse.ProtoReflect.Descriptor instead.
 func (*CompareAndSwapResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{15}
+	return file_client_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CompareAndSwapResponse) GetSwapped() bool {
@@ -831,7 +928,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_client_proto_msgTypes[16]
+	mi := &file_client_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +940,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[16]
+	mi := &file_client_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +953,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{16}
+	return file_client_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SyncRequest) GetRegion() string {
@@ -892,7 +989,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_client_proto_msgTypes[17]
+	mi := &file_client_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1001,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[17]
+	mi := &file_client_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1014,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{17}
+	return file_client_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SyncResponse) GetPagesWritten() uint64 {
@@ -938,7 +1035,13 @@ var File_client_proto protoreflect.FileDescriptor
 
 const file_client_proto_rawDesc = "" +
 	"\n" +
-	"\fclient.proto\x12\x06dsm.v1\x1a\vtypes.proto\"\x8e\x01\n" +
+	"\fclient.proto\x12\x06dsm.v1\x1a\vtypes.proto\"\x10\n" +
+	"\x0eSessionRequest\"c\n" +
+	"\x0fSessionResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"map_socket\x18\x03 \x01(\tR\tmapSocket\"\x8e\x01\n" +
 	"\x13CreateRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
@@ -989,8 +1092,9 @@ const file_client_proto_rawDesc = "" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\"I\n" +
 	"\fSyncResponse\x12#\n" +
 	"\rpages_written\x18\x01 \x01(\x04R\fpagesWritten\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch2\xc5\x04\n" +
-	"\x06Client\x12I\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch2\x81\x05\n" +
+	"\x06Client\x12:\n" +
+	"\aSession\x12\x16.dsm.v1.SessionRequest\x1a\x17.dsm.v1.SessionResponse\x12I\n" +
 	"\fCreateRegion\x12\x1b.dsm.v1.CreateRegionRequest\x1a\x1c.dsm.v1.CreateRegionResponse\x12I\n" +
 	"\fDeleteRegion\x12\x1b.dsm.v1.DeleteRegionRequest\x1a\x1c.dsm.v1.DeleteRegionResponse\x12F\n" +
 	"\vListRegions\x12\x1a.dsm.v1.ListRegionsRequest\x1a\x1b.dsm.v1.ListRegionsResponse\x12@\n" +
@@ -1013,54 +1117,58 @@ func file_client_proto_rawDescGZIP() []byte {
 	return file_client_proto_rawDescData
 }
 
-var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_client_proto_goTypes = []any{
-	(*CreateRegionRequest)(nil),    // 0: dsm.v1.CreateRegionRequest
-	(*CreateRegionResponse)(nil),   // 1: dsm.v1.CreateRegionResponse
-	(*DeleteRegionRequest)(nil),    // 2: dsm.v1.DeleteRegionRequest
-	(*DeleteRegionResponse)(nil),   // 3: dsm.v1.DeleteRegionResponse
-	(*ListRegionsRequest)(nil),     // 4: dsm.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),    // 5: dsm.v1.ListRegionsResponse
-	(*GetRegionRequest)(nil),       // 6: dsm.v1.GetRegionRequest
-	(*GetRegionResponse)(nil),      // 7: dsm.v1.GetRegionResponse
-	(*LoadRequest)(nil),            // 8: dsm.v1.LoadRequest
-	(*LoadResponse)(nil),           // 9: dsm.v1.LoadResponse
-	(*StoreRequest)(nil),           // 10: dsm.v1.StoreRequest
-	(*StoreResponse)(nil),          // 11: dsm.v1.StoreResponse
-	(*AddRequest)(nil),             // 12: dsm.v1.AddRequest
-	(*AddResponse)(nil),            // 13: dsm.v1.AddResponse
-	(*CompareAndSwapRequest)(nil),  // 14: dsm.v1.CompareAndSwapRequest
-	(*CompareAndSwapResponse)(nil), // 15: dsm.v1.CompareAndSwapResponse
-	(*SyncRequest)(nil),            // 16: dsm.v1.SyncRequest
-	(*SyncResponse)(nil),           // 17: dsm.v1.SyncResponse
-	(Durability)(0),                // 18: dsm.v1.Durability
-	(*Region)(nil),                 // 19: dsm.v1.Region
+	(*SessionRequest)(nil),         // 0: dsm.v1.SessionRequest
+	(*SessionResponse)(nil),        // 1: dsm.v1.SessionResponse
+	(*CreateRegionRequest)(nil),    // 2: dsm.v1.CreateRegionRequest
+	(*CreateRegionResponse)(nil),   // 3: dsm.v1.CreateRegionResponse
+	(*DeleteRegionRequest)(nil),    // 4: dsm.v1.DeleteRegionRequest
+	(*DeleteRegionResponse)(nil),   // 5: dsm.v1.DeleteRegionResponse
+	(*ListRegionsRequest)(nil),     // 6: dsm.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),    // 7: dsm.v1.ListRegionsResponse
+	(*GetRegionRequest)(nil),       // 8: dsm.v1.GetRegionRequest
+	(*GetRegionResponse)(nil),      // 9: dsm.v1.GetRegionResponse
+	(*LoadRequest)(nil),            // 10: dsm.v1.LoadRequest
+	(*LoadResponse)(nil),           // 11: dsm.v1.LoadResponse
+	(*StoreRequest)(nil),           // 12: dsm.v1.StoreRequest
+	(*StoreResponse)(nil),          // 13: dsm.v1.StoreResponse
+	(*AddRequest)(nil),             // 14: dsm.v1.AddRequest
+	(*AddResponse)(nil),            // 15: dsm.v1.AddResponse
+	(*CompareAndSwapRequest)(nil),  // 16: dsm.v1.CompareAndSwapRequest
+	(*CompareAndSwapResponse)(nil), // 17: dsm.v1.CompareAndSwapResponse
+	(*SyncRequest)(nil),            // 18: dsm.v1.SyncRequest
+	(*SyncResponse)(nil),           // 19: dsm.v1.SyncResponse
+	(Durability)(0),                // 20: dsm.v1.Durability
+	(*Region)(nil),                 // 21: dsm.v1.Region
 }
 var file_client_proto_depIdxs = []int32{
-	18, // 0: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
-	19, // 1: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
-	19, // 2: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
-	19, // 3: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
-	0,  // 4: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	2,  // 5: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	4,  // 6: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
-	6,  // 7: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
-	8,  // 8: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
-	10, // 9: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
-	12, // 10: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
-	14, // 11: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
-	16, // 12: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
-	1,  // 13: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	3,  // 14: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	5,  // 15: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
-	7,  // 16: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
-	9,  // 17: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
-	11, // 18: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
-	13, // 19: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
-	15, // 20: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
-	17, // 21: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
-	13, // [13:22] is the sub-list for method output_type
-	4,  // [4:13] is the sub-list for method input_type
+	20, // 0: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
+	21, // 1: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
+	21, // 2: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
+	21, // 3: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
+	0,  // 4: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
+	2,  // 5: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	4,  // 6: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	6,  // 7: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
+	8,  // 8: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
+	10, // 9: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
+	12, // 10: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
+	14, // 11: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
+	16, // 12: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
+	18, // 13: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
+	1,  // 14: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
+	3,  // 15: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	5,  // 16: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	7,  // 17: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
+	9,  // 18: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
+	11, // 19: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
+	13, // 20: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
+	15, // 21: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
+	17, // 22: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
+	19, // 23: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
+	14, // [14:24] is the sub-list for method output_type
+	4,  // [4:14] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -1078,7 +1186,7 @@ func file_client_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_client_proto_rawDesc), len(file_client_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,6 +36,7 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
+	Client_Session_FullMethodName        = "/dsm.v1.Client/Session"
 	Client_CreateRegion_FullMethodName   = "/dsm.v1.Client/CreateRegion"
 	Client_DeleteRegion_FullMethodName   = "/dsm.v1.Client/DeleteRegion"
 	Client_ListRegions_FullMethodName    = "/dsm.v1.Client/ListRegions"
@@ -51,6 +52,10 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type ClientClient interface {
+	// Session describes the daemon the library talks to: its node id, its
+	// version and the SOCK_SEQPACKET socket on which regions are mapped.
+	// map_socket is empty when this daemon serves no mappings.
+	Session(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*SessionResponse, error)
 	// CreateRegion adds a region to the directory (a Raft write on the
 	// leader). INVALID_ARGUMENT for a bad name, size or page size;
 	// ALREADY_EXISTS when the name is taken; UNAVAILABLE without a leader.
@@ -88,6 +93,16 @@ type clientClient struct {
 
 func NewClientClient(cc grpc.ClientConnInterface) ClientClient {
 	return &clientClient{cc}
+}
+
+func (c *clientClient) Session(ctx context.Context, in *SessionRequest, opts ...grpc.CallOption) (*SessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SessionResponse)
+	err := c.cc.Invoke(ctx, Client_Session_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *clientClient) CreateRegion(ctx context.Context, in *CreateRegionRequest, opts ...grpc.CallOption) (*CreateRegionResponse, error) {
@@ -184,6 +199,10 @@ func (c *clientClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.C
 // All implementations must embed UnimplementedClientServer
 // for forward compatibility.
 type ClientServer interface {
+	// Session describes the daemon the library talks to: its node id, its
+	// version and the SOCK_SEQPACKET socket on which regions are mapped.
+	// map_socket is empty when this daemon serves no mappings.
+	Session(context.Context, *SessionRequest) (*SessionResponse, error)
 	// CreateRegion adds a region to the directory (a Raft write on the
 	// leader). INVALID_ARGUMENT for a bad name, size or page size;
 	// ALREADY_EXISTS when the name is taken; UNAVAILABLE without a leader.
@@ -223,6 +242,9 @@ type ClientServer interface {
 // pointer dereference when methods are called.
 type UnimplementedClientServer struct{}
 
+func (UnimplementedClientServer) Session(context.Context, *SessionRequest) (*SessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Session not implemented")
+}
 func (UnimplementedClientServer) CreateRegion(context.Context, *CreateRegionRequest) (*CreateRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateRegion not implemented")
 }
@@ -269,6 +291,24 @@ func RegisterClientServer(s grpc.ServiceRegistrar, srv ClientServer) {
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&Client_ServiceDesc, srv)
+}
+
+func _Client_Session_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClientServer).Session(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Client_Session_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClientServer).Session(ctx, req.(*SessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _Client_CreateRegion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -440,6 +480,10 @@ var Client_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "dsm.v1.Client",
 	HandlerType: (*ClientServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Session",
+			Handler:    _Client_Session_Handler,
+		},
 		{
 			MethodName: "CreateRegion",
 			Handler:    _Client_CreateRegion_Handler,

@@ -52,7 +52,7 @@ func TestEnumsStartUnspecified(t *testing.T) {
 // callers rely on; a rename in a .proto file shows up here, not in dsmctl.
 func TestServicesDocumented(t *testing.T) {
 	want := map[string][]string{
-		"dsm.v1.Client": {"CreateRegion", "DeleteRegion", "ListRegions", "GetRegion",
+		"dsm.v1.Client": {"Session", "CreateRegion", "DeleteRegion", "ListRegions", "GetRegion",
 			"Load", "Store", "Add", "CompareAndSwap", "Sync"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
 			"CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory"},
