@@ -106,7 +106,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		p := n.page(no)
 		p.home = home
 		if home == n.cfg.ID && n.duty(no) == nil {
-			n.homes = append(n.homes, &homeDuty{no: no, guess: InitialWord(n.epoch),
+			n.addDuty(&homeDuty{no: no, guess: InitialWord(n.epoch),
 				rebuilding: true, reports: map[ids.NodeID]Message{}})
 		}
 		n.freeze(p)
@@ -166,18 +166,22 @@ func (n *Node) repaired(w Word) Word {
 	return w.withTag(n.tag())
 }
 
-func (n *Node) duty(no ids.PageNo) *homeDuty {
-	for _, h := range n.homes {
-		if h.no == no {
-			return h
-		}
-	}
-	return nil
+func (n *Node) duty(no ids.PageNo) *homeDuty { return n.homeIdx[no] }
+
+func (n *Node) addDuty(h *homeDuty) {
+	n.homes = append(n.homes, h)
+	n.homeIdx[h.no] = h
 }
 
 // enqueue queues node id for the reservation of page no (at its home).
 func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
 	h := n.duty(no)
+	if h == nil && n.homeOf(no) == n.cfg.ID {
+		// A page HomedPages left out: its duty starts now. The guess is
+		// only a guess (the word is read before it is trusted).
+		h = &homeDuty{no: no, guess: InitialWord(n.epoch)}
+		n.addDuty(h)
+	}
 	if h == nil || id == h.granted || slices.Contains(h.queue, id) || !n.isMember(id) {
 		return
 	}

@@ -48,7 +48,11 @@ type Config struct {
 	HomeOf func(ids.PageNo) ids.NodeID
 	// HomedPages are the pages this node is home for: on a
 	// reconfiguration it repairs their words (releases what departed
-	// members held and stamps the new epoch tag).
+	// members held and stamps the new epoch tag). A home that does not
+	// list a page (a sparse region: the list would be too long) creates
+	// that page's duty the first time a starving node queues for it;
+	// a reconfiguration repairs only the duties the node has, so a caller
+	// that reconfigures must list every page whose word may be in use.
 	HomedPages []ids.PageNo
 	// RetransmitTicks is how long an invalidation waits for its
 	// acknowledgement before it is sent again (default 4).
@@ -193,7 +197,8 @@ type Node struct {
 
 	pages   map[ids.PageNo]*page
 	order   []*page // creation order, for deterministic iteration
-	homes   []*homeDuty
+	homes   []*homeDuty // creation order, for deterministic iteration
+	homeIdx map[ids.PageNo]*homeDuty
 	batches map[uint64]batchRec
 	nextID  uint64
 
@@ -214,9 +219,12 @@ func NewNode(cfg Config) (*Node, error) {
 		synced:  true,
 		pages:   map[ids.PageNo]*page{},
 		batches: map[uint64]batchRec{},
+		homeIdx: map[ids.PageNo]*homeDuty{},
 	}
 	for _, p := range cfg.HomedPages {
-		n.homes = append(n.homes, &homeDuty{no: p, guess: InitialWord(cfg.Epoch)})
+		if n.homeIdx[p] == nil {
+			n.addDuty(&homeDuty{no: p, guess: InitialWord(cfg.Epoch)})
+		}
 	}
 	return n, nil
 }

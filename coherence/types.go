@@ -95,7 +95,14 @@ type Verb struct {
 	Span    Span
 	Compare uint64 // CAS
 	Operand uint64 // CAS: new value; FAA: addend
-	Data    []byte // WRITE
+	// Data is what a WRITE stores. For a SpanPage write (a write-back) it
+	// is the state machine's copy of the page, read-only. An executor
+	// whose application keeps the page elsewhere (dsmd keeps it in the
+	// page cache's memfd and hands the state machine no stores) posts the
+	// page's current contents in its place: the write-back then carries
+	// what the application stored. The state machine never reads the
+	// bytes back.
+	Data []byte
 }
 
 func (v Verb) String() string {

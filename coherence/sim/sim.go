@@ -47,6 +47,11 @@ type Options struct {
 	// mutex built on CAS (page 0, word 0 is the lock, word 1 the
 	// counter) instead of random accesses.
 	Mutex bool
+	// LazyHomes gives the state machines no HomedPages: a home creates a
+	// page's duty when a starving node first queues for it, as dsmd does
+	// for sparse regions. Only without crashes (a reconfiguration repairs
+	// only the duties a home has).
+	LazyHomes bool
 	// Linearizability checks the recorded history with porcupine.
 	Linearizability bool
 	// SettleSteps bounds the steps after the workload and the faults stop
@@ -71,6 +76,9 @@ func (o *Options) norm() error {
 	}
 	if o.SettleSteps == 0 {
 		o.SettleSteps = 200000
+	}
+	if o.LazyHomes && o.Crashes > 0 {
+		return fmt.Errorf("sim: lazy homes with crashes")
 	}
 	if o.HomeCrashes > 0 {
 		o.Crashes = min(o.Crashes, o.Nodes-2)
@@ -261,9 +269,13 @@ func New(seed int64, o Options) (*Sim, error) {
 				homed = append(homed, ids.PageNo(p))
 			}
 		}
+		listed := homed
+		if o.LazyHomes {
+			listed = nil
+		}
 		sm, err := coherence.NewNode(coherence.Config{
 			ID: id, PageSize: o.PageSize, Epoch: 1, Members: members,
-			HomeOf: homeOf, HomedPages: homed,
+			HomeOf: homeOf, HomedPages: listed,
 		})
 		if err != nil {
 			return nil, err
