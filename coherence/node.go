@@ -196,7 +196,7 @@ type Node struct {
 	probeAt   uint64
 
 	pages   map[ids.PageNo]*page
-	order   []*page // creation order, for deterministic iteration
+	order   []*page     // creation order, for deterministic iteration
 	homes   []*homeDuty // creation order, for deterministic iteration
 	homeIdx map[ids.PageNo]*homeDuty
 	batches map[uint64]batchRec
