@@ -11,12 +11,14 @@ import (
 // Alloc returns n bytes of zeroed memory off the Go heap (an anonymous
 // private mapping), suitable for registration: it never moves and the
 // garbage collector never scans it. Release it with Free after Deregister.
-// Untouched pages cost nothing.
+// Untouched pages cost nothing: the mapping reserves address space only
+// (MAP_NORESERVE), so n may far exceed memory; a page is committed when it
+// is first written.
 func Alloc(n int) ([]byte, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("rdma: alloc of %d bytes", n)
 	}
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE|unix.MAP_NORESERVE)
 	if err != nil {
 		return nil, fmt.Errorf("rdma: mmap %d bytes: %w", n, err)
 	}

@@ -5,14 +5,16 @@
 // # What it does
 //
 // An Engine serves one region of NumPages pages for one node. New
-// validates the configuration, allocates (rdma.Alloc) and registers the
-// home slots of the pages the node is home of (coherence word at slot
-// offset 0, set to coherence.InitialWord, home copy at 8) and builds the
-// state machine. The slot of page p at its home is at the offset every
-// node computes the same way: the pages of one home, in page order, one
-// slot of 8+PageSize bytes each. Descriptor is this node's registration;
-// Start takes every peer's descriptor (the test passes a map; later the
-// directory carries them) and runs the engine; Close stops it.
+// validates the configuration, reserves (rdma.Alloc: address space only)
+// and registers a slot for every page of the region (coherence word at
+// slot offset 0, home copy at 8), at SlotOffset(p), the same at every
+// home, and builds the state machine. Only the slots of the pages this
+// node is home of are ever touched, and a slot costs memory only once
+// touched: a 1 TiB region costs nothing until used. The protocol runs in
+// an epoch whose tag is 0, so an untouched (zero) word is the initial
+// word. Descriptor is this node's registration; Start runs the engine
+// with the peers' descriptors known so far and SetPeer adds the rest
+// (dsmd learns them from the directory); Close stops it.
 //
 // One goroutine, the loop, owns the state machine; nothing else touches
 // it and there is no lock around it. Others talk to it through channels:
@@ -37,9 +39,10 @@
 // cache only through those buffers. The protocol takes pages back through
 // Pages: Drop (-> Invalid) and Downgrade (-> Shared), which return the
 // cache's data when it held the page Modified. That data is the page's
-// truth: it is copied into the state machine's copy and into the
-// write-back, so a recall or an eviction writes back what the cache's
-// clients stored.
+// truth: the engine keeps it and posts it in place of the state machine's
+// copy in the page's write-backs (coherence.Verb.Data), so a recall or an
+// eviction writes back what the cache's clients stored. The state
+// machine's copy is never written by the engine.
 //
 // Invariants:
 //
@@ -70,8 +73,7 @@
 // # Not done yet
 //
 //   - One region per engine and one fixed home assignment; no
-//     Reconfigure (epochs, departures, home moves) is fed in, and no
-//     directory supplies the peers' descriptors.
+//     Reconfigure (epochs, departures, home moves) is fed in.
 //   - Mixing atomics and mapped access on one page is not coherent
 //     locally: while the cache holds a page Modified its data is the
 //     truth, and an atomic on that page works on the state machine's
@@ -80,9 +82,6 @@
 //     executed; rdma Post may have executed part of it (a ctx timeout, a
 //     broken connection). Batches are posted with the engine's context,
 //     without a per-batch deadline.
-//   - localcache.Cache does not implement Pages yet (its Invalidate and
-//     Downgrade would, returning the dirty data); the engine is not wired
-//     into node/ or dsmd.
 //   - No metrics; a ReadMiss or WriteMiss copies the page once more than
 //     needed.
 package engine

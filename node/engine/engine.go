@@ -55,16 +55,23 @@ type Config struct {
 	NumPages int
 	// PageSize in bytes: a positive multiple of 8.
 	PageSize int
-	// Epoch and Members are the configuration.
+	// Epoch and Members are the configuration. Epoch must be a positive
+	// multiple of 16: home memory is zero until a page is first touched,
+	// and the zero word is coherence.InitialWord of exactly those epochs.
 	Epoch   ids.Epoch
 	Members []ids.NodeID
 	// HomeOf names the home of every page of the region (a pure
-	// function). The home of page p keeps its slot at offset
-	// SlotOffset(p) of its registration.
+	// function). Every home keeps the slot of page p at offset
+	// SlotOffset(p, PageSize) of its registration.
 	HomeOf func(ids.PageNo) ids.NodeID
-	// Transport is this node's endpoint; the engine installs its message
-	// handler. The caller closes it after the engine.
+	// Transport is this node's endpoint. The caller closes it after the
+	// engine.
 	Transport rdma.Transport
+	// Send, when set, carries the engine's messages instead of
+	// Transport.Send, and the engine does not install a message handler:
+	// the caller routes what arrives to Deliver (dsmd runs one engine per
+	// region over one transport).
+	Send func(ctx context.Context, to ids.NodeID, msg []byte) error
 	// Pages receives drops and downgrades; nil: none (atomics only).
 	Pages Pages
 	// Tick is the interval of the protocol clock (default 1ms).
@@ -75,12 +82,14 @@ type Config struct {
 
 // Engine runs the coherence protocol of one node for one region.
 type Engine struct {
-	cfg     Config
-	sm      *coherence.Node
-	reg     rdma.Registration // nil when this node homes no page
-	mem     []byte
-	slotOff map[ids.PageNo]uint64
-	log     *slog.Logger
+	cfg Config
+	sm  *coherence.Node
+	reg rdma.Registration
+	mem []byte
+	log *slog.Logger
+
+	peerMu sync.Mutex
+	peers  map[ids.NodeID]rdma.Descriptor
 
 	reqCh  chan submit
 	doneCh chan coherence.VerbsDone
@@ -96,11 +105,14 @@ type Engine struct {
 	closeOnce sync.Once
 
 	// Owned by the loop goroutine.
-	peers    map[ids.NodeID]rdma.Descriptor
-	nextID   uint64
-	waiters  map[uint64]*waiter
-	granted  map[ids.PageNo][]byte // the state machine's M copy, kept equal to the cache's
-	evicting map[ids.PageNo]int    // Evict calls in progress: the cache already dropped the page
+	nextID  uint64
+	waiters map[uint64]*waiter
+	// wb holds the cache's contents of a page it gave up Modified (by a
+	// drop, a downgrade or an eviction): the write-backs of the page post
+	// them instead of the state machine's copy, until the page is granted
+	// or installed again.
+	wb       map[ids.PageNo][]byte
+	evicting map[ids.PageNo]int // Evict calls in progress: the cache already dropped the page
 	effects  map[ids.PageNo][]*effectJob
 }
 
@@ -134,11 +146,23 @@ type result struct {
 
 var _ localcache.Coherence = (*Engine)(nil)
 
-// New validates cfg, allocates and registers the home slots of the pages
-// this node is home of, and returns an engine that is not running yet.
+// SlotOffset is the offset of page p's slot (its coherence word, then the
+// home copy) in a home's registration.
+func SlotOffset(p ids.PageNo, pageSize int) uint64 { return uint64(p) * uint64(8+pageSize) }
+
+// New validates cfg, reserves and registers the home slots of the region
+// and returns an engine that is not running yet. The slots of every page
+// are reserved (address space only: memory is committed when a page is
+// first touched), so a 1 TiB region costs nothing until used.
 func New(cfg Config) (*Engine, error) {
 	if cfg.Transport == nil || cfg.HomeOf == nil || cfg.NumPages <= 0 {
 		return nil, fmt.Errorf("%w: transport, HomeOf and NumPages are required", ErrBadConfig)
+	}
+	if cfg.Epoch == 0 || cfg.Epoch%16 != 0 {
+		return nil, fmt.Errorf("%w: epoch %d is not a positive multiple of 16", ErrBadConfig, cfg.Epoch)
+	}
+	if cfg.PageSize <= 0 || cfg.PageSize%8 != 0 {
+		return nil, fmt.Errorf("%w: page size %d", ErrBadConfig, cfg.PageSize)
 	}
 	if cfg.Transport.LocalID() != cfg.ID {
 		return nil, fmt.Errorf("%w: transport is %v, engine %v", ErrBadConfig, cfg.Transport.LocalID(), cfg.ID)
@@ -150,7 +174,6 @@ func New(cfg Config) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	homed, slotOff := layout(cfg)
 	sm, err := coherence.NewNode(coherence.Config{
 		ID: cfg.ID, PageSize: cfg.PageSize, Epoch: cfg.Epoch, Members: cfg.Members,
 		HomeOf: func(p ids.PageNo) ids.NodeID {
@@ -159,14 +182,16 @@ func New(cfg Config) (*Engine, error) {
 			}
 			return cfg.HomeOf(p)
 		},
-		HomedPages: homed,
+		// Homes start a page's duty when it is first needed (sparse
+		// regions); no Reconfigure is fed in.
+		HomedPages: nil,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
-		cfg: cfg, sm: sm, slotOff: slotOff, log: log,
+		cfg: cfg, sm: sm, log: log,
 		reqCh:  make(chan submit),
 		doneCh: make(chan coherence.VerbsDone),
 		recvCh: make(chan coherence.Message, 256),
@@ -174,73 +199,60 @@ func New(cfg Config) (*Engine, error) {
 		ctx:    ctx, cancel: cancel,
 		peers:    map[ids.NodeID]rdma.Descriptor{},
 		waiters:  map[uint64]*waiter{},
-		granted:  map[ids.PageNo][]byte{},
+		wb:       map[ids.PageNo][]byte{},
 		evicting: map[ids.PageNo]int{},
 		effects:  map[ids.PageNo][]*effectJob{},
 		effectCh: make(chan *effectJob),
 	}
-	if len(homed) > 0 {
-		n := len(homed) * (8 + cfg.PageSize)
-		mem, err := rdma.Alloc(n)
-		if err != nil {
-			cancel()
-			return nil, fmt.Errorf("engine: %w", err)
-		}
-		for _, p := range homed {
-			rdma.StoreWord(mem, slotOff[p], uint64(coherence.InitialWord(cfg.Epoch)))
-		}
-		reg, err := cfg.Transport.Register(mem, rdma.AccessAll)
-		if err != nil {
-			_ = rdma.Free(mem)
-			cancel()
-			return nil, fmt.Errorf("engine: register home slots: %w", err)
-		}
-		e.mem, e.reg = mem, reg
+	n := int(SlotOffset(ids.PageNo(cfg.NumPages), cfg.PageSize))
+	mem, err := rdma.Alloc(n)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("engine: reserve home slots: %w", err)
 	}
+	reg, err := cfg.Transport.Register(mem, rdma.AccessAll)
+	if err != nil {
+		_ = rdma.Free(mem)
+		cancel()
+		return nil, fmt.Errorf("engine: register home slots: %w", err)
+	}
+	e.mem, e.reg = mem, reg
+	e.peers[cfg.ID] = reg.Descriptor()
 	return e, nil
 }
 
-// layout lists the pages cfg.ID is home of and the slot offset of every
-// page at its home: the pages of one home, in page order, one slot of
-// 8+PageSize bytes each. Every node computes the same layout.
-func layout(cfg Config) ([]ids.PageNo, map[ids.PageNo]uint64) {
-	next := map[ids.NodeID]uint64{}
-	off := make(map[ids.PageNo]uint64, cfg.NumPages)
-	var homed []ids.PageNo
-	for i := 0; i < cfg.NumPages; i++ {
-		p := ids.PageNo(i)
-		h := cfg.HomeOf(p)
-		off[p] = next[h]
-		next[h] += uint64(8 + cfg.PageSize)
-		if h == cfg.ID {
-			homed = append(homed, p)
-		}
-	}
-	return homed, off
+// Descriptor is the descriptor of this node's home memory. Peers need it
+// to reach the slots of the pages this node is home of.
+func (e *Engine) Descriptor() rdma.Descriptor { return e.reg.Descriptor() }
+
+// SetPeer records the home memory descriptor of a peer; it may come
+// before or after Start. Until a home's descriptor is known, the verbs to
+// it fail (ErrNoHome) and the protocol retries them.
+func (e *Engine) SetPeer(id ids.NodeID, d rdma.Descriptor) {
+	e.peerMu.Lock()
+	defer e.peerMu.Unlock()
+	e.peers[id] = d
 }
 
-// Descriptor is the descriptor of this node's home memory (ok false when
-// it homes no page). Peers need it to reach the slots of its pages.
-func (e *Engine) Descriptor() (rdma.Descriptor, bool) {
-	if e.reg == nil {
-		return rdma.Descriptor{}, false
-	}
-	return e.reg.Descriptor(), true
+func (e *Engine) peer(id ids.NodeID) (rdma.Descriptor, bool) {
+	e.peerMu.Lock()
+	defer e.peerMu.Unlock()
+	d, ok := e.peers[id]
+	return d, ok
 }
 
 // Start runs the engine with the home memory descriptors of the peers
-// (this node's own may be included; it is added if missing).
+// known so far (SetPeer adds more).
 func (e *Engine) Start(peers map[ids.NodeID]rdma.Descriptor) {
 	e.startOnce.Do(func() {
-		ps := make(map[ids.NodeID]rdma.Descriptor, len(peers)+1)
 		for id, d := range peers {
-			ps[id] = d
+			if id != e.cfg.ID {
+				e.SetPeer(id, d)
+			}
 		}
-		if d, ok := e.Descriptor(); ok {
-			ps[e.cfg.ID] = d
+		if e.cfg.Send == nil {
+			e.cfg.Transport.SetHandler(e.Deliver)
 		}
-		e.peers = ps
-		e.cfg.Transport.SetHandler(e.handle)
 		e.wg.Add(1)
 		go e.loop()
 	})
@@ -252,7 +264,9 @@ func (e *Engine) Start(peers map[ids.NodeID]rdma.Descriptor) {
 func (e *Engine) Close() error {
 	var err error
 	e.closeOnce.Do(func() {
-		e.cfg.Transport.SetHandler(nil)
+		if e.cfg.Send == nil {
+			e.cfg.Transport.SetHandler(nil)
+		}
 		close(e.stop)
 		e.cancel()
 		e.wg.Wait()
@@ -263,8 +277,10 @@ func (e *Engine) Close() error {
 	return err
 }
 
-// handle is the transport's message handler.
-func (e *Engine) handle(from ids.NodeID, b []byte) {
+// Deliver hands the engine a message from a peer: the transport's message
+// handler, or the caller's router when Config.Send is set. It does not
+// keep b.
+func (e *Engine) Deliver(from ids.NodeID, b []byte) {
 	m, err := coherence.Unmarshal(b)
 	if err != nil {
 		e.log.Warn("undecodable message", "from", from, "err", err)
@@ -307,9 +323,7 @@ func (e *Engine) loop() {
 			s.req.ID = e.nextID
 			if s.kind == evictOp {
 				if s.dirty != nil {
-					if g := e.granted[s.req.Page]; g != nil {
-						copy(g, s.dirty)
-					}
+					e.wb[s.req.Page] = s.dirty
 				}
 				e.evicting[s.req.Page]++
 			}
@@ -380,24 +394,16 @@ func (e *Engine) apply() {
 // Modified (see effectDone).
 func (e *Engine) pageEffect(pe coherence.PageEffect) {
 	switch pe.Kind {
-	case coherence.PageGrantExclusive:
-		e.granted[pe.Page] = pe.Data
-		return
-	case coherence.PageInstallShared:
-		delete(e.granted, pe.Page)
+	case coherence.PageGrantExclusive, coherence.PageInstallShared:
+		// A new copy: earlier write-backs are done.
+		delete(e.wb, pe.Page)
 		return
 	}
 	e.failMisses(pe.Page)
 	if e.cfg.Pages == nil || e.evicting[pe.Page] > 0 {
-		if pe.Kind == coherence.PageDrop {
-			delete(e.granted, pe.Page)
-		}
 		return
 	}
-	j := &effectJob{kind: pe.Kind, page: pe.Page, alias: e.granted[pe.Page]}
-	if pe.Kind == coherence.PageDrop {
-		delete(e.granted, pe.Page)
-	}
+	j := &effectJob{kind: pe.Kind, page: pe.Page}
 	q := e.effects[pe.Page]
 	e.effects[pe.Page] = append(q, j)
 	if len(q) == 0 {
@@ -410,7 +416,6 @@ func (e *Engine) pageEffect(pe coherence.PageEffect) {
 type effectJob struct {
 	kind  coherence.PageEffectKind
 	page  ids.PageNo
-	alias []byte            // the state machine's M copy, if any
 	held  []coherence.Batch // batches and messages about the page, waiting
 	msgs  []coherence.Message
 	dirty []byte // set by the goroutine
@@ -441,22 +446,12 @@ func (e *Engine) runEffect(j *effectJob) {
 	}()
 }
 
-// effectDone takes the cache's answer: its data replaces the state
-// machine's copy and the page data of the held write-backs, which are
-// posted now; the page's next job starts.
+// effectDone takes the cache's answer: its data becomes what the page's
+// write-backs carry (see Engine.wb); the held batches and messages go out
+// now and the page's next job starts.
 func (e *Engine) effectDone(j *effectJob) {
 	if j.dirty != nil {
-		if j.alias != nil {
-			copy(j.alias, j.dirty)
-		}
-		for _, b := range j.held {
-			for i := range b.Verbs {
-				v := &b.Verbs[i]
-				if v.Kind == coherence.VerbWrite && v.Span == coherence.SpanPage && v.Page == j.page {
-					copy(v.Data, j.dirty)
-				}
-			}
-		}
+		e.wb[j.page] = j.dirty
 	}
 	for _, m := range j.msgs {
 		e.send(m)
@@ -499,7 +494,11 @@ func (e *Engine) complete(c coherence.Completion) {
 
 // send queues a message; a lost one is retransmitted by the protocol.
 func (e *Engine) send(m coherence.Message) {
-	if err := e.cfg.Transport.Send(e.ctx, m.To, m.Marshal()); err != nil {
+	send := e.cfg.Transport.Send
+	if e.cfg.Send != nil {
+		send = e.cfg.Send
+	}
+	if err := send(e.ctx, m.To, m.Marshal()); err != nil {
 		e.log.Debug("send", "msg", m, "err", err)
 	}
 }
@@ -533,17 +532,16 @@ func (e *Engine) post(b coherence.Batch) {
 
 // ops turns a batch into rdma operations on the home's slots.
 func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
-	desc, ok := e.peers[b.Home]
+	desc, ok := e.peer(b.Home)
 	if !ok {
 		return nil, fmt.Errorf("%w: %v", ErrNoHome, b.Home)
 	}
 	ops := make([]rdma.Op, len(b.Verbs))
 	for i, v := range b.Verbs {
-		off, ok := e.slotOff[v.Page]
-		if !ok {
+		if int64(v.Page) >= int64(e.cfg.NumPages) {
 			return nil, fmt.Errorf("%w: page %v", ErrNoHome, v.Page)
 		}
-		op := rdma.Op{RKey: desc.RKey, Offset: off + v.Span.Offset()}
+		op := rdma.Op{RKey: desc.RKey, Offset: SlotOffset(v.Page, e.cfg.PageSize) + v.Span.Offset()}
 		switch v.Kind {
 		case coherence.VerbRead:
 			op.Kind = rdma.OpRead
@@ -551,6 +549,9 @@ func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
 		case coherence.VerbWrite:
 			op.Kind = rdma.OpWrite
 			op.Buf = v.Data
+			if d := e.wb[v.Page]; d != nil && v.Span == coherence.SpanPage {
+				op.Buf = d
+			}
 		case coherence.VerbCAS:
 			op.Kind, op.Compare, op.Operand = rdma.OpCAS, v.Compare, v.Operand
 		case coherence.VerbFAA:

@@ -62,7 +62,7 @@ func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), s
 		pages := &MemPages{}
 		e, err := New(Config{
 			ID: id, Region: testRegion, NumPages: testPages, PageSize: testPageSize,
-			Epoch: 1, Members: members, HomeOf: testHome, Transport: ep, Pages: pages,
+			Epoch: 16, Members: members, HomeOf: testHome, Transport: ep, Pages: pages,
 			Tick: time.Millisecond,
 		})
 		if err != nil {
@@ -73,11 +73,7 @@ func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), s
 				t.Error(err)
 			}
 		})
-		d, ok := e.Descriptor()
-		if !ok {
-			t.Fatalf("%v homes no page", id)
-		}
-		descs[id] = d
+		descs[id] = e.Descriptor()
 		nodes[id] = &testNode{e: e, pages: pages, ep: ep}
 	}
 	for id, n := range nodes {
@@ -368,7 +364,7 @@ func TestBadConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ep.Close()
-	base := Config{ID: 1, Region: 1, NumPages: 1, PageSize: 64, Epoch: 1, Members: []ids.NodeID{1},
+	base := Config{ID: 1, Region: 1, NumPages: 1, PageSize: 64, Epoch: 16, Members: []ids.NodeID{1},
 		HomeOf: func(ids.PageNo) ids.NodeID { return 1 }, Transport: ep}
 	for name, mod := range map[string]func(*Config){
 		"no transport":  func(c *Config) { c.Transport = nil },
@@ -376,6 +372,7 @@ func TestBadConfig(t *testing.T) {
 		"other id":      func(c *Config) { c.ID = 2 },
 		"bad page size": func(c *Config) { c.PageSize = 12 },
 		"epoch zero":    func(c *Config) { c.Epoch = 0 },
+		"epoch tag 1":   func(c *Config) { c.Epoch = 17 },
 	} {
 		c := base
 		mod(&c)
@@ -501,7 +498,7 @@ func TestBadMessagesDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	forged := coherence.Message{Type: coherence.MsgInvalidate, From: 3, To: 1, Epoch: 1, Page: 1, Version: 9}
+	forged := coherence.Message{Type: coherence.MsgInvalidate, From: 3, To: 1, Epoch: 16, Page: 1, Version: 9}
 	if err := from.Send(ctx, 1, forged.Marshal()); err != nil {
 		t.Fatal(err)
 	}
