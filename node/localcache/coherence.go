@@ -2,40 +2,29 @@ package localcache
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
+	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
 // State is the local MSI state of a page: what this machine's mappings may
-// do with it. The zero value is invalid.
-type State uint8
+// do with it. It is the coherence protocol's state (coherence.State):
+//
+//   - Invalid (the zero value): the page is not in the region's memfd (a
+//     hole); every local access faults.
+//   - Shared: the memfd holds a valid copy; clients map it read-only, and
+//     a store faults (WP).
+//   - Modified: this node holds the page exclusively; clients may map it
+//     writable, and the memfd copy is the only current one.
+type State = coherence.State
 
 // Page states.
 const (
-	// Invalid: the page is not in the region's memfd (a hole); every local
-	// access faults.
-	Invalid State = 1 + iota
-	// Shared: the memfd holds a valid copy; clients map it read-only, and a
-	// store faults (WP).
-	Shared
-	// Modified: this node holds the page exclusively; clients may map it
-	// writable, and the memfd copy is the only current one.
-	Modified
+	Invalid  = coherence.Invalid
+	Shared   = coherence.Shared
+	Modified = coherence.Modified
 )
-
-func (s State) String() string {
-	switch s {
-	case Invalid:
-		return "I"
-	case Shared:
-		return "S"
-	case Modified:
-		return "M"
-	}
-	return fmt.Sprintf("State(%d)", uint8(s))
-}
 
 // Coherence is what the Cache needs from the coherence engine: permission
 // and data for local misses, and a place to give pages up. The Cache calls

@@ -239,39 +239,11 @@ func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write boo
 	defer r.release(pg)
 	for attempt := 0; ; attempt++ {
 		st := pg.State()
-		switch {
-		case st == Invalid:
-			bp := r.bufs.Get().(*[]byte)
-			buf := *bp
-			var err error
-			next := Shared
-			if write {
-				c.st.writeMisses.Add(1)
-				err = c.coh.WriteMiss(ctx, r.id, p, buf)
-				next = Modified
-			} else {
-				c.st.readMisses.Add(1)
-				err = c.coh.ReadMiss(ctx, r.id, p, buf)
+		if st == Invalid || st == Shared && write {
+			if err := c.hold(ctx, pg, write); err != nil {
+				return err
 			}
-			if err == nil {
-				r.fill(p, buf)
-			}
-			r.bufs.Put(bp)
-			if err != nil {
-				c.st.missErrors.Add(1)
-				return &missError{err}
-			}
-			c.setState(pg, next)
-			c.st.installs.Add(1)
-		case st == Shared && write:
-			c.st.writeMisses.Add(1)
-			c.st.upgrades.Add(1)
-			if err := c.coh.WriteMiss(ctx, r.id, p, nil); err != nil {
-				c.st.missErrors.Add(1)
-				return &missError{err}
-			}
-			c.setState(pg, Modified)
-		default:
+		} else {
 			c.st.localResolves.Add(1)
 		}
 		err := c.mapInto(cl, pg, write)

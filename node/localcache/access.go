@@ -1,0 +1,166 @@
+//go:build linux
+
+package localcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// hold brings locked page pg up to what an access needs (Shared to read,
+// Modified to write) through the Coherence engine. On error the page keeps
+// its state.
+func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
+	r, p := pg.r, pg.no
+	switch st := pg.State(); {
+	case st == Invalid:
+		bp := r.bufs.Get().(*[]byte)
+		defer r.bufs.Put(bp)
+		buf := *bp
+		var err error
+		next := Shared
+		if write {
+			c.st.writeMisses.Add(1)
+			err = c.coh.WriteMiss(ctx, r.id, p, buf)
+			next = Modified
+		} else {
+			c.st.readMisses.Add(1)
+			err = c.coh.ReadMiss(ctx, r.id, p, buf)
+		}
+		if err != nil {
+			c.st.missErrors.Add(1)
+			return &missError{err}
+		}
+		r.fill(p, buf)
+		c.setState(pg, next)
+		c.st.installs.Add(1)
+	case st == Shared && write:
+		c.st.writeMisses.Add(1)
+		c.st.upgrades.Add(1)
+		if err := c.coh.WriteMiss(ctx, r.id, p, nil); err != nil {
+			c.st.missErrors.Add(1)
+			return &missError{err}
+		}
+		c.setState(pg, Modified)
+	}
+	return nil
+}
+
+// Access runs fn on page p of region rid in the daemon's own mapping, with
+// the page held Shared (write false) or Modified (write true) and locked,
+// so that the protocol cannot take it away during fn. A miss goes through
+// the Coherence engine like a client's fault, and is retried with backoff
+// when it fails (a remote request took the page meanwhile) until ctx ends.
+//
+// While the page is Modified, client processes may map it writable and
+// store into it concurrently with fn: fn must use atomic operations on the
+// words it shares with them (dsmd's atomics do). fn must not keep the
+// slice.
+func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, write bool, fn func(page []byte)) error {
+	r, err := c.region(rid)
+	if err != nil {
+		return err
+	}
+	if err := r.checkPage(p); err != nil {
+		return err
+	}
+	backoff := 200 * time.Microsecond
+	for {
+		pg, err := r.acquire(ctx, p)
+		if err != nil {
+			return err
+		}
+		err = c.hold(ctx, pg, write)
+		if err == nil {
+			fn(r.bytes(p))
+		}
+		r.release(pg)
+		if err == nil {
+			c.makeRoom(ctx)
+			return nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("localcache: %s/%s: %w (last miss: %v)", rid, p, cerr, err)
+		}
+		if errors.Is(err, ErrClosed) || c.ctx.Err() != nil {
+			return ErrClosed
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-c.ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 50*time.Millisecond)
+	}
+}
+
+// Flush writes back every page of region rid in [first, first+n) that this
+// node holds Modified, as an eviction does (the page leaves the cache), and
+// returns how many it wrote back. n 0 means to the end of the region.
+func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n uint64) (int, error) {
+	r, err := c.region(rid)
+	if err != nil {
+		return 0, err
+	}
+	end := r.npages
+	if n != 0 && uint64(first)+n < end {
+		end = uint64(first) + n
+	}
+	var dirty []ids.PageNo
+	r.mu.Lock()
+	for no, pg := range r.pages {
+		if uint64(no) >= uint64(first) && uint64(no) < end && pg.State() == Modified {
+			dirty = append(dirty, no)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(dirty)
+	written := 0
+	for _, no := range dirty {
+		pg, err := r.acquire(ctx, no)
+		if err != nil {
+			return written, err
+		}
+		if pg.State() == Modified {
+			err = c.evict(ctx, pg)
+			if err == nil {
+				written++
+			}
+		}
+		r.release(pg)
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// Held lists the pages of region rid in [first, first+n) held here
+// (Shared or Modified), with their state. n 0 means to the end.
+func (c *Cache) Held(rid ids.RegionID, first ids.PageNo, n uint64) (map[ids.PageNo]State, error) {
+	r, err := c.region(rid)
+	if err != nil {
+		return nil, err
+	}
+	end := r.npages
+	if n != 0 && uint64(first)+n < end {
+		end = uint64(first) + n
+	}
+	out := map[ids.PageNo]State{}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for no, pg := range r.pages {
+		if st := pg.State(); st != Invalid && uint64(no) >= uint64(first) && uint64(no) < end {
+			out[no] = st
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,99 @@
+//go:build linux
+
+package localcache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+)
+
+// TestAccess: Access holds the page as asked (a read miss, then an
+// upgrade), its atomics from many goroutines add up, a client process sees
+// the result, and Flush writes the Modified page back and drops it.
+func TestAccess(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	var got uint64
+	if err := d.c.Access(ctx, regionR, 3, false, func(b []byte) { got = binary.LittleEndian.Uint64(b) }); err != nil {
+		t.Fatal(err)
+	}
+	if got != 0 || d.state(3) != Shared {
+		t.Fatalf("read access: word %d state %v, want 0 S", got, d.state(3))
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				err := d.c.Access(ctx, regionR, 3, true, func(b []byte) {
+					atomic.AddUint64((*uint64)(unsafe.Pointer(&b[8])), 1)
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if d.state(3) != Modified {
+		t.Fatalf("state %v after write access, want M", d.state(3))
+	}
+	if c := d.home.counts(); c.reads != 1 || c.upgrades != 1 {
+		t.Fatalf("home saw %+v, want one read miss and one upgrade", c)
+	}
+	p := d.client("a", "r")
+	if v := p.load(off(3) + 8); v != 800 {
+		t.Fatalf("client loads %d, want 800", v)
+	}
+
+	n, err := d.c.Flush(ctx, regionR, 0, 0)
+	if err != nil || n != 1 {
+		t.Fatalf("Flush = %d, %v; want 1 page", n, err)
+	}
+	if d.state(3) != Invalid {
+		t.Fatalf("state %v after Flush, want I", d.state(3))
+	}
+	buf := make([]byte, ps)
+	d.home.Get(regionR, 3, buf)
+	if v := binary.LittleEndian.Uint64(buf[8:]); v != 800 {
+		t.Fatalf("home copy holds %d after Flush, want 800", v)
+	}
+	if n, err := d.c.Flush(ctx, regionR, 0, 0); err != nil || n != 0 {
+		t.Fatalf("second Flush = %d, %v; want 0", n, err)
+	}
+	held, err := d.c.Held(regionR, 0, 0)
+	if err != nil || len(held) != 0 {
+		t.Fatalf("Held = %v, %v; want nothing", held, err)
+	}
+}
+
+// TestAccessErrors: unknown regions and pages out of range are refused;
+// a cancelled access gives up with the context's error.
+func TestAccessErrors(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	nop := func([]byte) {}
+	if err := d.c.Access(ctx, regionR+1, 0, false, nop); !errors.Is(err, ErrUnknownRegion) {
+		t.Errorf("unknown region: %v", err)
+	}
+	if err := d.c.Access(ctx, regionR, 1<<20, false, nop); !errors.Is(err, ErrPageRange) {
+		t.Errorf("page out of range: %v", err)
+	}
+	d.home.mu.Lock()
+	d.home.honourCtx = true
+	d.home.mu.Unlock()
+	open := d.home.gate(5)
+	defer open()
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { d.home.waitEntered(t, 5); cancel() }()
+	if err := d.c.Access(cctx, regionR, 5, true, nop); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled access: %v", err)
+	}
+}
