@@ -1,0 +1,323 @@
+package dsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/dsmkit/dsm/internal/mapclient"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// DefaultAddr is where Dial finds dsmd when neither its addr argument nor
+// $DSM_ADDR says otherwise: the local dsmd's Unix socket.
+const DefaultAddr = "/run/dsm/dsmd.sock"
+
+// AddrEnv is the environment variable that overrides DefaultAddr.
+const AddrEnv = "DSM_ADDR"
+
+// Client is a connection to the local dsmd. It is safe for concurrent use.
+// Create it with Dial; Close it when done.
+type Client struct {
+	addr      string // as given, for messages
+	conn      *grpc.ClientConn
+	rpc       dsmpb.ClientClient
+	nodeID    uint32
+	version   string
+	mapSocket string
+
+	mu      sync.Mutex
+	closed  bool
+	mc      *mapclient.Client
+	regions map[*Region]struct{}
+	dialErr error // the dialer's last error, to explain a failed Dial
+}
+
+// Dial connects to the dsmd at addr and asks it for its session (node id,
+// version, mapping socket). An empty addr means $DSM_ADDR, else
+// DefaultAddr. An address is a Unix socket path ("/run/dsm/dsmd.sock",
+// "unix:///path", "unix:path") or a TCP "host:port" ("tcp://host:port");
+// mapping regions needs the Unix socket of a dsmd on this machine. ctx
+// bounds the first exchange; a failure says which address was tried and
+// matches ErrDaemonUnavailable.
+func Dial(ctx context.Context, addr string) (*Client, error) {
+	if addr == "" {
+		addr = os.Getenv(AddrEnv)
+	}
+	if addr == "" {
+		addr = DefaultAddr
+	}
+	network, address := splitAddr(addr)
+	if address == "" {
+		return nil, newErr("dial", "", noOffset, ErrInvalidArgument, fmt.Errorf("empty address %q", addr))
+	}
+	c := &Client{addr: addr, regions: make(map[*Region]struct{})}
+	dial := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, address)
+		c.mu.Lock()
+		c.dialErr = err
+		c.mu.Unlock()
+		return conn, err
+	}
+	// A local daemon that restarts is back within seconds: reconnect
+	// quickly rather than with gRPC's default backoff of up to two minutes.
+	bo := backoff.DefaultConfig
+	bo.MaxDelay = time.Second
+	conn, err := grpc.NewClient("passthrough:///"+address,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dial),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 5 * time.Second}),
+	)
+	if err != nil {
+		return nil, newErr("dial", "", noOffset, ErrInvalidArgument, fmt.Errorf("dsmd at %s: %w", addr, err))
+	}
+	c.conn, c.rpc = conn, dsmpb.NewClientClient(conn)
+	s, err := c.rpc.Session(ctx, &dsmpb.SessionRequest{})
+	if err != nil {
+		conn.Close()
+		return nil, c.dialError(err)
+	}
+	c.nodeID, c.version, c.mapSocket = s.GetNodeId(), s.GetVersion(), s.GetMapSocket()
+	return c, nil
+}
+
+// dialError explains a failed Session call of Dial.
+func (c *Client) dialError(err error) error {
+	c.mu.Lock()
+	derr := c.dialErr
+	c.mu.Unlock()
+	if derr != nil {
+		return newErr("dial", "", noOffset, ErrDaemonUnavailable, fmt.Errorf(
+			"dsmd at %s: %s (is dsmd running? pass its socket path to Dial or set $%s; the default is %s): %w",
+			c.addr, dialReason(derr), AddrEnv, DefaultAddr, derr))
+	}
+	e := rpcErr("dial", "", err).(*Error)
+	e.Err = fmt.Errorf("dsmd at %s: %w", c.addr, err)
+	return e
+}
+
+// splitAddr turns an address into a network and an address, with the
+// rules of dsmctl: unix:///path, unix:path and anything with a slash or
+// without a colon are Unix socket paths; tcp://host:port and the rest are
+// TCP.
+func splitAddr(addr string) (network, address string) {
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		return "unix", strings.TrimPrefix(addr, "unix://")
+	case strings.HasPrefix(addr, "unix:"):
+		return "unix", strings.TrimPrefix(addr, "unix:")
+	case strings.HasPrefix(addr, "tcp://"):
+		return "tcp", strings.TrimPrefix(addr, "tcp://")
+	case strings.Contains(addr, "/") || !strings.Contains(addr, ":"):
+		return "unix", addr
+	}
+	return "tcp", addr
+}
+
+// dialReason says in words why the socket could not be reached.
+func dialReason(err error) string {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ENOENT):
+		return "no socket there"
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
+		return "permission denied (run as a member of the socket's group)"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "connection timed out"
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err.Error()
+	}
+	return err.Error()
+}
+
+// NodeID is the id of the dsmd this Client talks to.
+func (c *Client) NodeID() uint32 { return c.nodeID }
+
+// Version is the build version of the dsmd this Client talks to.
+func (c *Client) Version() string { return c.version }
+
+// Durability says what Sync promises for a region.
+type Durability int
+
+// Durabilities. The zero value is not one: WithDurability(0) is refused.
+const (
+	// Memory: pages live only in memory. Sync writes dirty pages back to
+	// their home; a crash of a page's holder loses its unsynced writes.
+	Memory Durability = 1 + iota
+	// Durable: Sync also persists the pages at the home and copies them to
+	// a backup home: synced data survives the crash of any one node.
+	Durable
+)
+
+// String names the durability ("memory", "durable").
+func (d Durability) String() string {
+	switch d {
+	case Memory:
+		return "memory"
+	case Durable:
+		return "durable"
+	}
+	return fmt.Sprintf("Durability(%d)", int(d))
+}
+
+func (d Durability) pb() dsmpb.Durability {
+	switch d {
+	case Memory:
+		return dsmpb.Durability_DURABILITY_MEMORY
+	case Durable:
+		return dsmpb.Durability_DURABILITY_DURABLE
+	}
+	return dsmpb.Durability_DURABILITY_UNSPECIFIED
+}
+
+func durabilityOf(d dsmpb.Durability) Durability {
+	switch d {
+	case dsmpb.Durability_DURABILITY_MEMORY:
+		return Memory
+	case dsmpb.Durability_DURABILITY_DURABLE:
+		return Durable
+	}
+	return 0
+}
+
+// RegionOption is an option of CreateRegion.
+type RegionOption func(*regionSpec)
+
+type regionSpec struct {
+	pageSize   int
+	durability Durability
+}
+
+// WithPageSize sets the region's page size, its unit of coherence: a power
+// of two from 4096 to 2 MiB (default 4096). The size must be a multiple.
+func WithPageSize(n int) RegionOption {
+	return func(s *regionSpec) { s.pageSize = n }
+}
+
+// WithDurability sets what Sync promises for the region (default Memory).
+func WithDurability(d Durability) RegionOption {
+	return func(s *regionSpec) { s.durability = d }
+}
+
+// RegionInfo describes a region.
+type RegionInfo struct {
+	Name       string
+	ID         uint32
+	Size       int64
+	PageSize   int
+	Durability Durability
+	// Shards is the number of shards the pages are split into for
+	// placement across the cluster.
+	Shards int
+}
+
+func regionInfo(r *dsmpb.Region) RegionInfo {
+	return RegionInfo{Name: r.GetName(), ID: r.GetId(), Size: int64(r.GetSize()),
+		PageSize: int(r.GetPageSize()), Durability: durabilityOf(r.GetDurability()),
+		Shards: int(r.GetShards())}
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// CreateRegion creates a region of size bytes in the cluster (a multiple
+// of the page size). Creating a region that already exists with the same
+// spec succeeds; with another spec it fails with ErrExists. A bad name,
+// size or option is ErrInvalidArgument.
+func (c *Client) CreateRegion(ctx context.Context, name string, size int64, opts ...RegionOption) error {
+	const op = "create region"
+	if c.isClosed() {
+		return newErr(op, name, noOffset, ErrClosed, nil)
+	}
+	spec := regionSpec{durability: Memory}
+	for _, o := range opts {
+		o(&spec)
+	}
+	if size <= 0 {
+		return newErr(op, name, noOffset, ErrInvalidArgument, fmt.Errorf("size %d is not positive", size))
+	}
+	if spec.pageSize < 0 || int64(spec.pageSize) > 1<<31 {
+		return newErr(op, name, noOffset, ErrInvalidArgument, fmt.Errorf("page size %d", spec.pageSize))
+	}
+	if spec.durability.pb() == dsmpb.Durability_DURABILITY_UNSPECIFIED {
+		return newErr(op, name, noOffset, ErrInvalidArgument, fmt.Errorf("unknown durability %v", spec.durability))
+	}
+	_, err := c.rpc.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: name, Size: uint64(size),
+		PageSize: uint32(spec.pageSize), Durability: spec.durability.pb()})
+	return rpcErr(op, name, err)
+}
+
+// Regions lists the cluster's regions, by name.
+func (c *Client) Regions(ctx context.Context) ([]RegionInfo, error) {
+	if c.isClosed() {
+		return nil, newErr("list regions", "", noOffset, ErrClosed, nil)
+	}
+	resp, err := c.rpc.ListRegions(ctx, &dsmpb.ListRegionsRequest{})
+	if err != nil {
+		return nil, rpcErr("list regions", "", err)
+	}
+	infos := make([]RegionInfo, 0, len(resp.GetRegions()))
+	for _, r := range resp.GetRegions() {
+		infos = append(infos, regionInfo(r))
+	}
+	return infos, nil
+}
+
+// DeleteRegion removes a region and frees its pages everywhere. An unknown
+// name is ErrUnknownRegion; a region that processes still map is ErrInUse.
+func (c *Client) DeleteRegion(ctx context.Context, name string) error {
+	if c.isClosed() {
+		return newErr("delete region", name, noOffset, ErrClosed, nil)
+	}
+	_, err := c.rpc.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: name})
+	return rpcErr("delete region", name, err)
+}
+
+// Close closes every Region mapped through this Client (see Region.Close)
+// and the connection to dsmd.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	regions := make([]*Region, 0, len(c.regions))
+	for r := range c.regions {
+		regions = append(regions, r)
+	}
+	mc := c.mc
+	c.mu.Unlock()
+	var errs []error
+	for _, r := range regions {
+		if err := r.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if mc != nil {
+		if err := mc.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := c.conn.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

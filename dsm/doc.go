@@ -1,0 +1,80 @@
+// Package dsm is the client library of the distributed shared memory
+// service: it talks to the local dsmd and maps a cluster-wide region into
+// this process as a []byte.
+//
+//	c, err := dsm.Dial(ctx, "")               // $DSM_ADDR, else /run/dsm/dsmd.sock
+//	err = c.CreateRegion(ctx, "feat", 1<<30)  // idempotent for the same spec
+//	r, err := c.Map(ctx, "feat")
+//	n, err := r.WriteAt(p, 4096)
+//	v, err := r.AddUint64(ctx, 0, 1)
+//	err = r.Sync(ctx)
+//	r.Close(); c.Close()
+//
+// Dial speaks gRPC (the Client service) over dsmd's Unix socket and asks
+// for its session: node id, version and the socket on which regions are
+// mapped. Map opens a mapping session there: dsmd hands over the region's
+// memfd, the library maps it and registers it with a userfaultfd that it
+// gives to dsmd, and from then on dsmd resolves every fault on the mapping
+// through the coherence protocol (MSI pages, one writer at a time).
+//
+// # Access
+//
+// Region.Bytes is the coherent mapping. Plain loads and stores on pages
+// this machine holds hit the page cache at memory speed: no system call, no
+// message. A miss (a page this machine does not hold, or a store to a page
+// held only for reading) blocks the faulting OS thread in the kernel until
+// dsmd has fetched or upgraded the page; the Go runtime cannot preempt that
+// thread meanwhile, so a garbage collection that starts then waits for it.
+// For bulk copies or ranges whose state is unknown prefer ReadAt and
+// WriteAt (or call Prefault before plain accesses): they fault their pages
+// in from a system call (madvise MADV_POPULATE_READ/WRITE), so a miss waits
+// where the runtime can carry on.
+//
+// All processes on one machine that map a region share its physical pages
+// (the memfd belongs to dsmd): a store by one is visible to the others at
+// once, with no copy. Plain accesses are not atomic with respect to other
+// processes or machines any more than with respect to other goroutines:
+// coordinate them with the atomics or a Mutex.
+//
+// # Atomics
+//
+// LoadUint64, StoreUint64, AddUint64 and CompareAndSwapUint64 operate on
+// an 8-byte aligned word of the region and are linearizable across the
+// whole cluster. They run in this process, with the CPU's atomic
+// instructions (sync/atomic) on the mapped word, after faulting the word's
+// page in from a system call (for writing, except Load). This is correct
+// because the coherence protocol keeps a single writer per page: a page is
+// writable in a process only while this machine holds it Modified, and
+// before another machine gets it, dsmd write-protects or removes it from
+// every local mapping, which takes effect between two instructions. An
+// atomic instruction therefore either completes while this machine is the
+// page's only writer (every other copy invalid), or faults and waits for
+// dsmd to bring the page back. Atomics on the same machine are ordinary
+// shared-memory atomics on the same physical page. A Load reads a copy that
+// is valid at that instant (Shared or Modified), which is the latest value.
+// The operation checks that the mapping is still served before and after;
+// if dsmd went away it fails with ErrDaemonUnavailable rather than return a
+// value read from a page nobody serves.
+//
+// # Mutex
+//
+// Region.Mutex is a ticket lock on two words of the region: fair (FIFO by
+// ticket) across every process of every machine, with no state in any
+// dsmd. A waiter polls the now-serving word with backoff; that read hits a
+// Shared copy until the holder's Unlock invalidates it. It does not release
+// the lock of a holder that died: keep critical sections short and do not
+// hold a lock across anything that can fail for long.
+//
+// # Failures
+//
+// Every error is an *Error that says the operation, region and offset,
+// and matches one of the Err sentinels (or context.Canceled or
+// context.DeadlineExceeded) with errors.Is; ReadAt's io.EOF is the bare
+// io.EOF of io.ReaderAt. When dsmd goes away, a
+// mapped Region dies: Done is closed, Err, ReadAt, WriteAt and the atomics
+// fail with ErrDaemonUnavailable, and plain accesses through Bytes() read
+// undefined data; Map the region again (with this Client or a new one) once
+// dsmd is back. Sync is the durability point: writes not yet synced are
+// lost when the machine holding them dies, as unsynced writes to a file
+// are.
+package dsm

@@ -1,0 +1,644 @@
+package dsm
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dsmkit/dsm/internal/uffd"
+	"github.com/dsmkit/dsm/node"
+	"github.com/dsmkit/dsm/node/localcache"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hang bounds waits that only catch hangs; nothing is asserted about time.
+const hang = 30 * time.Second
+
+// testConfig is a single-node cluster in dir on free loopback ports.
+func testConfig(dir string) node.Config {
+	cfg := node.Default()
+	cfg.ID, cfg.DataDir, cfg.BootstrapExpect = 1, dir, 1
+	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.CacheSize = 64 << 20
+	return cfg
+}
+
+// startNode starts an in-process dsmd that serves mappings (MemHome is the
+// single node's backing store). It is closed at the end of the test.
+func startNode(t testing.TB, cfg node.Config) *node.Node {
+	t.Helper()
+	if _, err := uffd.Probe(); err != nil {
+		t.Skipf("no userfaultfd: %v", err)
+	}
+	n, err := node.New(cfg, node.Options{Coherence: &localcache.MemHome{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func dial(t testing.TB, ctx context.Context, addr string) *Client {
+	t.Helper()
+	c, err := Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// setup starts a node, dials it and maps a new region of size bytes.
+func setup(t testing.TB, size int64) (*node.Node, *Client, *Region) {
+	t.Helper()
+	n := startNode(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	c := dial(t, ctx, n.Addrs().Socket)
+	if err := c.CreateRegion(ctx, "r", size); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, c, r
+}
+
+// Plain accesses through Bytes() are made only after Prefault: the dsmd of
+// these tests runs in the test process, and a Go load that waits for a
+// fault that this same process must resolve can deadlock its runtime.
+func TestBytesReadAtWriteAt(t *testing.T) {
+	_, _, r := setup(t, 64<<10)
+	if r.Len() != 64<<10 || r.PageSize() != 4096 || r.Name() != "r" {
+		t.Fatalf("region %q: len %d, page size %d", r.Name(), r.Len(), r.PageSize())
+	}
+	if err := r.Prefault(0, 4096, true); err != nil {
+		t.Fatal(err)
+	}
+	b := r.Bytes()
+	copy(b[100:], "stored")
+	got := make([]byte, 6)
+	if n, err := r.ReadAt(got, 100); err != nil || n != 6 || string(got) != "stored" {
+		t.Fatalf("ReadAt after a store = %d %q %v", n, got, err)
+	}
+
+	if n, err := r.WriteAt([]byte("written"), 8190); err != nil || n != 7 {
+		t.Fatalf("WriteAt = %d %v", n, err)
+	}
+	if err := r.Prefault(8190, 7, false); err != nil {
+		t.Fatal(err)
+	}
+	if s := string(b[8190:8197]); s != "written" {
+		t.Fatalf("Bytes after WriteAt = %q", s)
+	}
+
+	// Past the end: a short read with io.EOF, a write refused whole.
+	tail := make([]byte, 10)
+	if n, err := r.ReadAt(tail, r.Len()-4); n != 4 || err != io.EOF {
+		t.Fatalf("ReadAt across the end = %d %v, want 4 io.EOF", n, err)
+	}
+	if n, err := r.WriteAt([]byte("xxxxxxxx"), r.Len()-4); n != 0 || !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("WriteAt across the end = %d %v, want ErrOutOfRange", n, err)
+	}
+	if _, err := r.ReadAt(tail, -1); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("ReadAt at -1: %v, want ErrOutOfRange", err)
+	}
+	if err := r.Prefault(r.Len()-4096, 8192, false); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("Prefault across the end: %v, want ErrOutOfRange", err)
+	}
+}
+
+func TestTwoMappingsShareMemory(t *testing.T) {
+	_, c, r1 := setup(t, 16<<10)
+	ctx := ctxT(t)
+	r2, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if _, err := r1.WriteAt([]byte("shared"), 5000); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 6)
+	if _, err := r2.ReadAt(got, 5000); err != nil || string(got) != "shared" {
+		t.Fatalf("second mapping reads %q %v", got, err)
+	}
+}
+
+func TestAtomics(t *testing.T) {
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+
+	const workers, adds = 8, 1000
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range adds {
+				if _, err := r.AddUint64(ctx, 8, 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if v, err := r.LoadUint64(ctx, 8); err != nil || v != workers*adds {
+		t.Fatalf("after %d adds the word is %d (%v)", workers*adds, v, err)
+	}
+	if nv, err := r.AddUint64(ctx, 8, ^uint64(0)); err != nil || nv != workers*adds-1 {
+		t.Fatalf("Add(-1) = %d %v", nv, err)
+	}
+
+	// Store and Load on a word in another page; the bytes are little-endian
+	// in the mapping.
+	if err := r.StoreUint64(ctx, 4096+24, 0x0102030405060708); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := r.LoadUint64(ctx, 4096+24); err != nil || v != 0x0102030405060708 {
+		t.Fatalf("Load after Store = %#x %v", v, err)
+	}
+	raw := make([]byte, 8)
+	if _, err := r.ReadAt(raw, 4096+24); err != nil || binary.LittleEndian.Uint64(raw) != 0x0102030405060708 {
+		t.Fatalf("ReadAt of the stored word = %x %v", raw, err)
+	}
+
+	// CompareAndSwap swaps only on a match.
+	if ok, err := r.CompareAndSwapUint64(ctx, 4096+24, 1, 2); err != nil || ok {
+		t.Fatalf("CAS with a wrong old value = %v %v", ok, err)
+	}
+	if ok, err := r.CompareAndSwapUint64(ctx, 4096+24, 0x0102030405060708, 42); err != nil || !ok {
+		t.Fatalf("CAS with the right old value = %v %v", ok, err)
+	}
+	if v, _ := r.LoadUint64(ctx, 4096+24); v != 42 {
+		t.Fatalf("after CAS the word is %d", v)
+	}
+
+	// A done context is refused before anything is done.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := r.AddUint64(cctx, 8, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Add with a cancelled ctx: %v", err)
+	}
+	if v, _ := r.LoadUint64(ctx, 8); v != workers*adds-1 {
+		t.Fatalf("a refused Add changed the word to %d", v)
+	}
+}
+
+// A counter incremented with plain, non-atomic loads and stores under the
+// Mutex, from goroutines on two mappings of the region, loses no update.
+func TestMutex(t *testing.T) {
+	_, c, r1 := setup(t, 16<<10)
+	ctx := ctxT(t)
+	r2, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+
+	const lockOff, counterOff = 64, 80
+	const perMap, rounds = 3, 300
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*perMap)
+	for _, r := range []*Region{r1, r2} {
+		for range perMap {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				mu := r.Mutex(lockOff)
+				for range rounds {
+					if err := mu.Lock(ctx); err != nil {
+						errs <- err
+						return
+					}
+					// The plain accesses must not miss: this test's dsmd
+					// runs in this process.
+					if err := r.Prefault(counterOff, 8, true); err != nil {
+						errs <- err
+						return
+					}
+					w := r.Bytes()[counterOff : counterOff+8]
+					binary.LittleEndian.PutUint64(w, binary.LittleEndian.Uint64(w)+1)
+					if err := mu.Unlock(); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if v, err := r1.LoadUint64(ctx, counterOff); err != nil || v != 2*perMap*rounds {
+		t.Fatalf("counter = %d (%v), want %d", v, err, 2*perMap*rounds)
+	}
+
+	mu := r1.Mutex(lockOff)
+	if err := mu.Unlock(); !errors.Is(err, ErrNotLocked) {
+		t.Fatalf("Unlock of a free lock: %v, want ErrNotLocked", err)
+	}
+	if ok, err := mu.TryLock(ctx); err != nil || !ok {
+		t.Fatalf("TryLock of a free lock = %v %v", ok, err)
+	}
+	if ok, err := r2.Mutex(lockOff).TryLock(ctx); err != nil || ok {
+		t.Fatalf("TryLock of a held lock = %v %v", ok, err)
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := mu.Lock(cctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Lock with a cancelled ctx: %v", err)
+	}
+	if ok, err := mu.TryLock(ctx); err != nil || !ok {
+		t.Fatalf("a refused Lock left the lock taken: TryLock = %v %v", ok, err)
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.Mutex(4).Lock(ctx); !errors.Is(err, ErrUnaligned) {
+		t.Fatalf("Mutex at 4: %v, want ErrUnaligned", err)
+	}
+	if err := r1.Mutex(r1.Len() - 8).Lock(ctx); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("Mutex on the last word: %v, want ErrOutOfRange", err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	n, c, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+
+	if _, err := c.Map(ctx, "nope"); !errors.Is(err, ErrUnknownRegion) || !strings.Contains(err.Error(), `"nope"`) {
+		t.Fatalf("Map of an unknown region: %v", err)
+	}
+	if _, err := r.LoadUint64(ctx, 4); !errors.Is(err, ErrUnaligned) {
+		t.Fatalf("Load at 4: %v, want ErrUnaligned", err)
+	}
+	for _, off := range []int64{-8, r.Len(), r.Len() + 8} {
+		if _, err := r.AddUint64(ctx, off, 1); !errors.Is(err, ErrOutOfRange) {
+			t.Fatalf("Add at %d: %v, want ErrOutOfRange", off, err)
+		}
+	}
+	if err := c.CreateRegion(ctx, "r", 16<<10); err != nil {
+		t.Fatalf("CreateRegion with the same spec: %v", err)
+	}
+	if err := c.CreateRegion(ctx, "r", 32<<10); !errors.Is(err, ErrExists) {
+		t.Fatalf("CreateRegion with another spec: %v, want ErrExists", err)
+	}
+	if err := c.CreateRegion(ctx, "odd", 5000); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("CreateRegion of 5000 bytes: %v, want ErrInvalidArgument", err)
+	}
+	if err := c.CreateRegion(ctx, "bad", 4096, WithDurability(0)); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("CreateRegion with durability 0: %v, want ErrInvalidArgument", err)
+	}
+	if err := c.DeleteRegion(ctx, "nope"); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("DeleteRegion of an unknown region: %v", err)
+	}
+
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.AddUint64(ctx, 0, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Add after Close: %v, want ErrClosed", err)
+	}
+	if _, err := r.ReadAt(make([]byte, 8), 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ReadAt after Close: %v, want ErrClosed", err)
+	}
+	if err := r.Sync(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Sync after Close: %v, want ErrClosed", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Map after Client.Close: %v, want ErrClosed", err)
+	}
+	if _, err := c.Regions(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Regions after Client.Close: %v, want ErrClosed", err)
+	}
+
+	// A Dial to nothing says where it tried.
+	missing := filepath.Join(t.TempDir(), "none.sock")
+	if _, err := Dial(ctx, missing); !errors.Is(err, ErrDaemonUnavailable) || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("Dial of %s: %v", missing, err)
+	}
+	t.Setenv(AddrEnv, "unix://"+n.Addrs().Socket)
+	c2, err := Dial(ctx, "")
+	if err != nil {
+		t.Fatalf("Dial with $%s: %v", AddrEnv, err)
+	}
+	if c2.NodeID() != 1 {
+		t.Errorf("NodeID = %d", c2.NodeID())
+	}
+	c2.Close()
+}
+
+func TestRegionsAndDelete(t *testing.T) {
+	n := startNode(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	c := dial(t, ctx, n.Addrs().Socket)
+	if err := c.CreateRegion(ctx, "b", 2<<20, WithPageSize(2<<20), WithDurability(Durable)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateRegion(ctx, "a", 8192); err != nil {
+		t.Fatal(err)
+	}
+	infos, err := c.Regions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(infos) != 2 || infos[0].Name != "a" || infos[1].Name != "b" {
+		t.Fatalf("Regions = %+v", infos)
+	}
+	if a := infos[0]; a.Size != 8192 || a.PageSize != 4096 || a.Durability != Memory || a.ID == 0 {
+		t.Errorf("a = %+v", a)
+	}
+	if b := infos[1]; b.Size != 2<<20 || b.PageSize != 2<<20 || b.Durability != Durable {
+		t.Errorf("b = %+v", b)
+	}
+	if err := c.DeleteRegion(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	infos, err = c.Regions(ctx)
+	if err != nil || len(infos) != 1 || infos[0].Name != "b" {
+		t.Fatalf("Regions after delete = %+v %v", infos, err)
+	}
+	if _, err := c.Map(ctx, "a"); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("Map of a deleted region: %v", err)
+	}
+}
+
+func TestSync(t *testing.T) {
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	if _, err := r.WriteAt([]byte("sync me"), 0); err != nil {
+		t.Fatal(err)
+	}
+	err := r.Sync(ctx)
+	if errors.Is(err, ErrUnsupported) && status.Code(err) == codes.Unimplemented {
+		t.Logf("this dsmd does not implement Sync yet: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNoMappings(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	n, err := node.New(cfg, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	ctx := ctxT(t)
+	c := dial(t, ctx, n.Addrs().Socket)
+	if err := c.CreateRegion(ctx, "r", 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrNoMappings) {
+		t.Fatalf("Map through a dsmd without a page cache: %v, want ErrNoMappings", err)
+	}
+}
+
+// When dsmd dies, access fails with ErrDaemonUnavailable instead of
+// hanging or reading zeros; once a dsmd is back on the same data directory
+// and socket, Map works again.
+func TestDaemonRestart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir)
+	n := startNode(t, cfg)
+	ctx := ctxT(t)
+	c := dial(t, ctx, n.Addrs().Socket)
+	if err := c.CreateRegion(ctx, "r", 16<<10); err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.AddUint64(ctx, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same addresses, so that the restarted node finds its Raft peer
+	// (itself) where its log says.
+	a := n.Addrs()
+	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = a.Gossip, a.Raft, a.RPC, a.Verbs
+	if err := n.Close(); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	select {
+	case <-r.Done():
+	case <-time.After(hang):
+		t.Fatal("the mapping did not notice that dsmd is gone")
+	}
+	if err := r.Err(); !errors.Is(err, ErrDaemonUnavailable) {
+		t.Fatalf("Err after dsmd died: %v", err)
+	}
+	if _, err := r.LoadUint64(ctx, 0); !errors.Is(err, ErrDaemonUnavailable) {
+		t.Fatalf("Load after dsmd died: %v", err)
+	}
+	if _, err := r.ReadAt(make([]byte, 8), 0); !errors.Is(err, ErrDaemonUnavailable) {
+		t.Fatalf("ReadAt after dsmd died: %v", err)
+	}
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrDaemonUnavailable) {
+		t.Fatalf("Map while dsmd is down: %v", err)
+	}
+	if err := r.Close(); err != nil && !errors.Is(err, ErrDaemonUnavailable) {
+		t.Fatalf("Close of a dead region: %v", err)
+	}
+
+	n2 := startNode(t, cfg)
+	c2 := dial(t, ctx, n2.Addrs().Socket)
+	// The restarted directory replica has the region once it has replayed
+	// its Raft log.
+	for {
+		infos, err := c2.Regions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(infos) == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the restarted node never listed the region: %+v", infos)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r2, err := c2.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MemHome keeps pages in memory only: the new node starts from zeros.
+	if _, err := r2.AddUint64(ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	r2.Close()
+
+	// The first Client works again too once gRPC has reconnected.
+	for {
+		r3, err := c.Map(ctx, "r")
+		if err == nil {
+			if _, err := r3.WriteAt([]byte("back"), 0); err != nil {
+				t.Fatal(err)
+			}
+			r3.Close()
+			break
+		}
+		if !errors.Is(err, ErrDaemonUnavailable) || ctx.Err() != nil {
+			t.Fatalf("Map with the first Client after the restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := make([]byte, 4)
+	rr, err := c2.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
+	if _, err := rr.ReadAt(got, 0); err != nil || !bytes.Equal(got, []byte("back")) {
+		t.Fatalf("ReadAt = %q %v", got, err)
+	}
+}
+
+// Closing a Region while atomics run on it makes them fail with ErrClosed
+// (or complete before), never crash the process.
+func TestCloseDuringAtomics(t *testing.T) {
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if _, err := r.AddUint64(ctx, 0, 1); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(10 * time.Millisecond) // let them run; correctness does not depend on it
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("Add during Close: %v, want ErrClosed", err)
+		}
+	}
+}
+
+// The library finds dsmd where dsmd puts its socket by default.
+func TestDefaultAddr(t *testing.T) {
+	if DefaultAddr != node.DefaultSocket {
+		t.Fatalf("DefaultAddr %q, dsmd's default socket %q", DefaultAddr, node.DefaultSocket)
+	}
+}
+
+func TestSplitAddr(t *testing.T) {
+	for _, tc := range []struct{ in, network, address string }{
+		{"/run/dsm/dsmd.sock", "unix", "/run/dsm/dsmd.sock"},
+		{"unix:///tmp/d.sock", "unix", "/tmp/d.sock"},
+		{"unix:rel.sock", "unix", "rel.sock"},
+		{"dsmd.sock", "unix", "dsmd.sock"},
+		{"127.0.0.1:7400", "tcp", "127.0.0.1:7400"},
+		{"tcp://host:7400", "tcp", "host:7400"},
+	} {
+		if n, a := splitAddr(tc.in); n != tc.network || a != tc.address {
+			t.Errorf("splitAddr(%q) = %q %q, want %q %q", tc.in, n, a, tc.network, tc.address)
+		}
+	}
+}
+
+// A Lock whose ctx ends after it took its ticket waits for its turn, then
+// gives the lock up and reports ctx's error: the abandoned ticket does not
+// block later ones.
+func TestMutexCancelWhileWaiting(t *testing.T) {
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	mu := r.Mutex(0)
+	if err := mu.Lock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- mu.Lock(wctx) }()
+	// Wait until the waiter holds ticket 1 (the ticket word reads 2).
+	for {
+		v, err := r.LoadUint64(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the waiter never took a ticket")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-res:
+		t.Fatalf("Lock returned %v while an earlier ticket held the lock", err)
+	default:
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-res:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Lock: %v, want context.Canceled", err)
+		}
+	case <-time.After(hang):
+		t.Fatal("the cancelled Lock never returned")
+	}
+	if ok, err := mu.TryLock(ctx); err != nil || !ok {
+		t.Fatalf("the lock is not free after the cancelled Lock gave it up: %v %v", ok, err)
+	}
+}

@@ -1,0 +1,172 @@
+package dsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dsmkit/dsm/internal/mapclient"
+)
+
+// Sentinel errors. Every error of this package (except the io.EOF of
+// ReadAt) is an *Error that matches one of them, or a context error, with
+// errors.Is, and keeps its cause (a gRPC status for instance) reachable
+// with errors.As.
+var (
+	// ErrUnknownRegion: no region of that name exists.
+	ErrUnknownRegion = errors.New("dsm: unknown region")
+	// ErrExists: CreateRegion with a name that is taken by a region of
+	// another size, page size or durability. Creating a region that exists
+	// with the same spec succeeds.
+	ErrExists = errors.New("dsm: region exists with a different spec")
+	// ErrOutOfRange: an offset or a range outside the region.
+	ErrOutOfRange = errors.New("dsm: out of range")
+	// ErrUnaligned: an atomic operation or a Mutex on an offset that is not
+	// a multiple of 8.
+	ErrUnaligned = errors.New("dsm: offset not 8-byte aligned")
+	// ErrClosed: the Region or the Client was closed.
+	ErrClosed = errors.New("dsm: closed")
+	// ErrDaemonUnavailable: dsmd cannot be reached, or went away. A Region
+	// whose dsmd went away is dead: every access fails with this error; Map
+	// the region again once dsmd is back.
+	ErrDaemonUnavailable = errors.New("dsm: dsmd unavailable")
+	// ErrNoMappings: the dsmd reached serves region calls but no mappings
+	// (it runs without a page cache), so Map is impossible there.
+	ErrNoMappings = errors.New("dsm: this dsmd serves no mappings")
+	// ErrInvalidArgument: a request dsmd refuses as malformed (a bad region
+	// name, a size that is not a multiple of the page size, a page size
+	// that is not a power of two, ...). Retrying cannot help.
+	ErrInvalidArgument = errors.New("dsm: invalid argument")
+	// ErrInUse: the request is well formed but the state forbids it, such
+	// as deleting a region that processes still map.
+	ErrInUse = errors.New("dsm: in use")
+	// ErrNotLocked: Unlock of a Mutex that is not locked.
+	ErrNotLocked = errors.New("dsm: mutex not locked")
+	// ErrUnsupported: this dsmd does not implement the request (an older or
+	// partial build).
+	ErrUnsupported = errors.New("dsm: not supported by this dsmd")
+)
+
+// noOffset is Error.Offset when the operation has none.
+const noOffset = -1
+
+// Error is a failed operation. It matches Kind (one of the sentinels, or
+// nil) and Err (the cause) with errors.Is and errors.As.
+type Error struct {
+	// Op is the operation: "dial", "create region", "map", "read", "add"...
+	Op string
+	// Region is the region's name, or "".
+	Region string
+	// Offset is the byte offset the operation was at, or -1.
+	Offset int64
+	// Kind is the sentinel the error matches, or nil.
+	Kind error
+	// Err is the cause (a gRPC status, a mapclient error, a context error),
+	// or nil.
+	Err error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("dsm: ")
+	b.WriteString(e.Op)
+	if e.Region != "" {
+		fmt.Fprintf(&b, " %q", e.Region)
+	}
+	if e.Offset != noOffset {
+		fmt.Fprintf(&b, " at offset %d", e.Offset)
+	}
+	if e.Kind != nil {
+		b.WriteString(": ")
+		b.WriteString(strings.TrimPrefix(e.Kind.Error(), "dsm: "))
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(causeText(e.Err))
+	}
+	return b.String()
+}
+
+// causeText is the cause without the wrapping of gRPC ("rpc error: code =
+// ... desc = "), which the Kind already says in words.
+func causeText(err error) string {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.OK && st.Code() != codes.Unknown {
+		return st.Message()
+	}
+	return err.Error()
+}
+
+// Unwrap returns Kind and Err.
+func (e *Error) Unwrap() []error {
+	var errs []error
+	if e.Kind != nil {
+		errs = append(errs, e.Kind)
+	}
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	return errs
+}
+
+func newErr(op, region string, off int64, kind, cause error) *Error {
+	return &Error{Op: op, Region: region, Offset: off, Kind: kind, Err: cause}
+}
+
+// rpcErr wraps the error of an RPC with the sentinel its code means
+// (types.proto). Context errors stay matchable with errors.Is.
+func rpcErr(op, region string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var kind error
+	switch status.Code(err) {
+	case codes.NotFound:
+		kind = ErrUnknownRegion
+	case codes.AlreadyExists:
+		kind = ErrExists
+	case codes.InvalidArgument:
+		kind = ErrInvalidArgument
+	case codes.FailedPrecondition:
+		kind = ErrInUse
+	case codes.Unavailable:
+		kind = ErrDaemonUnavailable
+	case codes.Unimplemented:
+		kind = ErrUnsupported
+	case codes.DeadlineExceeded:
+		kind = context.DeadlineExceeded
+	case codes.Canceled:
+		kind = context.Canceled
+	}
+	return newErr(op, region, noOffset, kind, err)
+}
+
+// mapErr wraps an error of the mapping with this package's sentinels.
+func mapErr(op, region string, off int64, err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, k := range []struct{ from, to error }{
+		{mapclient.ErrDaemonGone, ErrDaemonUnavailable},
+		{mapclient.ErrUnavailable, ErrDaemonUnavailable},
+		{mapclient.ErrClosed, ErrClosed},
+		{mapclient.ErrUnknownRegion, ErrUnknownRegion},
+		{mapclient.ErrOutOfRange, ErrOutOfRange},
+	} {
+		if !errors.Is(err, k.from) {
+			continue
+		}
+		// The internal sentinel says what Kind says: keep only the detail.
+		if err == k.from {
+			return newErr(op, region, off, k.to, nil)
+		}
+		if rest, ok := strings.CutPrefix(err.Error(), k.from.Error()+": "); ok {
+			return newErr(op, region, off, k.to, errors.New(rest))
+		}
+		return newErr(op, region, off, k.to, err)
+	}
+	return newErr(op, region, off, nil, err)
+}

@@ -1,0 +1,71 @@
+package dsm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/dsmkit/dsm/dsm"
+)
+
+// This example needs a dsmd on this machine: it uses $DSM_ADDR or
+// /run/dsm/dsmd.sock.
+func Example() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	c, err := dsm.Dial(ctx, "")
+	if err != nil {
+		log.Fatal(err) // says which address it tried
+	}
+	defer c.Close()
+
+	// Creating a region that exists with the same spec succeeds.
+	if err := c.CreateRegion(ctx, "counters", 1<<20, dsm.WithDurability(dsm.Durable)); err != nil {
+		log.Fatal(err)
+	}
+	r, err := c.Map(ctx, "counters")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+
+	// A cluster-wide counter in the first word.
+	hits, err := r.AddUint64(ctx, 0, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("hits so far:", hits)
+
+	// A lock in words 2 and 3 guards a record at 4096: bytes read and
+	// written through the mapping.
+	mu := r.Mutex(16)
+	if err := mu.Lock(ctx); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := r.WriteAt([]byte("last visitor: example"), 4096); err != nil {
+		log.Fatal(err)
+	}
+	if err := mu.Unlock(); err != nil {
+		log.Fatal(err)
+	}
+
+	// Plain loads and stores: r.Bytes() is the region. Prefault first where
+	// the pages may be absent, so a miss waits in a system call.
+	if err := r.Prefault(4096, 64, false); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s\n", r.Bytes()[4096:4096+21])
+
+	// Make the writes durable.
+	if err := r.Sync(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// Errors match sentinels.
+	if _, err := c.Map(ctx, "no-such-region"); errors.Is(err, dsm.ErrUnknownRegion) {
+		fmt.Println("no such region")
+	}
+}

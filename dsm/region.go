@@ -1,0 +1,268 @@
+package dsm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dsmkit/dsm/internal/mapclient"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+// mapLag bounds how long Map waits for a region that the directory has
+// but this dsmd's page cache has not taken yet (it follows the directory
+// asynchronously, so right after CreateRegion the two may differ briefly).
+const mapLag = 10 * time.Second
+
+// Region is this process's coherent mapping of one region. It is safe for
+// concurrent use. Create it with Client.Map; Close it when done.
+type Region struct {
+	c    *Client
+	name string
+	m    *mapclient.Mapping
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// mapClient returns the Client's mapping-session client, connecting it on
+// first use.
+func (c *Client) mapClient(ctx context.Context) (*mapclient.Client, error) {
+	c.mu.Lock()
+	mc := c.mc
+	c.mu.Unlock()
+	if mc != nil {
+		return mc, nil
+	}
+	mc, err := mapclient.Connect(ctx, c.mapSocket)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		mc.Close()
+		return nil, mapclient.ErrClosed
+	}
+	if c.mc != nil { // another Map connected meanwhile
+		mc.Close()
+		return c.mc, nil
+	}
+	c.mc = mc
+	return mc, nil
+}
+
+// Map maps the region name into this process. ctx bounds the handshake
+// with dsmd. An unknown name is ErrUnknownRegion; a dsmd without a page
+// cache gives ErrNoMappings; a dsmd that cannot be reached gives
+// ErrDaemonUnavailable. Every Map of a region on one machine shares the
+// same physical pages, in this process and in others.
+func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
+	const op = "map"
+	if c.isClosed() {
+		return nil, newErr(op, name, noOffset, ErrClosed, nil)
+	}
+	if c.mapSocket == "" {
+		return nil, newErr(op, name, noOffset, ErrNoMappings,
+			fmt.Errorf("dsmd at %s (node %d) runs without a page cache; map through a dsmd that has one", c.addr, c.nodeID))
+	}
+	mc, err := c.mapClient(ctx)
+	if err != nil {
+		return nil, newErr(op, name, noOffset, ErrDaemonUnavailable, fmt.Errorf("mapping socket %s: %w", c.mapSocket, err))
+	}
+	// The directory is the authority on which regions exist; the page
+	// cache may lag behind it either way.
+	if _, err := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name}); err != nil {
+		return nil, rpcErr(op, name, err)
+	}
+	start := time.Now()
+	wait := 5 * time.Millisecond
+	var m *mapclient.Mapping
+	for {
+		m, err = mc.Map(ctx, name)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, mapclient.ErrUnknownRegion) {
+			if cerr := ctx.Err(); cerr != nil {
+				return nil, newErr(op, name, noOffset, cerr, err)
+			}
+			return nil, mapErr(op, name, noOffset, err)
+		}
+		// The page cache does not know the region: ask the directory
+		// whether it exists at all.
+		if _, gerr := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name}); gerr != nil {
+			if status.Code(gerr) == codes.NotFound {
+				return nil, newErr(op, name, noOffset, ErrUnknownRegion, gerr)
+			}
+			return nil, rpcErr(op, name, gerr)
+		}
+		if time.Since(start) > mapLag {
+			return nil, mapErr(op, name, noOffset, fmt.Errorf("the directory has the region but the page cache still has not after %v: %w", mapLag, err))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, newErr(op, name, noOffset, ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 100*time.Millisecond)
+	}
+	r := &Region{c: c, name: name, m: m}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		m.Close()
+		return nil, newErr(op, name, noOffset, ErrClosed, nil)
+	}
+	c.regions[r] = struct{}{}
+	c.mu.Unlock()
+	return r, nil
+}
+
+// Name is the region's name.
+func (r *Region) Name() string { return r.name }
+
+// Len is the region's size in bytes.
+func (r *Region) Len() int64 { return r.m.Len() }
+
+// PageSize is the region's page size: its unit of coherence.
+func (r *Region) PageSize() int64 { return r.m.PageSize() }
+
+// Bytes returns the coherent mapping: plain loads and stores, at memory
+// speed on pages this machine holds. A load or store that misses blocks its
+// OS thread in the kernel until dsmd has fetched the page; the Go runtime
+// cannot preempt the thread meanwhile, so a garbage collection waits for
+// it too. Use ReadAt and WriteAt (or Prefault first) for bulk or unknown
+// ranges. After the Region is dead (Err is not nil) the contents are
+// undefined; after Close any access crashes the process.
+func (r *Region) Bytes() []byte { return r.m.Bytes() }
+
+// Done is closed when the mapping stops being served: dsmd went away, or
+// Close.
+func (r *Region) Done() <-chan struct{} { return r.m.Done() }
+
+// Err is nil while the mapping is served; after dsmd went away it matches
+// ErrDaemonUnavailable, after Close ErrClosed.
+func (r *Region) Err() error {
+	return mapErr("access", r.name, noOffset, r.m.Err())
+}
+
+// ReadAt copies len(p) bytes at off into p (io.ReaderAt). Missing pages
+// are faulted in from a syscall, so a miss waits there, not in a load.
+// Reading past the end returns the bytes before it and io.EOF. If dsmd goes
+// away meanwhile it returns the bytes copied before that and an error that
+// matches ErrDaemonUnavailable, never bytes dsmd did not serve.
+func (r *Region) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.m.ReadAt(p, off)
+	if err == nil || err == io.EOF {
+		return n, err
+	}
+	return n, mapErr("read", r.name, off, err)
+}
+
+// WriteAt copies p into the region at off (io.WriterAt), faulting the
+// pages in for writing from a syscall first. A write that would pass the
+// end writes nothing and fails with ErrOutOfRange. If dsmd goes away
+// meanwhile it fails with ErrDaemonUnavailable: the bytes after the count
+// returned may or may not have been written.
+func (r *Region) WriteAt(p []byte, off int64) (int, error) {
+	n, err := r.m.WriteAt(p, off)
+	return n, mapErr("write", r.name, off, err)
+}
+
+// Prefault faults the pages of [off, off+length) in from a syscall (for
+// writing if write) without copying, so that plain accesses through Bytes()
+// that follow find them mapped, unless the coherence protocol takes them
+// away again in between (another node reads or writes them).
+func (r *Region) Prefault(off, length int64, write bool) error {
+	return mapErr("prefault", r.name, off, r.m.Populate(off, length, write))
+}
+
+// word runs f on the aligned word at off through the mapping (see
+// mapclient.Mapping.Word).
+func (r *Region) word(ctx context.Context, op string, off int64, write bool, f func(w *uint64)) error {
+	if err := ctx.Err(); err != nil {
+		return newErr(op, r.name, off, nil, err)
+	}
+	if kind, cause := r.checkWords(off, 1); kind != nil {
+		return newErr(op, r.name, off, kind, cause)
+	}
+	return mapErr(op, r.name, off, r.m.Word(off, write, f))
+}
+
+// checkWords checks that n aligned words at off lie inside the region. It
+// returns the sentinel and the detail of what is wrong.
+func (r *Region) checkWords(off int64, n int64) (kind, cause error) {
+	size := r.m.Len()
+	switch {
+	case off < 0 || off > size-8*n:
+		return ErrOutOfRange, fmt.Errorf("%d bytes at %d do not fit in the region's %d", 8*n, off, size)
+	case off%8 != 0:
+		return ErrUnaligned, nil
+	}
+	return nil, nil
+}
+
+// LoadUint64 atomically loads the 8-byte word at off, which must be a
+// multiple of 8 inside the region. See the package documentation for why
+// the atomics are linearizable cluster-wide. ctx is checked before the
+// operation; a miss in progress is not interrupted.
+func (r *Region) LoadUint64(ctx context.Context, off int64) (uint64, error) {
+	var v uint64
+	err := r.word(ctx, "load", off, false, func(w *uint64) { v = atomic.LoadUint64(w) })
+	return v, err
+}
+
+// StoreUint64 atomically stores v into the 8-byte word at off.
+func (r *Region) StoreUint64(ctx context.Context, off int64, v uint64) error {
+	return r.word(ctx, "store", off, true, func(w *uint64) { atomic.StoreUint64(w, v) })
+}
+
+// AddUint64 atomically adds delta (wrapping) to the 8-byte word at off and
+// returns the new value. To subtract d, add ^uint64(d-1).
+func (r *Region) AddUint64(ctx context.Context, off int64, delta uint64) (uint64, error) {
+	var nv uint64
+	err := r.word(ctx, "add", off, true, func(w *uint64) { nv = atomic.AddUint64(w, delta) })
+	return nv, err
+}
+
+// CompareAndSwapUint64 atomically stores new into the 8-byte word at off if
+// it holds old, and reports whether it did.
+func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new uint64) (bool, error) {
+	var ok bool
+	err := r.word(ctx, "compare-and-swap", off, true, func(w *uint64) { ok = atomic.CompareAndSwapUint64(w, old, new) })
+	return ok, err
+}
+
+// Sync is the durability point of the whole region: when it returns, the
+// region's dirty pages held by this machine are written back to their
+// homes, and for a Durable region persisted and copied to a backup home.
+func (r *Region) Sync(ctx context.Context) error {
+	if err := r.m.Err(); errors.Is(err, mapclient.ErrClosed) {
+		return newErr("sync", r.name, noOffset, ErrClosed, nil)
+	}
+	_, err := r.c.rpc.Sync(ctx, &dsmpb.SyncRequest{Region: r.name})
+	return rpcErr("sync", r.name, err)
+}
+
+// Close detaches the mapping from dsmd and unmaps it. Plain accesses
+// through Bytes() must have stopped; calls of the other methods still in
+// progress fail with ErrClosed, later ones too. Closing twice is harmless.
+func (r *Region) Close() error {
+	r.closeOnce.Do(func() {
+		r.closeErr = mapErr("close", r.name, noOffset, r.m.Close())
+		r.c.mu.Lock()
+		delete(r.c.regions, r)
+		r.c.mu.Unlock()
+	})
+	return r.closeErr
+}
