@@ -94,7 +94,7 @@ func applyCommand(v *View, c command) (*View, applyResult) {
 		if v.nextRegion == 0 {
 			return &next, applyResult{Err: ErrTooManyRegions}
 		}
-		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC()}
+		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive)}
 		next.nextRegion++ // wraps to 0 after the last id: exhausted
 		rs := slices.Clone(v.regions)
 		i, _ := slices.BinarySearchFunc(rs, r.Name, func(r Region, n string) int { return cmpStr(r.Name, n) })

@@ -64,6 +64,11 @@ func TestFSMEpochRules(t *testing.T) {
 	if m.Epoch != 4 || string(m.Descriptors) != "d" {
 		t.Fatalf("member 1: %+v", m)
 	}
+	// The region's homes are the members alive at its creation (node 1
+	// only), whoever joins or fails later.
+	if r, ok := v.Region("r"); !ok || !reflect.DeepEqual(r.Homes, []ids.NodeID{1}) {
+		t.Fatalf("region r: %+v, want homes [1]", r)
+	}
 	// Gossip-driven puts keep the descriptors.
 	f.Apply(&raft.Log{Index: 100, Type: raft.LogCommand, Data: encodeCommand(command{Type: cmdPutMember, Member: member(1), KeepDescriptors: true})})
 	v, _ = f.current()

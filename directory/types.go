@@ -160,6 +160,12 @@ type Region struct {
 	ID ids.RegionID
 	RegionSpec
 	CreatedAt time.Time
+	// Homes are the members alive when the region was created, sorted:
+	// the nodes among which the coherence engines place the region's
+	// pages (placement.Home over them, per shard). They do not change
+	// when members come and go (the engines do not move homes yet), so
+	// they can differ from Placement, which follows the alive members.
+	Homes []ids.NodeID `json:",omitempty"`
 }
 
 // Pages is the number of pages of the region.
