@@ -21,12 +21,6 @@ import (
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
 
-// errNeedsEngine is the answer of every RPC that needs the coherence engine.
-func errNeedsEngine(rpc string) error {
-	return status.Errorf(codes.Unimplemented,
-		"%s needs the coherence engine, which is not built into this dsmd yet", rpc)
-}
-
 // MaxListedShards bounds the shards RegionInfo lists and Status counts: a
 // 1 PiB region has half a billion.
 const MaxListedShards = 1 << 18
@@ -472,22 +466,6 @@ func (s *adminServer) DeleteRegion(ctx context.Context, req *dsmpb.DeleteRegionR
 	return s.n.deleteRegion(ctx, req)
 }
 
-func (s *adminServer) Pages(context.Context, *dsmpb.PagesRequest) (*dsmpb.PagesResponse, error) {
-	return nil, errNeedsEngine("Pages (per-page MSI state)")
-}
-
-func (s *adminServer) Stats(context.Context, *dsmpb.StatsRequest) (*dsmpb.StatsResponse, error) {
-	return nil, errNeedsEngine("Stats (fault, miss and invalidation counters)")
-}
-
-func (s *adminServer) ReadMemory(context.Context, *dsmpb.ReadMemoryRequest) (*dsmpb.ReadMemoryResponse, error) {
-	return nil, errNeedsEngine("ReadMemory")
-}
-
-func (s *adminServer) WriteMemory(context.Context, *dsmpb.WriteMemoryRequest) (*dsmpb.WriteMemoryResponse, error) {
-	return nil, errNeedsEngine("WriteMemory")
-}
-
 // clientServer is the Client service: region calls now, memory calls once
 // the coherence engine exists.
 type clientServer struct {
@@ -517,26 +495,6 @@ func (s *clientServer) GetRegion(ctx context.Context, req *dsmpb.GetRegionReques
 		return nil, err
 	}
 	return &dsmpb.GetRegionResponse{Region: regionPB(r)}, nil
-}
-
-func (s *clientServer) Load(context.Context, *dsmpb.LoadRequest) (*dsmpb.LoadResponse, error) {
-	return nil, errNeedsEngine("Load")
-}
-
-func (s *clientServer) Store(context.Context, *dsmpb.StoreRequest) (*dsmpb.StoreResponse, error) {
-	return nil, errNeedsEngine("Store")
-}
-
-func (s *clientServer) Add(context.Context, *dsmpb.AddRequest) (*dsmpb.AddResponse, error) {
-	return nil, errNeedsEngine("Add")
-}
-
-func (s *clientServer) CompareAndSwap(context.Context, *dsmpb.CompareAndSwapRequest) (*dsmpb.CompareAndSwapResponse, error) {
-	return nil, errNeedsEngine("CompareAndSwap")
-}
-
-func (s *clientServer) Sync(context.Context, *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
-	return nil, errNeedsEngine("Sync")
 }
 
 func (s *clientServer) Session(context.Context, *dsmpb.SessionRequest) (*dsmpb.SessionResponse, error) {

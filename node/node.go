@@ -35,9 +35,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Timing of the directory; zero takes directory.LANTiming.
 	Timing directory.Timing
-	// Coherence, when set, turns on the page cache and its mapping-session
-	// socket (Config.MapSocket). Without it no mapping is served: a fault
-	// could not be resolved, and a client would hang instead of failing.
+	// Coherence, when set, replaces the coherence engines behind the page
+	// cache (tests: localcache.MemHome makes a single-node dsmd with
+	// every page in memory). Nil: one coherence engine per region, over
+	// the verbs transport, as configured by the directory.
 	Coherence localcache.Coherence
 }
 
@@ -52,6 +53,11 @@ type Node struct {
 	verbs   *tcp.Transport
 	dir     *directory.Directory
 	cache   *localcache.Cache
+	eng     *engines // nil when Options.Coherence replaces them
+	stats   nodeStats
+	publish chan struct{} // this node's descriptors changed
+
+	ctx     context.Context // cancelled by Close
 	grpc    *grpc.Server
 	lns     []net.Listener
 	metrics *http.Server
@@ -96,6 +102,9 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
 	id := ids.NodeID(n.cfg.ID)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.ctx, n.stop = ctx, cancel
+	n.publish = make(chan struct{}, 1)
 
 	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, tcp.Config{Logger: n.log.With("part", "verbs")})
 	if err != nil {
@@ -137,9 +146,15 @@ func (n *Node) Start() (err error) {
 	da := n.dir.Addrs()
 	n.addrs.Gossip, n.addrs.Raft, n.addrs.RPC = da.Gossip, da.Raft, da.RPC
 
-	if n.opts.Coherence != nil {
+	coh := n.opts.Coherence
+	if coh == nil {
+		n.eng = newEngines(n)
+		n.verbs.SetHandler(n.eng.deliver)
+		coh = n.eng
+	}
+	{
 		n.cache, err = localcache.New(localcache.Config{
-			Coherence:     n.opts.Coherence,
+			Coherence:     coh,
 			CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
 			Logger:        n.log.With("part", "cache"),
 		})
@@ -151,12 +166,14 @@ func (n *Node) Start() (err error) {
 		}
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	n.stop = cancel
-	n.wg.Add(1)
+	n.wg.Add(2)
 	go func() {
 		defer n.wg.Done()
 		n.follow(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.publishLoop(ctx)
 	}()
 
 	n.grpc = grpc.NewServer()
@@ -252,7 +269,14 @@ func (n *Node) follow(ctx context.Context) {
 					n.log.Info("verbs: peer gone", "peer", id)
 				}
 			}
-			if n.cache != nil {
+			if n.eng != nil {
+				if n.eng.sync(cur) {
+					select {
+					case n.publish <- struct{}{}:
+					default:
+					}
+				}
+			} else if n.cache != nil {
 				for _, r := range cur.Regions() {
 					if regions[r.ID] {
 						continue
@@ -268,6 +292,32 @@ func (n *Node) follow(ctx context.Context) {
 			}
 			if ch.EpochChanged() {
 				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed())
+			}
+		}
+	}
+}
+
+// publishLoop publishes this node's home memory descriptors in the member
+// table whenever they change, retrying until the directory takes them.
+func (n *Node) publishLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.publish:
+		}
+		for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := n.dir.SetLocalMeta(cctx, n.eng.descriptors())
+			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			n.log.Warn("publish descriptors", "err", err, "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
 			}
 		}
 	}
@@ -335,6 +385,9 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 			}
 		}
 		n.wg.Wait()
+		if n.eng != nil {
+			errs = append(errs, n.eng.close())
+		}
 		if n.cache != nil {
 			errs = append(errs, n.cache.Close())
 		}

@@ -144,12 +144,71 @@ func TestSingleNodeServices(t *testing.T) {
 		t.Fatalf("Members = %v, %v", ms, err)
 	}
 
-	// What needs the coherence engine says so.
-	if _, err := cli.Add(ctx, &dsmpb.AddRequest{}); code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "coherence engine") {
-		t.Fatalf("Add = %v", err)
+	// Memory calls go through the page cache and the region's engine
+	// (this node homes every page). The engine starts when the region
+	// reaches this node's view: wait for it.
+	for {
+		_, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "r1", Offset: 8})
+		if err == nil {
+			break
+		}
+		if code(err) != codes.NotFound || ctx.Err() != nil {
+			t.Fatalf("Load before any store = %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := adm.Pages(ctx, &dsmpb.PagesRequest{Region: "r1"}); code(err) != codes.Unimplemented {
-		t.Fatalf("Pages = %v", err)
+	for i, want := range []uint64{5, 10} {
+		if a, err := cli.Add(ctx, &dsmpb.AddRequest{Region: "r1", Offset: 8, Delta: 5}); err != nil || a.NewValue != want {
+			t.Fatalf("Add #%d = %v, %v; want %d", i, a, err, want)
+		}
+	}
+	if c, err := cli.CompareAndSwap(ctx, &dsmpb.CompareAndSwapRequest{Region: "r1", Offset: 8, Old: 10, New: 20}); err != nil || !c.Swapped || c.Current != 20 {
+		t.Fatalf("CAS 10->20 = %v, %v", c, err)
+	}
+	if c, err := cli.CompareAndSwap(ctx, &dsmpb.CompareAndSwapRequest{Region: "r1", Offset: 8, Old: 10, New: 30}); err != nil || c.Swapped || c.Current != 20 {
+		t.Fatalf("CAS 10->30 = %v, %v", c, err)
+	}
+	if _, err := cli.Store(ctx, &dsmpb.StoreRequest{Region: "r1", Offset: 16, Value: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "r1", Offset: 16}); err != nil || l.Value != 7 {
+		t.Fatalf("Load = %v, %v", l, err)
+	}
+	for name, err := range map[string]error{
+		"unaligned": func() error { _, err := cli.Add(ctx, &dsmpb.AddRequest{Region: "r1", Offset: 4}); return err }(),
+		"past end":  func() error { _, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "r1", Offset: 1 << 40}); return err }(),
+		"long read": func() error {
+			_, err := adm.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "r1", Length: MaxMemoryIO + 1})
+			return err
+		}(),
+	} {
+		if code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "nope"}); code(err) != codes.NotFound {
+		t.Errorf("unknown region: %v", err)
+	}
+	if _, err := adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "r1", Offset: 4094, Data: []byte("spans")}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := adm.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "r1", Offset: 4094, Length: 5}); err != nil || string(m.Data) != "spans" {
+		t.Fatalf("ReadMemory = %q, %v", m.GetData(), err)
+	}
+	pg, err := adm.Pages(ctx, &dsmpb.PagesRequest{Region: "r1", PageCount: 3, Cluster: true})
+	if err != nil || len(pg.Cells) != 3 || pg.Cells[0].Modified != 1 || pg.Cells[1].Modified != 1 || pg.Cells[2].Invalid != 1 ||
+		pg.Cells[0].LocalState != dsmpb.PageState_PAGE_STATE_MODIFIED || len(pg.Cells[0].Owners) != 1 || pg.Cells[0].Owners[0] != 1 {
+		t.Fatalf("Pages = %v, %v", pg, err)
+	}
+	if sy, err := cli.Sync(ctx, &dsmpb.SyncRequest{Region: "r1"}); err != nil || sy.PagesWritten != 2 {
+		t.Fatalf("Sync = %v, %v; want 2 pages written", sy, err)
+	}
+	if l, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "r1", Offset: 8}); err != nil || l.Value != 20 {
+		t.Fatalf("Load after Sync = %v, %v; want the written-back 20", l, err)
+	}
+	sts, err := adm.Stats(ctx, &dsmpb.StatsRequest{AllNodes: true})
+	if err != nil || len(sts.Nodes) != 1 || sts.Nodes[0].Misses == 0 || sts.Nodes[0].Evictions != 2 || sts.Nodes[0].MissLatency.GetCount() == 0 {
+		t.Fatalf("Stats = %v, %v", sts, err)
 	}
 
 	resp, err := http.Get("http://" + n.MetricsAddr() + "/metrics")

@@ -26,7 +26,7 @@ type memKey struct {
 
 type memPage struct {
 	mu    sync.Mutex
-	state localcache.State // 0 counts as Invalid
+	state localcache.State
 	data  []byte
 }
 

@@ -1,0 +1,143 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+)
+
+type testMember struct {
+	n   *Node
+	cli dsmpb.ClientClient
+	adm dsmpb.AdminClient
+}
+
+// startCluster starts a cluster of k in-process nodes on loopback.
+func startCluster(t *testing.T, k int) []testMember {
+	t.Helper()
+	var ms []testMember
+	var join []string
+	for i := 1; i <= k; i++ {
+		cfg := Default()
+		cfg.ID, cfg.DataDir, cfg.BootstrapExpect = uint32(i), t.TempDir(), k
+		cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		cfg.CacheSize = 8 << 20
+		cfg.Join = join
+		n, err := New(cfg, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			join = []string{n.Addrs().Gossip}
+		}
+		conn, err := grpc.NewClient("unix://"+n.Addrs().Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			conn.Close()
+			if err := n.Close(); err != nil {
+				t.Errorf("n%d Close: %v", i, err)
+			}
+		})
+		ms = append(ms, testMember{n: n, cli: dsmpb.NewClientClient(conn), adm: dsmpb.NewAdminClient(conn)})
+	}
+	for _, m := range ms {
+		waitHealthy(t, m.adm)
+	}
+	return ms
+}
+
+// TestClusterCoherence runs the coherence engines of three nodes: memory
+// written at one node is read at the others, and atomics from all nodes
+// at once add up exactly.
+func TestClusterCoherence(t *testing.T) {
+	ms := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "c", Size: 64 << 12}); err != nil {
+		t.Fatal(err)
+	}
+	// Every node serves the region once its view has it.
+	for _, m := range ms {
+		for {
+			_, err := m.cli.Load(ctx, &dsmpb.LoadRequest{Region: "c"})
+			if err == nil {
+				break
+			}
+			if code(err) != codes.NotFound || ctx.Err() != nil {
+				t.Fatalf("n%d: Load = %v", m.n.cfg.ID, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	// Writes at one node are read at the others, page by page across
+	// every home.
+	for round, w := range []int{0, 2, 1} {
+		for p := uint64(0); p < 8; p++ {
+			data := []byte(fmt.Sprintf("round %d page %d from n%d", round, p, w+1))
+			if _, err := ms[w].adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "c", Offset: p<<12 + 100, Data: data}); err != nil {
+				t.Fatalf("n%d write: %v", w+1, err)
+			}
+			for r := range ms {
+				got, err := ms[r].adm.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "c", Offset: p<<12 + 100, Length: uint32(len(data))})
+				if err != nil || string(got.Data) != string(data) {
+					t.Fatalf("n%d reads %q, %v; n%d wrote %q", r+1, got.GetData(), err, w+1, data)
+				}
+			}
+		}
+	}
+	// Atomics from every node on two words of one page.
+	const per = 100
+	var wg sync.WaitGroup
+	for _, m := range ms {
+		for g := 0; g < 2; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range per {
+					if _, err := m.cli.Add(ctx, &dsmpb.AddRequest{Region: "c", Offset: 8 * uint64(g), Delta: 1}); err != nil {
+						t.Errorf("n%d Add: %v", m.n.cfg.ID, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, m := range ms {
+		for g := uint64(0); g < 2; g++ {
+			l, err := m.cli.Load(ctx, &dsmpb.LoadRequest{Region: "c", Offset: 8 * g})
+			if err != nil || l.Value != 3*per {
+				t.Fatalf("n%d: word %d = %v, %v; want %d", m.n.cfg.ID, g, l, err, 3*per)
+			}
+		}
+	}
+	// The cluster view of page 0: Shared at all three after the loads.
+	pg, err := ms[1].adm.Pages(ctx, &dsmpb.PagesRequest{Region: "c", PageCount: 1, Cluster: true})
+	if err != nil || len(pg.Cells) != 1 || pg.Cells[0].Shared != 1 || pg.Cells[0].MaxSharers != 3 {
+		t.Fatalf("Pages = %v, %v", pg, err)
+	}
+	st, err := ms[0].adm.Stats(ctx, &dsmpb.StatsRequest{AllNodes: true})
+	if err != nil || len(st.Nodes) != 3 {
+		t.Fatalf("Stats = %v, %v", st, err)
+	}
+	var inv uint64
+	for _, ns := range st.Nodes {
+		inv += ns.InvalidationsSent
+	}
+	if inv == 0 {
+		t.Fatalf("no invalidation sent by any node: %v", st)
+	}
+}

@@ -1,0 +1,439 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/internal/ids"
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/node/engine"
+	"github.com/dsmkit/dsm/node/localcache"
+)
+
+// MaxMemoryIO bounds one ReadMemory or WriteMemory call.
+const MaxMemoryIO = 16 << 20
+
+// memError maps an error of the page cache or an engine to a gRPC status.
+func memError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	msg := err.Error()
+	switch {
+	case errors.Is(err, localcache.ErrUnknownRegion), errors.Is(err, engine.ErrUnknownRegion):
+		return status.Error(codes.NotFound, msg+" (the region is not set up on this node yet, or was deleted)")
+	case errors.Is(err, ErrNotServed):
+		return status.Error(codes.FailedPrecondition, msg)
+	case errors.Is(err, localcache.ErrPageRange):
+		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, msg)
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, msg)
+	case errors.Is(err, localcache.ErrClosed), errors.Is(err, engine.ErrClosed):
+		return status.Error(codes.Unavailable, msg)
+	}
+	return status.Error(codes.Internal, msg)
+}
+
+// memRegion looks a region up for a memory call and checks [off, off+n).
+func (n *Node) memRegion(name string, off, length uint64) (directory.Region, error) {
+	r, err := n.region(name)
+	if err != nil {
+		return r, err
+	}
+	if off > r.Size || length > r.Size-off {
+		return r, status.Errorf(codes.InvalidArgument, "region %q: %d bytes at offset %d pass its end (%d bytes)", name, length, off, r.Size)
+	}
+	return r, nil
+}
+
+// word runs fn on the aligned word at off of region name, with the page
+// held Modified (write) or at least Shared here.
+func (n *Node) word(ctx context.Context, name string, off uint64, write bool, fn func(w *uint64)) error {
+	if off%8 != 0 {
+		return status.Errorf(codes.InvalidArgument, "region %q: offset %d is not a multiple of 8", name, off)
+	}
+	r, err := n.memRegion(name, off, 8)
+	if err != nil {
+		return err
+	}
+	ps := uint64(r.PageSize)
+	in := off % ps
+	err = n.cache.Access(ctx, r.ID, ids.PageNo(off/ps), write, func(page []byte) {
+		fn((*uint64)(unsafe.Pointer(&page[in])))
+	})
+	return memError(err)
+}
+
+func (s *clientServer) Load(ctx context.Context, req *dsmpb.LoadRequest) (*dsmpb.LoadResponse, error) {
+	var v uint64
+	err := s.n.word(ctx, req.GetRegion(), req.GetOffset(), false, func(w *uint64) { v = atomic.LoadUint64(w) })
+	if err != nil {
+		return nil, err
+	}
+	return &dsmpb.LoadResponse{Value: v}, nil
+}
+
+func (s *clientServer) Store(ctx context.Context, req *dsmpb.StoreRequest) (*dsmpb.StoreResponse, error) {
+	err := s.n.word(ctx, req.GetRegion(), req.GetOffset(), true, func(w *uint64) { atomic.StoreUint64(w, req.GetValue()) })
+	if err != nil {
+		return nil, err
+	}
+	return &dsmpb.StoreResponse{}, nil
+}
+
+func (s *clientServer) Add(ctx context.Context, req *dsmpb.AddRequest) (*dsmpb.AddResponse, error) {
+	var v uint64
+	err := s.n.word(ctx, req.GetRegion(), req.GetOffset(), true, func(w *uint64) { v = atomic.AddUint64(w, req.GetDelta()) })
+	if err != nil {
+		return nil, err
+	}
+	return &dsmpb.AddResponse{NewValue: v}, nil
+}
+
+func (s *clientServer) CompareAndSwap(ctx context.Context, req *dsmpb.CompareAndSwapRequest) (*dsmpb.CompareAndSwapResponse, error) {
+	resp := &dsmpb.CompareAndSwapResponse{}
+	err := s.n.word(ctx, req.GetRegion(), req.GetOffset(), true, func(w *uint64) {
+		for {
+			cur := atomic.LoadUint64(w)
+			if cur != req.GetOld() {
+				resp.Current = cur
+				return
+			}
+			if atomic.CompareAndSwapUint64(w, cur, req.GetNew()) {
+				resp.Swapped, resp.Current = true, req.GetNew()
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// Sync writes back the pages of the range this node holds Modified. For a
+// DURABLE region that is all it does today: the home keeps the written-back
+// copy in memory (persistence and backups are not built yet).
+func (s *clientServer) Sync(ctx context.Context, req *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
+	return s.n.sync(ctx, req.GetRegion(), req.GetOffset(), req.GetLength())
+}
+
+func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmpb.SyncResponse, error) {
+	r, err := n.region(name)
+	if err != nil {
+		return nil, err
+	}
+	if length == 0 && off <= r.Size {
+		length = r.Size - off
+	}
+	if _, err := n.memRegion(name, off, length); err != nil {
+		return nil, err
+	}
+	ps := uint64(r.PageSize)
+	first := off / ps
+	pages := (off+length+ps-1)/ps - first
+	if pages == 0 {
+		return &dsmpb.SyncResponse{Epoch: uint64(n.dir.Epoch())}, nil
+	}
+	w, err := n.cache.Flush(ctx, r.ID, ids.PageNo(first), pages)
+	if err != nil {
+		return nil, memError(err)
+	}
+	return &dsmpb.SyncResponse{PagesWritten: uint64(w), Epoch: uint64(n.dir.Epoch())}, nil
+}
+
+// rw copies between buf and region memory at off, page by page, through
+// the page cache (and so the coherence protocol).
+func (n *Node) rw(ctx context.Context, r directory.Region, off uint64, buf []byte, write bool) error {
+	ps := uint64(r.PageSize)
+	for done := uint64(0); done < uint64(len(buf)); {
+		at := off + done
+		p, in := at/ps, at%ps
+		m := min(ps-in, uint64(len(buf))-done)
+		err := n.cache.Access(ctx, r.ID, ids.PageNo(p), write, func(page []byte) {
+			if write {
+				copy(page[in:in+m], buf[done:done+m])
+			} else {
+				copy(buf[done:done+m], page[in:in+m])
+			}
+		})
+		if err != nil {
+			return memError(err)
+		}
+		done += m
+	}
+	return nil
+}
+
+func (s *adminServer) ReadMemory(ctx context.Context, req *dsmpb.ReadMemoryRequest) (*dsmpb.ReadMemoryResponse, error) {
+	if req.GetLength() > MaxMemoryIO {
+		return nil, status.Errorf(codes.InvalidArgument, "read of %d bytes: at most %d per call", req.GetLength(), MaxMemoryIO)
+	}
+	r, err := s.n.memRegion(req.GetRegion(), req.GetOffset(), uint64(req.GetLength()))
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, req.GetLength())
+	if err := s.n.rw(ctx, r, req.GetOffset(), buf, false); err != nil {
+		return nil, err
+	}
+	return &dsmpb.ReadMemoryResponse{Data: buf}, nil
+}
+
+func (s *adminServer) WriteMemory(ctx context.Context, req *dsmpb.WriteMemoryRequest) (*dsmpb.WriteMemoryResponse, error) {
+	if len(req.GetData()) > MaxMemoryIO {
+		return nil, status.Errorf(codes.InvalidArgument, "write of %d bytes: at most %d per call", len(req.GetData()), MaxMemoryIO)
+	}
+	r, err := s.n.memRegion(req.GetRegion(), req.GetOffset(), uint64(len(req.GetData())))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.n.rw(ctx, r, req.GetOffset(), req.GetData(), true); err != nil {
+		return nil, err
+	}
+	if req.GetSync() && len(req.GetData()) > 0 {
+		if _, err := s.n.sync(ctx, req.GetRegion(), req.GetOffset(), uint64(len(req.GetData()))); err != nil {
+			return nil, err
+		}
+	}
+	return &dsmpb.WriteMemoryResponse{Written: uint64(len(req.GetData()))}, nil
+}
+
+// ---- Pages ----
+
+// maxPageCells bounds the cells of one Pages answer.
+const maxPageCells = 1 << 16
+
+func statePB(s localcache.State) dsmpb.PageState {
+	switch s {
+	case localcache.Shared:
+		return dsmpb.PageState_PAGE_STATE_SHARED
+	case localcache.Modified:
+		return dsmpb.PageState_PAGE_STATE_MODIFIED
+	}
+	return dsmpb.PageState_PAGE_STATE_INVALID
+}
+
+// Pages reports the MSI state of a range of pages: this node's copies, or
+// with cluster set every alive member's copies (each is asked for its own),
+// so that a page shows as M at one node, S at k nodes, or I.
+func (s *adminServer) Pages(ctx context.Context, req *dsmpb.PagesRequest) (*dsmpb.PagesResponse, error) {
+	n := s.n
+	r, err := n.region(req.GetRegion())
+	if err != nil {
+		return nil, err
+	}
+	total := r.Pages()
+	first := req.GetFirstPage()
+	if first >= total {
+		return nil, status.Errorf(codes.InvalidArgument, "region %q has %d pages; first page %d is past its end", r.Name, total, first)
+	}
+	count := req.GetPageCount()
+	if count == 0 || count > total-first {
+		count = total - first
+	}
+	group := max(req.GetGroup(), 1)
+	if (count+group-1)/group > maxPageCells {
+		return nil, status.Errorf(codes.InvalidArgument, "%d pages in groups of %d make more than %d cells; raise the group", count, group, maxPageCells)
+	}
+	local, err := n.cache.Held(r.ID, ids.PageNo(first), count)
+	if err != nil {
+		return nil, memError(err)
+	}
+	// states[node] is that node's held pages of the range.
+	states := map[uint32]map[ids.PageNo]localcache.State{n.cfg.ID: local}
+	cluster := req.GetCluster() && !localOnly(ctx)
+	if cluster {
+		for id, m := range n.askPages(ctx, &dsmpb.PagesRequest{Region: r.Name, FirstPage: first, PageCount: count}) {
+			states[id] = m
+		}
+	}
+	resp := &dsmpb.PagesResponse{NodeId: n.cfg.ID, Region: regionPB(r), FirstPage: first, PageCount: count,
+		Group: group, Cluster: cluster}
+	nodes := make([]uint32, 0, len(states))
+	for id := range states {
+		nodes = append(nodes, id)
+	}
+	slices.Sort(nodes)
+	for c := first; c < first+count; c += group {
+		cell := &dsmpb.PageCell{FirstPage: c, Pages: min(group, first+count-c)}
+		owners := map[uint32]bool{}
+		for p := c; p < c+cell.Pages; p++ {
+			var mod, sharers []uint32
+			for _, id := range nodes {
+				switch states[id][ids.PageNo(p)] {
+				case localcache.Modified:
+					mod = append(mod, id)
+				case localcache.Shared:
+					sharers = append(sharers, id)
+				}
+			}
+			ls := local[ids.PageNo(p)]
+			if statePB(ls) > cell.LocalState || cell.LocalState == dsmpb.PageState_PAGE_STATE_UNSPECIFIED {
+				cell.LocalState = max(cell.LocalState, statePB(ls))
+			}
+			if ls == localcache.Modified {
+				cell.Dirty++
+			}
+			switch {
+			case len(mod) > 0:
+				cell.Modified++
+				for _, id := range mod {
+					owners[id] = true
+				}
+			case len(sharers) > 0:
+				cell.Shared++
+				cell.MaxSharers = max(cell.MaxSharers, uint32(len(sharers)))
+				if cell.Pages == 1 {
+					cell.Sharers = sharers
+				}
+			default:
+				cell.Invalid++
+			}
+		}
+		for id := range owners {
+			cell.Owners = append(cell.Owners, id)
+		}
+		slices.Sort(cell.Owners)
+		resp.Cells = append(resp.Cells, cell)
+	}
+	return resp, nil
+}
+
+// askPages asks every other alive member for its copies of a range.
+// Members that do not answer are left out.
+func (n *Node) askPages(ctx context.Context, req *dsmpb.PagesRequest) map[uint32]map[ids.PageNo]localcache.State {
+	out := map[uint32]map[ids.PageNo]localcache.State{}
+	var mu sync.Mutex
+	n.eachPeer(ctx, func(ctx context.Context, id uint32, adm dsmpb.AdminClient) {
+		resp, err := adm.Pages(ctx, req)
+		if err != nil {
+			n.log.Debug("pages: peer did not answer", "peer", id, "err", err)
+			return
+		}
+		m := map[ids.PageNo]localcache.State{}
+		for _, c := range resp.Cells {
+			switch c.LocalState {
+			case dsmpb.PageState_PAGE_STATE_MODIFIED:
+				m[ids.PageNo(c.FirstPage)] = localcache.Modified
+			case dsmpb.PageState_PAGE_STATE_SHARED:
+				m[ids.PageNo(c.FirstPage)] = localcache.Shared
+			}
+		}
+		mu.Lock()
+		out[id] = m
+		mu.Unlock()
+	})
+	return out
+}
+
+// eachPeer calls fn for every other alive member with a gRPC address, in
+// parallel, each bounded by peerTimeout, with the local-only marker set so
+// that the peer answers for itself.
+func (n *Node) eachPeer(ctx context.Context, fn func(ctx context.Context, id uint32, adm dsmpb.AdminClient)) {
+	var wg sync.WaitGroup
+	for _, m := range n.dir.Members() {
+		if uint32(m.ID) == n.cfg.ID || m.State != directory.StateAlive || m.GRPCAddr == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			target := m.GRPCAddr
+			if !strings.HasPrefix(target, "unix://") {
+				target = "passthrough:///" + target
+			}
+			conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			cctx, cancel := context.WithTimeout(ctx, peerTimeout)
+			defer cancel()
+			cctx = metadata.AppendToOutgoingContext(cctx, statusLocalKey, "1")
+			fn(cctx, uint32(m.ID), dsmpb.NewAdminClient(conn))
+		}()
+	}
+	wg.Wait()
+}
+
+// ---- Stats ----
+
+func (n *Node) localStats() *dsmpb.NodeStats {
+	st := n.cache.Stats()
+	ns := &dsmpb.NodeStats{
+		NodeId:       n.cfg.ID,
+		TimeUnixNano: time.Now().UnixNano(),
+		Faults: map[string]uint64{
+			"read":    st.ReadMisses,
+			"write":   st.WriteMisses - st.Upgrades,
+			"upgrade": st.Upgrades,
+			"minor":   st.LocalResolves,
+		},
+		Hits:                  st.LocalResolves,
+		Misses:                st.ReadMisses + st.WriteMisses,
+		InvalidationsReceived: st.Invalidations,
+		RecallsReceived:       st.Downgrades,
+		Evictions:             st.Evictions,
+		Writebacks:            st.Writebacks,
+		CacheBytes:            uint64(st.ResidentPages) * dsmPageSize,
+		CacheCapacityBytes:    uint64(n.cfg.CacheSize),
+		CachePages:            uint64(st.ResidentPages),
+		DirtyPages:            uint64(st.DirtyPages),
+		BytesIn:               n.stats.msgsIn.Load(),
+		BytesOut:              n.stats.msgsOut.Load(),
+	}
+	if n.eng != nil {
+		ns.MissLatency = n.eng.missLat.snapshot()
+		ns.InvalidationsSent = n.stats.invalidationsSent.Load()
+		ns.RecallsSent = n.stats.recallsSent.Load()
+		ns.BytesIn = n.stats.bytesIn.Load()
+		ns.BytesOut = n.stats.bytesOut.Load()
+	}
+	return ns
+}
+
+func (s *adminServer) Stats(ctx context.Context, req *dsmpb.StatsRequest) (*dsmpb.StatsResponse, error) {
+	n := s.n
+	resp := &dsmpb.StatsResponse{Nodes: []*dsmpb.NodeStats{n.localStats()}}
+	if req.GetAllNodes() && !localOnly(ctx) {
+		var mu sync.Mutex
+		answered := map[uint32]bool{}
+		n.eachPeer(ctx, func(ctx context.Context, id uint32, adm dsmpb.AdminClient) {
+			r, err := adm.Stats(ctx, &dsmpb.StatsRequest{})
+			mu.Lock()
+			defer mu.Unlock()
+			answered[id] = true
+			if err != nil {
+				resp.Nodes = append(resp.Nodes, &dsmpb.NodeStats{NodeId: id, Error: fmt.Sprintf("n%d did not answer: %s", id, status.Convert(err).Message())})
+				return
+			}
+			for _, ns := range r.Nodes {
+				if ns.NodeId == id {
+					resp.Nodes = append(resp.Nodes, ns)
+				}
+			}
+		})
+		slices.SortFunc(resp.Nodes, func(a, b *dsmpb.NodeStats) int { return int(a.NodeId) - int(b.NodeId) })
+	}
+	return resp, nil
+}

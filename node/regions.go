@@ -1,0 +1,383 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/directory/placement"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/engine"
+	"github.com/dsmkit/dsm/node/localcache"
+	"github.com/dsmkit/dsm/rdma"
+)
+
+// coherenceEpoch is the epoch every engine runs the protocol in: homes are
+// fixed for a region's life (no Reconfigure is fed in yet), and an epoch
+// with tag 0 makes untouched home memory (zeros) hold the initial word.
+const coherenceEpoch ids.Epoch = 16
+
+// engineTick is the protocol clock of the engines.
+const engineTick = 2 * time.Millisecond
+
+// ErrNotServed reports a region this node does not serve: it joined the
+// cluster after the region was created, and the region's pages are placed
+// on the members alive at its creation only.
+var ErrNotServed = errors.New("node: region not served on this node")
+
+// engines runs one coherence engine per region and is the page cache's
+// Coherence: it routes each miss and eviction to the region's engine, and
+// each protocol message to the engine it is for.
+type engines struct {
+	n   *Node
+	log *slog.Logger
+
+	mu      sync.RWMutex
+	byID    map[ids.RegionID]*regionEngine
+	refused map[ids.RegionID]bool
+
+	missLat *histogram
+}
+
+type regionEngine struct {
+	e        *engine.Engine
+	region   directory.Region
+	pageSize int
+	// peers are the descriptors given to the engine, to skip repeats.
+	peers map[ids.NodeID]rdma.Descriptor
+}
+
+var _ localcache.Coherence = (*engines)(nil)
+
+func newEngines(n *Node) *engines {
+	return &engines{n: n, log: n.log.With("part", "engine"), byID: map[ids.RegionID]*regionEngine{},
+		refused: map[ids.RegionID]bool{}, missLat: newHistogram()}
+}
+
+func (es *engines) get(r ids.RegionID) (*regionEngine, error) {
+	es.mu.RLock()
+	defer es.mu.RUnlock()
+	re := es.byID[r]
+	if re == nil {
+		if es.refused[r] {
+			return nil, fmt.Errorf("%w: %v", ErrNotServed, r)
+		}
+		return nil, fmt.Errorf("%w: %v", engine.ErrUnknownRegion, r)
+	}
+	return re, nil
+}
+
+// ReadMiss implements localcache.Coherence.
+func (es *engines) ReadMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte) error {
+	re, err := es.get(r)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = re.e.ReadMiss(ctx, r, p, buf)
+	if err == nil {
+		es.missLat.observe(time.Since(start))
+		es.n.stats.bytesIn.Add(uint64(len(buf)))
+	}
+	return err
+}
+
+// WriteMiss implements localcache.Coherence.
+func (es *engines) WriteMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte) error {
+	re, err := es.get(r)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = re.e.WriteMiss(ctx, r, p, buf)
+	if err == nil {
+		es.missLat.observe(time.Since(start))
+		es.n.stats.bytesIn.Add(uint64(len(buf)))
+	}
+	return err
+}
+
+// Evict implements localcache.Coherence.
+func (es *engines) Evict(ctx context.Context, r ids.RegionID, p ids.PageNo, dirty []byte) error {
+	re, err := es.get(r)
+	if err != nil {
+		return err
+	}
+	err = re.e.Evict(ctx, r, p, dirty)
+	if err == nil {
+		es.n.stats.bytesOut.Add(uint64(len(dirty)))
+	}
+	return err
+}
+
+// ---- messages: one transport, one engine per region ----
+
+// A protocol message on the verbs transport is the region id (4 bytes,
+// little endian) followed by the coherence message.
+const msgHeader = 4
+
+// deliver is the verbs transport's message handler.
+func (es *engines) deliver(from ids.NodeID, b []byte) {
+	if len(b) < msgHeader {
+		es.log.Warn("short protocol message", "from", from, "len", len(b))
+		return
+	}
+	r := ids.RegionID(binary.LittleEndian.Uint32(b))
+	es.mu.RLock()
+	re := es.byID[r]
+	es.mu.RUnlock()
+	if re == nil {
+		// A region this node has not set up yet (or does not serve):
+		// the sender retransmits what matters.
+		es.log.Debug("message for a region not served here", "from", from, "region", r)
+		return
+	}
+	es.n.stats.msgsIn.Add(1)
+	es.n.stats.bytesIn.Add(uint64(len(b)))
+	re.e.Deliver(from, b[msgHeader:])
+}
+
+func (es *engines) sender(r ids.RegionID) func(ctx context.Context, to ids.NodeID, msg []byte) error {
+	return func(ctx context.Context, to ids.NodeID, msg []byte) error {
+		b := make([]byte, msgHeader+len(msg))
+		binary.LittleEndian.PutUint32(b, uint32(r))
+		copy(b[msgHeader:], msg)
+		st := &es.n.stats
+		st.msgsOut.Add(1)
+		st.bytesOut.Add(uint64(len(b)))
+		if m, err := coherence.Unmarshal(msg); err == nil {
+			switch m.Type {
+			case coherence.MsgInvalidate:
+				st.invalidationsSent.Add(1)
+			case coherence.MsgRecall:
+				st.recallsSent.Add(1)
+			}
+		}
+		return es.n.verbs.Send(ctx, to, b)
+	}
+}
+
+// ---- following the directory ----
+
+// sync brings the engines in step with a directory view: an engine (and a
+// page cache region) for every region this node is a home of, and every
+// member's home memory descriptors handed to the engines. It reports
+// whether this node's own descriptors changed (they must be published).
+func (es *engines) sync(v *directory.View) (changed bool) {
+	self := ids.NodeID(es.n.cfg.ID)
+	for _, r := range v.Regions() {
+		es.mu.RLock()
+		_, have := es.byID[r.ID]
+		refused := es.refused[r.ID]
+		es.mu.RUnlock()
+		if have || refused {
+			continue
+		}
+		if !slices.Contains(r.Homes, self) {
+			es.log.Warn("region not served here: this node joined after it was created",
+				"region", r.Name, "homes", r.Homes)
+			es.mu.Lock()
+			es.refused[r.ID] = true
+			es.mu.Unlock()
+			continue
+		}
+		if err := es.add(r); err != nil {
+			es.log.Error("region: start engine", "region", r.Name, "err", err)
+			es.mu.Lock()
+			es.refused[r.ID] = true
+			es.mu.Unlock()
+			continue
+		}
+		changed = true
+	}
+	for _, m := range v.Members() {
+		if m.ID == self || len(m.Descriptors) == 0 {
+			continue
+		}
+		descs, err := decodeDescriptors(m.ID, m.Descriptors)
+		if err != nil {
+			es.log.Warn("member descriptors", "member", m.ID, "err", err)
+			continue
+		}
+		es.mu.Lock()
+		for r, d := range descs {
+			re := es.byID[r]
+			if re == nil || re.peers[m.ID] == d {
+				continue
+			}
+			re.peers[m.ID] = d
+			re.e.SetPeer(m.ID, d)
+		}
+		es.mu.Unlock()
+	}
+	return changed
+}
+
+// add starts the engine of region r and adds the region to the page cache.
+func (es *engines) add(r directory.Region) error {
+	homes := slices.Clone(r.Homes)
+	e, err := engine.New(engine.Config{
+		ID: ids.NodeID(es.n.cfg.ID), Region: r.ID, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
+		Epoch: coherenceEpoch, Members: homes,
+		HomeOf:    func(p ids.PageNo) ids.NodeID { return placement.Home(r.ShardOf(p), homes) },
+		Transport: es.n.verbs,
+		Send:      es.sender(r.ID),
+		Pages:     cachePages{n: es.n, pageSize: int(r.PageSize)},
+		Tick:      engineTick,
+		Logger:    es.log.With("region", r.Name),
+	})
+	if err != nil {
+		return err
+	}
+	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{}}
+	es.mu.Lock()
+	es.byID[r.ID] = re
+	es.mu.Unlock()
+	e.Start(nil)
+	err = es.n.cache.AddRegion(localcache.RegionSpec{ID: r.ID, Name: r.Name, Size: int64(r.Size), PageSize: int64(r.PageSize)})
+	if err != nil && !errors.Is(err, localcache.ErrRegionExists) {
+		return fmt.Errorf("page cache: %w", err)
+	}
+	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", homes)
+	return nil
+}
+
+// descriptors encodes this node's home memory descriptors for the member
+// table.
+func (es *engines) descriptors() []byte {
+	es.mu.RLock()
+	defer es.mu.RUnlock()
+	m := map[ids.RegionID]rdma.Descriptor{}
+	for r, re := range es.byID {
+		m[r] = re.e.Descriptor()
+	}
+	return encodeDescriptors(m)
+}
+
+func (es *engines) close() error {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	var errs []error
+	for _, re := range es.byID {
+		errs = append(errs, re.e.Close())
+	}
+	es.byID = map[ids.RegionID]*regionEngine{}
+	return errors.Join(errs...)
+}
+
+// ---- the page cache as the engines' Pages ----
+
+// cachePages gives pages up from the page cache when the protocol takes
+// them away.
+type cachePages struct {
+	n        *Node
+	pageSize int
+}
+
+// Drop implements engine.Pages.
+func (cp cachePages) Drop(r ids.RegionID, p ids.PageNo) []byte {
+	buf := make([]byte, cp.pageSize)
+	st, err := cp.n.cache.Invalidate(cp.n.ctx, r, p, buf)
+	if err != nil {
+		cp.n.log.Warn("invalidate", "region", r, "page", p, "err", err)
+		return nil
+	}
+	if st == localcache.Modified {
+		cp.n.stats.bytesOut.Add(uint64(len(buf)))
+		return buf
+	}
+	return nil
+}
+
+// Downgrade implements engine.Pages.
+func (cp cachePages) Downgrade(r ids.RegionID, p ids.PageNo) []byte {
+	buf := make([]byte, cp.pageSize)
+	st, err := cp.n.cache.Downgrade(cp.n.ctx, r, p, buf)
+	if err != nil {
+		cp.n.log.Warn("downgrade", "region", r, "page", p, "err", err)
+		return nil
+	}
+	if st == localcache.Modified {
+		cp.n.stats.bytesOut.Add(uint64(len(buf)))
+		return buf
+	}
+	return nil
+}
+
+// ---- descriptors in the member table ----
+
+// The descriptors a member publishes: a version byte (1), then per region
+// the region id (4 bytes), the key, base and length (8 bytes each) and the
+// access rights (1 byte), little endian.
+const (
+	descVersion  = 1
+	descEntryLen = 4 + 8 + 8 + 8 + 1
+)
+
+func encodeDescriptors(m map[ids.RegionID]rdma.Descriptor) []byte {
+	rs := make([]ids.RegionID, 0, len(m))
+	for r := range m {
+		rs = append(rs, r)
+	}
+	slices.Sort(rs)
+	b := make([]byte, 1, 1+len(rs)*descEntryLen)
+	b[0] = descVersion
+	for _, r := range rs {
+		d := m[r]
+		b = binary.LittleEndian.AppendUint32(b, uint32(r))
+		b = binary.LittleEndian.AppendUint64(b, d.RKey.Key)
+		b = binary.LittleEndian.AppendUint64(b, d.RKey.Base)
+		b = binary.LittleEndian.AppendUint64(b, d.Len)
+		b = append(b, byte(d.Access))
+	}
+	return b
+}
+
+// errBadDescriptors refuses a member's descriptors that do not decode.
+var errBadDescriptors = errors.New("node: bad descriptors")
+
+func decodeDescriptors(node ids.NodeID, b []byte) (map[ids.RegionID]rdma.Descriptor, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if b[0] != descVersion {
+		return nil, fmt.Errorf("%w: version %d", errBadDescriptors, b[0])
+	}
+	b = b[1:]
+	if len(b)%descEntryLen != 0 {
+		return nil, fmt.Errorf("%w: %d bytes is not a whole number of entries", errBadDescriptors, len(b))
+	}
+	m := make(map[ids.RegionID]rdma.Descriptor, len(b)/descEntryLen)
+	for ; len(b) > 0; b = b[descEntryLen:] {
+		r := ids.RegionID(binary.LittleEndian.Uint32(b))
+		if r == 0 {
+			return nil, fmt.Errorf("%w: region 0", errBadDescriptors)
+		}
+		if _, dup := m[r]; dup {
+			return nil, fmt.Errorf("%w: region %v twice", errBadDescriptors, r)
+		}
+		m[r] = rdma.Descriptor{Node: node,
+			RKey: rdma.RKey{Key: binary.LittleEndian.Uint64(b[4:]), Base: binary.LittleEndian.Uint64(b[12:])},
+			Len:  binary.LittleEndian.Uint64(b[20:]), Access: rdma.Access(b[28])}
+	}
+	return m, nil
+}
+
+// ---- counters ----
+
+// nodeStats are the engines' counters (the page cache keeps its own).
+type nodeStats struct {
+	msgsIn, msgsOut                atomic.Uint64
+	invalidationsSent, recallsSent atomic.Uint64
+	// bytesIn: page data fetched by misses and protocol messages
+	// received; bytesOut: page data written back and messages sent.
+	bytesIn, bytesOut atomic.Uint64
+}
