@@ -30,6 +30,12 @@ var (
 	descCacheOps    = prometheus.NewDesc("dsm_cache_ops_total", "Page cache operations by kind.", []string{"op"}, nil)
 	descCachePages  = prometheus.NewDesc("dsm_cache_pages", "Pages held by the page cache: resident and dirty.", []string{"kind"}, nil)
 	descCacheCli    = prometheus.NewDesc("dsm_cache_clients", "Client mappings attached to the page cache.", nil, nil)
+	descMsgs        = prometheus.NewDesc("dsm_protocol_messages_total", "Coherence protocol messages, by direction.", []string{"dir"}, nil)
+	descInvSent     = prometheus.NewDesc("dsm_invalidations_sent_total", "Invalidation messages sent (retransmissions included).", nil, nil)
+	descRecallsSent = prometheus.NewDesc("dsm_recalls_sent_total", "Recall messages sent to exclusive holders.", nil, nil)
+	descBytes       = prometheus.NewDesc("dsm_bytes_total", "Page data and protocol messages moved, by direction.", []string{"dir"}, nil)
+	descMissLat     = prometheus.NewDesc("dsm_miss_latency_seconds", "Latency of the page cache's read and write misses through the coherence engine.", nil, nil)
+	descRegionsSrv  = prometheus.NewDesc("dsm_engine_regions", "Regions with a coherence engine on this node.", nil, nil)
 )
 
 type collector struct{ n *Node }
@@ -98,6 +104,26 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	g(descCachePages, float64(st.ResidentPages), "resident")
 	g(descCachePages, float64(st.DirtyPages), "dirty")
 	g(descCacheCli, float64(st.Clients))
+	if n.eng == nil {
+		return
+	}
+	ns := &n.stats
+	ctr(descMsgs, ns.msgsIn.Load(), "in")
+	ctr(descMsgs, ns.msgsOut.Load(), "out")
+	ctr(descInvSent, ns.invalidationsSent.Load())
+	ctr(descRecallsSent, ns.recallsSent.Load())
+	ctr(descBytes, ns.bytesIn.Load(), "in")
+	ctr(descBytes, ns.bytesOut.Load(), "out")
+	h := n.eng.missLat.snapshot()
+	buckets := make(map[float64]uint64, len(h.Buckets))
+	for _, b := range h.Buckets {
+		buckets[float64(b.UpperBoundNs)/1e9] = b.Count
+	}
+	ch <- prometheus.MustNewConstHistogram(descMissLat, h.Count, float64(h.SumNs)/1e9, buckets)
+	n.eng.mu.RLock()
+	served := len(n.eng.byID)
+	n.eng.mu.RUnlock()
+	g(descRegionsSrv, float64(served))
 }
 
 // metricsHandler serves /metrics from a registry of this node only (no

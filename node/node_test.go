@@ -217,7 +217,8 @@ func TestSingleNodeServices(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"dsm_directory_regions 1", "dsm_raft_is_leader 1", "dsm_cache_capacity_bytes 8.388608e+06", "go_goroutines"} {
+	for _, want := range []string{"dsm_directory_regions 1", "dsm_raft_is_leader 1", "dsm_cache_capacity_bytes 8.388608e+06", "go_goroutines",
+		"dsm_engine_regions 1", "dsm_miss_latency_seconds_count", `dsm_bytes_total{dir="in"}`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
