@@ -59,6 +59,10 @@ func (n *Node) memRegion(name string, off, length uint64) (directory.Region, err
 	if err != nil {
 		return r, err
 	}
+	if n.eng != nil && n.eng.refusedRegion(r.ID) {
+		return r, status.Errorf(codes.FailedPrecondition,
+			"region %q is not served on n%d: its pages live on the members alive at its creation (%v), and this node joined later", name, n.cfg.ID, r.Homes)
+	}
 	if off > r.Size || length > r.Size-off {
 		return r, status.Errorf(codes.InvalidArgument, "region %q: %d bytes at offset %d pass its end (%d bytes)", name, length, off, r.Size)
 	}

@@ -75,6 +75,13 @@ func (es *engines) get(r ids.RegionID) (*regionEngine, error) {
 	return re, nil
 }
 
+// refusedRegion reports a region this node does not serve.
+func (es *engines) refusedRegion(r ids.RegionID) bool {
+	es.mu.RLock()
+	defer es.mu.RUnlock()
+	return es.refused[r]
+}
+
 // ReadMiss implements localcache.Coherence.
 func (es *engines) ReadMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte) error {
 	re, err := es.get(r)
