@@ -74,10 +74,12 @@
 //
 //   - One region per engine and one fixed home assignment; no
 //     Reconfigure (epochs, departures, home moves) is fed in.
-//   - Mixing atomics and mapped access on one page is not coherent
-//     locally: while the cache holds a page Modified its data is the
-//     truth, and an atomic on that page works on the state machine's
-//     copy, which the cache's data overwrites at the next write-back.
+//   - Mixing the engine's atomics and mapped access on one page is not
+//     coherent locally: while the cache holds a page Modified its data is
+//     the truth, and an atomic on that page works on the state machine's
+//     copy, which the cache's data replaces at the next write-back. dsmd
+//     therefore does not use the engine's atomics: its atomics run on the
+//     cache's page (localcache.Access).
 //   - A failed batch is retried by the protocol as if it had not
 //     executed; rdma Post may have executed part of it (a ctx timeout, a
 //     broken connection). Batches are posted with the engine's context,
