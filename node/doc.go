@@ -23,16 +23,26 @@
 //     term, leader and indexes, the health verdict, and the page cache's
 //     counters when the cache runs. They are read at scrape time.
 //
-// # What is not here yet: the coherence engine
+//   - The page cache and its mapping-session socket (node/localcache,
+//     Config.MapSocket), and one coherence engine per region (node/engine)
+//     behind it: the engines follow the directory (regions, the members'
+//     home memory descriptors) and share the verbs transport, each
+//     protocol message prefixed with its region id (regions.go). Options.
+//     Coherence replaces the engines in tests (localcache.MemHome: a
+//     single node with every page in memory).
+//   - Memory calls (memory.go): Client Load, Store, Add, CompareAndSwap
+//     (hardware atomics on the cache's page, held through the protocol
+//     under the page lock), Sync (write-back of the range's Modified
+//     pages), Admin ReadMemory and WriteMemory (through the cache, at most
+//     MaxMemoryIO bytes per call), Pages (this node's copies, or every
+//     alive member's merged into one picture) and Stats (the cache's and
+//     the engines' counters and the miss latency histogram, from every
+//     member on request).
 //
-// Every RPC that needs the coherence engine answers codes.Unimplemented with
-// a message saying so ("... needs the coherence engine, which is not built
-// into this dsmd yet"): Admin Pages, Stats, ReadMemory and WriteMemory;
-// Client Load, Store, Add, CompareAndSwap and Sync. No data is made up. The
-// page cache and its mapping-session socket (node/localcache,
-// Config.MapSocket) start only when Options.Coherence is set; dsmd does not
-// set it yet, because a fault that no engine can resolve would leave the
-// client's thread blocked instead of failing.
+// A region's pages are homed on the members alive at its creation
+// (directory.Region.Homes), for the region's life: the engines do not move
+// homes on membership changes yet. A node outside that set answers memory
+// calls on the region with FailedPrecondition.
 //
 // Status reports each alive member's cache use by asking that member's own
 // Status over its published gRPC address, in parallel, one second each,
