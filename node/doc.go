@@ -8,9 +8,11 @@
 //     for the region table, placement and members; memberlist for discovery
 //     and failure detection. The node's addresses (gRPC, verbs) are
 //     published in its member record.
+//
 //   - The verbs endpoint of the tcp backend (rdma/tcp). A goroutine follows
 //     the directory (Subscribe) and keeps the transport's peer table equal
 //     to the alive members and their verbs addresses.
+//
 //   - The gRPC Admin and Client services (internal/rpc/dsm/v1) on a Unix
 //     socket (Config.Socket, default DATA_DIR/dsmd.sock) and optionally on
 //     TCP (Config.GRPCAddr). Answers about the cluster come from the local
@@ -18,6 +20,7 @@
 //     (LinearizableView, bounded to one second) so that a region created
 //     through one node is listed by every other. Directory errors are mapped
 //     to the codes of types.proto (statusError).
+//
 //   - Prometheus metrics on Config.MetricsAddr (/metrics, /healthz): the Go
 //     runtime and process, the directory's epoch, regions and members, Raft
 //     term, leader and indexes, the health verdict, and the page cache's
@@ -30,6 +33,7 @@
 //     protocol message prefixed with its region id (regions.go). Options.
 //     Coherence replaces the engines in tests (localcache.MemHome: a
 //     single node with every page in memory).
+//
 //   - Memory calls (memory.go): Client Load, Store, Add, CompareAndSwap
 //     (hardware atomics on the cache's page, held through the protocol
 //     under the page lock), Sync (write-back of the range's Modified
