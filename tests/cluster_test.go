@@ -375,9 +375,77 @@ func TestClusterThroughDsmctl(t *testing.T) {
 		t.Fatalf("region info text (exit %d):\n%s", code, out)
 	}
 
-	// What waits for the coherence engine fails plainly, not with made-up data.
-	if _, errs, code := c.ctl(1, "get", "r1", "0", "16"); code == 0 || !strings.Contains(errs, "coherence engine") {
-		t.Fatalf("get: exit %d, stderr %q", code, errs)
+	// Memory through the coherence protocol: put on n1, get on n2 and n3;
+	// then n3 overwrites part of it and n1 sees that.
+	if out, errs, code := c.ctl(1, "put", "r1", "8190", "hello, dsm"); code != 0 || !strings.Contains(out, "wrote 10 bytes") {
+		t.Fatalf("put on n1: exit %d: %s%s", code, out, errs)
+	}
+	for _, i := range []int{2, 3} {
+		if out, errs, code := c.ctl(i, "get", "r1", "8190", "10", "--raw"); code != 0 || out != "hello, dsm" {
+			t.Fatalf("get --raw on n%d: exit %d: %q %s", i, code, out, errs)
+		}
+	}
+	if out, errs, code := c.ctl(3, "put", "r1", "8190", "HELLO"); code != 0 {
+		t.Fatalf("put on n3: exit %d: %s%s", code, out, errs)
+	}
+	if out, errs, code := c.ctl(1, "get", "r1", "8190", "10"); code != 0 || !strings.Contains(out, "|HELLO, dsm|") {
+		t.Fatalf("get (hexdump) on n1: exit %d: %q %s", code, out, errs)
+	}
+	// The cluster picture of pages 0-3: page 1 (the first bytes) is now
+	// Shared at n1 and, after n3's put, Modified nowhere else; page 2
+	// holds the tail.
+	var pj struct {
+		Cluster bool `json:"cluster"`
+		Cells   []struct {
+			FirstPage  uint64   `json:"first_page"`
+			Modified   uint64   `json:"modified"`
+			Shared     uint64   `json:"shared"`
+			Invalid    uint64   `json:"invalid"`
+			Owners     []uint32 `json:"owners"`
+			MaxSharers uint32   `json:"max_sharers"`
+		} `json:"cells"`
+	}
+	c.ctlJSON(2, &pj, "pages", "r1", "--range", "0:4")
+	if !pj.Cluster || len(pj.Cells) != 4 || pj.Cells[0].Invalid != 1 || pj.Cells[3].Invalid != 1 ||
+		pj.Cells[1].Invalid != 0 || pj.Cells[2].Invalid != 0 {
+		t.Fatalf("pages --json: %+v", pj)
+	}
+	for _, cell := range pj.Cells[1:3] {
+		if cell.Modified == 1 && len(cell.Owners) != 1 || cell.Shared == 1 && cell.MaxSharers == 0 {
+			t.Fatalf("pages --json cell %+v", cell)
+		}
+	}
+	if out, _, code := c.ctl(2, "pages", "r1", "--range", "0:64"); code != 0 || !strings.Contains(out, "legend") {
+		t.Fatalf("pages picture (exit %d):\n%s", code, out)
+	}
+	var top struct {
+		Nodes []struct {
+			Node  uint32 `json:"node_id"`
+			Error string `json:"error"`
+		} `json:"nodes"`
+	}
+	c.ctlJSON(1, &top, "top", "--once")
+	if len(top.Nodes) != 3 {
+		t.Fatalf("top --once --json: %+v", top)
+	}
+	for _, n := range top.Nodes {
+		if n.Error != "" {
+			t.Fatalf("top: n%d: %s", n.Node, n.Error)
+		}
+	}
+	var bench struct {
+		Ops int `json:"ops"`
+		All struct {
+			Count int `json:"count"`
+		} `json:"all"`
+	}
+	out, errs, code := c.ctl(3, "bench", "--region", "r1", "--ops", "200", "--threads", "2", "--json")
+	if code != 0 || json.Unmarshal([]byte(out), &bench) != nil || bench.Ops != 200 || bench.All.Count != 200 {
+		t.Fatalf("bench --json: exit %d: %s %s", code, out, errs)
+	}
+	// Bad input is refused with one line and a non-zero exit.
+	if _, errs, code := c.ctl(1, "get", "r1", "67108860", "16"); code == 0 || strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+		t.Fatalf("get past the end: exit %d, stderr %q", code, errs)
 	}
 
 	if out, errs, code := c.ctl(2, "region", "rm", "r1"); code != 0 {
