@@ -434,13 +434,15 @@ func TestClusterThroughDsmctl(t *testing.T) {
 		}
 	}
 	var bench struct {
-		Ops int `json:"ops"`
-		All struct {
+		Target string `json:"target"`
+		Ops    int    `json:"ops"`
+		All    struct {
 			Count int `json:"count"`
 		} `json:"all"`
 	}
 	out, errs, code := c.ctl(3, "bench", "--region", "r1", "--ops", "200", "--threads", "2", "--json")
-	if code != 0 || json.Unmarshal([]byte(out), &bench) != nil || bench.Ops != 200 || bench.All.Count != 200 {
+	if code != 0 || json.Unmarshal([]byte(out), &bench) != nil || bench.Ops != 200 || bench.All.Count != 200 ||
+		bench.Target != "admin on n1,n2,n3" {
 		t.Fatalf("bench --json: exit %d: %s %s", code, out, errs)
 	}
 	// Bad input is refused with one line and a non-zero exit.

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
@@ -100,7 +102,7 @@ func latStats(d []time.Duration) latJSON {
 // runBench runs the workload on the target, one goroutine per thread, and
 // reports each completed access to done (for the progress bar). The first
 // error stops every thread and is returned.
-func runBench(ctx context.Context, w Workload, t benchTarget, done *atomic.Int64) (benchJSON, error) {
+func runBench(ctx context.Context, w Workload, targets []benchTarget, done *atomic.Int64) (benchJSON, error) {
 	gens, err := w.Generators()
 	if err != nil {
 		return benchJSON{}, err
@@ -112,6 +114,7 @@ func runBench(ctx context.Context, w Workload, t benchTarget, done *atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i, g := range gens {
+		t := targets[i%len(targets)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -174,7 +177,7 @@ func (a *app) benchCmd() *cobra.Command {
 		region, size, pageSize string
 		access, progress       string
 		ops                    int
-		keep                   bool
+		keep, here             bool
 	)
 	c := &cobra.Command{
 		Use:   "bench",
@@ -191,9 +194,12 @@ one private area per worker.
 
 The region --region is used if it exists; otherwise it is created with
 --size and --page-size and deleted afterwards (unless --keep). Each access
-is one ReadMemory or WriteMemory request to the answering dsmd: this
-measures the coherence protocol as the admin path sees it, not mapped
-memory. A progress bar goes to stderr when it is a terminal.`,
+is one ReadMemory or WriteMemory request: the threads are spread round-robin
+over the alive members (thread i on the i-th member), so the shared area is
+shared across nodes and the coherence protocol moves pages between them;
+--here keeps every thread on the answering dsmd. This measures the protocol
+as the admin path sees it (one RPC per access), not mapped memory. A
+progress bar goes to stderr when it is a terminal.`,
 		Example: `  dsmctl bench
   dsmctl bench --read-ratio 0.5 --sharing-ratio 1 --threads 8 --ops 100000
   dsmctl bench --skew 0.99 --locality 0 --json > run.json`,
@@ -273,13 +279,18 @@ memory. A progress bar goes to stderr when it is a terminal.`,
 					}
 				}()
 			}
-			res, err := runBench(cmd.Context(), w, adminTarget{cl, region, a.timeout}, &done)
+			targets, names, closeAll, err := a.benchTargets(cmd, cl, region, here)
+			if err != nil {
+				return err
+			}
+			defer closeAll()
+			res, err := runBench(cmd.Context(), w, targets, &done)
 			close(stop)
 			drawn.Wait()
 			if err != nil {
 				return err
 			}
-			res.Target = "admin"
+			res.Target = "admin on " + names
 			res.Workload = workloadJSON{region, w.RegionSize, w.PageSize, w.AccessSize, w.Threads,
 				w.OpsPerThread, w.ReadRatio, w.SharingRatio, w.Locality, w.Skew, w.Seed}
 			if a.json {
@@ -301,8 +312,56 @@ memory. A progress bar goes to stderr when it is a terminal.`,
 	f.Float64Var(&w.Skew, "skew", 0, "Zipf exponent over pages, 0 (uniform) to <1")
 	f.Uint64Var(&w.Seed, "seed", 1, "seed of the access sequence (same seed, same accesses)")
 	f.BoolVar(&keep, "keep", false, "keep the region when bench created it")
+	f.BoolVar(&here, "here", false, "run every thread through the answering dsmd instead of spreading them over the members")
 	f.StringVar(&progress, "progress", "auto", "progress bar on stderr: auto (on a terminal), always, never")
 	return c
+}
+
+// benchTargets returns one target per alive member with a gRPC address,
+// each on a connection of its own, or only the answering node with here. names lists the nodes, e.g. "n1,n2,n3".
+func (a *app) benchTargets(cmd *cobra.Command, cl dsmpb.AdminClient, region string, here bool) ([]benchTarget, string, func(), error) {
+	self := []benchTarget{adminTarget{cl, region, a.timeout}}
+	if here {
+		return self, "the answering node", func() {}, nil
+	}
+	ctx, cancel := a.call(cmd)
+	ms, err := cl.Members(ctx, &dsmpb.MembersRequest{})
+	cancel()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	var (
+		targets []benchTarget
+		names   []string
+		conns   []*grpc.ClientConn
+	)
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for _, m := range ms.Members {
+		if m.State != dsmpb.MemberState_MEMBER_STATE_ALIVE || m.GrpcAddr == "" {
+			continue
+		}
+		target := m.GrpcAddr
+		if !strings.HasPrefix(target, "unix://") {
+			target = "passthrough:///" + target
+		}
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+		if err != nil {
+			closeAll()
+			return nil, "", nil, fmt.Errorf("n%d at %s: %w", m.NodeId, m.GrpcAddr, err)
+		}
+		conns = append(conns, conn)
+		targets = append(targets, adminTarget{dsmpb.NewAdminClient(conn), region, a.timeout})
+		names = append(names, fmt.Sprintf("n%d", m.NodeId))
+	}
+	if len(targets) == 0 {
+		return self, "the answering node", closeAll, nil
+	}
+	return targets, strings.Join(names, ","), closeAll, nil
 }
 
 func renderBench(w io.Writer, r benchJSON) error {

@@ -10,7 +10,7 @@ func TestBenchAgainstFake(t *testing.T) {
 	f, sock := serveFake(t)
 	var v benchJSON
 	r := run(t, sock, runOpts{}, "bench", "--ops", "400", "--threads", "4", "--read-ratio", "0.5",
-		"--skew", "0.9", "--progress", "always", "--json").ok(t)
+		"--skew", "0.9", "--progress", "always", "--here", "--json").ok(t)
 	decode(t, r.stdout, &v)
 	f.mu.Lock()
 	reads, writes, deleted := f.reads, f.writes, slices.Clone(f.deleted)
@@ -25,7 +25,7 @@ func TestBenchAgainstFake(t *testing.T) {
 	if v.Read.Count == 0 || v.Write.Count == 0 || v.All.P50NS <= 0 || v.All.MaxNS < v.All.P99NS || v.All.P99NS < v.All.P50NS {
 		t.Errorf("implausible latencies: %+v", v.All)
 	}
-	if v.Workload.Region != "dsmctl-bench" || v.Workload.RegionSize != 64<<20 || v.Workload.Skew != 0.9 || v.Target != "admin" {
+	if v.Workload.Region != "dsmctl-bench" || v.Workload.RegionSize != 64<<20 || v.Workload.Skew != 0.9 || v.Target != "admin on the answering node" {
 		t.Errorf("workload: %+v", v.Workload)
 	}
 	if left || !slices.Equal(deleted, []string{"dsmctl-bench"}) {
@@ -36,8 +36,8 @@ func TestBenchAgainstFake(t *testing.T) {
 	}
 
 	// An existing region is used as it is, and kept.
-	r = run(t, sock, runOpts{}, "bench", "--region", "small", "--ops", "100", "--threads", "2").ok(t)
-	for _, w := range []string{"bench on small (400 KiB, 4 KiB pages) through admin · 2 threads", "OP", "read", "write", "all", "100 ops in"} {
+	r = run(t, sock, runOpts{}, "bench", "--region", "small", "--ops", "100", "--threads", "2", "--here").ok(t)
+	for _, w := range []string{"bench on small (400 KiB, 4 KiB pages) through admin on the answering node · 2 threads", "OP", "read", "write", "all", "100 ops in"} {
 		if !strings.Contains(r.stdout, w) {
 			t.Errorf("bench table lacks %q:\n%s", w, r.stdout)
 		}
@@ -53,7 +53,7 @@ func TestBenchAgainstFake(t *testing.T) {
 	}
 
 	// A workload the region cannot hold is a usage error.
-	if r := run(t, sock, runOpts{}, "bench", "--region", "small", "--threads", "64"); r.code != ExitUsage ||
+	if r := run(t, sock, runOpts{}, "bench", "--region", "small", "--threads", "64", "--here"); r.code != ExitUsage ||
 		!strings.Contains(r.stderr, "private area") {
 		t.Errorf("too many threads for the region: exit %d, %q", r.code, r.stderr)
 	}

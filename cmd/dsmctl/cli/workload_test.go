@@ -177,7 +177,7 @@ func (f *failingTarget) step(ctx context.Context) error {
 func TestRunBenchStopsOnError(t *testing.T) {
 	w := testWorkload()
 	var done atomic.Int64
-	_, err := runBench(context.Background(), w, &failingTarget{after: 500}, &done)
+	_, err := runBench(context.Background(), w, []benchTarget{&failingTarget{after: 500}}, &done)
 	if err == nil || !strings.Contains(err.Error(), "injected failure") {
 		t.Fatalf("runBench = %v, want the injected failure", err)
 	}
