@@ -50,7 +50,7 @@ func run(m *testing.M) int {
 // freeAddr returns a loopback address whose port is free for TCP and UDP
 // (gossip binds both), below the ephemeral range so that no outgoing
 // connection takes it meanwhile.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	for range 200 {
 		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
@@ -82,12 +82,12 @@ type proc struct {
 }
 
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	nodes []*proc
 }
 
 // startCluster starts n dsmd processes that bootstrap one cluster.
-func startCluster(t *testing.T, n int) *cluster {
+func startCluster(t testing.TB, n int) *cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")
@@ -137,7 +137,7 @@ func startCluster(t *testing.T, n int) *cluster {
 
 // start runs dsmd with p's arguments (again, after a crash: same id, data
 // and addresses).
-func (p *proc) start(t *testing.T) {
+func (p *proc) start(t testing.TB) {
 	t.Helper()
 	p.done = make(chan struct{})
 	p.cmd = exec.Command(dsmdBin, p.args...)
@@ -213,7 +213,7 @@ func (c *cluster) ctlJSON(i int, v any, args ...string) {
 
 // eventually retries f until it returns nil or the deadline (generous: it
 // only catches hangs) passes.
-func eventually(t *testing.T, what string, d time.Duration, f func() error) {
+func eventually(t testing.TB, what string, d time.Duration, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
