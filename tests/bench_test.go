@@ -355,3 +355,91 @@ func reportCycles(b *testing.B, ghz float64) {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)*ghz, "cycles/op")
 	}
 }
+
+// BenchmarkWriteSharers9 measures a write to a page that k of the other
+// eight nodes of a nine-node cluster read: the upgrade invalidates k
+// sharers in parallel, so 8 sharers should cost little more than 1.
+func BenchmarkWriteSharers9(b *testing.B) {
+	const nodes = 9
+	c := startCluster(b, nodes)
+	for i := 1; i <= nodes; i++ {
+		c.waitHealthy(i)
+	}
+	// The region's homes are the members alive at its creation: wait for
+	// all nine in the directory.
+	eventually(b, "nine alive members", time.Minute, func() error {
+		var ms struct {
+			Members []struct {
+				State string `json:"state"`
+			} `json:"members"`
+		}
+		c.ctlJSON(1, &ms, "members")
+		alive := 0
+		for _, m := range ms.Members {
+			if m.State == "alive" {
+				alive++
+			}
+		}
+		if alive != nodes {
+			return fmt.Errorf("%d alive", alive)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	adm := make([]dsmpb.AdminClient, nodes+1)
+	for i := 1; i <= nodes; i++ {
+		conn, err := grpc.NewClient("unix://"+c.nodes[i-1].socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { conn.Close() })
+		adm[i] = dsmpb.NewAdminClient(conn)
+	}
+	cl, err := dsm.Dial(ctx, c.nodes[0].socket)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cl.Close() })
+	if err := cl.CreateRegion(ctx, "bench-wide", 1<<20); err != nil {
+		b.Fatal(err)
+	}
+	wr, err := cl.Map(ctx, "bench-wide")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { wr.Close() })
+	for s := 2; s <= nodes; s++ {
+		eventually(b, fmt.Sprintf("n%d serves bench-wide", s), 30*time.Second, func() error {
+			_, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-wide", Length: 8})
+			return err
+		})
+	}
+	for _, k := range []int{1, 8} {
+		b.Run(fmt.Sprintf("sharers=%d", k), func(b *testing.B) {
+			word := make([]byte, 8)
+			for i := 0; b.Loop(); i++ {
+				b.StopTimer()
+				var wg sync.WaitGroup
+				for s := 2; s < 2+k; s++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if _, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-wide", Length: 8}); err != nil {
+							b.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+				if _, err := wr.ReadAt(word, 0); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				binary.LittleEndian.PutUint64(word, uint64(i))
+				if _, err := wr.WriteAt(word, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
