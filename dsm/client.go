@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/dsmkit/dsm/internal/mapclient"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/internal/sockaddr"
 )
 
 // DefaultAddr is where Dial finds dsmd when neither its addr argument nor
@@ -57,7 +56,7 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	if addr == "" {
 		addr = DefaultAddr
 	}
-	network, address := splitAddr(addr)
+	network, address := sockaddr.Split(addr)
 	if address == "" {
 		return nil, newErr("dial", "", noOffset, ErrInvalidArgument, fmt.Errorf("empty address %q", addr))
 	}
@@ -100,48 +99,11 @@ func (c *Client) dialError(err error) error {
 	if derr != nil {
 		return newErr("dial", "", noOffset, ErrDaemonUnavailable, fmt.Errorf(
 			"dsmd at %s: %s (is dsmd running? pass its socket path to Dial or set $%s; the default is %s): %w",
-			c.addr, dialReason(derr), AddrEnv, DefaultAddr, derr))
+			c.addr, sockaddr.DialReason(derr), AddrEnv, DefaultAddr, derr))
 	}
 	e := rpcErr("dial", "", err).(*Error)
 	e.Err = fmt.Errorf("dsmd at %s: %w", c.addr, err)
 	return e
-}
-
-// splitAddr turns an address into a network and an address, with the
-// rules of dsmctl: unix:///path, unix:path and anything with a slash or
-// without a colon are Unix socket paths; tcp://host:port and the rest are
-// TCP.
-func splitAddr(addr string) (network, address string) {
-	switch {
-	case strings.HasPrefix(addr, "unix://"):
-		return "unix", strings.TrimPrefix(addr, "unix://")
-	case strings.HasPrefix(addr, "unix:"):
-		return "unix", strings.TrimPrefix(addr, "unix:")
-	case strings.HasPrefix(addr, "tcp://"):
-		return "tcp", strings.TrimPrefix(addr, "tcp://")
-	case strings.Contains(addr, "/") || !strings.Contains(addr, ":"):
-		return "unix", addr
-	}
-	return "tcp", addr
-}
-
-// dialReason says in words why the socket could not be reached.
-func dialReason(err error) string {
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused"
-	case errors.Is(err, syscall.ENOENT):
-		return "no socket there"
-	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
-		return "permission denied (run as a member of the socket's group)"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "connection timed out"
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		return op.Err.Error()
-	}
-	return err.Error()
 }
 
 // NodeID is the id of the dsmd this Client talks to.
@@ -158,8 +120,10 @@ const (
 	// Memory: pages live only in memory. Sync writes dirty pages back to
 	// their home; a crash of a page's holder loses its unsynced writes.
 	Memory Durability = 1 + iota
-	// Durable: Sync also persists the pages at the home and copies them to
-	// a backup home: synced data survives the crash of any one node.
+	// Durable asks for pages that survive crashes: Sync is meant to
+	// persist them at the home and copy them to a backup home. Not built
+	// yet: today Sync writes dirty pages back to their homes' memory, as
+	// for Memory, and a crash of a home loses its pages.
 	Durable
 )
 

@@ -578,21 +578,6 @@ func TestDefaultAddr(t *testing.T) {
 	}
 }
 
-func TestSplitAddr(t *testing.T) {
-	for _, tc := range []struct{ in, network, address string }{
-		{"/run/dsm/dsmd.sock", "unix", "/run/dsm/dsmd.sock"},
-		{"unix:///tmp/d.sock", "unix", "/tmp/d.sock"},
-		{"unix:rel.sock", "unix", "rel.sock"},
-		{"dsmd.sock", "unix", "dsmd.sock"},
-		{"127.0.0.1:7400", "tcp", "127.0.0.1:7400"},
-		{"tcp://host:7400", "tcp", "host:7400"},
-	} {
-		if n, a := splitAddr(tc.in); n != tc.network || a != tc.address {
-			t.Errorf("splitAddr(%q) = %q %q, want %q %q", tc.in, n, a, tc.network, tc.address)
-		}
-	}
-}
-
 // A Lock whose ctx ends after it took its ticket waits for its turn, then
 // gives the lock up and reports ctx's error: the abandoned ticket does not
 // block later ones.

@@ -245,7 +245,9 @@ func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new u
 
 // Sync is the durability point of the whole region: when it returns, the
 // region's dirty pages held by this machine are written back to their
-// homes, and for a Durable region persisted and copied to a backup home.
+// homes (and leave this machine's cache), so the crash of this machine no
+// longer loses them. Homes keep pages in memory: persistence and backup
+// copies for Durable regions are not built yet.
 func (r *Region) Sync(ctx context.Context) error {
 	if err := r.m.Err(); errors.Is(err, mapclient.ErrClosed) {
 		return newErr("sync", r.name, noOffset, ErrClosed, nil)

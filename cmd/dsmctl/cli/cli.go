@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/internal/sockaddr"
 )
 
 // DefaultAddr is the socket dsmctl talks to when neither --addr nor
@@ -205,7 +205,7 @@ func (a *app) admin() (dsmpb.AdminClient, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.conn == nil {
-		network, address := splitAddr(a.addr)
+		network, address := sockaddr.Split(a.addr)
 		if address == "" {
 			return nil, usagef("--addr is empty")
 		}
@@ -237,23 +237,6 @@ func (a *app) close() {
 		a.conn.Close()
 		a.conn = nil
 	}
-}
-
-// splitAddr turns --addr into a network and an address: unix:///path,
-// unix:path and anything with a slash or without a colon are Unix socket
-// paths; the rest is TCP host:port.
-func splitAddr(addr string) (network, address string) {
-	switch {
-	case strings.HasPrefix(addr, "unix://"):
-		return "unix", strings.TrimPrefix(addr, "unix://")
-	case strings.HasPrefix(addr, "unix:"):
-		return "unix", strings.TrimPrefix(addr, "unix:")
-	case strings.HasPrefix(addr, "tcp://"):
-		return "tcp", strings.TrimPrefix(addr, "tcp://")
-	case strings.Contains(addr, "/") || !strings.Contains(addr, ":"):
-		return "unix", addr
-	}
-	return "tcp", addr
 }
 
 // call is the context of one request: the command's, bounded by --timeout.
@@ -292,7 +275,7 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		derr := a.dialErr
 		a.mu.Unlock()
 		if derr != nil {
-			return fmt.Sprintf("%s: %s — is dsmd running? try `dsmctl status --addr ADDR` or set $%s", where, dialReason(derr), AddrEnv)
+			return fmt.Sprintf("%s: %s — is dsmd running? try `dsmctl status --addr ADDR` or set $%s", where, sockaddr.DialReason(derr), AddrEnv)
 		}
 		return fmt.Sprintf("%s: unavailable: %s — retry, or look at `dsmctl status`", where, msg)
 	case codes.DeadlineExceeded:
@@ -310,25 +293,6 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		return "interrupted"
 	}
 	return fmt.Sprintf("%s: %s: %s", where, strings.ToLower(st.Code().String()), msg)
-}
-
-// dialReason says in words why the socket could not be reached.
-func dialReason(err error) string {
-	switch {
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "connection refused"
-	case errors.Is(err, syscall.ENOENT):
-		return "no socket there"
-	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM):
-		return "permission denied (run as a member of the socket's group)"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "connection timed out"
-	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		return oneLine(op.Err.Error())
-	}
-	return oneLine(err.Error())
 }
 
 // printJSON writes v as indented JSON: field order is that of the structs,

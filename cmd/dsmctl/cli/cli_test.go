@@ -389,22 +389,6 @@ func TestNoDaemon(t *testing.T) {
 	}
 }
 
-func TestSplitAddr(t *testing.T) {
-	for _, c := range []struct{ in, network, addr string }{
-		{"/run/dsm/dsmd.sock", "unix", "/run/dsm/dsmd.sock"},
-		{"unix:///tmp/a.sock", "unix", "/tmp/a.sock"},
-		{"unix:rel.sock", "unix", "rel.sock"},
-		{"dsmd.sock", "unix", "dsmd.sock"},
-		{"127.0.0.1:7400", "tcp", "127.0.0.1:7400"},
-		{"tcp://localhost:7400", "tcp", "localhost:7400"},
-	} {
-		n, a := splitAddr(c.in)
-		if n != c.network || a != c.addr {
-			t.Errorf("splitAddr(%q) = %q, %q; want %q, %q", c.in, n, a, c.network, c.addr)
-		}
-	}
-}
-
 func TestColor(t *testing.T) {
 	_, sock := serveFake(t)
 	r := run(t, sock, runOpts{tty: true}, "pages", "small").ok(t)
