@@ -418,7 +418,9 @@ func TestSync(t *testing.T) {
 	}
 }
 
-func TestNoMappings(t *testing.T) {
+// TestThroughEngine: a dsmd with its coherence engine (no test stand-in)
+// serves mappings; bytes and atomics go through the protocol.
+func TestThroughEngine(t *testing.T) {
 	cfg := testConfig(t.TempDir())
 	n, err := node.New(cfg, node.Options{})
 	if err != nil {
@@ -430,11 +432,29 @@ func TestNoMappings(t *testing.T) {
 	defer n.Close()
 	ctx := ctxT(t)
 	c := dial(t, ctx, n.Addrs().Socket)
-	if err := c.CreateRegion(ctx, "r", 4096); err != nil {
+	if err := c.CreateRegion(ctx, "r", 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrNoMappings) {
-		t.Fatalf("Map through a dsmd without a page cache: %v, want ErrNoMappings", err)
+	r, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := r.WriteAt([]byte("through the engine"), 4090); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 18)
+	if _, err := r.ReadAt(got, 4090); err != nil || string(got) != "through the engine" {
+		t.Fatalf("ReadAt = %q, %v", got, err)
+	}
+	if v, err := r.AddUint64(ctx, 64, 3); err != nil || v != 3 {
+		t.Fatalf("AddUint64 = %d, %v", v, err)
+	}
+	if err := r.Sync(ctx); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if v, err := r.LoadUint64(ctx, 64); err != nil || v != 3 {
+		t.Fatalf("LoadUint64 after Sync = %d, %v", v, err)
 	}
 }
 
