@@ -108,10 +108,16 @@ type Engine struct {
 	nextID  uint64
 	waiters map[uint64]*waiter
 	// wb holds the cache's contents of a page it gave up Modified (by a
-	// drop, a downgrade or an eviction): the write-backs of the page post
-	// them instead of the state machine's copy, until the page is granted
-	// or installed again.
-	wb       map[ids.PageNo][]byte
+	// drop, a downgrade or an eviction). The state machine's copy is not
+	// updated by the cache's stores, so while wb has a page, wb is the
+	// page's truth at this node: write-backs post it instead of the state
+	// machine's copy, and misses that complete on the node's own copy
+	// return it. A page leaves wb when the node takes a fresh copy from
+	// the home (an install from Invalid, or a grant from Invalid).
+	wb map[ids.PageNo][]byte
+	// held is the state machine's state of each page as its effects said
+	// (absent: Invalid).
+	held     map[ids.PageNo]coherence.State
 	evicting map[ids.PageNo]int // Evict calls in progress: the cache already dropped the page
 	effects  map[ids.PageNo][]*effectJob
 }
@@ -200,6 +206,7 @@ func New(cfg Config) (*Engine, error) {
 		peers:    map[ids.NodeID]rdma.Descriptor{},
 		waiters:  map[uint64]*waiter{},
 		wb:       map[ids.PageNo][]byte{},
+		held:     map[ids.PageNo]coherence.State{},
 		evicting: map[ids.PageNo]int{},
 		effects:  map[ids.PageNo][]*effectJob{},
 		effectCh: make(chan *effectJob),
@@ -393,11 +400,25 @@ func (e *Engine) apply() {
 // and a write-back carries the cache's data when it held the page
 // Modified (see effectDone).
 func (e *Engine) pageEffect(pe coherence.PageEffect) {
+	was := e.held[pe.Page]
 	switch pe.Kind {
-	case coherence.PageGrantExclusive, coherence.PageInstallShared:
-		// A new copy: earlier write-backs are done.
-		delete(e.wb, pe.Page)
+	case coherence.PageInstallShared:
+		e.held[pe.Page] = coherence.Shared
+		delete(e.wb, pe.Page) // a fresh copy from the home
 		return
+	case coherence.PageGrantExclusive:
+		e.held[pe.Page] = coherence.Modified
+		if was == coherence.Invalid {
+			delete(e.wb, pe.Page) // a fresh copy from the home
+		}
+		// An upgrade keeps the node's copy: if the cache gave the
+		// page up Modified before (a downgrade), wb still holds what
+		// the cache holds, and the state machine's copy is older.
+		return
+	case coherence.PageDowngrade:
+		e.held[pe.Page] = coherence.Shared
+	case coherence.PageDrop:
+		delete(e.held, pe.Page)
 	}
 	e.failMisses(pe.Page)
 	if e.cfg.Pages == nil || e.evicting[pe.Page] > 0 {
@@ -478,6 +499,9 @@ func (e *Engine) complete(c coherence.Completion) {
 	switch w.kind {
 	case readMiss, writeMiss:
 		st, data := e.sm.Copy(c.Page)
+		if d := e.wb[c.Page]; d != nil {
+			data = d // newer than the state machine's copy
+		}
 		if st == coherence.Invalid || (w.kind == writeMiss && st != coherence.Modified) {
 			r.err = ErrConflict
 		} else {

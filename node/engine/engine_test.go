@@ -173,6 +173,51 @@ func TestPartialWriteAndUpgrade(t *testing.T) {
 	}
 }
 
+// An upgrade that the protocol grants but the cache never applies (its
+// miss failed: the cache keeps the page Shared) must not write back the
+// state machine's own copy, which is older than what the cache held: the
+// cache's stores reach the state machine only as the data of a drop or a
+// downgrade.
+func TestUnappliedUpgradeKeepsCacheData(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	n1, n2, n3 := nodes[1], nodes[2], nodes[3]
+	const p = ids.PageNo(1) // homed at n2
+	old := bytes.Repeat([]byte{1}, testPageSize)
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, old); err != nil {
+		t.Fatal(err)
+	}
+	// n1's cache writes again while Modified: the state machine's copy
+	// does not see it.
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, []byte("newer")); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(old)
+	copy(want, "newer")
+	// n3 reads: n1 downgrades and writes the cache's data back.
+	if got, err := n3.pages.Read(ctx, n3.e, testRegion, p, testPageSize); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("n3 read %q, %v; want %q", got, err, want)
+	}
+	// n1 takes the page Modified in the protocol only (the cache stays
+	// Shared, as after a miss that failed).
+	if err := n1.e.WriteMiss(ctx, testRegion, p, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := n1.pages.State(testRegion, p); st != coherence.Shared {
+		t.Fatalf("n1's cache is %v, want S", st)
+	}
+	// n2 writes: the recall of n1's tenure must carry the cache's data.
+	if err := n2.pages.Write(ctx, n2.e, testRegion, p, testPageSize, 60, []byte("tail")); err != nil {
+		t.Fatal(err)
+	}
+	copy(want[60:], "tail")
+	for _, id := range []ids.NodeID{3, 1, 2} {
+		if got, err := nodes[id].pages.Read(ctx, nodes[id].e, testRegion, p, testPageSize); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%v read %q, %v; want %q", id, got, err, want)
+		}
+	}
+}
+
 // Evicting a Modified page writes it back: a reader then gets the data
 // from the home.
 func TestEvictWritesBack(t *testing.T) {
