@@ -1,0 +1,452 @@
+// Command dsmclient is a small client of the dsm library for the
+// integration tests: it dials a dsmd, maps one region and runs one command
+// on it, printing its result on stdout. The tests start it as a separate
+// process, so that faults on the mapping are resolved by dsmd while the
+// client is blocked in the kernel, as in any real client.
+//
+// Usage:
+//
+//	dsmclient [-addr SOCK] [-region R] [-id N] [-timeout D] COMMAND ARGS...
+//
+// Commands (offsets, lengths and counts are numbers in Go syntax: 4096 or
+// 0x1000):
+//
+//	create SIZE              create the region (idempotent), SIZE in bytes
+//	put-bytes OFF HEX        store the bytes through Bytes(); prints "ok"
+//	get-bytes OFF LEN        load LEN bytes through Bytes(); prints hex
+//	add OFF DELTA N          N AddUint64 calls; prints the last result
+//	mutex-inc LOCKOFF N CNTOFF...
+//	                         N times: Lock, plain read-increment-write of
+//	                         the uint64 at each CNTOFF through Bytes(),
+//	                         Unlock; prints "ok"
+//	history N SEED OFF...    N random Load/Store/CAS on the words at OFF...;
+//	                         prints one JSON object (Event) per operation
+//	fill OFF LEN SEED        write a pattern over [OFF, OFF+LEN) through
+//	                         Bytes(), page by page; prints "ok"
+//	check OFF LEN SEED       compare [OFF, OFF+LEN) with the pattern; prints
+//	                         "ok" or the first difference
+//	touch-sparse OFF...      store OFF as a uint64 at each OFF through Bytes()
+//	                         and load it back; prints "ok"
+//	read-u64 OFF...          load the uint64 at each OFF through Bytes();
+//	                         prints the values on one line, space-separated
+//	fault-loop OFF LEN       print "started", then write every page of
+//	                         [OFF, OFF+LEN) through Bytes(), over and over,
+//	                         until killed
+//	hold                     read the first page through Bytes(), print
+//	                         "mapped", and keep the mapping until stdin
+//	                         closes or SIGTERM or SIGINT arrives
+//	repl                     read commands (put-bytes, get-bytes, add,
+//	                         mutex-inc, fill, check, touch-sparse, read-u64)
+//	                         from stdin, one a line, on one mapping held
+//	                         until stdin closes; answer each with one line:
+//	                         its output, or "ERR " and the error
+//
+// The exit status is 0 on success, 1 on an error (written to stderr), 2
+// on a usage error.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dsmkit/dsm/dsm"
+)
+
+// Event is one completed operation of the history command. Call and Return
+// are time.Now().UnixNano() just before the call and just after it
+// returned.
+type Event struct {
+	Client int    `json:"client"`
+	Kind   string `json:"kind"` // load, store or cas
+	Off    int64  `json:"off"`
+	// Value stored (store), or new value (cas).
+	Value uint64 `json:"value,omitempty"`
+	// Old is the value compared (cas).
+	Old uint64 `json:"old,omitempty"`
+	// Out is the value loaded (load).
+	Out uint64 `json:"out,omitempty"`
+	// Swapped is the result of a cas.
+	Swapped bool  `json:"swapped,omitempty"`
+	Call    int64 `json:"call"`
+	Return  int64 `json:"return"`
+}
+
+// errUsage marks errors in the command line.
+var errUsage = errors.New("usage")
+
+func usagef(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
+}
+
+type client struct {
+	id     int
+	region string
+	c      *dsm.Client
+	r      *dsm.Region
+	out    *bufio.Writer
+}
+
+func main() {
+	fs := flag.NewFlagSet("dsmclient", flag.ContinueOnError)
+	addr := fs.String("addr", "", "dsmd socket (default $DSM_ADDR)")
+	region := fs.String("region", "r", "region name")
+	id := fs.Int("id", 0, "client id written in history events")
+	timeout := fs.Duration("timeout", 60*time.Second, "bound of the whole run")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if fs.NArg() == 0 {
+		fmt.Fprintln(os.Stderr, "dsmclient: no command")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	err := run(ctx, *addr, *region, *id, fs.Args())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dsmclient:", err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, addr, region string, id int, args []string) error {
+	c, err := dsm.Dial(ctx, addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cl := &client{id: id, region: region, c: c, out: bufio.NewWriter(os.Stdout)}
+	defer cl.out.Flush()
+	if args[0] == "create" {
+		if len(args) != 2 {
+			return usagef("create SIZE")
+		}
+		size, err := strconv.ParseInt(args[1], 10, 64)
+		if err != nil {
+			return usagef("size %q: %v", args[1], err)
+		}
+		if err := c.CreateRegion(ctx, region, size); err != nil {
+			return err
+		}
+		fmt.Fprintln(cl.out, "ok")
+		return nil
+	}
+	r, err := c.Map(ctx, region)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	cl.r = r
+	switch args[0] {
+	case "repl":
+		return cl.repl(ctx, os.Stdin)
+	case "hold":
+		return cl.hold(ctx)
+	case "history":
+		return cl.history(ctx, args[1:])
+	case "fault-loop":
+		return cl.faultLoop(args[1:])
+	}
+	s, err := cl.do(ctx, args)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(cl.out, s)
+	return nil
+}
+
+// hold keeps the mapping, with its first page faulted in, until stdin
+// closes or a signal to stop arrives.
+func (cl *client) hold(ctx context.Context) error {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	_ = cl.r.Bytes()[0]
+	if err := cl.r.Err(); err != nil {
+		return err
+	}
+	fmt.Fprintln(cl.out, "mapped")
+	if err := cl.out.Flush(); err != nil {
+		return err
+	}
+	eof := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(eof) }()
+	select {
+	case <-eof:
+	case <-sig:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// repl answers one command per line of in until EOF.
+func (cl *client) repl(ctx context.Context, in io.Reader) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		s, err := cl.do(ctx, f)
+		if err != nil {
+			s = "ERR " + strings.ReplaceAll(err.Error(), "\n", " ")
+		}
+		fmt.Fprintln(cl.out, s)
+		if err := cl.out.Flush(); err != nil {
+			return err
+		}
+	}
+	return sc.Err()
+}
+
+func ints(args []string) ([]int64, error) {
+	v := make([]int64, len(args))
+	for i, a := range args {
+		n, err := strconv.ParseInt(a, 0, 64)
+		if err != nil {
+			return nil, usagef("%q is not a number", a)
+		}
+		v[i] = n
+	}
+	return v, nil
+}
+
+// span checks that [off, off+n) lies inside the region.
+func (cl *client) span(off, n int64) error {
+	if off < 0 || n < 0 || off > cl.r.Len() || n > cl.r.Len()-off {
+		return usagef("[%d, %d+%d) is outside the region of %d bytes", off, off, n, cl.r.Len())
+	}
+	return nil
+}
+
+// do runs one single-line command.
+func (cl *client) do(ctx context.Context, args []string) (string, error) {
+	cmd, args := args[0], args[1:]
+	b := cl.r.Bytes()
+	switch cmd {
+	case "put-bytes":
+		if len(args) != 2 {
+			return "", usagef("put-bytes OFF HEX")
+		}
+		off, err := strconv.ParseInt(args[0], 0, 64)
+		if err != nil {
+			return "", usagef("offset %q", args[0])
+		}
+		p, err := hex.DecodeString(args[1])
+		if err != nil {
+			return "", usagef("hex %q: %v", args[1], err)
+		}
+		if err := cl.span(off, int64(len(p))); err != nil {
+			return "", err
+		}
+		copy(b[off:], p)
+		return "ok", cl.r.Err()
+	case "get-bytes":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("get-bytes OFF LEN")
+		}
+		if err := cl.span(v[0], v[1]); err != nil {
+			return "", err
+		}
+		p := make([]byte, v[1])
+		copy(p, b[v[0]:])
+		if err := cl.r.Err(); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(p), nil
+	case "add":
+		v, err := ints(args)
+		if err != nil || len(v) != 3 {
+			return "", usagef("add OFF DELTA N")
+		}
+		var last uint64
+		for range v[2] {
+			last, err = cl.r.AddUint64(ctx, v[0], uint64(v[1]))
+			if err != nil {
+				return "", err
+			}
+		}
+		return strconv.FormatUint(last, 10), nil
+	case "mutex-inc":
+		v, err := ints(args)
+		if err != nil || len(v) < 3 {
+			return "", usagef("mutex-inc LOCKOFF N CNTOFF...")
+		}
+		for _, off := range v[2:] {
+			if err := cl.span(off, 8); err != nil {
+				return "", err
+			}
+		}
+		mu := cl.r.Mutex(v[0])
+		for range v[1] {
+			if err := mu.Lock(ctx); err != nil {
+				return "", err
+			}
+			for _, off := range v[2:] {
+				w := b[off : off+8]
+				binary.LittleEndian.PutUint64(w, binary.LittleEndian.Uint64(w)+1)
+			}
+			if err := mu.Unlock(); err != nil {
+				return "", err
+			}
+		}
+		return "ok", nil
+	case "fill", "check":
+		v, err := ints(args)
+		if err != nil || len(v) != 3 {
+			return "", usagef("%s OFF LEN SEED", cmd)
+		}
+		if err := cl.span(v[0], v[1]); err != nil {
+			return "", err
+		}
+		return cl.pattern(cmd == "fill", v[0], v[1], uint64(v[2]))
+	case "touch-sparse":
+		v, err := ints(args)
+		if err != nil {
+			return "", err
+		}
+		for _, off := range v {
+			if err := cl.span(off, 8); err != nil {
+				return "", err
+			}
+			binary.LittleEndian.PutUint64(b[off:], uint64(off))
+			if got := binary.LittleEndian.Uint64(b[off:]); got != uint64(off) {
+				return "", fmt.Errorf("at %d: stored %d, loaded %d", off, off, got)
+			}
+		}
+		return "ok", cl.r.Err()
+	case "read-u64":
+		v, err := ints(args)
+		if err != nil {
+			return "", err
+		}
+		var s []string
+		for _, off := range v {
+			if err := cl.span(off, 8); err != nil {
+				return "", err
+			}
+			s = append(s, strconv.FormatUint(binary.LittleEndian.Uint64(b[off:]), 10))
+		}
+		return strings.Join(s, " "), cl.r.Err()
+	}
+	return "", usagef("unknown command %q", cmd)
+}
+
+// patternWord is the uint64 the pattern of seed holds at off.
+func patternWord(seed uint64, off int64) uint64 {
+	x := seed*0x9e3779b97f4a7c15 ^ uint64(off)
+	x ^= x >> 31
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 29
+	return x
+}
+
+// pattern writes (fill) or compares the pattern over [off, off+n), 8 bytes
+// at a time; off and n must be multiples of 8.
+func (cl *client) pattern(fill bool, off, n int64, seed uint64) (string, error) {
+	if off%8 != 0 || n%8 != 0 {
+		return "", usagef("offset and length must be multiples of 8")
+	}
+	b := cl.r.Bytes()
+	for o := off; o < off+n; o += 8 {
+		want := patternWord(seed, o)
+		if fill {
+			binary.LittleEndian.PutUint64(b[o:], want)
+			continue
+		}
+		if got := binary.LittleEndian.Uint64(b[o:]); got != want {
+			return fmt.Sprintf("differs at %d: %#x, want %#x", o, got, want), cl.r.Err()
+		}
+	}
+	return "ok", cl.r.Err()
+}
+
+// history runs N random operations on the given words and prints them.
+func (cl *client) history(ctx context.Context, args []string) error {
+	v, err := ints(args)
+	if err != nil || len(v) < 3 {
+		return usagef("history N SEED OFF...")
+	}
+	n, seed, offs := v[0], uint64(v[1]), v[2:]
+	rng := rand.New(rand.NewPCG(seed, uint64(cl.id)))
+	last := make(map[int64]uint64) // the last value seen per word
+	enc := json.NewEncoder(cl.out)
+	for i := range n {
+		off := offs[rng.IntN(len(offs))]
+		e := Event{Client: cl.id, Off: off}
+		// Unique stored values: client id in the high half.
+		unique := uint64(cl.id)<<32 | uint64(i+1)
+		var err error
+		switch k := rng.IntN(10); {
+		case k < 4:
+			e.Kind = "load"
+			e.Call = time.Now().UnixNano()
+			e.Out, err = cl.r.LoadUint64(ctx, off)
+			e.Return = time.Now().UnixNano()
+			last[off] = e.Out
+		case k < 7:
+			e.Kind, e.Value = "store", unique
+			e.Call = time.Now().UnixNano()
+			err = cl.r.StoreUint64(ctx, off, e.Value)
+			e.Return = time.Now().UnixNano()
+			last[off] = e.Value
+		default:
+			e.Kind, e.Old, e.Value = "cas", last[off], unique
+			e.Call = time.Now().UnixNano()
+			e.Swapped, err = cl.r.CompareAndSwapUint64(ctx, off, e.Old, e.Value)
+			e.Return = time.Now().UnixNano()
+			if e.Swapped {
+				last[off] = e.Value
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("operation %d (%s at %d): %w", i, e.Kind, off, err)
+		}
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// faultLoop writes one byte of every page of the range, over and over.
+func (cl *client) faultLoop(args []string) error {
+	v, err := ints(args)
+	if err != nil || len(v) != 2 {
+		return usagef("fault-loop OFF LEN")
+	}
+	if err := cl.span(v[0], v[1]); err != nil {
+		return err
+	}
+	fmt.Fprintln(cl.out, "started")
+	if err := cl.out.Flush(); err != nil {
+		return err
+	}
+	b, ps := cl.r.Bytes(), cl.r.PageSize()
+	for round := byte(1); ; round++ {
+		for o := v[0]; o < v[0]+v[1]; o += ps {
+			b[o] = round
+		}
+		if err := cl.r.Err(); err != nil {
+			return err
+		}
+	}
+}
