@@ -483,7 +483,7 @@ func (s *clientServer) DeleteRegion(ctx context.Context, req *dsmpb.DeleteRegion
 
 func (s *clientServer) ListRegions(ctx context.Context, _ *dsmpb.ListRegionsRequest) (*dsmpb.ListRegionsResponse, error) {
 	resp := &dsmpb.ListRegionsResponse{}
-	for _, r := range s.n.dir.Regions() {
+	for _, r := range s.n.freshView(ctx).Regions() {
 		resp.Regions = append(resp.Regions, regionPB(r))
 	}
 	return resp, nil
@@ -491,6 +491,12 @@ func (s *clientServer) ListRegions(ctx context.Context, _ *dsmpb.ListRegionsRequ
 
 func (s *clientServer) GetRegion(ctx context.Context, req *dsmpb.GetRegionRequest) (*dsmpb.GetRegionResponse, error) {
 	r, err := s.n.region(req.GetName())
+	if status.Code(err) == codes.NotFound {
+		// Created through another node a moment ago? Ask the leader.
+		if fr, ok := s.n.freshView(ctx).Region(req.GetName()); ok {
+			r, err = fr, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

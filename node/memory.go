@@ -54,8 +54,32 @@ func memError(err error) error {
 }
 
 // memRegion looks a region up for a memory call and checks [off, off+n).
-func (n *Node) memRegion(name string, off, length uint64) (directory.Region, error) {
+// A region created through another node a moment ago may not be in this
+// node's view yet: it is waited for (up to two seconds) once the leader
+// confirms it exists.
+func (n *Node) memRegion(ctx context.Context, name string, off, length uint64) (directory.Region, error) {
 	r, err := n.region(name)
+	if status.Code(err) == codes.NotFound {
+		if _, ok := n.freshView(ctx).Region(name); ok {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			for err != nil && wctx.Err() == nil {
+				select {
+				case <-wctx.Done():
+				case <-time.After(5 * time.Millisecond):
+				}
+				r, err = n.region(name)
+				if err == nil {
+					if _, cerr := n.cache.Held(r.ID, 0, 1); cerr != nil {
+						err = cerr // the page cache has not set it up yet
+					}
+				}
+			}
+			cancel()
+			if err != nil {
+				return r, status.Errorf(codes.Unavailable, "region %q exists but is not set up on n%d yet: retry", name, n.cfg.ID)
+			}
+		}
+	}
 	if err != nil {
 		return r, err
 	}
@@ -75,7 +99,7 @@ func (n *Node) word(ctx context.Context, name string, off uint64, write bool, fn
 	if off%8 != 0 {
 		return status.Errorf(codes.InvalidArgument, "region %q: offset %d is not a multiple of 8", name, off)
 	}
-	r, err := n.memRegion(name, off, 8)
+	r, err := n.memRegion(ctx, name, off, 8)
 	if err != nil {
 		return err
 	}
@@ -149,7 +173,7 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	if length == 0 && off <= r.Size {
 		length = r.Size - off
 	}
-	if _, err := n.memRegion(name, off, length); err != nil {
+	if _, err := n.memRegion(ctx, name, off, length); err != nil {
 		return nil, err
 	}
 	ps := uint64(r.PageSize)
@@ -192,7 +216,7 @@ func (s *adminServer) ReadMemory(ctx context.Context, req *dsmpb.ReadMemoryReque
 	if req.GetLength() > MaxMemoryIO {
 		return nil, status.Errorf(codes.InvalidArgument, "read of %d bytes: at most %d per call", req.GetLength(), MaxMemoryIO)
 	}
-	r, err := s.n.memRegion(req.GetRegion(), req.GetOffset(), uint64(req.GetLength()))
+	r, err := s.n.memRegion(ctx, req.GetRegion(), req.GetOffset(), uint64(req.GetLength()))
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +231,7 @@ func (s *adminServer) WriteMemory(ctx context.Context, req *dsmpb.WriteMemoryReq
 	if len(req.GetData()) > MaxMemoryIO {
 		return nil, status.Errorf(codes.InvalidArgument, "write of %d bytes: at most %d per call", len(req.GetData()), MaxMemoryIO)
 	}
-	r, err := s.n.memRegion(req.GetRegion(), req.GetOffset(), uint64(len(req.GetData())))
+	r, err := s.n.memRegion(ctx, req.GetRegion(), req.GetOffset(), uint64(len(req.GetData())))
 	if err != nil {
 		return nil, err
 	}
