@@ -89,6 +89,14 @@ type cluster struct {
 // startCluster starts n dsmd processes that bootstrap one cluster.
 func startCluster(t testing.TB, n int) *cluster {
 	t.Helper()
+	return launch(t, n, nil)
+}
+
+// launch starts n dsmd processes that bootstrap one cluster (at most
+// three voters at first); more(i) adds arguments for node i. When the test
+// ends they get SIGTERM, and their logs are shown if it failed.
+func launch(t testing.TB, n int, more func(i int) []string) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")
 	}
@@ -105,6 +113,9 @@ func startCluster(t testing.TB, n int) *cluster {
 		p.args = []string{"--id", fmt.Sprint(i), "--data-dir", dir,
 			"--gossip-addr", gossip, "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
 			"--bootstrap-expect", fmt.Sprint(min(n, 3)), "--join", join, "--log-level", "info"}
+		if more != nil {
+			p.args = append(p.args, more(i)...)
+		}
 		p.start(t)
 		c.nodes = append(c.nodes, p)
 	}
@@ -128,7 +139,7 @@ func startCluster(t testing.TB, n int) *cluster {
 		}
 		if t.Failed() {
 			for _, p := range c.nodes {
-				t.Logf("---- n%d log (last 3000 bytes):\n%s", p.id, tail(p.logString(), 3000))
+				t.Logf("---- n%d log (last 4000 bytes):\n%s", p.id, tail(p.logString(), 4000))
 			}
 		}
 	})

@@ -72,51 +72,14 @@ func startClusterWith(t *testing.T, n int, extra map[int][]string) *dsmCluster {
 		t.Skip("starts dsmd processes; skipped with -short")
 	}
 	dsmclientBin(t)
-	c := &dsmCluster{cluster: &cluster{t: t}}
-	base := t.TempDir()
-	var join string
-	for i := 1; i <= n; i++ {
-		dir := filepath.Join(base, fmt.Sprintf("n%d", i))
-		gossip := freeAddr(t)
-		if join == "" {
-			join = gossip
-		}
-		metrics := freeAddr(t)
-		c.metrics = append(c.metrics, metrics)
-		p := &proc{id: i, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{}}
-		p.args = []string{"--id", fmt.Sprint(i), "--data-dir", dir,
-			"--gossip-addr", gossip, "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
-			"--metrics-addr", metrics,
-			"--bootstrap-expect", fmt.Sprint(n), "--join", join, "--log-level", "info"}
-		p.args = append(p.args, extra[i]...)
-		p.start(t)
-		c.nodes = append(c.nodes, p)
+	metrics := make([]string, n)
+	for i := range metrics {
+		metrics[i] = freeAddr(t)
 	}
-	t.Cleanup(func() {
-		for _, p := range c.nodes {
-			p.cmd.Process.Signal(syscall.SIGTERM)
-		}
-		for _, p := range c.nodes {
-			select {
-			case <-p.done:
-			case <-time.After(20 * time.Second):
-				t.Errorf("n%d did not exit 20 s after SIGTERM", p.id)
-				p.cmd.Process.Kill()
-				<-p.done
-			}
-		}
-		for _, p := range c.nodes {
-			if strings.Contains(p.logString(), "DATA RACE") {
-				t.Errorf("n%d: the race detector fired", p.id)
-			}
-		}
-		if t.Failed() {
-			for _, p := range c.nodes {
-				t.Logf("---- n%d log (last 4000 bytes):\n%s", p.id, tail(p.logString(), 4000))
-			}
-		}
+	c := launch(t, n, func(i int) []string {
+		return append([]string{"--metrics-addr", metrics[i-1]}, extra[i]...)
 	})
-	return c
+	return &dsmCluster{cluster: c, metrics: metrics}
 }
 
 // alive fails t if a dsmd exited.
