@@ -11,7 +11,7 @@ FUZZTIME    ?= 30s
 SEEDS       ?= 100000
 BENCHCOUNT  ?= 5
 
-.PHONY: help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -50,6 +50,9 @@ fmt: ## gofmt the tree
 
 bench: ## transport benchmarks (compare runs with benchstat)
 	$(GO) test ./rdma -run '^$$' -bench . -benchmem -count $(BENCHCOUNT)
+
+bench-cluster: ## data-path benchmarks on real dsmd clusters of 3 and 9 nodes (docs/benchmarks.md)
+	$(GO) test ./tests -run '^$$' -bench . -benchtime 1000x -count 3 -timeout 30m
 
 fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 	@grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r f; do \
