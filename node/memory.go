@@ -316,9 +316,7 @@ func (s *adminServer) Pages(ctx context.Context, req *dsmpb.PagesRequest) (*dsmp
 				}
 			}
 			ls := local[ids.PageNo(p)]
-			if statePB(ls) > cell.LocalState || cell.LocalState == dsmpb.PageState_PAGE_STATE_UNSPECIFIED {
-				cell.LocalState = max(cell.LocalState, statePB(ls))
-			}
+			cell.LocalState = max(cell.LocalState, statePB(ls)) // I < S < M
 			if ls == localcache.Modified {
 				cell.Dirty++
 			}

@@ -251,7 +251,10 @@ func (es *engines) add(r directory.Region) error {
 	e.Start(nil)
 	err = es.n.cache.AddRegion(localcache.RegionSpec{ID: r.ID, Name: r.Name, Size: int64(r.Size), PageSize: int64(r.PageSize)})
 	if err != nil && !errors.Is(err, localcache.ErrRegionExists) {
-		return fmt.Errorf("page cache: %w", err)
+		es.mu.Lock()
+		delete(es.byID, r.ID)
+		es.mu.Unlock()
+		return errors.Join(fmt.Errorf("page cache: %w", err), e.Close())
 	}
 	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", homes)
 	return nil

@@ -218,6 +218,38 @@ func TestUnappliedUpgradeKeepsCacheData(t *testing.T) {
 	}
 }
 
+// After a downgrade the engine keeps the cache's data of the page; once
+// the cache evicts its Shared copy and another node writes, a miss must
+// get the new data from the home, not that kept copy.
+func TestEvictAfterDowngradeForgetsCacheData(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	n1, n2, n3 := nodes[1], nodes[2], nodes[3]
+	const p = ids.PageNo(1) // homed at n2
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, []byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n3.pages.Read(ctx, n3.e, testRegion, p, testPageSize); err != nil { // n1 downgrades
+		t.Fatal(err)
+	}
+	if err := n1.pages.Evict(ctx, n1.e, testRegion, p); err != nil { // n1 drops its Shared copy
+		t.Fatal(err)
+	}
+	if err := n2.pages.Write(ctx, n2.e, testRegion, p, testPageSize, 0, []byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 40, []byte("third")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := n3.pages.Read(ctx, n3.e, testRegion, p, testPageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got[:6]) != "second" || string(got[40:45]) != "third" {
+		t.Fatalf("n3 reads %q, want \"second\" at 0 and \"third\" at 40", got)
+	}
+}
+
 // Evicting a Modified page writes it back: a reader then gets the data
 // from the home.
 func TestEvictWritesBack(t *testing.T) {
