@@ -19,13 +19,16 @@ import (
 	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/node/engine"
+	"github.com/dsmkit/dsm/node/localcache"
 )
 
 // MaxListedShards bounds the shards RegionInfo lists and Status counts: a
 // 1 PiB region has half a billion.
 const MaxListedShards = 1 << 18
 
-// statusError maps an error of the directory to the codes of types.proto.
+// statusError maps an error of the directory, the page cache or an engine
+// to the codes of types.proto.
 func statusError(err error) error {
 	if err == nil {
 		return nil
@@ -52,6 +55,15 @@ func statusError(err error) error {
 		return status.Error(codes.Unavailable, msg)
 	case errors.Is(err, directory.ErrBadCommand), errors.Is(err, directory.ErrBadSnapshot):
 		return status.Error(codes.Internal, msg)
+	// The page cache and the engines (memory calls).
+	case errors.Is(err, localcache.ErrUnknownRegion), errors.Is(err, engine.ErrUnknownRegion):
+		return status.Error(codes.NotFound, msg+" (the region is not set up on this node yet, or was deleted)")
+	case errors.Is(err, ErrNotServed):
+		return status.Error(codes.FailedPrecondition, msg)
+	case errors.Is(err, localcache.ErrPageRange):
+		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, localcache.ErrClosed), errors.Is(err, engine.ErrClosed):
+		return status.Error(codes.Unavailable, msg)
 	}
 	// Anything else came from talking to the leader: a retry may succeed.
 	return status.Error(codes.Unavailable, msg)

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,38 +19,11 @@ import (
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
-	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
 )
 
 // MaxMemoryIO bounds one ReadMemory or WriteMemory call.
 const MaxMemoryIO = 16 << 20
-
-// memError maps an error of the page cache or an engine to a gRPC status.
-func memError(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	msg := err.Error()
-	switch {
-	case errors.Is(err, localcache.ErrUnknownRegion), errors.Is(err, engine.ErrUnknownRegion):
-		return status.Error(codes.NotFound, msg+" (the region is not set up on this node yet, or was deleted)")
-	case errors.Is(err, ErrNotServed):
-		return status.Error(codes.FailedPrecondition, msg)
-	case errors.Is(err, localcache.ErrPageRange):
-		return status.Error(codes.InvalidArgument, msg)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, msg)
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, msg)
-	case errors.Is(err, localcache.ErrClosed), errors.Is(err, engine.ErrClosed):
-		return status.Error(codes.Unavailable, msg)
-	}
-	return status.Error(codes.Internal, msg)
-}
 
 // memRegion looks a region up for a memory call and checks [off, off+n).
 // A region created through another node a moment ago may not be in this
@@ -108,7 +80,7 @@ func (n *Node) word(ctx context.Context, name string, off uint64, write bool, fn
 	err = n.cache.Access(ctx, r.ID, ids.PageNo(off/ps), write, func(page []byte) {
 		fn((*uint64)(unsafe.Pointer(&page[in])))
 	})
-	return memError(err)
+	return statusError(err)
 }
 
 func (s *clientServer) Load(ctx context.Context, req *dsmpb.LoadRequest) (*dsmpb.LoadResponse, error) {
@@ -184,7 +156,7 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	}
 	w, err := n.cache.Flush(ctx, r.ID, ids.PageNo(first), pages)
 	if err != nil {
-		return nil, memError(err)
+		return nil, statusError(err)
 	}
 	return &dsmpb.SyncResponse{PagesWritten: uint64(w), Epoch: uint64(n.dir.Epoch())}, nil
 }
@@ -205,7 +177,7 @@ func (n *Node) rw(ctx context.Context, r directory.Region, off uint64, buf []byt
 			}
 		})
 		if err != nil {
-			return memError(err)
+			return statusError(err)
 		}
 		done += m
 	}
@@ -285,7 +257,7 @@ func (s *adminServer) Pages(ctx context.Context, req *dsmpb.PagesRequest) (*dsmp
 	}
 	local, err := n.cache.Held(r.ID, ids.PageNo(first), count)
 	if err != nil {
-		return nil, memError(err)
+		return nil, statusError(err)
 	}
 	// states[node] is that node's held pages of the range.
 	states := map[uint32]map[ids.PageNo]localcache.State{n.cfg.ID: local}
