@@ -28,7 +28,9 @@
 //     transport's handler decodes what arrives (a message that does not
 //     decode, or claims another sender, is logged and dropped) and hands
 //     it to the loop;
-//   - a ticker (Config.Tick) steps the protocol clock.
+//   - a ticker (Config.Tick) steps the protocol clock while the state
+//     machine has work in progress (coherence.Node.Quiet is false, or a
+//     call or a cache effect is pending); an idle engine does not tick.
 //
 // # The page cache
 //

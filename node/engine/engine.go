@@ -307,8 +307,11 @@ func (e *Engine) Deliver(from ids.NodeID, b []byte) {
 
 func (e *Engine) loop() {
 	defer e.wg.Done()
+	// The protocol clock runs only while the state machine has something
+	// in progress: an idle engine (a region nobody touches) costs no CPU.
 	t := time.NewTicker(e.cfg.Tick)
 	defer t.Stop()
+	ticking := true
 	defer func() {
 		for id, w := range e.waiters {
 			w.ch <- result{err: ErrClosed}
@@ -356,6 +359,14 @@ func (e *Engine) loop() {
 			_ = e.sm.Step(coherence.Tick{})
 		}
 		e.apply()
+		switch busy := !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0; {
+		case busy && !ticking:
+			t.Reset(e.cfg.Tick)
+			ticking = true
+		case !busy && ticking:
+			t.Stop()
+			ticking = false
+		}
 	}
 }
 
