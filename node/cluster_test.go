@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,5 +140,53 @@ func TestClusterCoherence(t *testing.T) {
 	}
 	if inv == 0 {
 		t.Fatalf("no invalidation sent by any node: %v", st)
+	}
+}
+
+// TestRegionNotServedOnLateNode: a region's pages live on the members
+// alive at its creation; a node that joins later refuses memory calls on
+// it with FailedPrecondition and says why, instead of serving pages it
+// has no home for.
+func TestRegionNotServedOnLateNode(t *testing.T) {
+	ms := startCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "early", Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Default()
+	cfg.ID, cfg.DataDir = 2, t.TempDir()
+	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Join = []string{ms[0].n.Addrs().Gossip}
+	n2, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer n2.Close()
+	conn, err := grpc.NewClient("unix://"+n2.Addrs().Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cli := dsmpb.NewClientClient(conn)
+	for {
+		_, err := cli.Load(ctx, &dsmpb.LoadRequest{Region: "early"})
+		if code(err) == codes.FailedPrecondition {
+			if !strings.Contains(err.Error(), "joined later") {
+				t.Fatalf("refusal does not say why: %v", err)
+			}
+			break
+		}
+		if err == nil || ctx.Err() != nil {
+			t.Fatalf("Load on the late node = %v, want FailedPrecondition", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The early node still serves it.
+	if _, err := ms[0].cli.Add(ctx, &dsmpb.AddRequest{Region: "early", Delta: 1}); err != nil {
+		t.Fatal(err)
 	}
 }

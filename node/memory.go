@@ -40,7 +40,7 @@ func (n *Node) memRegion(ctx context.Context, name string, off, length uint64) (
 				case <-time.After(5 * time.Millisecond):
 				}
 				r, err = n.region(name)
-				if err == nil {
+				if err == nil && (n.eng == nil || n.eng.refusedRegion(r.ID) == "") {
 					if _, cerr := n.cache.Held(r.ID, 0, 1); cerr != nil {
 						err = cerr // the page cache has not set it up yet
 					}
@@ -55,9 +55,10 @@ func (n *Node) memRegion(ctx context.Context, name string, off, length uint64) (
 	if err != nil {
 		return r, err
 	}
-	if n.eng != nil && n.eng.refusedRegion(r.ID) {
-		return r, status.Errorf(codes.FailedPrecondition,
-			"region %q is not served on n%d: its pages live on the members alive at its creation (%v), and this node joined later", name, n.cfg.ID, r.Homes)
+	if n.eng != nil {
+		if why := n.eng.refusedRegion(r.ID); why != "" {
+			return r, status.Errorf(codes.FailedPrecondition, "region %q is not served on n%d: %s", name, n.cfg.ID, why)
+		}
 	}
 	if off > r.Size || length > r.Size-off {
 		return r, status.Errorf(codes.InvalidArgument, "region %q: %d bytes at offset %d pass its end (%d bytes)", name, length, off, r.Size)

@@ -42,7 +42,7 @@ type engines struct {
 
 	mu      sync.RWMutex
 	byID    map[ids.RegionID]*regionEngine
-	refused map[ids.RegionID]bool
+	refused map[ids.RegionID]string // why a region is not served here
 
 	missLat *histogram
 }
@@ -59,7 +59,7 @@ var _ localcache.Coherence = (*engines)(nil)
 
 func newEngines(n *Node) *engines {
 	return &engines{n: n, log: n.log.With("part", "engine"), byID: map[ids.RegionID]*regionEngine{},
-		refused: map[ids.RegionID]bool{}, missLat: newHistogram()}
+		refused: map[ids.RegionID]string{}, missLat: newHistogram()}
 }
 
 func (es *engines) get(r ids.RegionID) (*regionEngine, error) {
@@ -67,19 +67,27 @@ func (es *engines) get(r ids.RegionID) (*regionEngine, error) {
 	defer es.mu.RUnlock()
 	re := es.byID[r]
 	if re == nil {
-		if es.refused[r] {
-			return nil, fmt.Errorf("%w: %v", ErrNotServed, r)
+		if why := es.refused[r]; why != "" {
+			return nil, fmt.Errorf("%w: %v: %s", ErrNotServed, r, why)
 		}
 		return nil, fmt.Errorf("%w: %v", engine.ErrUnknownRegion, r)
 	}
 	return re, nil
 }
 
-// refusedRegion reports a region this node does not serve.
-func (es *engines) refusedRegion(r ids.RegionID) bool {
+// refusedRegion says why this node does not serve a region ("" when it
+// does, or does not know the region yet).
+func (es *engines) refusedRegion(r ids.RegionID) string {
 	es.mu.RLock()
 	defer es.mu.RUnlock()
 	return es.refused[r]
+}
+
+func (es *engines) refuse(r directory.Region, why string) {
+	es.log.Warn("region not served here", "region", r.Name, "why", why)
+	es.mu.Lock()
+	es.refused[r.ID] = why
+	es.mu.Unlock()
 }
 
 // ReadMiss implements localcache.Coherence.
@@ -183,24 +191,21 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 	for _, r := range v.Regions() {
 		es.mu.RLock()
 		_, have := es.byID[r.ID]
-		refused := es.refused[r.ID]
+		refused := es.refused[r.ID] != ""
 		es.mu.RUnlock()
 		if have || refused {
 			continue
 		}
-		if !slices.Contains(r.Homes, self) {
-			es.log.Warn("region not served here: this node joined after it was created",
-				"region", r.Name, "homes", r.Homes)
-			es.mu.Lock()
-			es.refused[r.ID] = true
-			es.mu.Unlock()
+		switch {
+		case len(r.Homes) == 0:
+			es.refuse(r, "the region was created by a dsmd that recorded no home set; delete and re-create it")
+			continue
+		case !slices.Contains(r.Homes, self):
+			es.refuse(r, fmt.Sprintf("its pages live on the members alive at its creation (%v), and this node joined later", r.Homes))
 			continue
 		}
 		if err := es.add(r); err != nil {
-			es.log.Error("region: start engine", "region", r.Name, "err", err)
-			es.mu.Lock()
-			es.refused[r.ID] = true
-			es.mu.Unlock()
+			es.refuse(r, fmt.Sprintf("its engine did not start: %v", err))
 			continue
 		}
 		changed = true
