@@ -348,14 +348,10 @@ func (m *Mapping) WriteAt(p []byte, off int64) (int, error) {
 }
 
 func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
-	if err := m.Err(); err != nil {
+	if err := m.rlockLive(); err != nil {
 		return 0, err
 	}
-	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.unmapped {
-		return 0, ErrClosed
-	}
 	size := int64(len(m.b))
 	if off < 0 || off > size {
 		return 0, fmt.Errorf("%w: offset %d of %d", ErrOutOfRange, off, size)
@@ -367,22 +363,11 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		}
 		want = int(size - off)
 	}
-	sys := int64(os.Getpagesize())
 	done := 0
 	for done < want {
 		start := off + int64(done)
 		end := min(off+int64(want), (start/chunk+1)*chunk)
-		lo := start / sys * sys
-		var err error
-		if write {
-			err = m.mp.PopulateWrite(lo, end-lo)
-		} else {
-			err = m.mp.PopulateRead(lo, end-lo)
-		}
-		if err != nil {
-			if serr := m.Err(); serr != nil {
-				return done, serr
-			}
+		if err := m.populate(start, end-start, write); err != nil {
 			return done, err
 		}
 		n, err := copyMapped(m.b, p[done:done+int(end-start)], start, write)
@@ -400,6 +385,21 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		return done, io.EOF
 	}
 	return done, nil
+}
+
+// rlockLive takes m.mu shared for a call that reads or writes the mapped
+// memory, after checking that the mapping is still served. On success the
+// caller releases m.mu with RUnlock.
+func (m *Mapping) rlockLive() error {
+	if err := m.Err(); err != nil {
+		return err
+	}
+	m.mu.RLock()
+	if m.unmapped {
+		m.mu.RUnlock()
+		return ErrClosed
+	}
+	return nil
 }
 
 // Close detaches the mapping from dsmd and unmaps it. Plain accesses

@@ -17,14 +17,10 @@ import (
 // ErrOutOfRange for a range outside the region and with ErrDaemonGone or
 // ErrClosed when the mapping is no longer served.
 func (m *Mapping) Populate(off, length int64, write bool) error {
-	if err := m.Err(); err != nil {
+	if err := m.rlockLive(); err != nil {
 		return err
 	}
-	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.unmapped {
-		return ErrClosed
-	}
 	size := int64(len(m.b))
 	if off < 0 || length < 0 || off > size || length > size-off {
 		return fmt.Errorf("%w: %d bytes at %d of %d", ErrOutOfRange, length, off, size)
@@ -67,14 +63,10 @@ func (m *Mapping) populate(off, length int64, write bool) error {
 // off must be a multiple of 8 with the word inside the region
 // (ErrOutOfRange otherwise). op must only do one access to the word.
 func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
-	if err := m.Err(); err != nil {
+	if err := m.rlockLive(); err != nil {
 		return err
 	}
-	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.unmapped {
-		return ErrClosed
-	}
 	size := int64(len(m.b))
 	if off < 0 || off%8 != 0 || off > size-8 {
 		return fmt.Errorf("%w: 8-byte word at %d of %d (must be 8-byte aligned and inside)", ErrOutOfRange, off, size)
