@@ -398,8 +398,6 @@ func (n *Node) localStats() *dsmpb.NodeStats {
 		CacheCapacityBytes:    uint64(n.cfg.CacheSize),
 		CachePages:            uint64(st.ResidentPages),
 		DirtyPages:            uint64(st.DirtyPages),
-		BytesIn:               n.stats.msgsIn.Load(),
-		BytesOut:              n.stats.msgsOut.Load(),
 	}
 	if n.eng != nil {
 		ns.MissLatency = n.eng.missLat.snapshot()

@@ -152,18 +152,16 @@ func (n *Node) Start() (err error) {
 		n.verbs.SetHandler(n.eng.deliver)
 		coh = n.eng
 	}
-	{
-		n.cache, err = localcache.New(localcache.Config{
-			Coherence:     coh,
-			CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
-			Logger:        n.log.With("part", "cache"),
-		})
-		if err != nil {
-			return fmt.Errorf("node: page cache: %w", err)
-		}
-		if err := n.cache.Listen(n.addrs.MapSocket); err != nil {
-			return fmt.Errorf("node: map socket %s: %w", n.addrs.MapSocket, err)
-		}
+	n.cache, err = localcache.New(localcache.Config{
+		Coherence:     coh,
+		CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
+		Logger:        n.log.With("part", "cache"),
+	})
+	if err != nil {
+		return fmt.Errorf("node: page cache: %w", err)
+	}
+	if err := n.cache.Listen(n.addrs.MapSocket); err != nil {
+		return fmt.Errorf("node: map socket %s: %w", n.addrs.MapSocket, err)
 	}
 
 	n.wg.Add(2)

@@ -92,32 +92,29 @@ func (es *engines) refuse(r directory.Region, why string) {
 
 // ReadMiss implements localcache.Coherence.
 func (es *engines) ReadMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte) error {
-	re, err := es.get(r)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	err = re.e.ReadMiss(ctx, r, p, buf)
-	if err == nil {
-		es.missLat.observe(time.Since(start))
-		es.n.stats.bytesIn.Add(uint64(len(buf)))
-	}
-	return err
+	return es.miss(ctx, r, p, buf, (*engine.Engine).ReadMiss)
 }
 
 // WriteMiss implements localcache.Coherence.
 func (es *engines) WriteMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte) error {
+	return es.miss(ctx, r, p, buf, (*engine.Engine).WriteMiss)
+}
+
+// miss routes a miss to the region's engine and counts its latency and
+// the page data it brought.
+func (es *engines) miss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf []byte,
+	call func(*engine.Engine, context.Context, ids.RegionID, ids.PageNo, []byte) error) error {
 	re, err := es.get(r)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	err = re.e.WriteMiss(ctx, r, p, buf)
-	if err == nil {
-		es.missLat.observe(time.Since(start))
-		es.n.stats.bytesIn.Add(uint64(len(buf)))
+	if err := call(re.e, ctx, r, p, buf); err != nil {
+		return err
 	}
-	return err
+	es.missLat.observe(time.Since(start))
+	es.n.stats.bytesIn.Add(uint64(len(buf)))
+	return nil
 }
 
 // Evict implements localcache.Coherence.
