@@ -128,31 +128,10 @@ func BenchmarkCluster(b *testing.B) {
 	// A write to a page that k other nodes read: the upgrade invalidates k
 	// sharers, in parallel.
 	wr := mapRegion("bench-write", 1<<20)
-	for s := 2; s <= 3; s++ { // the other nodes serve the region once their view has it
-		eventually(b, fmt.Sprintf("n%d serves bench-write", s), 30*time.Second, func() error {
-			_, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-write", Length: 8})
-			return err
-		})
-	}
+	waitServed(b, ctx, adm[2:], "bench-write")
 	for _, k := range []int{1, 2} {
 		b.Run(fmt.Sprintf("Write8/sharers=%d", k), func(b *testing.B) {
-			word := make([]byte, 8)
-			for i := 0; b.Loop(); i++ {
-				b.StopTimer()
-				for s := 2; s < 2+k; s++ {
-					if _, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-write", Offset: 0, Length: 8}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if _, err := wr.ReadAt(word, 0); err != nil { // this node shares it too
-					b.Fatal(err)
-				}
-				b.StartTimer()
-				binary.LittleEndian.PutUint64(word, uint64(i))
-				if _, err := wr.WriteAt(word, 0); err != nil {
-					b.Fatal(err)
-				}
-			}
+			benchWriteSharers(b, ctx, adm[2:2+k], "bench-write", wr)
 		})
 	}
 
@@ -406,37 +385,51 @@ func BenchmarkWriteSharers9(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { wr.Close() })
-	for s := 2; s <= nodes; s++ {
-		eventually(b, fmt.Sprintf("n%d serves bench-wide", s), 30*time.Second, func() error {
-			_, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-wide", Length: 8})
+	waitServed(b, ctx, adm[2:], "bench-wide")
+	for _, k := range []int{1, 8} {
+		b.Run(fmt.Sprintf("sharers=%d", k), func(b *testing.B) {
+			benchWriteSharers(b, ctx, adm[2:2+k], "bench-wide", wr)
+		})
+	}
+}
+
+// waitServed waits until every node of adm serves region (their views
+// learn of a new region a moment after the node that created it).
+func waitServed(b *testing.B, ctx context.Context, adm []dsmpb.AdminClient, region string) {
+	for i, a := range adm {
+		eventually(b, fmt.Sprintf("node %d of %d serves %s", i+1, len(adm), region), 30*time.Second, func() error {
+			_, err := a.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: region, Length: 8})
 			return err
 		})
 	}
-	for _, k := range []int{1, 8} {
-		b.Run(fmt.Sprintf("sharers=%d", k), func(b *testing.B) {
-			word := make([]byte, 8)
-			for i := 0; b.Loop(); i++ {
-				b.StopTimer()
-				var wg sync.WaitGroup
-				for s := 2; s < 2+k; s++ {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if _, err := adm[s].ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "bench-wide", Length: 8}); err != nil {
-							b.Error(err)
-						}
-					}()
+}
+
+// benchWriteSharers times WriteAt of the first word of region through wr
+// while the nodes of sharers and this node hold the page Shared: each
+// write is an upgrade that invalidates len(sharers) other copies. The
+// sharers read in parallel, untimed, before each write.
+func benchWriteSharers(b *testing.B, ctx context.Context, sharers []dsmpb.AdminClient, region string, wr *dsm.Region) {
+	word := make([]byte, 8)
+	for i := 0; b.Loop(); i++ {
+		b.StopTimer()
+		var wg sync.WaitGroup
+		for _, a := range sharers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := a.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: region, Length: 8}); err != nil {
+					b.Error(err)
 				}
-				wg.Wait()
-				if _, err := wr.ReadAt(word, 0); err != nil {
-					b.Fatal(err)
-				}
-				b.StartTimer()
-				binary.LittleEndian.PutUint64(word, uint64(i))
-				if _, err := wr.WriteAt(word, 0); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+			}()
+		}
+		wg.Wait()
+		if _, err := wr.ReadAt(word, 0); err != nil { // this node shares it too
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		binary.LittleEndian.PutUint64(word, uint64(i))
+		if _, err := wr.WriteAt(word, 0); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
