@@ -946,8 +946,13 @@ func (x *RegionsResponse) GetRegions() []*Region {
 }
 
 type RegionInfoRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The first shard to list, and how many at most: 0 means
+	// DefaultListedShards (4096); more than MaxListedShards (65536) is
+	// INVALID_ARGUMENT. Page with next_shard of the answer.
+	FirstShard    uint64 `protobuf:"varint,2,opt,name=first_shard,json=firstShard,proto3" json:"first_shard,omitempty"`
+	MaxShards     uint32 `protobuf:"varint,3,opt,name=max_shards,json=maxShards,proto3" json:"max_shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -987,6 +992,20 @@ func (x *RegionInfoRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *RegionInfoRequest) GetFirstShard() uint64 {
+	if x != nil {
+		return x.FirstShard
+	}
+	return 0
+}
+
+func (x *RegionInfoRequest) GetMaxShards() uint32 {
+	if x != nil {
+		return x.MaxShards
+	}
+	return 0
 }
 
 // Shard is a contiguous run of pages placed on one home with its backups.
@@ -1067,10 +1086,16 @@ func (x *Shard) GetBackups() []uint32 {
 }
 
 type RegionInfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Shards        []*Shard               `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Epoch  uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Shards first_shard onwards, at most max_shards of them.
+	Shards []*Shard `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"`
+	// The region's number of shards.
+	ShardCount uint64 `protobuf:"varint,4,opt,name=shard_count,json=shardCount,proto3" json:"shard_count,omitempty"`
+	// The first shard not listed; equal to shard_count when the listing is
+	// complete.
+	NextShard     uint64 `protobuf:"varint,5,opt,name=next_shard,json=nextShard,proto3" json:"next_shard,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1126,6 +1151,189 @@ func (x *RegionInfoResponse) GetShards() []*Shard {
 	return nil
 }
 
+func (x *RegionInfoResponse) GetShardCount() uint64 {
+	if x != nil {
+		return x.ShardCount
+	}
+	return 0
+}
+
+func (x *RegionInfoResponse) GetNextShard() uint64 {
+	if x != nil {
+		return x.NextShard
+	}
+	return 0
+}
+
+type MappingsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// Ask every alive member too; otherwise only the answering node.
+	AllNodes      bool `protobuf:"varint,2,opt,name=all_nodes,json=allNodes,proto3" json:"all_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MappingsRequest) Reset() {
+	*x = MappingsRequest{}
+	mi := &file_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MappingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MappingsRequest) ProtoMessage() {}
+
+func (x *MappingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MappingsRequest.ProtoReflect.Descriptor instead.
+func (*MappingsRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *MappingsRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *MappingsRequest) GetAllNodes() bool {
+	if x != nil {
+		return x.AllNodes
+	}
+	return false
+}
+
+// NodeMappings are the processes that map a region on one node.
+type NodeMappings struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Process ids, one per mapping (a process that maps twice is listed
+	// twice; 0 where the kernel did not tell).
+	Pids []int32 `protobuf:"varint,2,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	// Set when the node did not answer; pids is then empty.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeMappings) Reset() {
+	*x = NodeMappings{}
+	mi := &file_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeMappings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeMappings) ProtoMessage() {}
+
+func (x *NodeMappings) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeMappings.ProtoReflect.Descriptor instead.
+func (*NodeMappings) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *NodeMappings) GetNodeId() uint32 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *NodeMappings) GetPids() []int32 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
+func (x *NodeMappings) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type MappingsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      uint32                 `protobuf:"varint,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	Nodes         []*NodeMappings        `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MappingsResponse) Reset() {
+	*x = MappingsResponse{}
+	mi := &file_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MappingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MappingsResponse) ProtoMessage() {}
+
+func (x *MappingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MappingsResponse.ProtoReflect.Descriptor instead.
+func (*MappingsResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *MappingsResponse) GetRegionId() uint32 {
+	if x != nil {
+		return x.RegionId
+	}
+	return 0
+}
+
+func (x *MappingsResponse) GetNodes() []*NodeMappings {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 type PagesRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Region    string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -1143,7 +1351,7 @@ type PagesRequest struct {
 
 func (x *PagesRequest) Reset() {
 	*x = PagesRequest{}
-	mi := &file_admin_proto_msgTypes[15]
+	mi := &file_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1155,7 +1363,7 @@ func (x *PagesRequest) String() string {
 func (*PagesRequest) ProtoMessage() {}
 
 func (x *PagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[15]
+	mi := &file_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1168,7 +1376,7 @@ func (x *PagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PagesRequest.ProtoReflect.Descriptor instead.
 func (*PagesRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{15}
+	return file_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PagesRequest) GetRegion() string {
@@ -1234,7 +1442,7 @@ type PageCell struct {
 
 func (x *PageCell) Reset() {
 	*x = PageCell{}
-	mi := &file_admin_proto_msgTypes[16]
+	mi := &file_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1454,7 @@ func (x *PageCell) String() string {
 func (*PageCell) ProtoMessage() {}
 
 func (x *PageCell) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[16]
+	mi := &file_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1467,7 @@ func (x *PageCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageCell.ProtoReflect.Descriptor instead.
 func (*PageCell) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{16}
+	return file_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PageCell) GetFirstPage() uint64 {
@@ -1347,7 +1555,7 @@ type PagesResponse struct {
 
 func (x *PagesResponse) Reset() {
 	*x = PagesResponse{}
-	mi := &file_admin_proto_msgTypes[17]
+	mi := &file_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1567,7 @@ func (x *PagesResponse) String() string {
 func (*PagesResponse) ProtoMessage() {}
 
 func (x *PagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[17]
+	mi := &file_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1580,7 @@ func (x *PagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PagesResponse.ProtoReflect.Descriptor instead.
 func (*PagesResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{17}
+	return file_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PagesResponse) GetNodeId() uint32 {
@@ -1434,7 +1642,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_admin_proto_msgTypes[18]
+	mi := &file_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1654,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[18]
+	mi := &file_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1667,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{18}
+	return file_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatsRequest) GetAllNodes() bool {
@@ -1487,7 +1695,7 @@ type Histogram struct {
 
 func (x *Histogram) Reset() {
 	*x = Histogram{}
-	mi := &file_admin_proto_msgTypes[19]
+	mi := &file_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1499,7 +1707,7 @@ func (x *Histogram) String() string {
 func (*Histogram) ProtoMessage() {}
 
 func (x *Histogram) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[19]
+	mi := &file_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1512,7 +1720,7 @@ func (x *Histogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Histogram.ProtoReflect.Descriptor instead.
 func (*Histogram) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{19}
+	return file_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Histogram) GetCount() uint64 {
@@ -1605,7 +1813,7 @@ type NodeStats struct {
 
 func (x *NodeStats) Reset() {
 	*x = NodeStats{}
-	mi := &file_admin_proto_msgTypes[20]
+	mi := &file_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1825,7 @@ func (x *NodeStats) String() string {
 func (*NodeStats) ProtoMessage() {}
 
 func (x *NodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[20]
+	mi := &file_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1838,7 @@ func (x *NodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStats.ProtoReflect.Descriptor instead.
 func (*NodeStats) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{20}
+	return file_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeStats) GetNodeId() uint32 {
@@ -1775,7 +1983,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_admin_proto_msgTypes[21]
+	mi := &file_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1995,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[21]
+	mi := &file_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2008,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{21}
+	return file_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatsResponse) GetNodes() []*NodeStats {
@@ -1821,7 +2029,7 @@ type ReadMemoryRequest struct {
 
 func (x *ReadMemoryRequest) Reset() {
 	*x = ReadMemoryRequest{}
-	mi := &file_admin_proto_msgTypes[22]
+	mi := &file_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2041,7 @@ func (x *ReadMemoryRequest) String() string {
 func (*ReadMemoryRequest) ProtoMessage() {}
 
 func (x *ReadMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[22]
+	mi := &file_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2054,7 @@ func (x *ReadMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMemoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{22}
+	return file_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadMemoryRequest) GetRegion() string {
@@ -1879,7 +2087,7 @@ type ReadMemoryResponse struct {
 
 func (x *ReadMemoryResponse) Reset() {
 	*x = ReadMemoryResponse{}
-	mi := &file_admin_proto_msgTypes[23]
+	mi := &file_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2099,7 @@ func (x *ReadMemoryResponse) String() string {
 func (*ReadMemoryResponse) ProtoMessage() {}
 
 func (x *ReadMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[23]
+	mi := &file_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2112,7 @@ func (x *ReadMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMemoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{23}
+	return file_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadMemoryResponse) GetData() []byte {
@@ -1927,7 +2135,7 @@ type WriteMemoryRequest struct {
 
 func (x *WriteMemoryRequest) Reset() {
 	*x = WriteMemoryRequest{}
-	mi := &file_admin_proto_msgTypes[24]
+	mi := &file_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2147,7 @@ func (x *WriteMemoryRequest) String() string {
 func (*WriteMemoryRequest) ProtoMessage() {}
 
 func (x *WriteMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[24]
+	mi := &file_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2160,7 @@ func (x *WriteMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteMemoryRequest.ProtoReflect.Descriptor instead.
 func (*WriteMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{24}
+	return file_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteMemoryRequest) GetRegion() string {
@@ -1992,7 +2200,7 @@ type WriteMemoryResponse struct {
 
 func (x *WriteMemoryResponse) Reset() {
 	*x = WriteMemoryResponse{}
-	mi := &file_admin_proto_msgTypes[25]
+	mi := &file_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2004,7 +2212,7 @@ func (x *WriteMemoryResponse) String() string {
 func (*WriteMemoryResponse) ProtoMessage() {}
 
 func (x *WriteMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[25]
+	mi := &file_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2017,7 +2225,7 @@ func (x *WriteMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteMemoryResponse.ProtoReflect.Descriptor instead.
 func (*WriteMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{25}
+	return file_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteMemoryResponse) GetWritten() uint64 {
@@ -2037,7 +2245,7 @@ type Histogram_Bucket struct {
 
 func (x *Histogram_Bucket) Reset() {
 	*x = Histogram_Bucket{}
-	mi := &file_admin_proto_msgTypes[26]
+	mi := &file_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2257,7 @@ func (x *Histogram_Bucket) String() string {
 func (*Histogram_Bucket) ProtoMessage() {}
 
 func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[26]
+	mi := &file_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2270,7 @@ func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Histogram_Bucket.ProtoReflect.Descriptor instead.
 func (*Histogram_Bucket) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{19, 0}
+	return file_admin_proto_rawDescGZIP(), []int{22, 0}
 }
 
 func (x *Histogram_Bucket) GetUpperBoundNs() uint64 {
@@ -2159,9 +2367,13 @@ const file_admin_proto_rawDesc = "" +
 	"\x0eRegionsRequest\"Q\n" +
 	"\x0fRegionsResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12(\n" +
-	"\aregions\x18\x02 \x03(\v2\x0e.dsm.v1.RegionR\aregions\"'\n" +
+	"\aregions\x18\x02 \x03(\v2\x0e.dsm.v1.RegionR\aregions\"g\n" +
 	"\x11RegionInfoRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x89\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vfirst_shard\x18\x02 \x01(\x04R\n" +
+	"firstShard\x12\x1d\n" +
+	"\n" +
+	"max_shards\x18\x03 \x01(\rR\tmaxShards\"\x89\x01\n" +
 	"\x05Shard\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x1d\n" +
 	"\n" +
@@ -2169,11 +2381,25 @@ const file_admin_proto_rawDesc = "" +
 	"\n" +
 	"page_count\x18\x03 \x01(\x04R\tpageCount\x12\x12\n" +
 	"\x04home\x18\x04 \x01(\rR\x04home\x12\x18\n" +
-	"\abackups\x18\x05 \x03(\rR\abackups\"y\n" +
+	"\abackups\x18\x05 \x03(\rR\abackups\"\xb9\x01\n" +
 	"\x12RegionInfoResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
-	"\x06shards\x18\x03 \x03(\v2\r.dsm.v1.ShardR\x06shards\"\x94\x01\n" +
+	"\x06shards\x18\x03 \x03(\v2\r.dsm.v1.ShardR\x06shards\x12\x1f\n" +
+	"\vshard_count\x18\x04 \x01(\x04R\n" +
+	"shardCount\x12\x1d\n" +
+	"\n" +
+	"next_shard\x18\x05 \x01(\x04R\tnextShard\"F\n" +
+	"\x0fMappingsRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1b\n" +
+	"\tall_nodes\x18\x02 \x01(\bR\ballNodes\"Q\n" +
+	"\fNodeMappings\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x12\n" +
+	"\x04pids\x18\x02 \x03(\x05R\x04pids\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"[\n" +
+	"\x10MappingsResponse\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\rR\bregionId\x12*\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x14.dsm.v1.NodeMappingsR\x05nodes\"\x94\x01\n" +
 	"\fPagesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
@@ -2264,14 +2490,15 @@ const file_admin_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
 	"\x04sync\x18\x04 \x01(\bR\x04sync\"/\n" +
 	"\x13WriteMemoryResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\x04R\awritten2\xbf\x05\n" +
+	"\awritten\x18\x01 \x01(\x04R\awritten2\xfe\x05\n" +
 	"\x05Admin\x127\n" +
 	"\x06Status\x12\x15.dsm.v1.StatusRequest\x1a\x16.dsm.v1.StatusResponse\x12:\n" +
 	"\aMembers\x12\x16.dsm.v1.MembersRequest\x1a\x17.dsm.v1.MembersResponse\x121\n" +
 	"\x04Raft\x12\x13.dsm.v1.RaftRequest\x1a\x14.dsm.v1.RaftResponse\x12:\n" +
 	"\aRegions\x12\x16.dsm.v1.RegionsRequest\x1a\x17.dsm.v1.RegionsResponse\x12C\n" +
 	"\n" +
-	"RegionInfo\x12\x19.dsm.v1.RegionInfoRequest\x1a\x1a.dsm.v1.RegionInfoResponse\x12I\n" +
+	"RegionInfo\x12\x19.dsm.v1.RegionInfoRequest\x1a\x1a.dsm.v1.RegionInfoResponse\x12=\n" +
+	"\bMappings\x12\x17.dsm.v1.MappingsRequest\x1a\x18.dsm.v1.MappingsResponse\x12I\n" +
 	"\fCreateRegion\x12\x1b.dsm.v1.CreateRegionRequest\x1a\x1c.dsm.v1.CreateRegionResponse\x12I\n" +
 	"\fDeleteRegion\x12\x1b.dsm.v1.DeleteRegionRequest\x1a\x1c.dsm.v1.DeleteRegionResponse\x124\n" +
 	"\x05Pages\x12\x14.dsm.v1.PagesRequest\x1a\x15.dsm.v1.PagesResponse\x124\n" +
@@ -2293,7 +2520,7 @@ func file_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_admin_proto_goTypes = []any{
 	(Health_Verdict)(0),          // 0: dsm.v1.Health.Verdict
 	(RaftServer_Suffrage)(0),     // 1: dsm.v1.RaftServer.Suffrage
@@ -2312,73 +2539,79 @@ var file_admin_proto_goTypes = []any{
 	(*RegionInfoRequest)(nil),    // 14: dsm.v1.RegionInfoRequest
 	(*Shard)(nil),                // 15: dsm.v1.Shard
 	(*RegionInfoResponse)(nil),   // 16: dsm.v1.RegionInfoResponse
-	(*PagesRequest)(nil),         // 17: dsm.v1.PagesRequest
-	(*PageCell)(nil),             // 18: dsm.v1.PageCell
-	(*PagesResponse)(nil),        // 19: dsm.v1.PagesResponse
-	(*StatsRequest)(nil),         // 20: dsm.v1.StatsRequest
-	(*Histogram)(nil),            // 21: dsm.v1.Histogram
-	(*NodeStats)(nil),            // 22: dsm.v1.NodeStats
-	(*StatsResponse)(nil),        // 23: dsm.v1.StatsResponse
-	(*ReadMemoryRequest)(nil),    // 24: dsm.v1.ReadMemoryRequest
-	(*ReadMemoryResponse)(nil),   // 25: dsm.v1.ReadMemoryResponse
-	(*WriteMemoryRequest)(nil),   // 26: dsm.v1.WriteMemoryRequest
-	(*WriteMemoryResponse)(nil),  // 27: dsm.v1.WriteMemoryResponse
-	(*Histogram_Bucket)(nil),     // 28: dsm.v1.Histogram.Bucket
-	nil,                          // 29: dsm.v1.NodeStats.FaultsEntry
-	(MemberState)(0),             // 30: dsm.v1.MemberState
-	(*Region)(nil),               // 31: dsm.v1.Region
-	(PageState)(0),               // 32: dsm.v1.PageState
-	(*CreateRegionRequest)(nil),  // 33: dsm.v1.CreateRegionRequest
-	(*DeleteRegionRequest)(nil),  // 34: dsm.v1.DeleteRegionRequest
-	(*CreateRegionResponse)(nil), // 35: dsm.v1.CreateRegionResponse
-	(*DeleteRegionResponse)(nil), // 36: dsm.v1.DeleteRegionResponse
+	(*MappingsRequest)(nil),      // 17: dsm.v1.MappingsRequest
+	(*NodeMappings)(nil),         // 18: dsm.v1.NodeMappings
+	(*MappingsResponse)(nil),     // 19: dsm.v1.MappingsResponse
+	(*PagesRequest)(nil),         // 20: dsm.v1.PagesRequest
+	(*PageCell)(nil),             // 21: dsm.v1.PageCell
+	(*PagesResponse)(nil),        // 22: dsm.v1.PagesResponse
+	(*StatsRequest)(nil),         // 23: dsm.v1.StatsRequest
+	(*Histogram)(nil),            // 24: dsm.v1.Histogram
+	(*NodeStats)(nil),            // 25: dsm.v1.NodeStats
+	(*StatsResponse)(nil),        // 26: dsm.v1.StatsResponse
+	(*ReadMemoryRequest)(nil),    // 27: dsm.v1.ReadMemoryRequest
+	(*ReadMemoryResponse)(nil),   // 28: dsm.v1.ReadMemoryResponse
+	(*WriteMemoryRequest)(nil),   // 29: dsm.v1.WriteMemoryRequest
+	(*WriteMemoryResponse)(nil),  // 30: dsm.v1.WriteMemoryResponse
+	(*Histogram_Bucket)(nil),     // 31: dsm.v1.Histogram.Bucket
+	nil,                          // 32: dsm.v1.NodeStats.FaultsEntry
+	(MemberState)(0),             // 33: dsm.v1.MemberState
+	(*Region)(nil),               // 34: dsm.v1.Region
+	(PageState)(0),               // 35: dsm.v1.PageState
+	(*CreateRegionRequest)(nil),  // 36: dsm.v1.CreateRegionRequest
+	(*DeleteRegionRequest)(nil),  // 37: dsm.v1.DeleteRegionRequest
+	(*CreateRegionResponse)(nil), // 38: dsm.v1.CreateRegionResponse
+	(*DeleteRegionResponse)(nil), // 39: dsm.v1.DeleteRegionResponse
 }
 var file_admin_proto_depIdxs = []int32{
 	0,  // 0: dsm.v1.Health.verdict:type_name -> dsm.v1.Health.Verdict
-	30, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
+	33, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
 	4,  // 2: dsm.v1.StatusResponse.nodes:type_name -> dsm.v1.NodeStatus
 	3,  // 3: dsm.v1.StatusResponse.health:type_name -> dsm.v1.Health
-	30, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
+	33, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
 	7,  // 5: dsm.v1.MembersResponse.members:type_name -> dsm.v1.Member
 	1,  // 6: dsm.v1.RaftServer.suffrage:type_name -> dsm.v1.RaftServer.Suffrage
 	10, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
-	31, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
-	31, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
+	34, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
+	34, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
 	15, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
-	32, // 11: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
-	31, // 12: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
-	18, // 13: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
-	28, // 14: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
-	29, // 15: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
-	21, // 16: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
-	22, // 17: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
-	2,  // 18: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
-	6,  // 19: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
-	9,  // 20: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
-	12, // 21: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
-	14, // 22: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
-	33, // 23: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	34, // 24: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	17, // 25: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
-	20, // 26: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
-	24, // 27: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
-	26, // 28: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
-	5,  // 29: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
-	8,  // 30: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
-	11, // 31: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
-	13, // 32: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
-	16, // 33: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
-	35, // 34: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	36, // 35: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	19, // 36: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
-	23, // 37: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
-	25, // 38: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
-	27, // 39: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
-	29, // [29:40] is the sub-list for method output_type
-	18, // [18:29] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	18, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
+	35, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
+	34, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
+	21, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
+	31, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
+	32, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
+	24, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
+	25, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
+	2,  // 19: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
+	6,  // 20: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
+	9,  // 21: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
+	12, // 22: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
+	14, // 23: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
+	17, // 24: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
+	36, // 25: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	37, // 26: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	20, // 27: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
+	23, // 28: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
+	27, // 29: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
+	29, // 30: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
+	5,  // 31: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
+	8,  // 32: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
+	11, // 33: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
+	13, // 34: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
+	16, // 35: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
+	19, // 36: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
+	38, // 37: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	39, // 38: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	22, // 39: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
+	26, // 40: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
+	28, // 41: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
+	30, // 42: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
+	31, // [31:43] is the sub-list for method output_type
+	19, // [19:31] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_admin_proto_init() }
@@ -2394,7 +2627,7 @@ func file_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_proto_rawDesc), len(file_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

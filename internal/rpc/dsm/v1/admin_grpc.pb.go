@@ -37,6 +37,7 @@ const (
 	Admin_Raft_FullMethodName         = "/dsm.v1.Admin/Raft"
 	Admin_Regions_FullMethodName      = "/dsm.v1.Admin/Regions"
 	Admin_RegionInfo_FullMethodName   = "/dsm.v1.Admin/RegionInfo"
+	Admin_Mappings_FullMethodName     = "/dsm.v1.Admin/Mappings"
 	Admin_CreateRegion_FullMethodName = "/dsm.v1.Admin/CreateRegion"
 	Admin_DeleteRegion_FullMethodName = "/dsm.v1.Admin/DeleteRegion"
 	Admin_Pages_FullMethodName        = "/dsm.v1.Admin/Pages"
@@ -55,9 +56,13 @@ type AdminClient interface {
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
 	// Raft is the Raft state as this node sees it.
 	Raft(ctx context.Context, in *RaftRequest, opts ...grpc.CallOption) (*RaftResponse, error)
-	// Regions lists the regions, RegionInfo adds one region's placement.
+	// Regions lists the regions, RegionInfo adds one region's placement, a
+	// page of shards at a time.
 	Regions(ctx context.Context, in *RegionsRequest, opts ...grpc.CallOption) (*RegionsResponse, error)
 	RegionInfo(ctx context.Context, in *RegionInfoRequest, opts ...grpc.CallOption) (*RegionInfoResponse, error)
+	// Mappings lists the processes that map a region, on this node or, with
+	// all_nodes, on every alive member. NOT_FOUND for an unknown region.
+	Mappings(ctx context.Context, in *MappingsRequest, opts ...grpc.CallOption) (*MappingsResponse, error)
 	// CreateRegion and DeleteRegion are the Client service's, offered here so
 	// an operator tool needs one service only.
 	CreateRegion(ctx context.Context, in *CreateRegionRequest, opts ...grpc.CallOption) (*CreateRegionResponse, error)
@@ -135,6 +140,16 @@ func (c *adminClient) RegionInfo(ctx context.Context, in *RegionInfoRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) Mappings(ctx context.Context, in *MappingsRequest, opts ...grpc.CallOption) (*MappingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MappingsResponse)
+	err := c.cc.Invoke(ctx, Admin_Mappings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminClient) CreateRegion(ctx context.Context, in *CreateRegionRequest, opts ...grpc.CallOption) (*CreateRegionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateRegionResponse)
@@ -205,9 +220,13 @@ type AdminServer interface {
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
 	// Raft is the Raft state as this node sees it.
 	Raft(context.Context, *RaftRequest) (*RaftResponse, error)
-	// Regions lists the regions, RegionInfo adds one region's placement.
+	// Regions lists the regions, RegionInfo adds one region's placement, a
+	// page of shards at a time.
 	Regions(context.Context, *RegionsRequest) (*RegionsResponse, error)
 	RegionInfo(context.Context, *RegionInfoRequest) (*RegionInfoResponse, error)
+	// Mappings lists the processes that map a region, on this node or, with
+	// all_nodes, on every alive member. NOT_FOUND for an unknown region.
+	Mappings(context.Context, *MappingsRequest) (*MappingsResponse, error)
 	// CreateRegion and DeleteRegion are the Client service's, offered here so
 	// an operator tool needs one service only.
 	CreateRegion(context.Context, *CreateRegionRequest) (*CreateRegionResponse, error)
@@ -249,6 +268,9 @@ func (UnimplementedAdminServer) Regions(context.Context, *RegionsRequest) (*Regi
 }
 func (UnimplementedAdminServer) RegionInfo(context.Context, *RegionInfoRequest) (*RegionInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegionInfo not implemented")
+}
+func (UnimplementedAdminServer) Mappings(context.Context, *MappingsRequest) (*MappingsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Mappings not implemented")
 }
 func (UnimplementedAdminServer) CreateRegion(context.Context, *CreateRegionRequest) (*CreateRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateRegion not implemented")
@@ -375,6 +397,24 @@ func _Admin_RegionInfo_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServer).RegionInfo(ctx, req.(*RegionInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Mappings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MappingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Mappings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Mappings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Mappings(ctx, req.(*MappingsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -513,6 +553,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegionInfo",
 			Handler:    _Admin_RegionInfo_Handler,
+		},
+		{
+			MethodName: "Mappings",
+			Handler:    _Admin_Mappings_Handler,
 		},
 		{
 			MethodName: "CreateRegion",

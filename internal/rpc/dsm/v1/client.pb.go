@@ -208,8 +208,10 @@ func (x *CreateRegionRequest) GetDurability() Durability {
 }
 
 type CreateRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// The region existed already with the same spec; nothing was created.
+	Existed       bool `protobuf:"varint,2,opt,name=existed,proto3" json:"existed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,9 +253,18 @@ func (x *CreateRegionResponse) GetRegion() *Region {
 	return nil
 }
 
+func (x *CreateRegionResponse) GetExisted() bool {
+	if x != nil {
+		return x.Existed
+	}
+	return false
+}
+
 type DeleteRegionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Delete even while processes map the region: their mappings die.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,8 +306,20 @@ func (x *DeleteRegionRequest) GetName() string {
 	return ""
 }
 
+func (x *DeleteRegionRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
 type DeleteRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region's id, now retired.
+	Id uint32 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Mappings that were open (and so were cut off) when the region was
+	// deleted, over the members that answered.
+	Mappings      uint64 `protobuf:"varint,2,opt,name=mappings,proto3" json:"mappings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +352,20 @@ func (x *DeleteRegionResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DeleteRegionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRegionResponse) Descriptor() ([]byte, []int) {
 	return file_client_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteRegionResponse) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *DeleteRegionResponse) GetMappings() uint64 {
+	if x != nil {
+		return x.Mappings
+	}
+	return 0
 }
 
 type ListRegionsRequest struct {
@@ -1048,12 +1085,16 @@ const file_client_proto_rawDesc = "" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x122\n" +
 	"\n" +
 	"durability\x18\x04 \x01(\x0e2\x12.dsm.v1.DurabilityR\n" +
-	"durability\">\n" +
+	"durability\"X\n" +
 	"\x14CreateRegionResponse\x12&\n" +
-	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\")\n" +
+	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x18\n" +
+	"\aexisted\x18\x02 \x01(\bR\aexisted\"?\n" +
 	"\x13DeleteRegionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
-	"\x14DeleteRegionResponse\"\x14\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"B\n" +
+	"\x14DeleteRegionResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1a\n" +
+	"\bmappings\x18\x02 \x01(\x04R\bmappings\"\x14\n" +
 	"\x12ListRegionsRequest\"?\n" +
 	"\x13ListRegionsResponse\x12(\n" +
 	"\aregions\x18\x01 \x03(\v2\x0e.dsm.v1.RegionR\aregions\"&\n" +

@@ -60,8 +60,13 @@ type ClientClient interface {
 	// leader). INVALID_ARGUMENT for a bad name, size or page size;
 	// ALREADY_EXISTS when the name is taken; UNAVAILABLE without a leader.
 	CreateRegion(ctx context.Context, in *CreateRegionRequest, opts ...grpc.CallOption) (*CreateRegionResponse, error)
-	// DeleteRegion removes a region and frees its pages everywhere. NOT_FOUND
-	// for an unknown name; FAILED_PRECONDITION while processes map it.
+	// DeleteRegion removes a region and frees its pages everywhere: every
+	// node stops its engine, releases its page cache and home memory, and
+	// ends the sessions of the processes that map it (their mappings die
+	// with ErrUnknownRegion). NOT_FOUND for an unknown name;
+	// FAILED_PRECONDITION while processes on any alive member map it, unless
+	// force is set. A region id is never reused: a region created again under
+	// the same name is a new, empty region.
 	DeleteRegion(ctx context.Context, in *DeleteRegionRequest, opts ...grpc.CallOption) (*DeleteRegionResponse, error)
 	// ListRegions lists the regions of the local directory replica, by name.
 	ListRegions(ctx context.Context, in *ListRegionsRequest, opts ...grpc.CallOption) (*ListRegionsResponse, error)
@@ -207,8 +212,13 @@ type ClientServer interface {
 	// leader). INVALID_ARGUMENT for a bad name, size or page size;
 	// ALREADY_EXISTS when the name is taken; UNAVAILABLE without a leader.
 	CreateRegion(context.Context, *CreateRegionRequest) (*CreateRegionResponse, error)
-	// DeleteRegion removes a region and frees its pages everywhere. NOT_FOUND
-	// for an unknown name; FAILED_PRECONDITION while processes map it.
+	// DeleteRegion removes a region and frees its pages everywhere: every
+	// node stops its engine, releases its page cache and home memory, and
+	// ends the sessions of the processes that map it (their mappings die
+	// with ErrUnknownRegion). NOT_FOUND for an unknown name;
+	// FAILED_PRECONDITION while processes on any alive member map it, unless
+	// force is set. A region id is never reused: a region created again under
+	// the same name is a new, empty region.
 	DeleteRegion(context.Context, *DeleteRegionRequest) (*DeleteRegionResponse, error)
 	// ListRegions lists the regions of the local directory replica, by name.
 	ListRegions(context.Context, *ListRegionsRequest) (*ListRegionsResponse, error)
