@@ -55,7 +55,7 @@ func TestServicesDocumented(t *testing.T) {
 		"dsm.v1.Client": {"Session", "CreateRegion", "DeleteRegion", "ListRegions", "GetRegion",
 			"Load", "Store", "Add", "CompareAndSwap", "Sync"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
-			"CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory"},
+			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory"},
 	}
 	for _, f := range files() {
 		for i := 0; i < f.Services().Len(); i++ {
