@@ -255,7 +255,7 @@ progress bar goes to stderr when it is a terminal.`,
 			w.RegionSize = ri.GetRegion().GetSize()
 			w.PageSize = uint64(ri.GetRegion().GetPageSize())
 			if err := w.Validate(); err != nil {
-				return usageError{err}
+				return usageError{err: err}
 			}
 			var done atomic.Int64
 			total := int64(w.OpsPerThread * w.Threads)

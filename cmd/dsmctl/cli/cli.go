@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -35,7 +36,7 @@ const AddrEnv = "DSM_ADDR"
 const (
 	ExitOK        = 0 // the command did what it was asked
 	ExitError     = 1 // it failed: the message says why
-	ExitUsage     = 2 // the command line is wrong
+	ExitUsage     = 2 // the command line is wrong: dsmctl saw it, or dsmd answered INVALID_ARGUMENT
 	ExitDegraded  = 3 // status: serving, with less margin (a member down, a backup missing)
 	ExitUnhealthy = 4 // status: some requests cannot be served, or health unknown
 )
@@ -109,11 +110,19 @@ func Run(ctx context.Context, args []string, env Env) int {
 		return a.exit
 	}
 	var u usageError
-	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+	switch {
+	case errors.As(err, &u) && u.helped:
+		fmt.Fprintf(env.Stderr, "dsmctl: %s\n", oneLine(err.Error()))
+		return ExitUsage
+	case errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command"):
 		fmt.Fprintf(env.Stderr, "dsmctl: %s — see `dsmctl %s--help`\n", oneLine(err.Error()), helpPath(root, args))
 		return ExitUsage
 	}
 	fmt.Fprintf(env.Stderr, "dsmctl: %s\n", a.describe(err))
+	if status.Code(err) == codes.InvalidArgument {
+		// dsmd found the request itself wrong: the command line was.
+		return ExitUsage
+	}
 	return ExitError
 }
 
@@ -127,14 +136,18 @@ func helpPath(root *cobra.Command, args []string) string {
 	return strings.TrimPrefix(c.CommandPath(), root.Name()+" ") + " "
 }
 
-// usageError is a wrong command line: exit code ExitUsage.
-type usageError struct{ err error }
+// usageError is a wrong command line: exit code ExitUsage. helped says
+// that the command's help was printed already, so the line needs no hint.
+type usageError struct {
+	err    error
+	helped bool
+}
 
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
 
 func usagef(format string, args ...any) error {
-	return usageError{fmt.Errorf(format, args...)}
+	return usageError{err: fmt.Errorf(format, args...)}
 }
 
 // args checks the number of positional arguments; names is what the help
@@ -147,6 +160,26 @@ func args(min, max int, names string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// needSubcommand is the RunE of a command that only groups others: it
+// prints the command's help to stderr and fails as a usage error.
+func needSubcommand(cmd *cobra.Command, _ []string) error {
+	cmd.SetOut(cmd.ErrOrStderr())
+	if err := cmd.Help(); err != nil {
+		return err
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	if !cmd.HasParent() {
+		return usageError{fmt.Errorf("no command given; the commands are %s", strings.Join(names, ", ")), true}
+	}
+	path := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+	return usageError{fmt.Errorf("%s needs a subcommand: %s", path, strings.Join(names, ", ")), true}
 }
 
 func plural(n int) string {
@@ -174,13 +207,15 @@ The daemon is found at --addr, else $DSM_ADDR, else ` + DefaultAddr + `.
 An address is a Unix socket path (/run/dsm/dsmd.sock, unix:///path) or a
 TCP host:port (127.0.0.1:7400).
 
-Exit codes: 0 success, 1 error, 2 bad command line, 3 status degraded,
-4 status unhealthy.`,
+Exit codes: 0 success, 1 error, 2 bad command line (found by dsmctl, or
+refused by dsmd as an invalid request), 3 status degraded, 4 status
+unhealthy.`,
 		Example: `  dsmctl status
   dsmctl --addr 127.0.0.1:7400 region ls
   DSM_ADDR=/tmp/n2.sock dsmctl pages feat --range 0:4096`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		RunE:          needSubcommand,
 	}
 	def := a.env.Getenv(AddrEnv)
 	if def == "" {
@@ -190,7 +225,7 @@ Exit codes: 0 success, 1 error, 2 bad command line, 3 status degraded,
 	pf.StringVar(&a.addr, "addr", def, "dsmd admin address: a Unix socket path or host:port ($"+AddrEnv+")")
 	pf.BoolVar(&a.json, "json", false, "print stable JSON instead of tables")
 	pf.DurationVar(&a.timeout, "timeout", 10*time.Second, "deadline of each request to dsmd")
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
 	root.AddCommand(
 		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
 		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(),
@@ -268,7 +303,7 @@ func (a *app) describe(err error) string {
 }
 
 func (a *app) describeStatus(st *status.Status, where string) string {
-	msg := oneLine(st.Message())
+	msg := userMessage(st.Message())
 	switch st.Code() {
 	case codes.Unavailable:
 		a.mu.Lock()
@@ -293,6 +328,46 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		return "interrupted"
 	}
 	return fmt.Sprintf("%s: %s: %s", where, strings.ToLower(st.Code().String()), msg)
+}
+
+// internalPrefix matches the prefix of an error of one of dsmd's internal
+// packages ("directory: ", "localcache: "), at the start of a message or of
+// one of its wrapped parts (after ": ").
+var internalPrefix = regexp.MustCompile(`(^|: )(?:directory|localcache|engine|node|coherence|placement|mapclient|` +
+	`uffd|memfd|fdpass|rdma|tcp|ofi|raft|memberlist|pebble): `)
+
+// specFields names the fields of a region spec that dsmd reports as
+// "invalid region spec: FIELD: why" in the words of dsmctl's arguments.
+var specFields = map[string]string{
+	"Name": "region name", "Size": "region size", "PageSize": "page size",
+	"ShardSize": "shard size", "Backups": "backup count", "Durability": "durability",
+}
+
+// userMessage is a message of dsmd in the user's terms: on one line, without
+// the names of dsmd's internal packages, and a bad region spec named by
+// what the user gave ("invalid region spec: Size: zero" becomes "bad region
+// size: zero"). A message it does not recognise passes unchanged.
+func userMessage(msg string) string {
+	msg = oneLine(msg)
+	for { // "node: directory: x" takes two rounds: matches do not overlap
+		m := internalPrefix.ReplaceAllString(msg, "$1")
+		if m == msg {
+			break
+		}
+		msg = m
+	}
+	const spec = "invalid region spec: "
+	if i := strings.Index(msg, spec); i >= 0 {
+		field, why, ok := strings.Cut(msg[i+len(spec):], ": ")
+		name, known := specFields[field]
+		if !known {
+			name = "region " + strings.ToLower(field)
+		}
+		if ok && field != "" && !strings.Contains(field, " ") {
+			msg = msg[:i] + "bad " + name + ": " + why
+		}
+	}
+	return msg
 }
 
 // printJSON writes v as indented JSON: field order is that of the structs,

@@ -305,7 +305,7 @@ func TestPutGet(t *testing.T) {
 	}
 	// A failure after the first chunk says how far the write got.
 	r = run(t, sock, runOpts{stdin: big}, "put", "feat", fmt.Sprint(1<<30-(1<<20)-10), "-")
-	if r.code != ExitError || !strings.HasPrefix(r.stderr, "dsmctl: after 1048576 of 1048624 bytes: bytes ") ||
+	if r.code != ExitUsage || !strings.HasPrefix(r.stderr, "dsmctl: after 1048576 of 1048624 bytes: bytes ") ||
 		!strings.Contains(r.stderr, `outside region "feat"`) {
 		t.Errorf("put past the end: exit %d, %q", r.code, r.stderr)
 	}
@@ -321,8 +321,8 @@ func TestErrors(t *testing.T) {
 	}{
 		{[]string{"region", "info", "nope"}, ExitError, []string{`region "nope" not found`, "dsmctl region ls"}},
 		{[]string{"pages", "nope"}, ExitError, []string{`region "nope" not found`}},
-		{[]string{"get", "small", "409590", "100"}, ExitError, []string{"outside region", "small"}},
-		{[]string{"region", "create", "feat", "1GiB"}, ExitError, []string{`region "feat" already exists`}},
+		{[]string{"get", "small", "409590", "100"}, ExitUsage, []string{"outside region", "small"}},
+		{[]string{"region", "create", "feat", "1GiB"}, ExitError, []string{"region exists with a different spec"}},
 		{[]string{"region", "rm", "nope"}, ExitError, []string{`region "nope" not found`}},
 		{[]string{"region", "create", "x", "12XB"}, ExitUsage, []string{"unknown unit", "dsmctl region create --help"}},
 		{[]string{"region", "create", "x"}, ExitUsage, []string{"takes NAME and SIZE, got 1 argument"}},
@@ -346,6 +346,68 @@ func TestErrors(t *testing.T) {
 			if !strings.Contains(r.stderr, w) {
 				t.Errorf("%v: stderr %q lacks %q", c.args, r.stderr, w)
 			}
+		}
+	}
+}
+
+// TestUsageErrors checks the one rule of arguments: whatever finds them
+// wrong, dsmctl or dsmd, the exit code is ExitUsage and stderr ends in one
+// line that starts "dsmctl: " once.
+func TestUsageErrors(t *testing.T) {
+	_, sock := serveFake(t)
+	for _, c := range []struct {
+		args []string
+		want string // the last line of stderr, from its start
+	}{
+		{[]string{"region", "create", "x", "abc"}, `dsmctl: bad size "abc": want a number and an optional unit`},
+		{[]string{"region", "create", "x", "0"}, "dsmctl: SIZE is zero"},
+		{[]string{"region", "create", "x", "6KiB"}, "dsmctl: SIZE 6KiB is not a whole number of 4 KiB pages"},
+		{[]string{"region", "create", "x", "1GiB", "--page-size", "3KiB"}, "dsmctl: --page-size 3KiB is not a power of two"},
+		{[]string{"region", "create", "x", "4GiB", "--page-size", "4MiB"}, "dsmctl: bad page size: 4194304 is not a power of two in [4096, 2097152]\n"},
+		{[]string{"region", "create", "x", "2PiB"}, "dsmctl: bad region size: 2251799813685248 exceeds the maximum"},
+		{[]string{"get", "small", "0", "zz"}, `dsmctl: LEN: bad size "zz"`},
+		{[]string{"get", "small", "409590", "100"}, "dsmctl: bytes 409590+100 are outside region"},
+		{[]string{"region"}, "dsmctl: region needs a subcommand: create, info, ls, rm\n"},
+		{[]string{}, "dsmctl: no command given; the commands are "},
+	} {
+		r := run(t, sock, runOpts{}, c.args...)
+		if r.code != ExitUsage {
+			t.Errorf("%v: exit code %d, want %d (stderr %q)", c.args, r.code, ExitUsage, r.stderr)
+		}
+		lines := strings.SplitAfter(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		last := lines[len(lines)-1] + "\n"
+		if !strings.HasPrefix(last, c.want) || strings.Contains(last, "dsmctl: dsmctl:") {
+			t.Errorf("%v: stderr ends in %q, want it to start %q", c.args, last, c.want)
+		}
+		if len(c.args) < 2 { // a command that groups others: its help, then the line
+			if !strings.Contains(r.stderr, "Available Commands:") || r.stdout != "" {
+				t.Errorf("%v: no help on stderr (or output on stdout):\n%s", c.args, r.stderr)
+			}
+		} else if len(lines) != 1 {
+			t.Errorf("%v: stderr is not one line: %q", c.args, r.stderr)
+		}
+	}
+}
+
+// TestUserMessage checks that messages of dsmd reach the user without the
+// names of its internal packages.
+func TestUserMessage(t *testing.T) {
+	for in, want := range map[string]string{
+		"directory: invalid region spec: Size: zero":                   "bad region size: zero",
+		"directory: invalid region spec: PageSize: 3 is not":           "bad page size: 3 is not",
+		"directory: invalid region spec: Name: starts with '.' or '-'": "bad region name: starts with '.' or '-'",
+		"invalid region spec: Weird: no":                               "bad region weird: no",
+		`region "x": directory: invalid region spec: Size: 5 exceeds`:  `region "x": bad region size: 5 exceeds`,
+		"node: directory: region exists with a different spec":         "region exists with a different spec",
+		"localcache: unknown region: r7 (the region is not set up)":    "unknown region: r7 (the region is not set up)",
+		"n3 did not answer: engine: closed":                            "n3 did not answer: closed",
+		"unknown node: 5":                                              "unknown node: 5",
+		"node n3 (127.0.0.1:7403): connection\nrefused":                "node n3 (127.0.0.1:7403): connection refused",
+		`region "feat" not found`:                                      `region "feat" not found`,
+		"invalid region spec: two words: x":                            "invalid region spec: two words: x",
+	} {
+		if got := userMessage(in); got != want {
+			t.Errorf("userMessage(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -410,9 +472,6 @@ func TestColor(t *testing.T) {
 	// On a terminal top redraws the screen; elsewhere frames follow each other.
 	if r := run(t, sock, runOpts{tty: true}, "top", "--once", "--interval", "1ms").ok(t); !strings.HasPrefix(r.stdout, "\x1b[H\x1b[2J") {
 		t.Errorf("top on a terminal does not clear the screen: %q", r.stdout[:min(20, len(r.stdout))])
-	}
-	if r := run(t, sock, runOpts{}, "region").ok(t); !strings.Contains(r.stdout, "Available Commands:") {
-		t.Errorf("region without a subcommand does not show its help:\n%s", r.stdout)
 	}
 }
 

@@ -108,7 +108,7 @@ margin), 4 unhealthy or unknown, 1 when dsmd cannot be asked.`,
 				cache := FormatSize(n.CacheBytes) + " / " + FormatSize(n.CacheCapacityBytes)
 				dirty := fmt.Sprint(n.DirtyPages)
 				if n.Error != "" {
-					cache, dirty = "? ("+oneLine(n.Error)+")", "?"
+					cache, dirty = "? ("+userMessage(n.Error)+")", "?"
 				}
 				t.row(node(n.NodeId), n.Addr, paint(col, stateColor(n.State), memberState(n.State)),
 					yesNo(n.Voter), cache, dirty, n.HomedShards)

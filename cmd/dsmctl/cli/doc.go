@@ -32,10 +32,15 @@
 //
 // A failure is one line on stderr, "dsmctl: " then what failed, where, and
 // what to try; never a stack trace. gRPC status codes from dsmd are turned
-// into that line (describe), and a socket that cannot be reached is
+// into that line (describe), with dsmd's message in the user's terms
+// (userMessage: no internal package names, a bad region spec named by the
+// argument that made it), and a socket that cannot be reached is
 // explained by the dialer's own error (connection refused, no socket
 // there). Exit codes: ExitOK, ExitError, ExitUsage, and for status
-// ExitDegraded and ExitUnhealthy.
+// ExitDegraded and ExitUnhealthy. Every wrong argument is ExitUsage,
+// whether dsmctl finds it or dsmd answers INVALID_ARGUMENT; a command that
+// only groups others (region, or none at all) prints its help to stderr
+// and exits ExitUsage too.
 //
 // # Sizes
 //

@@ -6,12 +6,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
@@ -34,6 +36,19 @@ type fakeAdmin struct {
 	reads   int
 	writes  int
 	deleted []string
+
+	// maps[region][node] are the pids that map the region on the node;
+	// mapErr[node] is the error of a node that does not answer Mappings.
+	maps   map[string]map[uint32][]int32
+	mapErr map[uint32]string
+	// noMappings answers Mappings with UNIMPLEMENTED, as a dsmd older than
+	// the RPC does; oldRegionInfo answers RegionInfo as a dsmd before
+	// first_shard and max_shards: every shard, no shard_count.
+	noMappings, oldRegionInfo bool
+	// infoReqs are the RegionInfo requests received.
+	infoReqs []*dsmpb.RegionInfoRequest
+	// forced are the DeleteRegion requests with force set, by name.
+	forced []string
 }
 
 func newFakeAdmin() *fakeAdmin {
@@ -42,6 +57,8 @@ func newFakeAdmin() *fakeAdmin {
 		regions: map[string]*dsmpb.Region{},
 		mem:     map[string]map[uint64][]byte{},
 		nextID:  1,
+		maps:    map[string]map[uint32][]int32{},
+		mapErr:  map[uint32]string{},
 	}
 	f.addRegion("feat", 1<<30, 4096, dsmpb.Durability_DURABILITY_DURABLE)
 	f.addRegion("small", 100*4096, 4096, dsmpb.Durability_DURABILITY_MEMORY)
@@ -116,6 +133,10 @@ func (f *fakeAdmin) Regions(context.Context, *dsmpb.RegionsRequest) (*dsmpb.Regi
 	return r, nil
 }
 
+// fakeMaxListedShards is the most shards one RegionInfo lists, as dsmd's
+// MaxListedShards.
+const fakeMaxListedShards = 65536
+
 func (f *fakeAdmin) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest) (*dsmpb.RegionInfoResponse, error) {
 	switch req.Name {
 	case "leaderless": // the cluster cannot answer now
@@ -126,21 +147,69 @@ func (f *fakeAdmin) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.infoReqs = append(f.infoReqs, proto.Clone(req).(*dsmpb.RegionInfoRequest))
 	r, err := f.region(req.Name)
 	if err != nil {
 		return nil, err
 	}
+	count := uint64(r.Shards)
+	first, limit := req.FirstShard, uint64(req.MaxShards)
+	switch {
+	case f.oldRegionInfo:
+		if count > fakeMaxListedShards {
+			return nil, status.Errorf(codes.InvalidArgument, "region %q has %d shards; RegionInfo lists at most %d",
+				r.Name, count, fakeMaxListedShards)
+		}
+		first, limit = 0, count
+	case limit == 0:
+		limit = 4096
+	case limit > fakeMaxListedShards:
+		return nil, status.Errorf(codes.InvalidArgument, "max_shards %d is more than %d", limit, fakeMaxListedShards)
+	}
 	pages := r.Size / uint64(r.PageSize)
-	per := (pages + uint64(r.Shards) - 1) / uint64(r.Shards)
-	resp := &dsmpb.RegionInfoResponse{Region: r, Epoch: 12}
-	for i := uint32(0); i < r.Shards; i++ {
-		home := i%3 + 1
-		resp.Shards = append(resp.Shards, &dsmpb.Shard{Index: i, FirstPage: uint64(i) * per,
-			PageCount: min(per, pages-uint64(i)*per), Home: home, Backups: []uint32{home%3 + 1}})
+	per := (pages + count - 1) / count
+	resp := &dsmpb.RegionInfoResponse{Region: r, Epoch: 12, ShardCount: count}
+	if f.oldRegionInfo {
+		resp.ShardCount = 0
+	}
+	i := min(first, count)
+	for ; i < count && i-first < limit; i++ {
+		home := uint32(i%3 + 1)
+		resp.Shards = append(resp.Shards, &dsmpb.Shard{Index: uint32(i), FirstPage: i * per,
+			PageCount: min(per, pages-i*per), Home: home, Backups: []uint32{home%3 + 1}})
+	}
+	if !f.oldRegionInfo {
+		resp.NextShard = i
 	}
 	return resp, nil
 }
 
+func (f *fakeAdmin) Mappings(_ context.Context, req *dsmpb.MappingsRequest) (*dsmpb.MappingsResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.noMappings {
+		return nil, status.Error(codes.Unimplemented, "unknown method Mappings for service dsm.v1.Admin")
+	}
+	r, err := f.region(req.Region)
+	if err != nil {
+		return nil, err
+	}
+	resp := &dsmpb.MappingsResponse{RegionId: r.Id}
+	last := uint32(3)
+	if !req.AllNodes {
+		last = 1
+	}
+	for n := uint32(1); n <= last; n++ {
+		nm := &dsmpb.NodeMappings{NodeId: n, Error: f.mapErr[n]}
+		if nm.Error == "" {
+			nm.Pids = f.maps[req.Region][n]
+		}
+		resp.Nodes = append(resp.Nodes, nm)
+	}
+	return resp, nil
+}
+
+// CreateRegion checks a spec as dsmd's directory does, with its messages.
 func (f *fakeAdmin) CreateRegion(_ context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -148,29 +217,62 @@ func (f *fakeAdmin) CreateRegion(_ context.Context, req *dsmpb.CreateRegionReque
 	if ps == 0 {
 		ps = 4096
 	}
+	spec := func(field, format string, args ...any) error {
+		return status.Errorf(codes.InvalidArgument, "directory: invalid region spec: %s: %s", field, fmt.Sprintf(format, args...))
+	}
+	d := req.Durability
+	if d == dsmpb.Durability_DURABILITY_UNSPECIFIED {
+		d = dsmpb.Durability_DURABILITY_MEMORY
+	}
 	switch {
 	case req.Name == "":
-		return nil, status.Error(codes.InvalidArgument, "region name is empty")
-	case ps&(ps-1) != 0:
-		return nil, status.Errorf(codes.InvalidArgument, "page size %d is not a power of two", ps)
-	case req.Size == 0 || req.Size%uint64(ps) != 0:
-		return nil, status.Errorf(codes.InvalidArgument, "size %d is not a whole number of %d-byte pages", req.Size, ps)
-	case f.regions[req.Name] != nil:
-		return nil, status.Errorf(codes.AlreadyExists, "region %q already exists", req.Name)
+		return nil, spec("Name", "empty")
+	case ps < 4096 || ps > 2<<20 || ps&(ps-1) != 0:
+		return nil, spec("PageSize", "%d is not a power of two in [4096, 2097152]", ps)
+	case req.Size == 0:
+		return nil, spec("Size", "zero")
+	case req.Size > 1<<50:
+		return nil, spec("Size", "%d exceeds the maximum %d", req.Size, uint64(1<<50))
+	case req.Size%uint64(ps) != 0:
+		return nil, spec("Size", "%d is not a multiple of the page size %d", req.Size, ps)
 	}
-	return &dsmpb.CreateRegionResponse{Region: f.addRegion(req.Name, req.Size, ps, req.Durability)}, nil
+	if r := f.regions[req.Name]; r != nil {
+		if r.Size != req.Size || r.PageSize != ps || r.Durability != d {
+			return nil, status.Error(codes.AlreadyExists, "directory: region exists with a different spec")
+		}
+		return &dsmpb.CreateRegionResponse{Region: r, Existed: true}, nil
+	}
+	return &dsmpb.CreateRegionResponse{Region: f.addRegion(req.Name, req.Size, ps, d)}, nil
 }
 
+// DeleteRegion refuses, without force, a region that processes map.
 func (f *fakeAdmin) DeleteRegion(_ context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, err := f.region(req.Name); err != nil {
+	r, err := f.region(req.Name)
+	if err != nil {
 		return nil, err
+	}
+	var mappings uint64
+	var where []string
+	for n := uint32(1); n <= 3; n++ {
+		if pids := f.maps[req.Name][n]; len(pids) > 0 {
+			mappings += uint64(len(pids))
+			where = append(where, fmt.Sprintf("%d on n%d", len(pids), n))
+		}
+	}
+	if mappings > 0 && !req.Force {
+		return nil, status.Errorf(codes.FailedPrecondition, "region %q is mapped by %d processes (%s)",
+			req.Name, mappings, strings.Join(where, ", "))
+	}
+	if req.Force {
+		f.forced = append(f.forced, req.Name)
 	}
 	delete(f.regions, req.Name)
 	delete(f.mem, req.Name)
+	delete(f.maps, req.Name)
 	f.deleted = append(f.deleted, req.Name)
-	return &dsmpb.DeleteRegionResponse{}, nil
+	return &dsmpb.DeleteRegionResponse{Id: r.Id, Mappings: mappings}, nil
 }
 
 // pageState is the fake cluster's state of page p of a region of total

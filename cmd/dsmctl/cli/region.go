@@ -36,7 +36,7 @@ func (a *app) regionCmd() *cobra.Command {
 		Short:   "Create, list, describe and delete regions",
 		Example: "  dsmctl region create feat 64GiB --durable\n  dsmctl region ls\n  dsmctl region info feat\n  dsmctl region rm feat",
 		Args:    args(0, 0, "a subcommand (create, ls, info, rm)"),
-		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		RunE:    needSubcommand,
 	}
 	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd())
 	return c
@@ -57,14 +57,19 @@ backup home, so synced data survives the crash of any one node.`,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			size, err := ParseSize(argv[1])
 			if err != nil {
-				return usageError{err}
+				return usageError{err: err}
 			}
 			ps, err := ParseSize(pageSize)
 			if err != nil {
 				return usagef("--page-size: %v", err)
 			}
-			if ps > 1<<31 {
-				return usagef("--page-size %s is too large", pageSize)
+			switch {
+			case ps > 1<<31 || ps&(ps-1) != 0 || ps == 0:
+				return usagef("--page-size %s is not a power of two from 4KiB to 2MiB", pageSize)
+			case size == 0:
+				return usagef("SIZE is zero: a region has at least one page")
+			case size%ps != 0:
+				return usagef("SIZE %s is not a whole number of %s pages", argv[1], FormatSize(ps))
 			}
 			d := dsmpb.Durability_DURABILITY_MEMORY
 			if durable {

@@ -9,7 +9,7 @@ import (
 )
 
 // ErrSize is wrapped by every error of ParseSize.
-var ErrSize = errors.New("dsmctl: bad size")
+var ErrSize = errors.New("bad size")
 
 // units maps a lower-case unit to its multiplier. Bare letters and the
 // IEC forms (KiB) are powers of two, as memory sizes are; the SI forms (kB,

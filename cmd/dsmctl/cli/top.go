@@ -171,7 +171,7 @@ func (a *app) renderTop(f topFrameJSON) error {
 		"MISS P50", "P99", "P99.9", "CACHE", "DIRTY")
 	for _, n := range f.Nodes {
 		if n.Error != "" {
-			t.row(node(n.Node), paint(a.color(), "31", "? "+oneLine(n.Error)))
+			t.row(node(n.Node), paint(a.color(), "31", "? "+userMessage(n.Error)))
 			continue
 		}
 		t.row(node(n.Node), rate(n.FaultsPerS), rate(n.MissesPerS), rate(n.InvalSentPerS), rate(n.InvalRecvPerS),
