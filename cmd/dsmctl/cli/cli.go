@@ -146,6 +146,16 @@ type usageError struct {
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
 
+// hintError is an error with what to try next, said after the error's own
+// line ("... — add --force to delete it anyway").
+type hintError struct {
+	err  error
+	hint string
+}
+
+func (h hintError) Error() string { return h.err.Error() + " — " + h.hint }
+func (h hintError) Unwrap() error { return h.err }
+
 func usagef(format string, args ...any) error {
 	return usageError{err: fmt.Errorf(format, args...)}
 }
@@ -283,6 +293,10 @@ func (a *app) call(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 // where, and what to try.
 func (a *app) describe(err error) string {
 	where := "dsmd at " + a.addr
+	var h hintError
+	if errors.As(err, &h) {
+		return a.describe(h.err) + " — " + h.hint
+	}
 	var se interface {
 		error
 		GRPCStatus() *status.Status

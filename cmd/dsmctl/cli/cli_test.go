@@ -575,13 +575,100 @@ func TestRegionCreateRm(t *testing.T) {
 	if g == nil || g.Size != 1<<40 || g.PageSize != 64<<10 || g.Durability != dsmpb.Durability_DURABILITY_DURABLE {
 		t.Fatalf("region as created: %v", g)
 	}
-	var v regionJSON
+	var v struct {
+		regionJSON
+		Existed bool `json:"existed"`
+	}
 	decode(t, run(t, sock, runOpts{}, "region", "create", "kv", "64GiB", "--json").ok(t).stdout, &v)
-	if v.Size != 64<<30 || v.PageSize != 4096 || v.Durability != "memory" {
+	if v.Size != 64<<30 || v.PageSize != 4096 || v.Durability != "memory" || v.Existed {
 		t.Errorf("create --json: %+v", v)
 	}
 	run(t, sock, runOpts{}, "region", "rm", "graph").ok(t)
 	if r := run(t, sock, runOpts{}, "region", "info", "graph"); r.code != ExitError {
 		t.Errorf("info after rm: exit %d", r.code)
+	}
+}
+
+func TestRegionCreateExists(t *testing.T) {
+	f, sock := serveFake(t)
+	run(t, sock, runOpts{}, "region", "create", "demo", "64MiB").ok(t)
+	r := run(t, sock, runOpts{}, "region", "create", "demo", "64MiB").ok(t)
+	if r.stdout != "region demo exists (r3), same spec\n" {
+		t.Errorf("create of an existing region said %q", r.stdout)
+	}
+	var v struct {
+		regionJSON
+		Existed bool `json:"existed"`
+	}
+	decode(t, run(t, sock, runOpts{}, "region", "create", "demo", "64MiB", "--json").ok(t).stdout, &v)
+	if !v.Existed || v.ID != 3 || v.Size != 64<<20 {
+		t.Errorf("create --json of an existing region: %+v", v)
+	}
+	decode(t, run(t, sock, runOpts{}, "region", "create", "fresh", "64MiB", "--json").ok(t).stdout, &v)
+	if v.Existed || v.ID != 4 {
+		t.Errorf("create --json of a new region: %+v", v)
+	}
+	// Another spec under the name is an error, with where to see the spec.
+	r = run(t, sock, runOpts{}, "region", "create", "demo", "128MiB")
+	if r.code != ExitError || r.stderr != "dsmctl: region exists with a different spec — `dsmctl region info demo` shows its spec\n" {
+		t.Errorf("create with another spec: exit %d, %q", r.code, r.stderr)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.regions); n != 4 {
+		t.Errorf("%d regions, want 4", n)
+	}
+}
+
+func TestRegionRmForce(t *testing.T) {
+	f, sock := serveFake(t)
+	f.mu.Lock()
+	f.maps["small"] = map[uint32][]int32{1: {4242}, 2: {77}}
+	f.mu.Unlock()
+	r := run(t, sock, runOpts{}, "region", "rm", "small")
+	want := `dsmctl: region "small" is mapped by 2 processes (1 on n1, 1 on n2) — ` +
+		"`dsmctl region rm small --force` deletes it anyway and cuts the mappings off\n"
+	if r.code != ExitError || r.stderr != want || r.stdout != "" {
+		t.Errorf("rm of a mapped region: exit %d, stderr %q, want %q", r.code, r.stderr, want)
+	}
+	r = run(t, sock, runOpts{}, "region", "rm", "small", "--force").ok(t)
+	if r.stdout != "deleted region small (r2); 2 mappings were cut off\n" {
+		t.Errorf("rm --force said %q", r.stdout)
+	}
+	r = run(t, sock, runOpts{}, "region", "rm", "feat").ok(t)
+	if r.stdout != "deleted region feat (r1)\n" {
+		t.Errorf("rm said %q", r.stdout)
+	}
+	f.mu.Lock()
+	forced, left := f.forced, len(f.regions)
+	f.mu.Unlock()
+	if len(forced) != 1 || forced[0] != "small" || left != 0 {
+		t.Errorf("forced deletes %v, %d regions left", forced, left)
+	}
+	r = run(t, sock, runOpts{}, "region", "rm", "--help").ok(t)
+	if !strings.Contains(r.stdout, "--force") || !strings.Contains(r.stdout, "mappings are cut off") {
+		t.Errorf("rm --help does not say what --force does:\n%s", r.stdout)
+	}
+	run(t, sock, runOpts{}, "region", "create", "demo", "64MiB").ok(t)
+	var v struct {
+		Deleted  string `json:"deleted"`
+		ID       uint32 `json:"id"`
+		Mappings uint64 `json:"mappings_cut_off"`
+	}
+	decode(t, run(t, sock, runOpts{}, "region", "rm", "demo", "--json").ok(t).stdout, &v)
+	if v.Deleted != "demo" || v.ID != 3 || v.Mappings != 0 {
+		t.Errorf("rm --json: %+v", v)
+	}
+}
+
+func TestDurableHelp(t *testing.T) {
+	r := run(t, "", runOpts{}, "region", "create", "--help").ok(t)
+	for _, w := range []string{"nothing is persisted to disk", "Sync writes dirty pages back to their homes' memory only"} {
+		if !strings.Contains(oneLine(r.stdout), w) {
+			t.Errorf("region create --help lacks %q:\n%s", w, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "persists pages") || strings.Contains(r.stdout, "survives the crash") {
+		t.Errorf("region create --help promises persistence:\n%s", r.stdout)
 	}
 }

@@ -2,9 +2,13 @@ package cli
 
 import (
 	"fmt"
+	"io"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
@@ -50,8 +54,15 @@ func (a *app) regionCreateCmd() *cobra.Command {
 		Short: "Create a region of SIZE bytes (units: KiB, MiB, GiB, TiB; kB, MB... are decimal)",
 		Long: `create adds a region to the cluster directory. SIZE takes units (4KiB, 64GiB,
 1TiB) and must be a whole number of pages. Regions are sparse: an untouched
-page costs nothing. With --durable, Sync persists pages and copies them to a
-backup home, so synced data survives the crash of any one node.`,
+page costs nothing.
+
+If a region of that name exists with the same size, page size and
+durability, create says so and succeeds (exit 0) without touching it; with
+another spec it fails.
+
+--durable records the region as durable. In this build that changes nothing
+yet: Sync writes dirty pages back to their homes' memory only, for every
+region, and nothing is persisted to disk or copied to a backup.`,
 		Example: "  dsmctl region create feat 64GiB\n  dsmctl region create graph 1TiB --page-size 64KiB --durable",
 		Args:    args(2, 2, "NAME and SIZE"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
@@ -83,12 +94,22 @@ backup home, so synced data survives the crash of any one node.`,
 			defer cancel()
 			r, err := cl.CreateRegion(ctx, &dsmpb.CreateRegionRequest{
 				Name: argv[0], Size: size, PageSize: uint32(ps), Durability: d})
+			if status.Code(err) == codes.AlreadyExists {
+				return hintError{err, "`dsmctl region info " + argv[0] + "` shows its spec"}
+			}
 			if err != nil {
 				return err
 			}
 			v := regionView(r.GetRegion())
 			if a.json {
-				return a.printJSON(v)
+				return a.printJSON(struct {
+					regionJSON
+					Existed bool `json:"existed"`
+				}{v, r.Existed})
+			}
+			if r.Existed {
+				_, err = fmt.Fprintf(a.env.Stdout, "region %s exists (%s), same spec\n", v.Name, ids.RegionID(v.ID))
+				return err
 			}
 			_, err = fmt.Fprintf(a.env.Stdout, "created region %s (%s): %s in %s pages, %s, %d shard%s\n",
 				v.Name, ids.RegionID(v.ID), FormatSize(v.Size), FormatSize(uint64(v.PageSize)),
@@ -97,7 +118,7 @@ backup home, so synced data survives the crash of any one node.`,
 		},
 	}
 	c.Flags().StringVar(&pageSize, "page-size", "4KiB", "page size, a power of two from 4KiB to 2MiB")
-	c.Flags().BoolVar(&durable, "durable", false, "make Sync persist pages and copy them to a backup")
+	c.Flags().BoolVar(&durable, "durable", false, "record the region as durable (this build does not persist pages yet: Sync writes back to home memory only)")
 	return c
 }
 
@@ -147,11 +168,19 @@ func (a *app) regionLsCmd() *cobra.Command {
 }
 
 func (a *app) regionRmCmd() *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	c := &cobra.Command{
 		Use:     "rm NAME",
 		Aliases: []string{"delete"},
 		Short:   "Delete a region and free its pages on every node",
-		Example: "  dsmctl region rm feat",
+		Long: `rm deletes a region: every node stops serving it and frees its page cache
+and home memory. Its data is gone; a region created again under the same
+name is a new, empty region with a new id.
+
+While processes on any alive member map the region, dsmd refuses and says
+who maps it. --force deletes it anyway: those mappings are cut off, and
+their next access fails (the dsm library reports an unknown region).`,
+		Example: "  dsmctl region rm feat\n  dsmctl region rm feat --force   # even while processes map it",
 		Args:    args(1, 1, "NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			cl, err := a.admin()
@@ -160,18 +189,39 @@ func (a *app) regionRmCmd() *cobra.Command {
 			}
 			ctx, cancel := a.call(cmd)
 			defer cancel()
-			if _, err := cl.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: argv[0]}); err != nil {
+			r, err := cl.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: argv[0], Force: force})
+			if status.Code(err) == codes.FailedPrecondition && !force {
+				return hintError{err, "`dsmctl region rm " + argv[0] + " --force` deletes it anyway and cuts the mappings off"}
+			}
+			if err != nil {
 				return err
 			}
 			if a.json {
 				return a.printJSON(struct {
-					Deleted string `json:"deleted"`
-				}{argv[0]})
+					Deleted  string `json:"deleted"`
+					ID       uint32 `json:"id"`
+					Mappings uint64 `json:"mappings_cut_off"`
+				}{argv[0], r.Id, r.Mappings})
 			}
-			_, err = fmt.Fprintf(a.env.Stdout, "deleted region %s\n", argv[0])
+			var b strings.Builder
+			fmt.Fprintf(&b, "deleted region %s", argv[0])
+			if r.Id != 0 {
+				fmt.Fprintf(&b, " (%s)", ids.RegionID(r.Id))
+			}
+			switch r.Mappings {
+			case 0:
+			case 1:
+				b.WriteString("; 1 mapping was cut off")
+			default:
+				fmt.Fprintf(&b, "; %d mappings were cut off", r.Mappings)
+			}
+			b.WriteByte('\n')
+			_, err = io.WriteString(a.env.Stdout, b.String())
 			return err
 		},
 	}
+	c.Flags().BoolVar(&force, "force", false, "delete even while processes map the region; their mappings are cut off")
+	return c
 }
 
 type shardJSON struct {
