@@ -21,6 +21,17 @@
 // for dsmd it means the client is gone; for the client, that dsmd is gone
 // (or dropped it), and the mapping must not be trusted any more.
 //
+// After Registered, dsmd sends nothing, except when the region is deleted:
+//
+//	client                                   dsmd
+//	                                 <-      Error{CodeUnknownRegion, "region \"NAME\" (rN) was deleted"}
+//	                                 <-      end of stream (dsmd closes the session)
+//	(the mapping is dead: region deleted)
+//
+// The client then treats the mapping as gone because of the deletion (its
+// memory no longer holds the region's data), not because dsmd went away.
+// A client that does not know this message sees only the end of stream.
+//
 // # Encoding
 //
 // Each message is one seqpacket datagram: a version byte (Version), a type

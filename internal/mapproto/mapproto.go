@@ -48,8 +48,9 @@ const (
 	// TypeRegistered acknowledges Register: dsmd serves the faults from now
 	// on (dsmd -> client).
 	TypeRegistered
-	// TypeError refuses the request before it; dsmd closes the session
-	// after sending it (dsmd -> client).
+	// TypeError refuses the request before it, or, after Registered with
+	// CodeUnknownRegion, says that the region was deleted; dsmd closes the
+	// session after sending it (dsmd -> client).
 	TypeError
 	typeEnd
 )
@@ -75,7 +76,7 @@ type Code uint16
 
 // Error codes.
 const (
-	CodeUnknownRegion Code = 1 + iota // no region of that name
+	CodeUnknownRegion Code = 1 + iota // no region of that name; after Registered: the region was deleted
 	CodeSizeMismatch                  // Map.Size is not the region's size
 	CodeBadRequest                    // a message out of order, malformed, or with bad fields
 	CodeUnavailable                   // dsmd cannot serve now (closing, out of resources)
