@@ -73,9 +73,10 @@ func (c *Client) Close() error {
 
 // Mapping states.
 const (
-	live   int32 = iota
-	dead         // the session ended under us
-	closed       // Close was called
+	live    int32 = iota
+	dead          // the session ended under us (dsmd went away)
+	deleted       // dsmd ended the session because the region was deleted
+	closed        // Close was called
 )
 
 // Mapping is this process's coherent mapping of one region. Plain loads and
@@ -88,17 +89,25 @@ type Mapping struct {
 	mp       *memfd.Mapping
 	b        []byte
 	conn     *net.UnixConn
-	u        *uffd.UFFD // this process's copy: never read; closed to release faults
+	// u is this process's own copy of the userfaultfd it gave dsmd, kept
+	// until Close and never read: while it is open the kernel keeps the
+	// range registered, so a fault that nobody answers waits instead of
+	// being filled with zeros or the memfd's stale pages when dsmd's copy
+	// goes away.
+	u *uffd.UFFD
 
 	state atomic.Int32
-	done  chan struct{} // closed when the mapping stops being live
-	mon   chan struct{} // closed when the monitor goroutine has returned
+	// why is what Err returns once the state is dead or deleted; written
+	// once, before the state leaves live.
+	why     error
+	endOnce sync.Once
+	done    chan struct{} // closed when the mapping stops being live
+	mon     chan struct{} // closed when the monitor goroutine has returned
 
 	// mu is held shared by ReadAt and WriteAt and exclusively by Close
 	// for munmap, so the memory never goes away under a copy.
 	mu       sync.RWMutex
 	unmapped bool
-	stopOnce sync.Once
 }
 
 // Map maps the region name and hands its faults to dsmd. ctx bounds the
@@ -246,49 +255,70 @@ func closeFDs(fds []int) {
 	}
 }
 
-// monitor waits for the end of the session: dsmd never writes after the
-// handshake, so any return of the read (end of stream, an error, or a
-// message) means the mapping is no longer served.
+// monitor waits for the end of the session. After the handshake dsmd
+// sends at most one message, Error{CodeUnknownRegion} when the region is
+// deleted, and then closes the session; any other end (end of stream, an
+// error, another message) means that dsmd went away.
 func (m *Mapping) monitor() {
 	defer close(m.mon)
 	buf := make([]byte, mapproto.MaxMsg)
 	for {
 		n, fds, err := fdpass.Recv(m.conn, buf, 0)
 		closeFDs(fds)
-		if err == nil {
-			if msg, derr := mapproto.Decode(buf[:n]); derr == nil && msg.Type != mapproto.TypeError {
-				continue // nothing is defined after the handshake yet; ignore
-			}
+		if err != nil {
+			m.end(dead, ErrDaemonGone)
+			return
 		}
-		m.stop(dead)
+		msg, err := mapproto.Decode(buf[:n])
+		switch {
+		case err != nil:
+			m.end(dead, fmt.Errorf("%w: undecodable message from dsmd: %v", ErrDaemonGone, err))
+		case msg.Type == mapproto.TypeError && msg.Code == mapproto.CodeUnknownRegion:
+			m.end(deleted, fmt.Errorf("%w: %s", ErrRegionDeleted, msg.Text))
+		case msg.Type == mapproto.TypeError:
+			m.end(dead, fmt.Errorf("%w: %s: %s", ErrDaemonGone, msg.Code, msg.Text))
+		default:
+			continue // nothing else is defined after the handshake; ignore
+		}
 		return
 	}
 }
 
-// stop leaves the live state (to dead or closed) and then releases the
-// faults: the state is set before this process's copy of the userfaultfd
-// is closed, so a ReadAt or WriteAt that a release lets through always sees
-// it afterwards.
-func (m *Mapping) stop(to int32) {
-	m.stopOnce.Do(func() {
-		m.state.CompareAndSwap(live, to)
+// end leaves the live state for to (dead, deleted or closed), once: it
+// sets the state, closes Done, then fences the mapping. why is what Err
+// reports for dead and deleted.
+func (m *Mapping) end(to int32, why error) {
+	m.endOnce.Do(func() {
+		m.why = why
+		m.state.Store(to)
 		close(m.done)
-		if to == closed && useVMCopy() {
-			// Closing: make the mapping inaccessible before the faults
-			// are released, so that a ReadAt or WriteAt still running
-			// fails (EFAULT in its syscall) instead of reaching the memfd
-			// unserved. Plain accesses have stopped (Close's contract).
-			unix.Mprotect(m.b, unix.PROT_NONE)
-		}
-		// Unregistering wakes the threads blocked on faults; they then
-		// see the bare memfd. Closing our copy does the same once dsmd's
-		// copy is gone too.
-		m.u.Unregister(m.mp.Addr(), uint64(len(m.b)))
-		m.u.Close()
+		m.fence()
 	})
 	if to == closed {
 		m.state.Store(closed)
 	}
+}
+
+// fence makes the whole mapping inaccessible (PROT_NONE) and only then
+// wakes the threads that wait on its faults. Their retry, like every
+// later access, then fails: a plain load or store raises SIGSEGV (a panic
+// where the goroutine has debug.SetPanicOnFault, else a crash), a ReadAt,
+// WriteAt or Populate gets EFAULT and reports the state. No access ever
+// completes on memory dsmd no longer serves: not on a page the kernel
+// would fill with zeros, not on the memfd's cached pages (stale once dsmd
+// is gone, or another region's after a delete), not on pages this
+// mapping held. The state is set before, so whoever sees a failure finds
+// it.
+//
+// If the kernel refuses the mprotect (it has no reason to: it covers the
+// whole mapping, so nothing is split), the waiters are left waiting
+// rather than let through; Close unmaps before it closes the userfaultfd,
+// so they fault then.
+func (m *Mapping) fence() {
+	if err := unix.Mprotect(m.b, unix.PROT_NONE); err != nil {
+		return
+	}
+	m.u.Wake(m.mp.Addr(), uint64(len(m.b)))
 }
 
 // Name is the region's name.
@@ -305,21 +335,25 @@ func (m *Mapping) Len() int64 { return int64(len(m.b)) }
 
 // Bytes returns the coherent mapping: plain loads and stores. A load or
 // store that misses blocks its OS thread in the kernel until dsmd answers
-// (the Go runtime cannot preempt it meanwhile). After the mapping is dead
-// (Done is closed) the contents are undefined: a miss may then read zeros
-// or hang; use ReadAt and WriteAt where that matters. After Close, any
-// access faults the process.
+// (the Go runtime cannot preempt it meanwhile). Once the mapping is no
+// longer served (Done is closed: dsmd gone, region deleted, or Close) it
+// is inaccessible: every access, including one that was waiting for a
+// fault, raises SIGSEGV, which crashes a Go program unless the goroutine
+// has debug.SetPanicOnFault(true), which makes it a panic. After Close
+// the memory is unmapped.
 func (m *Mapping) Bytes() []byte { return m.b }
 
-// Done is closed when the mapping stops being served (dsmd gone, or Close).
+// Done is closed when the mapping stops being served (dsmd gone, region
+// deleted, or Close).
 func (m *Mapping) Done() <-chan struct{} { return m.done }
 
-// Err is nil while the mapping is served, ErrDaemonGone after the session
-// ended, ErrClosed after Close.
+// Err is nil while the mapping is served; after the session ended it
+// matches ErrDaemonGone, or ErrRegionDeleted when dsmd ended it because
+// the region was deleted; after Close it is ErrClosed.
 func (m *Mapping) Err() error {
 	switch m.state.Load() {
-	case dead:
-		return ErrDaemonGone
+	case dead, deleted:
+		return m.why
 	case closed:
 		return ErrClosed
 	}
@@ -406,7 +440,7 @@ func (m *Mapping) rlockLive() error {
 // through Bytes() must have stopped; ReadAt and WriteAt calls still waiting
 // return ErrClosed.
 func (m *Mapping) Close() error {
-	m.stop(closed)
+	m.end(closed, nil)
 	m.conn.Close()
 	<-m.mon
 	m.mu.Lock()
@@ -420,5 +454,9 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	m.unmapped = true
-	return m.mp.Unmap()
+	// Unmap first: closing the last copy of the userfaultfd wakes any
+	// thread still waiting on a fault, which must then find no mapping.
+	err := m.mp.Unmap()
+	m.u.Close()
+	return err
 }

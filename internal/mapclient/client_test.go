@@ -6,15 +6,20 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 
 	"github.com/dsmkit/dsm/internal/fdpass"
 	"github.com/dsmkit/dsm/internal/mapproto"
@@ -180,6 +185,39 @@ func (d *fakeDaemon) die() {
 	}
 	for _, u := range d.us {
 		u.Close()
+	}
+}
+
+// deleteRegion ends every session as dsmd does when the region is
+// deleted: Error{CodeUnknownRegion} after Registered, the session and the
+// userfaultfd closed, every page punched out of the memfd.
+func (d *fakeDaemon) deleteRegion() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: `region "r" (r9) was deleted`})
+	for _, c := range d.conns {
+		c.Write(b)
+		c.Close()
+	}
+	for _, u := range d.us {
+		u.Close()
+	}
+	for _, mf := range d.mfs {
+		if err := mf.PunchHole(0, mf.Size()); err != nil {
+			d.t.Errorf("fake daemon: %v", err)
+		}
+	}
+}
+
+// fill writes page p of the i-th session's memfd behind the mapping's
+// back, as another process's fault served by dsmd would: the page is then
+// cached, and a first access to it in the mapping is a MINOR fault.
+func (d *fakeDaemon) fill(i, p int, v byte) {
+	d.mu.Lock()
+	mf := d.mfs[i]
+	d.mu.Unlock()
+	if _, err := unix.Pwrite(mf.Fd(), bytes.Repeat([]byte{v}, ps), int64(p*ps)); err != nil {
+		d.t.Fatal(err)
 	}
 }
 
@@ -363,6 +401,144 @@ func TestDaemonGone(t *testing.T) {
 	}
 }
 
+// touch loads b[off] (stores to it if store) on a goroutine that turns
+// memory faults into panics (debug.SetPanicOnFault), and sends on res
+// whether the access faulted at that address, or else the byte it read.
+func touch(b []byte, off int, store bool, res chan<- touchResult) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		want := uintptr(unsafe.Pointer(&b[off]))
+		if f, ok := p.(interface{ Addr() uintptr }); ok && f.Addr()&^uintptr(ps-1) == want&^uintptr(ps-1) {
+			res <- touchResult{faulted: true}
+			return
+		}
+		res <- touchResult{err: fmt.Errorf("panic at %#x: %v", want, p)}
+	}()
+	if store {
+		b[off] = 0xa5
+		res <- touchResult{}
+		return
+	}
+	res <- touchResult{v: b[off]}
+}
+
+type touchResult struct {
+	faulted bool
+	v       byte
+	err     error
+}
+
+// wantFault fails t unless the access that reports on res faulted.
+func wantFault(t *testing.T, what string, res <-chan touchResult) {
+	t.Helper()
+	select {
+	case r := <-res:
+		switch {
+		case r.err != nil:
+			t.Errorf("%s: %v", what, r.err)
+		case !r.faulted:
+			t.Errorf("%s: no fault (read %#x)", what, r.v)
+		}
+	case <-time.After(hangDeadline):
+		t.Fatalf("%s: the access did not return", what)
+	}
+}
+
+func TestDeadMappingFaults(t *testing.T) {
+	testUnservedFaults(t, (*fakeDaemon).die, ErrDaemonGone)
+}
+
+func TestDeletedMappingFaults(t *testing.T) {
+	testUnservedFaults(t, (*fakeDaemon).deleteRegion, ErrRegionDeleted)
+}
+
+// testUnservedFaults: once the session ends (end ends it), every plain
+// access through Bytes() faults, whatever the page's state was: held,
+// cached in the memfd but never mapped here, never held, or a load that
+// was waiting for dsmd at that moment. None reads zeros, stale data or
+// succeeds in storing. The other accesses fail with want, and Close works.
+func testUnservedFaults(t *testing.T, end func(*fakeDaemon), want error) {
+	d := newFakeDaemon(t, 8, 4)
+	_, m := mapRegion(t, d)
+	if _, err := m.ReadAt(make([]byte, 1), 0); err != nil {
+		t.Fatal(err)
+	}
+	d.fill(0, 1, 0xcc)
+	// Resolving a plain load in this process would risk the runtime; this
+	// one is never resolved (page 4 is held), only released by the end.
+	waiter := make(chan touchResult, 1)
+	go touch(m.Bytes(), 4*ps+4, false, waiter)
+	waitFault(t, d, 4)
+
+	end(d)
+	select {
+	case <-m.Done():
+	case <-time.After(hangDeadline):
+		t.Fatal("Done not closed")
+	}
+	if err := m.Err(); !errors.Is(err, want) {
+		t.Fatalf("Err: %v, want %v", err, want)
+	}
+	wantFault(t, "a load waiting for dsmd", waiter)
+	for _, a := range []struct {
+		what  string
+		off   int
+		store bool
+	}{
+		{"load of a page held before", 8, false},
+		{"load of a page cached in the memfd, not mapped here", ps + 1, false},
+		{"load of a page never held", 2*ps + 2, false},
+		{"store to a page never held", 3*ps + 3, true},
+	} {
+		res := make(chan touchResult, 1)
+		go touch(m.Bytes(), a.off, a.store, res)
+		wantFault(t, a.what, res)
+	}
+	if _, err := m.ReadAt(make([]byte, 1), 0); !errors.Is(err, want) {
+		t.Errorf("ReadAt: %v, want %v", err, want)
+	}
+	if _, err := m.WriteAt([]byte{1}, 0); !errors.Is(err, want) {
+		t.Errorf("WriteAt: %v, want %v", err, want)
+	}
+	if err := m.Populate(0, int64(ps), false); !errors.Is(err, want) {
+		t.Errorf("Populate: %v, want %v", err, want)
+	}
+	if err := m.Word(0, true, func(w *uint64) { *w++ }); !errors.Is(err, want) {
+		t.Errorf("Word: %v, want %v", err, want)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// TestCopyAfterEnd: a copy that reaches a mapping fenced after the end of
+// its session fails with EFAULT, through a syscall or a memmove, instead
+// of crashing the process.
+func TestCopyAfterEnd(t *testing.T) {
+	d := newFakeDaemon(t, 2)
+	_, m := mapRegion(t, d)
+	if _, err := m.WriteAt([]byte{1}, 0); err != nil {
+		t.Fatal(err)
+	}
+	d.die()
+	<-m.Done()
+	for _, memmove := range []bool{false, true} {
+		noVMCopy = memmove
+		for _, write := range []bool{false, true} {
+			if n, err := copyMapped(m.Bytes(), make([]byte, 8), 0, write); n != 0 || !errors.Is(err, unix.EFAULT) {
+				t.Errorf("copy (memmove %v, write %v) after the end: %d, %v; want 0, EFAULT", memmove, write, n, err)
+			}
+		}
+	}
+	noVMCopy = false
+}
+
 // TestCloseReleasesWaiter: Close does not wait for dsmd to answer a fault;
 // the waiting ReadAt fails with ErrClosed.
 func TestCloseReleasesWaiter(t *testing.T) {
@@ -392,7 +568,7 @@ func TestCloseReleasesWaiter(t *testing.T) {
 		t.Fatalf("Err after Close: %v", m.Err())
 	}
 	// The released WriteAt did not reach the memfd behind dsmd's back.
-	if useVMCopy() && d.cached(0, 5) {
+	if d.cached(0, 5) {
 		t.Fatal("a WriteAt cut short by Close allocated the page in the memfd")
 	}
 	if err := m.Close(); err != nil {

@@ -4,7 +4,9 @@ package mapclient
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"unsafe"
 
@@ -31,10 +33,18 @@ func useVMCopy() bool { return !noVMCopy && vmCopyWorks() }
 // copyMapped moves len(p) bytes between p and the mapping at off: into the
 // mapping if write. With process_vm_readv/writev the copy runs inside a
 // syscall, so a page that faults meanwhile (taken away after the populate)
-// is waited for in the kernel, and a mapping made inaccessible by Close
-// yields EFAULT instead of a crash. Otherwise it is a memmove.
-func copyMapped(mem []byte, p []byte, off int64, write bool) (int, error) {
+// is waited for in the kernel, and a mapping made inaccessible (the
+// session ended, or Close) yields EFAULT. Otherwise it is a memmove whose
+// fault on an inaccessible mapping is recovered and reported as EFAULT,
+// with nothing counted as copied.
+func copyMapped(mem []byte, p []byte, off int64, write bool) (n int, err error) {
 	if !useVMCopy() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if r := recover(); r != nil {
+				n, err = 0, fmt.Errorf("%w (%v)", unix.EFAULT, r)
+			}
+		}()
 		if write {
 			return copy(mem[off:], p), nil
 		}

@@ -25,24 +25,35 @@
 //     a seccomp filter refuses those calls, the copy is a memmove, and such
 //     a page then blocks the thread in a load, as a plain access does.
 //
-// # When dsmd goes away
+// # When the session ends
 //
-// The mapping watches its session socket. On end of stream it becomes dead:
-// Done is closed, Err and every ReadAt and WriteAt return ErrDaemonGone.
-// The kernel would let an access that was waiting on a fault complete on a
-// zero page when the last copy of the userfaultfd closes; to prevent that
-// being read as data, the mapping keeps its own copy of the userfaultfd
-// (never reading it), so waiting faults stay blocked until the state is
-// already dead, and only then releases them (unregister and close). A
-// ReadAt or WriteAt checks the state after its copy, so it never returns
-// bytes from a page dsmd did not serve. Plain loads and stores through
-// Bytes() after that point are undefined (zeros, stale data, or a wait);
-// a new Map after dsmd is back works.
+// The mapping watches its session socket. dsmd ends a session in two ways:
+// it goes away (end of stream), and the mapping becomes dead with
+// ErrDaemonGone; or the region is deleted, and dsmd sends one
+// Error{CodeUnknownRegion} before it closes the session, and the mapping
+// fails with ErrRegionDeleted. Either way Done is closed and Err and every
+// ReadAt, WriteAt, Populate and Word fail with that error.
 //
-// Close detaches (closes the session), releases waiting faults (the
-// ReadAt and WriteAt calls waiting return ErrClosed) and unmaps; plain
-// accesses must have stopped. Before releasing the faults it makes the
-// mapping inaccessible (where the copy runs in a syscall), so that a
-// ReadAt or WriteAt cut short never touches the shared memfd unserved: an
-// unserved write would land in a page other processes read coherently.
+// No access ever completes on memory that dsmd no longer serves. The
+// kernel would let a fault complete on its own once the last copy of the
+// userfaultfd closes: a missing page filled with zeros, a page cached in
+// the memfd (this node's data, stale once dsmd is gone, or punched out on
+// delete) mapped as it is. So the mapping keeps its own copy of the
+// userfaultfd for its whole life (never reading it): faults that dsmd left
+// unanswered keep waiting. When the session ends the mapping first sets
+// its state, then makes the whole range inaccessible (mprotect PROT_NONE),
+// and only then wakes the waiting faults (UFFDIO_WAKE). The woken threads
+// retry, and they and every later access fault: a plain load or store
+// through Bytes() raises SIGSEGV, which crashes a Go program unless the
+// goroutine has set debug.SetPanicOnFault(true) (then it is a panic to
+// recover); a ReadAt, WriteAt or Populate gets EFAULT in its syscall (the
+// memmove fallback recovers the fault the same way) and, as it checks the
+// state after every copy, returns the error, never bytes it cannot vouch
+// for. Pages that were mapped fault too. A new Map after dsmd is back
+// works.
+//
+// Close detaches (closes the session), makes the mapping inaccessible and
+// releases waiting faults as above (the ReadAt and WriteAt calls waiting
+// return ErrClosed), unmaps, and only then closes its userfaultfd; plain
+// accesses must have stopped.
 package mapclient

@@ -14,6 +14,11 @@ var (
 	// WriteAt fail with it, and a ReadAt that was waiting for a fault when
 	// it happened fails too, rather than return a page of zeros.
 	ErrDaemonGone = errors.New("mapclient: connection to dsmd lost; the mapping is dead")
+	// ErrRegionDeleted: dsmd ended the session because the region was
+	// deleted. The mapping is dead as with ErrDaemonGone; a new Map of the
+	// name fails with ErrUnknownRegion, or maps another region created
+	// since under the same name.
+	ErrRegionDeleted = errors.New("mapclient: region deleted")
 	// ErrClosed: the Mapping or Client was closed.
 	ErrClosed = errors.New("mapclient: closed")
 	// ErrUnavailable: dsmd cannot be reached at the socket path.

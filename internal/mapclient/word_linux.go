@@ -77,8 +77,9 @@ func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
 	if err := m.Err(); err != nil {
 		return err
 	}
-	// Close makes the mapping inaccessible before it waits for this call:
-	// a fault of op then becomes a panic recovered here, not a crash.
+	// The end of the session (or Close) makes the mapping inaccessible
+	// while this call may run: a fault of op then becomes a panic
+	// recovered here, not a crash.
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if r := recover(); r != nil {
