@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -21,10 +19,8 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
-	"github.com/dsmkit/dsm/internal/fdpass"
+	"github.com/dsmkit/dsm/internal/mapclient/mapclienttest"
 	"github.com/dsmkit/dsm/internal/mapproto"
-	"github.com/dsmkit/dsm/internal/memfd"
-	"github.com/dsmkit/dsm/internal/uffd"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -34,219 +30,22 @@ const hangDeadline = 30 * time.Second
 
 var ps = os.Getpagesize()
 
-// fakeDaemon plays dsmd's side of the session protocol in this process. It
-// serves region "r" (pages pages): a missing page is installed writable with
-// every byte equal to its page number plus one, except pages in hold, whose
-// faults it only reports on faults. Resolving in the same process is safe
-// here because the tests touch the mapping only through ReadAt and WriteAt,
-// which wait in madvise, a syscall.
-type fakeDaemon struct {
-	t      *testing.T
-	path   string
-	ln     *net.UnixListener
-	pages  int
-	hold   map[int]bool
-	faults chan int // pages of held faults
-	mu     sync.Mutex
-	reply  []byte // when set, replaces the answer to map
-	conns  []*net.UnixConn
-	us     []*uffd.UFFD
-	mfs    []*memfd.File
-	wg     sync.WaitGroup
-}
-
-func newFakeDaemon(t *testing.T, pages int, hold ...int) *fakeDaemon {
+// newFakeDaemon starts a stand-in for dsmd that serves region "r" (r9) of
+// pages pages and holds the faults on the pages in hold. The tests touch
+// the mapping only through ReadAt, WriteAt and Word, which wait in madvise,
+// a syscall, except where faults are held (see package mapclienttest).
+func newFakeDaemon(t *testing.T, pages int, hold ...int) *mapclienttest.Daemon {
 	t.Helper()
-	if _, err := uffd.Probe(); err != nil {
-		t.Skipf("no userfaultfd: %v", err)
-	}
-	d := &fakeDaemon{t: t, pages: pages, hold: map[int]bool{}, faults: make(chan int, 16)}
-	for _, p := range hold {
-		d.hold[p] = true
-	}
-	d.path = filepath.Join(t.TempDir(), "dsmd.sock")
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: d.path, Net: "unixpacket"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.ln = ln
-	d.wg.Add(1)
-	go d.accept()
-	t.Cleanup(d.stop)
+	d := mapclienttest.New(t, mapclienttest.Region{Name: "r", ID: 9, Pages: pages})
+	d.Hold(hold...)
 	return d
 }
 
-func (d *fakeDaemon) accept() {
-	defer d.wg.Done()
-	for {
-		conn, err := d.ln.AcceptUnix()
-		if err != nil {
-			return
-		}
-		d.mu.Lock()
-		d.conns = append(d.conns, conn)
-		d.mu.Unlock()
-		d.wg.Add(1)
-		go d.session(conn)
-	}
-}
-
-func (d *fakeDaemon) session(conn *net.UnixConn) {
-	defer d.wg.Done()
-	buf := make([]byte, mapproto.MaxMsg)
-	n, _, err := fdpass.Recv(conn, buf, 0)
-	if err != nil {
-		return
-	}
-	req, err := mapproto.Decode(buf[:n])
-	if err != nil {
-		d.t.Errorf("fake daemon: %v", err)
-		return
-	}
-	d.mu.Lock()
-	reply := d.reply
-	d.mu.Unlock()
-	if reply != nil {
-		conn.Write(reply)
-		return
-	}
-	if req.Name != "r" {
-		b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: "no region " + req.Name})
-		conn.Write(b)
-		return
-	}
-	mf, err := memfd.Create("fake", int64(d.pages*ps))
-	if err != nil {
-		d.t.Errorf("fake daemon: %v", err)
-		return
-	}
-	d.mu.Lock()
-	d.mfs = append(d.mfs, mf)
-	d.mu.Unlock()
-	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: 9, Size: uint64(mf.Size()), PageSize: uint32(ps)})
-	if err := fdpass.Send(conn, b, mf.Fd()); err != nil {
-		return
-	}
-	n, fds, err := fdpass.Recv(conn, buf, 1)
-	if err != nil || len(fds) != 1 {
-		return
-	}
-	reg, _ := mapproto.Decode(buf[:n])
-	u, err := uffd.FromFD(fds[0])
-	if err != nil {
-		d.t.Errorf("fake daemon: %v", err)
-		return
-	}
-	d.mu.Lock()
-	d.us = append(d.us, u)
-	d.mu.Unlock()
-	b, _ = mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
-	conn.Write(b)
-	msgs := make([]uffd.Msg, 8)
-	for {
-		n, err := u.Read(msgs)
-		if err != nil {
-			return
-		}
-		for _, m := range msgs[:n] {
-			p := int((m.Address - reg.Addr) / uint64(ps))
-			if d.hold[p] {
-				d.faults <- p
-				continue
-			}
-			addr := reg.Addr + uint64(p*ps)
-			switch m.Kind() {
-			case uffd.FaultMissing:
-				err = u.Copy(addr, bytes.Repeat([]byte{byte(p + 1)}, ps), 0)
-			case uffd.FaultMinor:
-				err = u.Continue(addr, uint64(ps), 0)
-			case uffd.FaultWP:
-				err = u.WriteProtect(addr, uint64(ps), false, 0)
-			}
-			if err != nil && !errors.Is(err, uffd.ErrProcessGone) {
-				d.t.Errorf("fake daemon: resolving %s: %v", m, err)
-			}
-		}
-	}
-}
-
-func (d *fakeDaemon) setReply(b []byte) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.reply = b
-}
-
-// die closes every session socket and userfaultfd, as dsmd's exit does.
-func (d *fakeDaemon) die() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, c := range d.conns {
-		c.Close()
-	}
-	for _, u := range d.us {
-		u.Close()
-	}
-}
-
-// deleteRegion ends every session as dsmd does when the region is
-// deleted: Error{CodeUnknownRegion} after Registered, the session and the
-// userfaultfd closed, every page punched out of the memfd.
-func (d *fakeDaemon) deleteRegion() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: `region "r" (r9) was deleted`})
-	for _, c := range d.conns {
-		c.Write(b)
-		c.Close()
-	}
-	for _, u := range d.us {
-		u.Close()
-	}
-	for _, mf := range d.mfs {
-		if err := mf.PunchHole(0, mf.Size()); err != nil {
-			d.t.Errorf("fake daemon: %v", err)
-		}
-	}
-}
-
-// fill writes page p of the i-th session's memfd behind the mapping's
-// back, as another process's fault served by dsmd would: the page is then
-// cached, and a first access to it in the mapping is a MINOR fault.
-func (d *fakeDaemon) fill(i, p int, v byte) {
-	d.mu.Lock()
-	mf := d.mfs[i]
-	d.mu.Unlock()
-	if _, err := unix.Pwrite(mf.Fd(), bytes.Repeat([]byte{v}, ps), int64(p*ps)); err != nil {
-		d.t.Fatal(err)
-	}
-}
-
-func (d *fakeDaemon) stop() {
-	d.ln.Close()
-	d.die()
-	d.wg.Wait()
-	for _, mf := range d.mfs {
-		mf.Close()
-	}
-}
-
-// cached reports whether page p of the i-th session's memfd holds data.
-func (d *fakeDaemon) cached(i, p int) bool {
-	d.mu.Lock()
-	mf := d.mfs[i]
-	d.mu.Unlock()
-	n, err := mf.CachedPages(int64(p*ps), int64(ps))
-	if err != nil {
-		d.t.Fatal(err)
-	}
-	return n == 1
-}
-
-func mapRegion(t *testing.T, d *fakeDaemon) (*Client, *Mapping) {
+func mapRegion(t *testing.T, d *mapclienttest.Daemon) (*Client, *Mapping) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
 	defer cancel()
-	c, err := Connect(ctx, d.path)
+	c, err := Connect(ctx, d.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,10 +58,10 @@ func mapRegion(t *testing.T, d *fakeDaemon) (*Client, *Mapping) {
 }
 
 // waitFault waits until the fake daemon reports a held fault on page p.
-func waitFault(t *testing.T, d *fakeDaemon, p int) {
+func waitFault(t *testing.T, d *mapclienttest.Daemon, p int) {
 	t.Helper()
 	select {
-	case got := <-d.faults:
+	case got := <-d.Faults():
 		if got != p {
 			t.Fatalf("held fault on page %d, want %d", got, p)
 		}
@@ -364,7 +163,7 @@ func TestDaemonGone(t *testing.T) {
 		t.Fatalf("ReadAt returned while its fault was held: %d %v", r.n, r.err)
 	default:
 	}
-	d.die()
+	d.Die()
 	select {
 	case r := <-res:
 		if !errors.Is(r.err, ErrDaemonGone) || r.n != 0 {
@@ -451,11 +250,11 @@ func wantFault(t *testing.T, what string, res <-chan touchResult) {
 }
 
 func TestDeadMappingFaults(t *testing.T) {
-	testUnservedFaults(t, (*fakeDaemon).die, ErrDaemonGone)
+	testUnservedFaults(t, (*mapclienttest.Daemon).Die, ErrDaemonGone)
 }
 
 func TestDeletedMappingFaults(t *testing.T) {
-	testUnservedFaults(t, (*fakeDaemon).deleteRegion, ErrRegionDeleted)
+	testUnservedFaults(t, func(d *mapclienttest.Daemon) { d.DeleteRegion("r") }, ErrRegionDeleted)
 }
 
 // testUnservedFaults: once the session ends (end ends it), every plain
@@ -463,13 +262,13 @@ func TestDeletedMappingFaults(t *testing.T) {
 // cached in the memfd but never mapped here, never held, or a load that
 // was waiting for dsmd at that moment. None reads zeros, stale data or
 // succeeds in storing. The other accesses fail with want, and Close works.
-func testUnservedFaults(t *testing.T, end func(*fakeDaemon), want error) {
+func testUnservedFaults(t *testing.T, end func(*mapclienttest.Daemon), want error) {
 	d := newFakeDaemon(t, 8, 4)
 	_, m := mapRegion(t, d)
 	if _, err := m.ReadAt(make([]byte, 1), 0); err != nil {
 		t.Fatal(err)
 	}
-	d.fill(0, 1, 0xcc)
+	d.Fill(0, 1, 0xcc)
 	// Resolving a plain load in this process would risk the runtime; this
 	// one is never resolved (page 4 is held), only released by the end.
 	waiter := make(chan touchResult, 1)
@@ -526,7 +325,7 @@ func TestCopyAfterEnd(t *testing.T) {
 	if _, err := m.WriteAt([]byte{1}, 0); err != nil {
 		t.Fatal(err)
 	}
-	d.die()
+	d.Die()
 	<-m.Done()
 	for _, memmove := range []bool{false, true} {
 		noVMCopy = memmove
@@ -550,7 +349,7 @@ func TestCloseReleasesWaiter(t *testing.T) {
 		res <- err
 	}()
 	waitFault(t, d, 5)
-	if d.cached(0, 5) {
+	if d.Cached(0, 5) {
 		t.Fatal("page 5 cached before the fault was answered")
 	}
 	if err := c.Close(); err != nil {
@@ -568,7 +367,7 @@ func TestCloseReleasesWaiter(t *testing.T) {
 		t.Fatalf("Err after Close: %v", m.Err())
 	}
 	// The released WriteAt did not reach the memfd behind dsmd's back.
-	if d.cached(0, 5) {
+	if d.Cached(0, 5) {
 		t.Fatal("a WriteAt cut short by Close allocated the page in the memfd")
 	}
 	if err := m.Close(); err != nil {
@@ -582,7 +381,7 @@ func TestCloseReleasesWaiter(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	d := newFakeDaemon(t, 2)
 	ctx := context.Background()
-	c, err := Connect(ctx, d.path)
+	c, err := Connect(ctx, d.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,12 +391,12 @@ func TestRefusals(t *testing.T) {
 	if !errors.Is(err, ErrUnknownRegion) || !errors.As(err, &se) || se.Code != mapproto.CodeUnknownRegion {
 		t.Fatalf("unknown region: %v", err)
 	}
-	d.setReply([]byte{mapproto.Version, 200})
+	d.SetReply([]byte{mapproto.Version, 200})
 	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("garbage answer: %v, want ErrProtocol", err)
 	}
 	ack, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
-	d.setReply(ack)
+	d.SetReply(ack)
 	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("answer without a memfd: %v, want ErrProtocol", err)
 	}

@@ -50,7 +50,7 @@ func TestWordDaemonGone(t *testing.T) {
 		res <- m.Word(int64(ps), true, func(w *uint64) { atomic.AddUint64(w, 1) })
 	}()
 	waitFault(t, d, 1)
-	d.die()
+	d.Die()
 	select {
 	case err := <-res:
 		if !errors.Is(err, ErrDaemonGone) {
