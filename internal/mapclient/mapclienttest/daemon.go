@@ -52,7 +52,7 @@ type Region struct {
 type Session struct {
 	Region Region
 	Memfd  *memfd.File
-	Ended  bool        // the session socket reached its end after Registered (the client closed it, or Die or DeleteRegion)
+	Ended  bool // the session socket reached its end after Registered (the client closed it, or Die or DeleteRegion)
 }
 
 // Daemon is a stand-in for dsmd's mapping sessions. Its methods are safe
