@@ -202,18 +202,14 @@ func TestJSON(t *testing.T) {
 		t.Errorf("members --json: %+v", members)
 	}
 
-	var info struct {
-		Region regionJSON  `json:"region"`
-		Epoch  uint64      `json:"epoch"`
-		Homes  []homeJSON  `json:"homes"`
-		Shards []shardJSON `json:"shards"`
-	}
+	var info regionInfoJSON
 	decode(t, run(t, sock, runOpts{}, "region", "info", "feat", "--json").ok(t).stdout, &info)
 	var pages uint64
 	for _, s := range info.Shards {
 		pages += s.PageCount
 	}
-	if len(info.Shards) != 4 || pages != 1<<18 || len(info.Homes) != 3 || info.Homes[0].Shards != 2 {
+	if len(info.Shards) != 4 || pages != 1<<18 || len(info.Homes) != 3 || info.Homes[0].Shards != 2 ||
+		info.ShardCount != 4 || info.NextShard != 4 || !info.HomesComplete || len(info.Mappings) != 3 {
 		t.Errorf("region info --json: %+v", info)
 	}
 }

@@ -17,6 +17,31 @@ import (
 // Admin service refuses more).
 const maxCellsLimit = 65536
 
+// parseSpan reads FIRST:END, a half-open range of indexes of what (pages,
+// shards) given to flag; either end may be left out. open says that END
+// was: the range runs to the last index.
+func parseSpan(flag, what, s string) (first, end uint64, open bool, err error) {
+	lo, hi, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, 0, false, usagef("%s %q: want FIRST:END, %s indexes, END excluded (0:1024, 4096:, :64)", flag, s, what)
+	}
+	if lo != "" {
+		if first, err = strconv.ParseUint(lo, 0, 64); err != nil {
+			return 0, 0, false, usagef("%s %q: %q is not a %s index", flag, s, lo, what)
+		}
+	}
+	if hi == "" {
+		return first, 0, true, nil
+	}
+	if end, err = strconv.ParseUint(hi, 0, 64); err != nil {
+		return 0, 0, false, usagef("%s %q: %q is not a %s index", flag, s, hi, what)
+	}
+	if first >= end {
+		return 0, 0, false, usagef("%s %q is empty", flag, s)
+	}
+	return first, end, false, nil
+}
+
 // parseRange reads --range A:B, a half-open range of page indexes; either
 // end may be left out (A: to the end, :B from 0). total is the region's
 // page count.
@@ -24,20 +49,12 @@ func parseRange(s string, total uint64) (first, count uint64, err error) {
 	if s == "" {
 		return 0, total, nil
 	}
-	lo, hi, ok := strings.Cut(s, ":")
-	if !ok {
-		return 0, 0, usagef("--range %q: want FIRST:END, page indexes, END excluded (0:1024, 4096:, :64)", s)
+	first, end, open, err := parseSpan("--range", "page", s)
+	if err != nil {
+		return 0, 0, err
 	}
-	end := total
-	if lo != "" {
-		if first, err = strconv.ParseUint(lo, 0, 64); err != nil {
-			return 0, 0, usagef("--range %q: %q is not a page index", s, lo)
-		}
-	}
-	if hi != "" {
-		if end, err = strconv.ParseUint(hi, 0, 64); err != nil {
-			return 0, 0, usagef("--range %q: %q is not a page index", s, hi)
-		}
+	if open {
+		end = total
 	}
 	if end > total {
 		return 0, 0, usagef("--range %q: the region has %d pages (0:%d)", s, total, total)
@@ -97,7 +114,8 @@ asks for this node's copies only.`,
 			}
 			ctx, cancel := a.call(cmd)
 			defer cancel()
-			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: argv[0]})
+			// The region's size only: one shard, not the placement of millions.
+			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: argv[0], MaxShards: 1})
 			if err != nil {
 				return err
 			}
@@ -109,7 +127,12 @@ asks for this node's copies only.`,
 			if err != nil {
 				return err
 			}
-			group := (count + uint64(maxCells) - 1) / uint64(maxCells)
+			// At most maxCells cells (the Pages RPC answers at most
+			// maxCellsLimit), whatever the size of the region.
+			group := count / uint64(maxCells)
+			if count%uint64(maxCells) != 0 {
+				group++
+			}
 			resp, err := cl.Pages(ctx, &dsmpb.PagesRequest{
 				Region: argv[0], FirstPage: first, PageCount: count, Group: group, Cluster: !local})
 			if err != nil {

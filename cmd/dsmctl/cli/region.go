@@ -240,74 +240,251 @@ type homeJSON struct {
 	BackupPages  uint64 `json:"backup_pages"`
 }
 
+// regionInfoJSON is the output of region info --json.
+type regionInfoJSON struct {
+	Region regionJSON `json:"region"`
+	Epoch  uint64     `json:"epoch"`
+	// ShardCount is the region's number of shards; Shards lists those
+	// asked for (--shards), NextShard is the first after them
+	// (ShardCount when the listing reaches the end).
+	ShardCount uint64 `json:"shard_count"`
+	// Homes sums placement per node: over every shard when HomesComplete,
+	// else over the listed shards only (regions of more than
+	// maxListedShards shards).
+	Homes         []homeJSON  `json:"homes"`
+	HomesComplete bool        `json:"homes_complete"`
+	Shards        []shardJSON `json:"shards"`
+	NextShard     uint64      `json:"next_shard"`
+	// Mappings are the processes that map the region, per node; null with
+	// MappingsError set when dsmd could not say.
+	Mappings      []nodeMappingsJSON `json:"mappings"`
+	MappingsError string             `json:"mappings_error,omitempty"`
+}
+
+type nodeMappingsJSON struct {
+	Node  uint32  `json:"node_id"`
+	PIDs  []int32 `json:"pids"`
+	Error string  `json:"error,omitempty"`
+}
+
+// maxListedShards is the most shards one RegionInfo request may ask for
+// (dsmd's MaxListedShards).
+const maxListedShards = 65536
+
+// regionShards asks dsmd for the shards first to end of region name (END
+// excluded; to the last shard when open), at most maxListedShards a
+// request. It returns the first answer (region, epoch, shard count), the
+// shards and the first shard not listed. A dsmd older than paging answers
+// every shard at once without a count; the range is cut from that.
+func (a *app) regionShards(cmd *cobra.Command, cl dsmpb.AdminClient, name string, first, end uint64, open bool) (
+	head *dsmpb.RegionInfoResponse, shards []*dsmpb.Shard, next uint64, err error) {
+	next = first
+	for {
+		want := uint64(maxListedShards)
+		if !open {
+			want = min(want, end-next)
+		}
+		ctx, cancel := a.call(cmd)
+		ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: name, FirstShard: next, MaxShards: uint32(want)})
+		cancel()
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		if head == nil {
+			head = ri
+			if ri.ShardCount == 0 && ri.NextShard == 0 && len(ri.Shards) > 0 { // an older dsmd: every shard
+				head.ShardCount = uint64(len(ri.Shards))
+				if open || end > head.ShardCount {
+					end = head.ShardCount
+				}
+				if first >= end {
+					return nil, nil, 0, usagef("--shards: region %s has %d shards (0:%d)", name, head.ShardCount, head.ShardCount)
+				}
+				return head, ri.Shards[first:end], end, nil
+			}
+			if first >= ri.ShardCount {
+				return nil, nil, 0, usagef("--shards: region %s has %d shards (0:%d)", name, ri.ShardCount, ri.ShardCount)
+			}
+		}
+		shards = append(shards, ri.Shards...)
+		if ri.NextShard <= next { // no progress: do not ask forever
+			return head, shards, next + uint64(len(ri.Shards)), nil
+		}
+		next = ri.NextShard
+		if next >= head.ShardCount || !open && next >= end {
+			return head, shards, next, nil
+		}
+	}
+}
+
+// homes sums placement per node over shards.
+func homes(shards []*dsmpb.Shard) []homeJSON {
+	m := map[uint32]*homeJSON{}
+	get := func(n uint32) *homeJSON {
+		if m[n] == nil {
+			m[n] = &homeJSON{Node: n}
+		}
+		return m[n]
+	}
+	for _, s := range shards {
+		h := get(s.Home)
+		h.Shards++
+		h.Pages += s.PageCount
+		for _, b := range s.Backups {
+			h := get(b)
+			h.BackupShards++
+			h.BackupPages += s.PageCount
+		}
+	}
+	list := []homeJSON{}
+	for _, h := range m {
+		list = append(list, *h)
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Node < list[j].Node })
+	return list
+}
+
+// pidList writes at most 8 pids, then how many more; 0 (unknown) as "?".
+func pidList(pids []int32) string {
+	if len(pids) == 0 {
+		return "-"
+	}
+	var parts []string
+	for i, p := range pids {
+		if i == 8 {
+			parts = append(parts, fmt.Sprintf("+%d more", len(pids)-i))
+			break
+		}
+		if p == 0 {
+			parts = append(parts, "?")
+		} else {
+			parts = append(parts, fmt.Sprint(p))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
 func (a *app) regionInfoCmd() *cobra.Command {
-	return &cobra.Command{
+	var span string
+	c := &cobra.Command{
 		Use:   "info NAME",
-		Short: "Describe a region and its placement: shards per home, and their backups",
+		Short: "Describe a region: placement per home, the processes that map it, and its shards",
+		Long: `info shows a region's spec, its number of shards, how many shards and pages
+each node homes and backs up, the processes that map it on each node, and
+a listing of its shards (pages, home, backups).
+
+A region can have millions of shards (a 16 TiB region in 2 MiB shards has
+8388608), so the listing shows --shards FIRST:END only, END excluded (the
+first 64 by default), and says how many more there are. The per-node sums
+cover every shard of a region of up to 65536 shards; of a larger region
+they cover the listed shards only, and say so.`,
 		Example: "  dsmctl region info feat\n" +
+			"  dsmctl region info feat --shards 64:128     # the next 64 shards\n" +
+			"  dsmctl region info feat --shards 0: --json | jq '.shards | length'   # all of them\n" +
 			"  dsmctl region info feat --json | jq '.homes'",
 		Args: args(1, 1, "NAME"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
+			first, end, open, err := parseSpan("--shards", "shard", span)
+			if err != nil {
+				return err
+			}
 			cl, err := a.admin()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := a.call(cmd)
-			defer cancel()
-			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: argv[0]})
+			head, shards, next, err := a.regionShards(cmd, cl, argv[0], first, end, open)
 			if err != nil {
 				return err
 			}
-			v := struct {
-				Region regionJSON  `json:"region"`
-				Epoch  uint64      `json:"epoch"`
-				Homes  []homeJSON  `json:"homes"`
-				Shards []shardJSON `json:"shards"`
-			}{Region: regionView(ri.GetRegion()), Epoch: ri.Epoch, Homes: []homeJSON{}, Shards: []shardJSON{}}
-			homes := map[uint32]*homeJSON{}
-			get := func(n uint32) *homeJSON {
-				if homes[n] == nil {
-					homes[n] = &homeJSON{Node: n}
-				}
-				return homes[n]
-			}
-			for _, s := range ri.Shards {
+			count := head.ShardCount
+			v := regionInfoJSON{Region: regionView(head.GetRegion()), Epoch: head.Epoch, ShardCount: count,
+				Shards: []shardJSON{}, NextShard: next}
+			for _, s := range shards {
 				v.Shards = append(v.Shards, shardJSON{s.Index, s.FirstPage, s.PageCount, s.Home,
 					append([]uint32{}, s.Backups...)})
-				h := get(s.Home)
-				h.Shards++
-				h.Pages += s.PageCount
-				for _, b := range s.Backups {
-					h := get(b)
-					h.BackupShards++
-					h.BackupPages += s.PageCount
+			}
+			all := shards
+			switch {
+			case first == 0 && next >= count:
+				v.HomesComplete = true
+			case count <= maxListedShards:
+				if _, all, _, err = a.regionShards(cmd, cl, argv[0], 0, count, false); err != nil {
+					return err
+				}
+				v.HomesComplete = true
+			}
+			v.Homes = homes(all)
+			ctx, cancel := a.call(cmd)
+			m, err := cl.Mappings(ctx, &dsmpb.MappingsRequest{Region: argv[0], AllNodes: true})
+			cancel()
+			switch {
+			case status.Code(err) == codes.Unimplemented:
+				v.MappingsError = "this dsmd does not report mappings (older than dsmctl)"
+			case err != nil:
+				v.MappingsError = a.describe(err)
+			default:
+				v.Mappings = []nodeMappingsJSON{}
+				for _, n := range m.Nodes {
+					v.Mappings = append(v.Mappings, nodeMappingsJSON{n.NodeId, append([]int32{}, n.Pids...), n.Error})
 				}
 			}
-			for _, h := range homes {
-				v.Homes = append(v.Homes, *h)
-			}
-			sort.Slice(v.Homes, func(i, j int) bool { return v.Homes[i].Node < v.Homes[j].Node })
 			if a.json {
 				return a.printJSON(v)
 			}
-			w := a.env.Stdout
-			r := v.Region
-			fmt.Fprintf(w, "region %s (%s) · %s · %d pages of %s · %s · epoch %d\n\n",
-				r.Name, ids.RegionID(r.ID), FormatSize(r.Size), r.Pages, FormatSize(uint64(r.PageSize)),
-				r.Durability, v.Epoch)
-			t := newTable("NODE", "HOME SHARDS", "HOME PAGES", "BACKUP SHARDS", "BACKUP PAGES")
-			for _, h := range v.Homes {
-				t.row(node(h.Node), h.Shards, h.Pages, h.BackupShards, h.BackupPages)
-			}
-			if err := t.write(w); err != nil {
-				return err
-			}
-			fmt.Fprintln(w)
-			t = newTable("SHARD", "PAGES", "HOME", "BACKUPS")
-			for _, s := range v.Shards {
-				t.row(s.Index, fmt.Sprintf("%d-%d", s.FirstPage, s.FirstPage+s.PageCount-1), node(s.Home), nodes(s.Backups))
-			}
-			return t.write(w)
+			return a.renderRegionInfo(v, first)
 		},
 	}
+	c.Flags().StringVar(&span, "shards", "0:64", "shards to list, FIRST:END (END excluded; either may be omitted)")
+	return c
+}
+
+func (a *app) renderRegionInfo(v regionInfoJSON, first uint64) error {
+	var w strings.Builder
+	r := v.Region
+	fmt.Fprintf(&w, "region %s (%s) · %s · %d pages of %s · %s · %d shard%s · epoch %d\n\n",
+		r.Name, ids.RegionID(r.ID), FormatSize(r.Size), r.Pages, FormatSize(uint64(r.PageSize)),
+		r.Durability, v.ShardCount, plural(int(min(v.ShardCount, 2))), v.Epoch)
+	if !v.HomesComplete && len(v.Shards) > 0 {
+		fmt.Fprintf(&w, "placement of the listed shards %d-%d only (of %d):\n", first, v.NextShard-1, v.ShardCount)
+	}
+	t := newTable("NODE", "HOME SHARDS", "HOME PAGES", "BACKUP SHARDS", "BACKUP PAGES")
+	for _, h := range v.Homes {
+		t.row(node(h.Node), h.Shards, h.Pages, h.BackupShards, h.BackupPages)
+	}
+	t.write(&w)
+	w.WriteByte('\n')
+	mapped, asked := false, []uint32{}
+	for _, m := range v.Mappings {
+		mapped = mapped || m.Error != "" || len(m.PIDs) > 0
+		asked = append(asked, m.Node)
+	}
+	switch {
+	case v.Mappings == nil:
+		fmt.Fprintf(&w, "mappings: unknown: %s\n", v.MappingsError)
+	case !mapped:
+		fmt.Fprintf(&w, "mapped by no process (asked %s)\n", nodes(asked))
+	default:
+		t = newTable("NODE", "MAPPINGS", "PIDS")
+		for _, m := range v.Mappings {
+			if m.Error != "" {
+				t.row(node(m.Node), "?", userMessage(m.Error))
+				continue
+			}
+			t.row(node(m.Node), len(m.PIDs), pidList(m.PIDs))
+		}
+		t.write(&w)
+	}
+	w.WriteByte('\n')
+	t = newTable("SHARD", "PAGES", "HOME", "BACKUPS")
+	for _, s := range v.Shards {
+		t.row(s.Index, fmt.Sprintf("%d-%d", s.FirstPage, s.FirstPage+s.PageCount-1), node(s.Home), nodes(s.Backups))
+	}
+	t.write(&w)
+	if more := v.ShardCount - min(v.NextShard, v.ShardCount); more > 0 {
+		n := min(uint64(len(v.Shards)), more)
+		fmt.Fprintf(&w, "%d more shard%s: list the next %d with --shards %d:%d, all with --shards %d:\n",
+			more, plural(int(min(more, 2))), n, v.NextShard, v.NextShard+n, v.NextShard)
+	}
+	_, err := io.WriteString(a.env.Stdout, w.String())
+	return err
 }
