@@ -142,16 +142,25 @@ func (r *Region) PageSize() int64 { return r.m.PageSize() }
 // OS thread in the kernel until dsmd has fetched the page; the Go runtime
 // cannot preempt the thread meanwhile, so a garbage collection waits for
 // it too. Use ReadAt and WriteAt (or Prefault first) for bulk or unknown
-// ranges. After the Region is dead (Err is not nil) the contents are
-// undefined; after Close any access crashes the process.
+// ranges.
+//
+// Once the Region is dead (Done is closed: dsmd went away, the region was
+// deleted, or Close) the memory is inaccessible: every access, including
+// one that was waiting for dsmd at that moment, raises SIGSEGV instead of
+// reading zeros or stale data or storing into memory nobody serves. Go
+// crashes the program on such a fault ("unexpected fault address") unless
+// the goroutine has called debug.SetPanicOnFault(true), which turns it into
+// a panic that the goroutine can recover; see the package documentation.
+// After Close the memory is unmapped.
 func (r *Region) Bytes() []byte { return r.m.Bytes() }
 
-// Done is closed when the mapping stops being served: dsmd went away, or
-// Close.
+// Done is closed when the mapping stops being served: dsmd went away, the
+// region was deleted, or Close.
 func (r *Region) Done() <-chan struct{} { return r.m.Done() }
 
 // Err is nil while the mapping is served; after dsmd went away it matches
-// ErrDaemonUnavailable, after Close ErrClosed.
+// ErrDaemonUnavailable, after the region was deleted ErrRegionDeleted (and
+// so ErrUnknownRegion), after Close ErrClosed.
 func (r *Region) Err() error {
 	return mapErr("access", r.name, noOffset, r.m.Err())
 }
@@ -247,13 +256,19 @@ func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new u
 // region's dirty pages held by this machine are written back to their
 // homes (and leave this machine's cache), so the crash of this machine no
 // longer loses them. Homes keep pages in memory: persistence and backup
-// copies for Durable regions are not built yet.
+// copies for Durable regions are not built yet. On a dead Region it fails
+// as Err does (nothing it could sync is this mapping's any more), also
+// when the mapping dies while Sync runs.
 func (r *Region) Sync(ctx context.Context) error {
-	if err := r.m.Err(); errors.Is(err, mapclient.ErrClosed) {
-		return newErr("sync", r.name, noOffset, ErrClosed, nil)
+	const op = "sync"
+	if err := r.m.Err(); err != nil {
+		return mapErr(op, r.name, noOffset, err)
 	}
 	_, err := r.c.rpc.Sync(ctx, &dsmpb.SyncRequest{Region: r.name})
-	return rpcErr("sync", r.name, err)
+	if merr := r.m.Err(); merr != nil {
+		return mapErr(op, r.name, noOffset, merr)
+	}
+	return rpcErr(op, r.name, err)
 }
 
 // Close detaches the mapping from dsmd and unmaps it. Plain accesses

@@ -668,3 +668,22 @@ func TestDurableHelp(t *testing.T) {
 		t.Errorf("region create --help promises persistence:\n%s", r.stdout)
 	}
 }
+
+// TestRaftLeaderOnce checks that raft names the leader once, whether the
+// answering node is the leader or a follower.
+func TestRaftLeaderOnce(t *testing.T) {
+	f, sock := serveFake(t)
+	first := func() string {
+		out := run(t, sock, runOpts{}, "raft").ok(t).stdout
+		return out[:strings.IndexByte(out, '\n')]
+	}
+	if got := first(); got != "n1 is the leader (127.0.0.1:7501) · term 7" {
+		t.Errorf("raft from the leader: %q", got)
+	}
+	f.mu.Lock()
+	f.raftFollower = true
+	f.mu.Unlock()
+	if got := first(); got != "n2 is follower · leader n1 (127.0.0.1:7501) · term 7" {
+		t.Errorf("raft from a follower: %q", got)
+	}
+}

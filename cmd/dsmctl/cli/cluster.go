@@ -257,14 +257,18 @@ func (a *app) raftCmd() *cobra.Command {
 				return a.printJSON(v)
 			}
 			w := a.env.Stdout
-			leader := node(r.LeaderId)
+			addr := ""
 			if r.LeaderAddr != "" {
-				leader += " (" + r.LeaderAddr + ")"
+				addr = " (" + r.LeaderAddr + ")"
 			}
-			if r.LeaderId == 0 {
-				leader = paint(a.color(), "1;31", "none")
+			switch {
+			case r.LeaderId == 0:
+				fmt.Fprintf(w, "%s is %s · leader %s · term %d\n", node(r.NodeId), r.Role, paint(a.color(), "1;31", "none"), r.Term)
+			case r.LeaderId == r.NodeId:
+				fmt.Fprintf(w, "%s is the leader%s · term %d\n", node(r.NodeId), addr, r.Term)
+			default:
+				fmt.Fprintf(w, "%s is %s · leader %s%s · term %d\n", node(r.NodeId), r.Role, node(r.LeaderId), addr, r.Term)
 			}
-			fmt.Fprintf(w, "%s is %s · leader %s · term %d\n", node(r.NodeId), r.Role, leader, r.Term)
 			fmt.Fprintf(w, "last index %d · commit %d · applied %d · configuration index %d · last contact %d ms\n",
 				r.LastIndex, r.CommitIndex, r.AppliedIndex, r.ConfigurationIndex, r.LastContactMs)
 			fmt.Fprintf(w, "voters %s · non-voters %s\n\n", nodes(v.Voters), nodes(v.NonVoters))

@@ -45,6 +45,8 @@ type fakeAdmin struct {
 	// the RPC does; oldRegionInfo answers RegionInfo as a dsmd before
 	// first_shard and max_shards: every shard, no shard_count.
 	noMappings, oldRegionInfo bool
+	// raftFollower answers Raft as n2, a follower, instead of n1, the leader.
+	raftFollower bool
 	// infoReqs are the RegionInfo requests received.
 	infoReqs []*dsmpb.RegionInfoRequest
 	// forced are the DeleteRegion requests with force set, by name.
@@ -109,11 +111,18 @@ func (f *fakeAdmin) Members(context.Context, *dsmpb.MembersRequest) (*dsmpb.Memb
 			RaftAddr: fmt.Sprintf("127.0.0.1:75%02d", i), VerbsAddr: fmt.Sprintf("127.0.0.1:76%02d", i),
 			GrpcAddr: fmt.Sprintf("127.0.0.1:74%02d", i), LastSeenUnixNano: fakeNow - int64(i)*1_500_000_000})
 	}
+	m.Members[2].LastSeenUnixNano = 0 // not reported, as dsmd does today
 	return m, nil
 }
 
 func (f *fakeAdmin) Raft(context.Context, *dsmpb.RaftRequest) (*dsmpb.RaftResponse, error) {
-	return &dsmpb.RaftResponse{NodeId: 1, Role: "leader", LeaderId: 1, LeaderAddr: "127.0.0.1:7501", Term: 7,
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	self, role := uint32(1), "leader"
+	if f.raftFollower {
+		self, role = 2, "follower"
+	}
+	return &dsmpb.RaftResponse{NodeId: self, Role: role, LeaderId: 1, LeaderAddr: "127.0.0.1:7501", Term: 7,
 		LastIndex: 120, CommitIndex: 120, AppliedIndex: 119, ConfigurationIndex: 5,
 		Configuration: []*dsmpb.RaftServer{
 			{NodeId: 1, Addr: "127.0.0.1:7501", Suffrage: dsmpb.RaftServer_SUFFRAGE_VOTER},

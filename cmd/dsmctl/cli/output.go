@@ -169,10 +169,12 @@ func rate(v float64) string {
 	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
-// age writes how long ago t was, coarsely.
+// age writes how long ago t was, coarsely; "-" for a time of zero, which
+// is not reported (dsmd does not fill Member.last_seen_unix_nano yet), not
+// a member never seen.
 func age(now time.Time, unixNano int64) string {
 	if unixNano == 0 {
-		return "never"
+		return "-"
 	}
 	d := now.Sub(time.Unix(0, unixNano))
 	switch {

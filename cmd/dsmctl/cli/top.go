@@ -175,8 +175,7 @@ func (a *app) renderTop(f topFrameJSON) error {
 			continue
 		}
 		t.row(node(n.Node), rate(n.FaultsPerS), rate(n.MissesPerS), rate(n.InvalSentPerS), rate(n.InvalRecvPerS),
-			strings.ReplaceAll(FormatSize(uint64(n.BytesInPerS)), " ", ""),
-			strings.ReplaceAll(FormatSize(uint64(n.BytesOutPerS)), " ", ""),
+			FormatSize(uint64(n.BytesInPerS)), FormatSize(uint64(n.BytesOutPerS)),
 			latency(n.MissP50NS), latency(n.MissP99NS), latency(n.MissP999NS),
 			FormatSize(n.CacheBytes)+" / "+FormatSize(n.CacheCapacity), n.DirtyPages)
 	}
