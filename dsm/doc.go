@@ -53,8 +53,8 @@
 // shared-memory atomics on the same physical page. A Load reads a copy that
 // is valid at that instant (Shared or Modified), which is the latest value.
 // The operation checks that the mapping is still served before and after;
-// if dsmd went away it fails with ErrDaemonUnavailable rather than return a
-// value read from a page nobody serves.
+// if it died meanwhile (see Failures) the operation fails with its error
+// rather than return a value read from a page nobody serves.
 //
 // # Mutex
 //
@@ -70,11 +70,39 @@
 // Every error is an *Error that says the operation, region and offset,
 // and matches one of the Err sentinels (or context.Canceled or
 // context.DeadlineExceeded) with errors.Is; ReadAt's io.EOF is the bare
-// io.EOF of io.ReaderAt. When dsmd goes away, a
-// mapped Region dies: Done is closed, Err, ReadAt, WriteAt and the atomics
-// fail with ErrDaemonUnavailable, and plain accesses through Bytes() read
-// undefined data; Map the region again (with this Client or a new one) once
-// dsmd is back. Sync is the durability point: writes not yet synced are
-// lost when the machine holding them dies, as unsynced writes to a file
-// are.
+// io.EOF of io.ReaderAt. Sync is the durability point: writes not yet
+// synced are lost when the machine holding them dies, as unsynced writes
+// to a file are.
+//
+// A mapped Region dies when its dsmd goes away (Err matches
+// ErrDaemonUnavailable) or when its region is deleted (DeleteRegion with
+// Force, through any node; Err matches ErrRegionDeleted, and so
+// ErrUnknownRegion): Done is closed, and Err, ReadAt, WriteAt, Prefault,
+// the atomics and Sync fail with that error. A dead Region never hands out
+// wrong data: its memory becomes inaccessible, so every plain access
+// through Bytes(), including one that was waiting for dsmd at that moment,
+// raises SIGSEGV instead of reading zeros, stale or deleted data, or
+// storing into memory nobody serves. Accesses between dsmd's death and the
+// library seeing it (the end of its session socket) still see the pages
+// this machine held, as they were.
+//
+// Go crashes the program on such a fault ("unexpected fault address")
+// unless the faulting goroutine has called debug.SetPanicOnFault(true):
+// then the fault is a run-time error panic (its Addr method says where)
+// that the goroutine can recover. By then Err already says why:
+//
+//	func load(r *dsm.Region, off int) (v byte, err error) {
+//		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+//		defer func() {
+//			if p := recover(); p != nil {
+//				err = fmt.Errorf("%v: %w", p, r.Err())
+//			}
+//		}()
+//		return r.Bytes()[off], nil
+//	}
+//
+// Close a dead Region as a live one; Map the region again (with this
+// Client or a new one) once dsmd is back, or once a region of that name
+// exists again (a region created under a deleted one's name is a new,
+// empty region).
 package dsm

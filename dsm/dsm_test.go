@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 
@@ -475,6 +479,16 @@ func TestDaemonRestart(t *testing.T) {
 	if _, err := r.AddUint64(ctx, 0, 5); err != nil {
 		t.Fatal(err)
 	}
+	// Page 1 is in the node's cache (the memfd) through another mapping,
+	// but not mapped in r; pages 2 and 3 were never held.
+	other, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.WriteAt([]byte("cached"), 4096); err != nil {
+		t.Fatal(err)
+	}
 
 	// The same addresses, so that the restarted node finds its Raft peer
 	// (itself) where its log says.
@@ -490,6 +504,22 @@ func TestDaemonRestart(t *testing.T) {
 	}
 	if err := r.Err(); !errors.Is(err, ErrDaemonUnavailable) {
 		t.Fatalf("Err after dsmd died: %v", err)
+	}
+	// Plain accesses fault instead of reading or writing memory nobody
+	// serves any more.
+	for _, a := range []struct {
+		what  string
+		off   int
+		store bool
+	}{
+		{"load of a page held before", 8, false},
+		{"load of a page cached on the node, not mapped here", 4096 + 1, false},
+		{"load of a page never held", 2*4096 + 2, false},
+		{"store to a page never held", 3*4096 + 3, true},
+	} {
+		if faulted, v := touch(t, r.Bytes(), a.off, a.store); !faulted {
+			t.Errorf("%s after dsmd died: no fault (read %#x)", a.what, v)
+		}
 	}
 	if _, err := r.LoadUint64(ctx, 0); !errors.Is(err, ErrDaemonUnavailable) {
 		t.Fatalf("Load after dsmd died: %v", err)
@@ -555,6 +585,53 @@ func TestDaemonRestart(t *testing.T) {
 	if _, err := rr.ReadAt(got, 0); err != nil || !bytes.Equal(got, []byte("back")) {
 		t.Fatalf("ReadAt = %q %v", got, err)
 	}
+}
+
+// touch loads b[off] (stores to it if store) on a goroutine that turns
+// memory faults into panics (debug.SetPanicOnFault), and reports whether
+// the access faulted at that address, or else the byte it read. An access
+// that never returns fails t after hang (its thread stays blocked).
+func touch(t *testing.T, b []byte, off int, store bool) (faulted bool, v byte) {
+	t.Helper()
+	type result struct {
+		faulted bool
+		v       byte
+		err     error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			p := recover()
+			if p == nil {
+				return
+			}
+			want := uintptr(unsafe.Pointer(&b[off]))
+			if f, ok := p.(interface{ Addr() uintptr }); ok && f.Addr()&^4095 == want&^4095 {
+				res <- result{faulted: true}
+				return
+			}
+			res <- result{err: fmt.Errorf("panic at %#x: %v", want, p)}
+		}()
+		if store {
+			b[off] = 0xa5
+			res <- result{}
+			return
+		}
+		res <- result{v: b[off]}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		return r.faulted, r.v
+	case <-time.After(hang):
+		t.Fatalf("an access at offset %d did not return", off)
+	}
+	return false, 0
 }
 
 // Closing a Region while atomics run on it makes them fail with ErrClosed

@@ -19,6 +19,13 @@ import (
 var (
 	// ErrUnknownRegion: no region of that name exists.
 	ErrUnknownRegion = errors.New("dsm: unknown region")
+	// ErrRegionDeleted: the region of a mapped Region was deleted
+	// (DeleteRegion with Force, through any node). The Region is dead:
+	// Done is closed, Err, ReadAt, WriteAt, the atomics and Sync fail with
+	// it, and plain accesses through Bytes() fault. It also matches
+	// ErrUnknownRegion. A region created again under the same name is a
+	// new, empty region: Map it anew.
+	ErrRegionDeleted error = &narrowError{"dsm: region deleted", ErrUnknownRegion}
 	// ErrExists: CreateRegion with a name that is taken by a region of
 	// another size, page size or durability. Creating a region that exists
 	// with the same spec succeeds.
@@ -42,7 +49,7 @@ var (
 	// that is not a power of two, ...). Retrying cannot help.
 	ErrInvalidArgument = errors.New("dsm: invalid argument")
 	// ErrInUse: the request is well formed but the state forbids it, such
-	// as deleting a region that processes still map.
+	// as deleting a region that processes still map without Force.
 	ErrInUse = errors.New("dsm: in use")
 	// ErrNotLocked: Unlock of a Mutex that is not locked.
 	ErrNotLocked = errors.New("dsm: mutex not locked")
@@ -50,6 +57,16 @@ var (
 	// partial build).
 	ErrUnsupported = errors.New("dsm: not supported by this dsmd")
 )
+
+// narrowError is a sentinel that is a special case of a broader one: it
+// matches that one too with errors.Is.
+type narrowError struct {
+	text  string
+	broad error
+}
+
+func (e *narrowError) Error() string { return e.text }
+func (e *narrowError) Unwrap() error { return e.broad }
 
 // noOffset is Error.Offset when the operation has none.
 const noOffset = -1
@@ -153,6 +170,7 @@ func mapErr(op, region string, off int64, err error) error {
 		{mapclient.ErrDaemonGone, ErrDaemonUnavailable},
 		{mapclient.ErrUnavailable, ErrDaemonUnavailable},
 		{mapclient.ErrClosed, ErrClosed},
+		{mapclient.ErrRegionDeleted, ErrRegionDeleted},
 		{mapclient.ErrUnknownRegion, ErrUnknownRegion},
 		{mapclient.ErrOutOfRange, ErrOutOfRange},
 	} {
