@@ -202,9 +202,10 @@ func (c *Client) isClosed() bool {
 }
 
 // CreateRegion creates a region of size bytes in the cluster (a multiple
-// of the page size). Creating a region that already exists with the same
-// spec succeeds; with another spec it fails with ErrExists. A bad name,
-// size or option is ErrInvalidArgument.
+// of the page size). It is idempotent: creating a region that already
+// exists with the same spec succeeds and leaves that region and its data
+// as they are (it does not say which happened); with another spec it
+// fails with ErrExists. A bad name, size or option is ErrInvalidArgument.
 func (c *Client) CreateRegion(ctx context.Context, name string, size int64, opts ...RegionOption) error {
 	const op = "create region"
 	if c.isClosed() {
@@ -244,14 +245,35 @@ func (c *Client) Regions(ctx context.Context) ([]RegionInfo, error) {
 	return infos, nil
 }
 
+// DeleteOption is an option of DeleteRegion.
+type DeleteOption func(*deleteSpec)
+
+type deleteSpec struct {
+	force bool
+}
+
+// Force makes DeleteRegion delete a region even while processes map it
+// (on any node, this one included): their mappings die with
+// ErrRegionDeleted, and plain accesses through their Bytes() fault.
+func Force() DeleteOption {
+	return func(s *deleteSpec) { s.force = true }
+}
+
 // DeleteRegion removes a region and frees its pages everywhere. An unknown
-// name is ErrUnknownRegion; a region that processes still map is ErrInUse.
-func (c *Client) DeleteRegion(ctx context.Context, name string) error {
+// name is ErrUnknownRegion. While processes map the region it fails with
+// ErrInUse, unless Force is given. A region created again under the same
+// name is a new, empty region with a new id.
+func (c *Client) DeleteRegion(ctx context.Context, name string, opts ...DeleteOption) error {
+	const op = "delete region"
 	if c.isClosed() {
-		return newErr("delete region", name, noOffset, ErrClosed, nil)
+		return newErr(op, name, noOffset, ErrClosed, nil)
 	}
-	_, err := c.rpc.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: name})
-	return rpcErr("delete region", name, err)
+	var spec deleteSpec
+	for _, o := range opts {
+		o(&spec)
+	}
+	_, err := c.rpc.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: name, Force: spec.force})
+	return rpcErr(op, name, err)
 }
 
 // Close closes every Region mapped through this Client (see Region.Close)

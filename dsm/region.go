@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/mapclient"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
@@ -63,7 +64,10 @@ func (c *Client) mapClient(ctx context.Context) (*mapclient.Client, error) {
 // with dsmd. An unknown name is ErrUnknownRegion; a dsmd without a page
 // cache gives ErrNoMappings; a dsmd that cannot be reached gives
 // ErrDaemonUnavailable. Every Map of a region on one machine shares the
-// same physical pages, in this process and in others.
+// same physical pages, in this process and in others. The mapping is
+// always of the region the directory names now: right after a region was
+// deleted and created again under the same name, Map waits (within ctx)
+// until this dsmd serves the new one.
 func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
 	const op = "map"
 	if c.isClosed() {
@@ -77,35 +81,49 @@ func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
 	if err != nil {
 		return nil, newErr(op, name, noOffset, ErrDaemonUnavailable, fmt.Errorf("mapping socket %s: %w", c.mapSocket, err))
 	}
-	// The directory is the authority on which regions exist; the page
-	// cache may lag behind it either way.
-	if _, err := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name}); err != nil {
+	// The directory is the authority on which regions exist and on their
+	// ids; the page cache may lag behind it either way.
+	info, err := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name})
+	if err != nil {
 		return nil, rpcErr(op, name, err)
 	}
+	want := ids.RegionID(info.GetRegion().GetId())
 	start := time.Now()
 	wait := 5 * time.Millisecond
 	var m *mapclient.Mapping
 	for {
 		m, err = mc.Map(ctx, name)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, mapclient.ErrUnknownRegion) {
+		switch {
+		case err == nil && (want == 0 || m.Region() == want):
+		case err == nil:
+			// The page cache serves another region under this name: one
+			// deleted since (its pages are not this region's) or created
+			// again after the directory answered. Never hand it out.
+			err = fmt.Errorf("this dsmd maps %q as %s, the directory has %s", name, m.Region(), want)
+			m.Close()
+		case errors.Is(err, mapclient.ErrUnknownRegion):
+		default:
 			if cerr := ctx.Err(); cerr != nil {
 				return nil, newErr(op, name, noOffset, cerr, err)
 			}
 			return nil, mapErr(op, name, noOffset, err)
 		}
-		// The page cache does not know the region: ask the directory
-		// whether it exists at all.
-		if _, gerr := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name}); gerr != nil {
+		if err == nil {
+			break
+		}
+		// The page cache does not know the region, or not as the
+		// directory does: ask the directory again whether and as what it
+		// exists.
+		info, gerr := c.rpc.GetRegion(ctx, &dsmpb.GetRegionRequest{Name: name})
+		if gerr != nil {
 			if status.Code(gerr) == codes.NotFound {
 				return nil, newErr(op, name, noOffset, ErrUnknownRegion, gerr)
 			}
 			return nil, rpcErr(op, name, gerr)
 		}
+		want = ids.RegionID(info.GetRegion().GetId())
 		if time.Since(start) > mapLag {
-			return nil, mapErr(op, name, noOffset, fmt.Errorf("the directory has the region but the page cache still has not after %v: %w", mapLag, err))
+			return nil, mapErr(op, name, noOffset, fmt.Errorf("the directory has the region (%s) but the page cache still does not serve it after %v: %w", want, mapLag, err))
 		}
 		t := time.NewTimer(wait)
 		select {
