@@ -301,6 +301,9 @@ progress bar goes to stderr when it is a terminal.`,
 	}
 	f := c.Flags()
 	f.StringVar(&region, "region", "dsmctl-bench", "region to run in (created and deleted if missing)")
+	c.RegisterFlagCompletionFunc("region", func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		return a.completeRegion(cmd, nil, toComplete)
+	})
 	f.StringVar(&size, "size", "64MiB", "size of the region when bench creates it")
 	f.StringVar(&pageSize, "page-size", "4KiB", "page size of the region when bench creates it")
 	f.StringVar(&access, "access-size", "64B", "bytes per access (divides the page size)")

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -282,6 +283,35 @@ func (a *app) close() {
 		a.conn.Close()
 		a.conn = nil
 	}
+}
+
+// completeRegion completes the first argument of a command that takes a
+// region name, from the regions dsmd lists; on any error it offers nothing
+// and says nothing (a shell completion must not print errors), within a
+// short deadline.
+func (a *app) completeRegion(cmd *cobra.Command, argv []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	none := cobra.ShellCompDirectiveNoFileComp
+	if len(argv) > 0 {
+		return nil, none
+	}
+	cl, err := a.admin()
+	if err != nil {
+		return nil, none
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), min(a.timeout, 2*time.Second))
+	defer cancel()
+	rs, err := cl.Regions(ctx, &dsmpb.RegionsRequest{})
+	if err != nil {
+		return nil, none
+	}
+	var names []string
+	for _, r := range rs.Regions {
+		if strings.HasPrefix(r.GetName(), toComplete) {
+			names = append(names, r.GetName())
+		}
+	}
+	sort.Strings(names)
+	return names, none
 }
 
 // call is the context of one request: the command's, bounded by --timeout.

@@ -687,3 +687,34 @@ func TestRaftLeaderOnce(t *testing.T) {
 		t.Errorf("raft from a follower: %q", got)
 	}
 }
+
+// TestCompleteRegions checks that the shell completion of a command taking
+// a region offers the regions dsmd lists, and nothing when dsmd is away.
+func TestCompleteRegions(t *testing.T) {
+	_, sock := serveFake(t)
+	env := runOpts{env: map[string]string{AddrEnv: sock}}
+	for _, c := range [][]string{
+		{"__complete", "region", "info", ""},
+		{"__complete", "region", "rm", ""},
+		{"__complete", "pages", ""},
+		{"__complete", "get", ""},
+		{"__complete", "put", ""},
+		{"__complete", "bench", "--region", ""},
+		{"__complete", "--addr", sock, "pages", ""},
+	} {
+		r := run(t, "", env, c...).ok(t)
+		if r.stdout != "feat\nsmall\n:4\n" {
+			t.Errorf("%v: completions %q", c, r.stdout)
+		}
+	}
+	if r := run(t, "", env, "__complete", "pages", "sm").ok(t); r.stdout != "small\n:4\n" {
+		t.Errorf("pages sm: completions %q", r.stdout)
+	}
+	if r := run(t, "", env, "__complete", "get", "small", "").ok(t); r.stdout != ":4\n" {
+		t.Errorf("get small: completions %q, want none", r.stdout)
+	}
+	gone := runOpts{env: map[string]string{AddrEnv: sock + ".gone"}}
+	if r := run(t, "", gone, "__complete", "pages", "").ok(t); r.stdout != ":4\n" {
+		t.Errorf("completion without dsmd: %q", r.stdout)
+	}
+}

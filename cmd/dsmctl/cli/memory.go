@@ -29,8 +29,9 @@ func (a *app) getCmd() *cobra.Command {
 come through the coherence protocol, so the bytes are the latest written
 anywhere in the cluster. OFF and LEN take units (4KiB) or hex (0x1000);
 at most 64 MiB. Repeated lines of the dump are folded into one "*".`,
-		Example: "  dsmctl get feat 0 64\n  dsmctl get feat 0x1000 4KiB\n  dsmctl get feat 0 1MiB --raw > page.bin",
-		Args:    args(3, 3, "REGION, OFF and LEN"),
+		Example:           "  dsmctl get feat 0 64\n  dsmctl get feat 0x1000 4KiB\n  dsmctl get feat 0 1MiB --raw > page.bin",
+		Args:              args(3, 3, "REGION, OFF and LEN"),
+		ValidArgsFunction: a.completeRegion,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			off, err := ParseSize(argv[1])
 			if err != nil {
@@ -136,10 +137,12 @@ func (a *app) putCmd() *cobra.Command {
 		Long: `put writes DATA at OFF as a store on the answering node would: after it
 returns, a read anywhere in the cluster sees the bytes. DATA is taken as
 text, or as hex with --hex; "-" reads the bytes from stdin. OFF takes units
-or hex (0x1000). With --sync the written range is also synced (for a
-durable region: persisted and copied to a backup) before put returns.`,
-		Example: "  dsmctl put feat 0 hello\n  dsmctl put feat 0x1000 deadbeef --hex\n  dsmctl put feat 4KiB - < page.bin",
-		Args:    args(3, 3, "REGION, OFF and DATA (or - for stdin)"),
+or hex (0x1000). With --sync the written range is also synced before put
+returns: written back to its homes' memory (this build persists nothing
+to disk, durable regions included).`,
+		Example:           "  dsmctl put feat 0 hello\n  dsmctl put feat 0x1000 deadbeef --hex\n  dsmctl put feat 4KiB - < page.bin",
+		Args:              args(3, 3, "REGION, OFF and DATA (or - for stdin)"),
+		ValidArgsFunction: a.completeRegion,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			off, err := ParseSize(argv[1])
 			if err != nil {
@@ -205,6 +208,6 @@ durable region: persisted and copied to a backup) before put returns.`,
 		},
 	}
 	c.Flags().BoolVar(&hexData, "hex", false, "DATA (or stdin) is hex, like deadbeef")
-	c.Flags().BoolVar(&sync, "sync", false, "sync the written range before returning")
+	c.Flags().BoolVar(&sync, "sync", false, "sync the written range (back to its homes' memory) before returning")
 	return c
 }

@@ -103,7 +103,8 @@ asks for this node's copies only.`,
   dsmctl pages feat --range 0:256
   dsmctl pages feat --range 4096: --max-cells 2048 --width 128
   dsmctl pages feat --json | jq '[.cells[] | select(.modified > 0)] | length'`,
-		Args: args(1, 1, "REGION"),
+		Args:              args(1, 1, "REGION"),
+		ValidArgsFunction: a.completeRegion,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			if width < 1 || maxCells < 1 || maxCells > maxCellsLimit {
 				return usagef("--width must be positive and --max-cells from 1 to %d", maxCellsLimit)

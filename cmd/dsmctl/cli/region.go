@@ -180,8 +180,9 @@ name is a new, empty region with a new id.
 While processes on any alive member map the region, dsmd refuses and says
 who maps it. --force deletes it anyway: those mappings are cut off, and
 their next access fails (the dsm library reports an unknown region).`,
-		Example: "  dsmctl region rm feat\n  dsmctl region rm feat --force   # even while processes map it",
-		Args:    args(1, 1, "NAME"),
+		Example:           "  dsmctl region rm feat\n  dsmctl region rm feat --force   # even while processes map it",
+		Args:              args(1, 1, "NAME"),
+		ValidArgsFunction: a.completeRegion,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			cl, err := a.admin()
 			if err != nil {
@@ -382,7 +383,8 @@ they cover the listed shards only, and say so.`,
 			"  dsmctl region info feat --shards 64:128     # the next 64 shards\n" +
 			"  dsmctl region info feat --shards 0: --json | jq '.shards | length'   # all of them\n" +
 			"  dsmctl region info feat --json | jq '.homes'",
-		Args: args(1, 1, "NAME"),
+		Args:              args(1, 1, "NAME"),
+		ValidArgsFunction: a.completeRegion,
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			first, end, open, err := parseSpan("--shards", "shard", span)
 			if err != nil {
