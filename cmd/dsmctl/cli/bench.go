@@ -181,8 +181,12 @@ func (a *app) benchCmd() *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "bench",
-		Short: "Run the DSM microbenchmarks (read ratio x sharing x locality x skew) and print a table",
-		Long: `bench runs the microbenchmark grid of DSM systems from this client:
+		Short: "Run one microbenchmark workload against the cluster and print its latencies",
+		Long: `bench runs one workload of the DSM microbenchmark grid (read ratio x sharing
+x locality x skew) from this client and prints its latency percentiles and
+throughput: one point of the grid per run, set by the flags below; sweep
+the grid with a loop over runs (see the examples).
+
 --threads workers issue --ops accesses of --access-size bytes in all. The
 region's first half is shared by every worker, the second half is split into
 one private area per worker.
@@ -193,7 +197,8 @@ one private area per worker.
   --skew           0 uniform; in (0,1) Zipfian over the pages of an area (0.99 = YCSB)
 
 The region --region is used if it exists; otherwise it is created with
---size and --page-size and deleted afterwards (unless --keep). Each access
+--size and --page-size and deleted afterwards (unless --keep), even while
+processes map it (their mappings are cut off). Each access
 is one ReadMemory or WriteMemory request: the threads are spread round-robin
 over the alive members (thread i on the i-th member), so the shared area is
 shared across nodes and the coherence protocol moves pages between them;
@@ -202,7 +207,9 @@ as the admin path sees it (one RPC per access), not mapped memory. A
 progress bar goes to stderr when it is a terminal.`,
 		Example: `  dsmctl bench
   dsmctl bench --read-ratio 0.5 --sharing-ratio 1 --threads 8 --ops 100000
-  dsmctl bench --skew 0.99 --locality 0 --json > run.json`,
+  dsmctl bench --skew 0.99 --locality 0 --json > run.json
+  for r in 0.5 0.9 1; do for s in 0 0.5 1; do   # a 3 x 3 slice of the grid
+    dsmctl bench --read-ratio $r --sharing-ratio $s --json; done; done > grid.jsonl`,
 		Args: args(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -218,7 +225,7 @@ progress bar goes to stderr when it is a terminal.`,
 				return err
 			}
 			ctx, cancel := a.call(cmd)
-			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: region})
+			ri, err := cl.RegionInfo(ctx, &dsmpb.RegionInfoRequest{Name: region, MaxShards: 1})
 			cancel()
 			created := false
 			switch status.Code(err) {
@@ -239,7 +246,9 @@ progress bar goes to stderr when it is a terminal.`,
 				if err != nil {
 					return err
 				}
-				ri, created = &dsmpb.RegionInfoResponse{Region: cr.Region}, true
+				// Existed: made with the same spec since RegionInfo by
+				// someone else, whose region it is to keep.
+				ri, created = &dsmpb.RegionInfoResponse{Region: cr.Region}, !cr.Existed
 			default:
 				return err
 			}
@@ -247,7 +256,7 @@ progress bar goes to stderr when it is a terminal.`,
 				defer func() {
 					ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), a.timeout)
 					defer cancel()
-					if _, err := cl.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: region}); err != nil {
+					if _, err := cl.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: region, Force: true}); err != nil {
 						fmt.Fprintf(a.env.Stderr, "dsmctl: bench region %s not deleted: %s\n", region, a.describe(err))
 					}
 				}()

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
 
 func TestBenchAgainstFake(t *testing.T) {
@@ -13,7 +15,7 @@ func TestBenchAgainstFake(t *testing.T) {
 		"--skew", "0.9", "--progress", "always", "--here", "--json").ok(t)
 	decode(t, r.stdout, &v)
 	f.mu.Lock()
-	reads, writes, deleted := f.reads, f.writes, slices.Clone(f.deleted)
+	reads, writes, deleted, forced := f.reads, f.writes, slices.Clone(f.deleted), slices.Clone(f.forced)
 	_, left := f.regions["dsmctl-bench"]
 	f.mu.Unlock()
 	if v.Ops != 400 || v.Read.Count+v.Write.Count != 400 || v.All.Count != 400 {
@@ -28,8 +30,8 @@ func TestBenchAgainstFake(t *testing.T) {
 	if v.Workload.Region != "dsmctl-bench" || v.Workload.RegionSize != 64<<20 || v.Workload.Skew != 0.9 || v.Target != "admin on the answering node" {
 		t.Errorf("workload: %+v", v.Workload)
 	}
-	if left || !slices.Equal(deleted, []string{"dsmctl-bench"}) {
-		t.Errorf("the region bench created was not deleted (deleted %v)", deleted)
+	if left || !slices.Equal(deleted, []string{"dsmctl-bench"}) || !slices.Equal(forced, deleted) {
+		t.Errorf("the region bench created was not deleted with force (deleted %v, forced %v)", deleted, forced)
 	}
 	if !strings.Contains(r.stderr, "100% 400/400 ops") {
 		t.Errorf("no final progress bar on stderr: %q", r.stderr)
@@ -50,6 +52,20 @@ func TestBenchAgainstFake(t *testing.T) {
 	f.mu.Unlock()
 	if !kept {
 		t.Error("bench deleted a region it did not create")
+	}
+
+	// A region created by someone else between bench's look and its create
+	// (CreateRegion answers existed) is theirs: used, and kept.
+	f.mu.Lock()
+	f.addRegion("race", 64<<20, 4096, dsmpb.Durability_DURABILITY_MEMORY)
+	f.hidden = "race"
+	f.mu.Unlock()
+	run(t, sock, runOpts{}, "bench", "--region", "race", "--ops", "100", "--here").ok(t)
+	f.mu.Lock()
+	_, kept = f.regions["race"]
+	f.mu.Unlock()
+	if !kept {
+		t.Error("bench deleted a region that existed when it created it")
 	}
 
 	// A workload the region cannot hold is a usage error.

@@ -16,7 +16,7 @@
 //	pages REGION             the MSI state of pages as a grid of letters (and colors)
 //	top                      per-node rates, refreshed every second
 //	get, put                 region memory through the coherence protocol
-//	bench                    the DSM microbenchmark grid, run from this client
+//	bench                    one workload of the DSM microbenchmark grid, run from this client
 //	completion               bash, zsh, fish and powershell completion scripts
 //
 // # Output

@@ -45,6 +45,9 @@ type fakeAdmin struct {
 	// the RPC does; oldRegionInfo answers RegionInfo as a dsmd before
 	// first_shard and max_shards: every shard, no shard_count.
 	noMappings, oldRegionInfo bool
+	// hidden is a region that RegionInfo does not find, as if it was
+	// created between a RegionInfo and a CreateRegion.
+	hidden string
 	// raftFollower answers Raft as n2, a follower, instead of n1, the leader.
 	raftFollower bool
 	// infoReqs are the RegionInfo requests received.
@@ -160,6 +163,9 @@ func (f *fakeAdmin) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest
 	r, err := f.region(req.Name)
 	if err != nil {
 		return nil, err
+	}
+	if req.Name == f.hidden {
+		return nil, status.Errorf(codes.NotFound, "region %q not found", req.Name)
 	}
 	count := uint64(r.Shards)
 	first, limit := req.FirstShard, uint64(req.MaxShards)
