@@ -301,15 +301,24 @@ func (d *Directory) Subscribe() (<-chan Change, func()) {
 // on bad input. It retries through leader changes until ctx ends, and
 // returns once the region is in the local replica.
 func (d *Directory) CreateRegion(ctx context.Context, spec RegionSpec) (Region, error) {
-	spec, err := spec.Normalize()
+	r, _, err := d.EnsureRegion(ctx, spec)
+	return r, err
+}
+
+// EnsureRegion is CreateRegion that also reports whether this call created
+// the region (false: it existed with the same spec). Beyond the spec's own
+// limits, a region is refused with ErrNoSpace when the regions' sizes would
+// add up to more than MaxTotalSize.
+func (d *Directory) EnsureRegion(ctx context.Context, spec RegionSpec) (r Region, created bool, err error) {
+	spec, err = spec.Normalize()
 	if err != nil {
-		return Region{}, err
+		return Region{}, false, err
 	}
 	res, err := d.apply(ctx, encodeCommand(createRegionCmd(spec, d.cfg.Now())))
 	if err != nil {
-		return Region{}, err
+		return Region{}, false, err
 	}
-	return res.Region, res.Err
+	return res.Region, res.Created, res.Err
 }
 
 // DeleteRegion deletes a region by name; deleting a missing region succeeds.
@@ -458,7 +467,7 @@ func (d *Directory) apply(ctx context.Context, cmd []byte) (applyResult, error) 
 		if err != nil {
 			return retryable(err), err
 		}
-		res = applyResult{Index: resp.Index, Epoch: resp.Epoch, Err: fromWire(resp.Err)}
+		res = applyResult{Index: resp.Index, Epoch: resp.Epoch, Created: resp.Created, Err: fromWire(resp.Err)}
 		if resp.Region != nil {
 			res.Region = *resp.Region
 		}
@@ -535,7 +544,7 @@ func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
 		if err != nil {
 			return rpcResponse{Err: toWire(err)}
 		}
-		resp := rpcResponse{Index: res.Index, Epoch: res.Epoch, Err: toWire(res.Err)}
+		resp := rpcResponse{Index: res.Index, Epoch: res.Epoch, Created: res.Created, Err: toWire(res.Err)}
 		if res.Region.ID != 0 {
 			r := res.Region
 			resp.Region = &r

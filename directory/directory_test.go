@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -34,9 +35,25 @@ func TestSingleNode(t *testing.T) {
 	if r.ID == 0 || r.PageSize != directory.DefaultPageSize || r.Backups != directory.DefaultBackups || r.Durability != directory.DurabilitySynced {
 		t.Fatalf("defaults not applied: %+v", r)
 	}
-	again, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 40, PageSize: 4096})
-	if err != nil || again.ID != r.ID {
-		t.Fatalf("idempotent create: %+v, %v; first %+v", again, err, r)
+	again, created, err := d.EnsureRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 40, PageSize: 4096})
+	if err != nil || again.ID != r.ID || created {
+		t.Fatalf("idempotent create: %+v, created %v, %v; first %+v", again, created, err, r)
+	}
+	// The largest region is accepted; one byte-page more is not, and
+	// neither is a region that would take the regions past MaxTotalSize.
+	maxr, created, err := d.EnsureRegion(ctx, directory.RegionSpec{Name: "max", Size: directory.MaxRegionSize})
+	if err != nil || !created {
+		t.Fatalf("create the largest region: %+v created %v: %v", maxr, created, err)
+	}
+	if _, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "over", Size: directory.MaxRegionSize + 4096}); !errors.Is(err, directory.ErrInvalidRegion) ||
+		!strings.Contains(err.Error(), "larger than the largest region, 16 TiB") {
+		t.Fatalf("create past the largest size: %v", err)
+	}
+	if _, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "max2", Size: directory.MaxRegionSize}); !errors.Is(err, directory.ErrNoSpace) {
+		t.Fatalf("regions past the total: %v, want ErrNoSpace", err)
+	}
+	if err := d.DeleteRegion(ctx, "max"); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := d.CreateRegion(ctx, directory.RegionSpec{Name: "big", Size: 1 << 39}); !errors.Is(err, directory.ErrRegionExists) {
 		t.Fatalf("create with another size: %v, want ErrRegionExists", err)

@@ -19,8 +19,10 @@ import (
 type applyResult struct {
 	Index  uint64
 	Epoch  ids.Epoch
-	Region Region // cmdCreateRegion
-	Err    error
+	Region Region // cmdCreateRegion, cmdDeleteRegion
+	// Created: cmdCreateRegion made the region (it did not exist).
+	Created bool
+	Err     error
 
 	changed bool // the command changed the table (not only the index)
 }
@@ -94,12 +96,16 @@ func applyCommand(v *View, c command) (*View, applyResult) {
 		if v.nextRegion == 0 {
 			return &next, applyResult{Err: ErrTooManyRegions}
 		}
+		if total := v.TotalSize(); total+spec.Size > MaxTotalSize {
+			return &next, applyResult{Err: fmt.Errorf("%w: %q needs %s, and the %d regions take %s of the %s every member maps",
+				ErrNoSpace, spec.Name, sizeString(spec.Size), len(v.regions), sizeString(total), sizeString(MaxTotalSize))}
+		}
 		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive)}
 		next.nextRegion++ // wraps to 0 after the last id: exhausted
 		rs := slices.Clone(v.regions)
 		i, _ := slices.BinarySearchFunc(rs, r.Name, func(r Region, n string) int { return cmpStr(r.Name, n) })
 		next.setRegions(slices.Insert(rs, i, r))
-		return &next, applyResult{Region: r, changed: true}
+		return &next, applyResult{Region: r, Created: true, changed: true}
 	case cmdDeleteRegion:
 		i, ok := slices.BinarySearchFunc(v.regions, c.Name, func(r Region, n string) int { return cmpStr(r.Name, n) })
 		if !ok {

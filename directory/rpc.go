@@ -38,11 +38,13 @@ type rpcRequest struct {
 }
 
 type rpcResponse struct {
-	Index  uint64         `json:"index,omitempty"`
-	Epoch  ids.Epoch      `json:"epoch,omitempty"`
-	Region *Region        `json:"region,omitempty"`
-	Status *snapshotState `json:"status,omitempty"`
-	Err    *wireError     `json:"err,omitempty"`
+	Index  uint64    `json:"index,omitempty"`
+	Epoch  ids.Epoch `json:"epoch,omitempty"`
+	Region *Region   `json:"region,omitempty"`
+	// Created: an apply of cmdCreateRegion made the region.
+	Created bool           `json:"created,omitempty"`
+	Status  *snapshotState `json:"status,omitempty"`
+	Err     *wireError     `json:"err,omitempty"`
 }
 
 // wireError carries an error across the RPC with its identity.
@@ -59,7 +61,7 @@ type RemoteError struct{ Msg string }
 func (e *RemoteError) Error() string { return "directory: remote: " + e.Msg }
 
 var wireSentinels = []error{
-	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrPageOutOfRange,
+	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrNoSpace, ErrPageOutOfRange,
 	ErrNoMembers, ErrInvalidMember, ErrNotLeader, ErrNoLeader, ErrClosed, ErrBadCommand,
 	ErrBadFrame,
 }

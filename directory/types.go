@@ -18,6 +18,7 @@ var (
 	ErrRegionExists   = errors.New("directory: region exists with a different spec")
 	ErrNoRegion       = errors.New("directory: no such region")
 	ErrTooManyRegions = errors.New("directory: region ids exhausted")
+	ErrNoSpace        = errors.New("directory: regions would exceed the address space every node can map")
 	ErrPageOutOfRange = errors.New("directory: page out of range")
 	ErrNoMembers      = errors.New("directory: no alive members")
 	ErrInvalidMember  = errors.New("directory: invalid member")
@@ -75,10 +76,19 @@ const (
 	MaxPageSize      = 2 << 20
 	DefaultShardSize = 2 << 20
 	MaxShardSize     = 1 << 30
-	MaxRegionSize    = 1 << 50 // 1 PiB of sparse address space
-	DefaultBackups   = 1
-	MaxBackups       = 4
-	MaxNameLen       = 128
+	// MaxRegionSize is the largest region. Every member maps every
+	// region twice in its address space (the page cache's memfd and the
+	// home slots, both sparse), and a process that maps it needs as much
+	// again: 16 TiB leaves room in the 128 TiB of a 4-level-paging x86-64
+	// or arm64 process.
+	MaxRegionSize = 16 << 40
+	// MaxTotalSize bounds the sum of all regions' sizes, so that every
+	// member can map every region at once (about twice this much address
+	// space).
+	MaxTotalSize   = 32 << 40
+	DefaultBackups = 1
+	MaxBackups     = 4
+	MaxNameLen     = 128
 )
 
 // RegionSpec is what a caller asks for. Zero fields take defaults (see
@@ -109,10 +119,10 @@ func (s RegionSpec) Normalize() (RegionSpec, error) {
 		return s, &SpecError{"Size", "zero"}
 	}
 	if s.Size > MaxRegionSize {
-		return s, &SpecError{"Size", fmt.Sprintf("%d exceeds the maximum %d", s.Size, uint64(MaxRegionSize))}
+		return s, &SpecError{"Size", fmt.Sprintf("%s is larger than the largest region, %s", sizeString(s.Size), sizeString(MaxRegionSize))}
 	}
 	if s.Size%uint64(s.PageSize) != 0 {
-		return s, &SpecError{"Size", fmt.Sprintf("%d is not a multiple of the page size %d", s.Size, s.PageSize)}
+		return s, &SpecError{"Size", fmt.Sprintf("%d bytes is not a multiple of the page size (%d bytes)", s.Size, s.PageSize)}
 	}
 	if s.ShardSize == 0 {
 		s.ShardSize = max(DefaultShardSize, uint64(s.PageSize))
@@ -133,6 +143,29 @@ func (s RegionSpec) Normalize() (RegionSpec, error) {
 		return s, &SpecError{"Durability", s.Durability.String()}
 	}
 	return s, nil
+}
+
+// sizeString writes a byte count in binary units when it is a whole number
+// of them ("16 TiB"), in bytes otherwise.
+func sizeString(n uint64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{50, "PiB"}, {40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift && n%(1<<u.shift) == 0 {
+			return fmt.Sprintf("%d %s", n>>u.shift, u.name)
+		}
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// TotalSize is the sum of the regions' sizes (bounded by MaxTotalSize).
+func (v *View) TotalSize() uint64 {
+	var t uint64
+	for _, r := range v.regions {
+		t += r.Size
+	}
+	return t
 }
 
 func validName(n string) error {

@@ -23,9 +23,13 @@ import (
 	"github.com/dsmkit/dsm/node/localcache"
 )
 
-// MaxListedShards bounds the shards RegionInfo lists and Status counts: a
-// 1 PiB region has half a billion.
-const MaxListedShards = 1 << 18
+// RegionInfo lists shards a page at a time: DefaultListedShards unless the
+// request asks for fewer, at most MaxListedShards (a 16 TiB region has 8M
+// shards of 2 MiB).
+const (
+	DefaultListedShards = 4096
+	MaxListedShards     = 1 << 16
+)
 
 // statusError maps an error of the directory, the page cache or an engine
 // to the codes of types.proto.
@@ -37,7 +41,12 @@ func statusError(err error) error {
 		return err
 	}
 	msg := err.Error()
+	var se *directory.SpecError
 	switch {
+	case errors.As(err, &se):
+		return status.Error(codes.InvalidArgument, specMessage(se))
+	case errors.Is(err, directory.ErrNoSpace):
+		return status.Error(codes.ResourceExhausted, strings.TrimPrefix(msg, "directory: ")+"; delete regions first")
 	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange):
 		return status.Error(codes.InvalidArgument, msg)
 	case errors.Is(err, directory.ErrRegionExists):
@@ -57,7 +66,7 @@ func statusError(err error) error {
 		return status.Error(codes.Internal, msg)
 	// The page cache and the engines (memory calls).
 	case errors.Is(err, localcache.ErrUnknownRegion), errors.Is(err, engine.ErrUnknownRegion):
-		return status.Error(codes.NotFound, msg+" (the region is not set up on this node yet, or was deleted)")
+		return status.Error(codes.NotFound, "the region is not set up on this node yet, or was deleted ("+msg+")")
 	case errors.Is(err, ErrNotServed):
 		return status.Error(codes.FailedPrecondition, msg)
 	case errors.Is(err, localcache.ErrPageRange):
@@ -67,6 +76,16 @@ func statusError(err error) error {
 	}
 	// Anything else came from talking to the leader: a retry may succeed.
 	return status.Error(codes.Unavailable, msg)
+}
+
+// specMessage says what is wrong with a region spec in the user's words.
+func specMessage(se *directory.SpecError) string {
+	field := map[string]string{"Name": "name", "Size": "size", "PageSize": "page size",
+		"ShardSize": "shard size", "Backups": "backup count", "Durability": "durability"}[se.Field]
+	if field == "" {
+		field = se.Field
+	}
+	return "bad region " + field + ": " + se.Reason
 }
 
 func regionPB(r directory.Region) *dsmpb.Region {
@@ -96,26 +115,66 @@ func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest)
 	if req.Size == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "region %q: size is zero", req.Name)
 	}
-	r, err := n.dir.CreateRegion(ctx, spec)
+	r, created, err := n.dir.EnsureRegion(ctx, spec)
 	if err != nil {
 		return nil, statusError(err)
 	}
-	n.log.Info("region created", "region", r.Name, "id", r.ID, "size", r.Size)
-	return &dsmpb.CreateRegionResponse{Region: regionPB(r)}, nil
+	if created {
+		n.log.Info("region created", "region", r.Name, "id", r.ID, "size", r.Size)
+	}
+	return &dsmpb.CreateRegionResponse{Region: regionPB(r), Existed: !created}, nil
 }
 
+// deleteRegion deletes a region from the directory; every member then
+// removes it (engines.remove). Unless forced, it refuses while any process
+// on an alive member maps the region, or while a member cannot say. The
+// check and the delete are not atomic: a process that maps the region
+// between them sees its mapping die as with force.
 func (n *Node) deleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
-	if req.GetName() == "" {
-		return nil, status.Error(codes.InvalidArgument, "region name is empty")
+	r, err := n.freshRegion(ctx, req.GetName())
+	if err != nil {
+		return nil, err
 	}
-	if _, ok := n.dir.Region(req.Name); !ok {
-		return nil, status.Errorf(codes.NotFound, "region %q not found", req.Name)
+	var mapped uint64
+	var who, unknown []string
+	for _, nm := range n.mappings(ctx, r, true).Nodes {
+		if nm.Error != "" {
+			unknown = append(unknown, nm.Error)
+			continue
+		}
+		mapped += uint64(len(nm.Pids))
+		for _, pid := range nm.Pids {
+			who = append(who, fmt.Sprintf("pid %d on n%d", pid, nm.NodeId))
+		}
 	}
-	if err := n.dir.DeleteRegion(ctx, req.Name); err != nil {
+	if !req.GetForce() {
+		if mapped > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "region %q is mapped by %d process(es) (%s); stop them, or delete with force",
+				r.Name, mapped, strings.Join(who, ", "))
+		}
+		if len(unknown) > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "cannot tell whether region %q is mapped: %s; delete with force to go ahead",
+				r.Name, strings.Join(unknown, "; "))
+		}
+	}
+	if err := n.dir.DeleteRegion(ctx, r.Name); err != nil {
 		return nil, statusError(err)
 	}
-	n.log.Info("region deleted", "region", req.Name)
-	return &dsmpb.DeleteRegionResponse{}, nil
+	n.log.Info("region deleted", "region", r.Name, "id", r.ID, "mappings_cut", mapped, "forced", req.GetForce())
+	return &dsmpb.DeleteRegionResponse{Id: uint32(r.ID), Mappings: mapped}, nil
+}
+
+// freshRegion looks a region up in a view that includes every change
+// committed before the call.
+func (n *Node) freshRegion(ctx context.Context, name string) (directory.Region, error) {
+	if name == "" {
+		return directory.Region{}, status.Error(codes.InvalidArgument, "region name is empty")
+	}
+	r, ok := n.freshView(ctx).Region(name)
+	if !ok {
+		return directory.Region{}, status.Errorf(codes.NotFound, "region %q not found", name)
+	}
+	return r, nil
 }
 
 func (n *Node) region(name string) (directory.Region, error) {
@@ -191,33 +250,51 @@ func (n *Node) members(v *directory.View) []memberRow {
 	return rows
 }
 
-// homedShards counts, per node, the shards it is home for, over every
-// region; ok is false when there are too many shards to count cheaply, and
-// homeless lists the regions with a shard that has no home.
-func homedShards(v *directory.View) (homes map[ids.NodeID]uint32, short []string, homeless []string, ok bool) {
-	homes = map[ids.NodeID]uint32{}
-	var total uint64
-	for _, r := range v.Regions() {
-		total += r.Shards()
-	}
-	if total > MaxListedShards {
-		return homes, nil, nil, false
-	}
+// placementHealth says which regions want more backups than there are
+// alive members (short) and which have shards without a home (homeless: no
+// member is alive). Every shard of a region has a home as soon as one
+// member is alive, so one shard per region tells.
+func placementHealth(v *directory.View) (short, homeless []string) {
 	alive := len(v.Alive())
 	for _, r := range v.Regions() {
 		if alive < 1+r.Backups {
 			short = append(short, fmt.Sprintf("region %q wants %d backups per shard; %d members alive", r.Name, r.Backups, alive))
 		}
-		for s := uint64(0); s < r.Shards(); s++ {
-			p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: s}, r.Backups)
-			if err != nil || p.Home == ids.None {
-				homeless = append(homeless, r.Name)
-				break
-			}
-			homes[p.Home]++
+		if p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: 0}, r.Backups); err != nil || p.Home == ids.None {
+			homeless = append(homeless, r.Name)
 		}
 	}
-	return homes, short, homeless, true
+	return short, homeless
+}
+
+// shardCounter counts, per node, the shards it is home for over every
+// region of a view. The count is exact (a rendezvous score per shard and
+// alive member: about 0.1 s for the 16M shards of MaxTotalSize in 2 MiB
+// shards), so it is kept for the last view asked about: views are
+// immutable and change only with the directory.
+type shardCounter struct {
+	mu    sync.Mutex
+	v     *directory.View
+	homes map[ids.NodeID]uint32
+}
+
+func (sc *shardCounter) count(v *directory.View) map[ids.NodeID]uint32 {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.v == v {
+		return sc.homes
+	}
+	homes := map[ids.NodeID]uint32{}
+	alive := v.Alive()
+	if len(alive) > 0 {
+		for _, r := range v.Regions() {
+			for i := uint64(0); i < r.Shards(); i++ {
+				homes[placement.Home(placement.Shard{Region: r.ID, Index: i}, alive)]++
+			}
+		}
+	}
+	sc.v, sc.homes = v, homes
+	return homes
 }
 
 // Health is the verdict of Status and its reasons, worst first.
@@ -275,7 +352,8 @@ func (s *adminServer) Status(ctx context.Context, _ *dsmpb.StatusRequest) (*dsmp
 	v := n.dir.View()
 	rs := n.dir.RaftStats()
 	rows := n.members(v)
-	homes, short, homeless, counted := homedShards(v)
+	short, homeless := placementHealth(v)
+	homes := n.shards.count(v)
 	h := n.judge(v, rs, rows, homeless, short)
 	voters := map[ids.NodeID]bool{}
 	for _, id := range rs.Voters {
@@ -291,9 +369,6 @@ func (s *adminServer) Status(ctx context.Context, _ *dsmpb.StatusRequest) (*dsmp
 			Voter: voters[r.ID], HomedShards: homes[r.ID]}
 		if r.ID == ids.NodeID(n.cfg.ID) {
 			n.cacheFigures(ns)
-		}
-		if !counted {
-			ns.HomedShards = 0
 		}
 		resp.Nodes = append(resp.Nodes, ns)
 	}
@@ -448,26 +523,87 @@ func (s *adminServer) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoReque
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "region %q not found", req.Name)
 	}
-	if r.Shards() > MaxListedShards {
-		return nil, status.Errorf(codes.InvalidArgument, "region %q has %d shards; RegionInfo lists at most %d",
-			r.Name, r.Shards(), MaxListedShards)
+	limit := uint64(req.GetMaxShards())
+	switch {
+	case limit == 0:
+		limit = DefaultListedShards
+	case limit > MaxListedShards:
+		return nil, status.Errorf(codes.InvalidArgument, "max_shards %d is more than %d; page with first_shard", limit, MaxListedShards)
 	}
-	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch)}
+	total := r.Shards()
+	first := req.GetFirstShard()
+	if first > total {
+		return nil, status.Errorf(codes.InvalidArgument, "first_shard %d is past the region's %d shards", first, total)
+	}
+	end := min(total, first+limit)
+	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch), ShardCount: total, NextShard: end}
 	pps := r.PagesPerShard()
-	for i := uint64(0); i < r.Shards(); i++ {
+	for i := first; i < end; i++ {
 		p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: i}, r.Backups)
 		if err != nil {
 			return nil, statusError(err)
 		}
-		first := i * pps
-		count := min(pps, r.Pages()-first)
-		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: first, PageCount: count, Home: uint32(p.Home)}
+		fp := i * pps
+		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: fp, PageCount: min(pps, r.Pages()-fp), Home: uint32(p.Home)}
 		for _, b := range p.Backups {
 			sh.Backups = append(sh.Backups, uint32(b))
 		}
 		resp.Shards = append(resp.Shards, sh)
 	}
 	return resp, nil
+}
+
+// Mappings lists the processes that map a region, here and, when asked,
+// on every alive member (a member that does not answer keeps its row with
+// the reason).
+func (s *adminServer) Mappings(ctx context.Context, req *dsmpb.MappingsRequest) (*dsmpb.MappingsResponse, error) {
+	r, err := s.n.freshRegion(ctx, req.GetRegion())
+	if err != nil {
+		return nil, err
+	}
+	return s.n.mappings(ctx, r, req.GetAllNodes() && !localOnly(ctx)), nil
+}
+
+func (n *Node) mappings(ctx context.Context, r directory.Region, all bool) *dsmpb.MappingsResponse {
+	resp := &dsmpb.MappingsResponse{RegionId: uint32(r.ID)}
+	local := &dsmpb.NodeMappings{NodeId: n.cfg.ID}
+	if pids, err := n.cache.Mappings(r.ID); err == nil {
+		for _, pid := range pids {
+			local.Pids = append(local.Pids, int32(pid))
+		}
+	}
+	resp.Nodes = append(resp.Nodes, local)
+	if !all {
+		return resp
+	}
+	var mu sync.Mutex
+	n.eachMember(ctx, func(ctx context.Context, id uint32, adm dsmpb.AdminClient, err error) {
+		nm := &dsmpb.NodeMappings{NodeId: id}
+		if err == nil {
+			var pr *dsmpb.MappingsResponse
+			pr, err = adm.Mappings(ctx, &dsmpb.MappingsRequest{Region: r.Name})
+			switch {
+			case err == nil && pr.RegionId != uint32(r.ID):
+				err = fmt.Errorf("it knows region %q as r%d, not %v", r.Name, pr.RegionId, r.ID)
+			case err == nil:
+				for _, p := range pr.Nodes {
+					if p.NodeId == id {
+						nm.Pids = p.Pids
+					}
+				}
+			case status.Code(err) == codes.NotFound:
+				err = nil // not in its replica yet: it maps nothing
+			}
+		}
+		if err != nil {
+			nm.Error = fmt.Sprintf("n%d did not answer: %s", id, status.Convert(err).Message())
+		}
+		mu.Lock()
+		resp.Nodes = append(resp.Nodes, nm)
+		mu.Unlock()
+	})
+	sort.Slice(resp.Nodes, func(i, j int) bool { return resp.Nodes[i].NodeId < resp.Nodes[j].NodeId })
+	return resp
 }
 
 func (s *adminServer) CreateRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {

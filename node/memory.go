@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -347,29 +348,45 @@ func (n *Node) askPages(ctx context.Context, req *dsmpb.PagesRequest) map[uint32
 
 // eachPeer calls fn for every other alive member with a gRPC address, in
 // parallel, each bounded by peerTimeout, with the local-only marker set so
-// that the peer answers for itself.
+// that the peer answers for itself. Members that cannot be dialled are
+// skipped.
 func (n *Node) eachPeer(ctx context.Context, fn func(ctx context.Context, id uint32, adm dsmpb.AdminClient)) {
+	n.eachMember(ctx, func(ctx context.Context, id uint32, adm dsmpb.AdminClient, err error) {
+		if err == nil {
+			fn(ctx, id, adm)
+		}
+	})
+}
+
+// eachMember is eachPeer that also calls fn, with the error, for the alive
+// members it cannot dial or that publish no gRPC address.
+func (n *Node) eachMember(ctx context.Context, fn func(ctx context.Context, id uint32, adm dsmpb.AdminClient, err error)) {
 	var wg sync.WaitGroup
 	for _, m := range n.dir.Members() {
-		if uint32(m.ID) == n.cfg.ID || m.State != directory.StateAlive || m.GRPCAddr == "" {
+		if uint32(m.ID) == n.cfg.ID || m.State != directory.StateAlive {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			if m.GRPCAddr == "" {
+				fn(ctx, uint32(m.ID), nil, errors.New("no gRPC address published"))
+				return
+			}
 			target := m.GRPCAddr
 			if !strings.HasPrefix(target, "unix://") {
 				target = "passthrough:///" + target
 			}
 			conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
+				fn(ctx, uint32(m.ID), nil, err)
 				return
 			}
 			defer conn.Close()
 			cctx, cancel := context.WithTimeout(ctx, peerTimeout)
 			defer cancel()
 			cctx = metadata.AppendToOutgoingContext(cctx, statusLocalKey, "1")
-			fn(cctx, uint32(m.ID), dsmpb.NewAdminClient(conn))
+			fn(cctx, uint32(m.ID), dsmpb.NewAdminClient(conn), nil)
 		}()
 	}
 	wg.Wait()

@@ -81,7 +81,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	g(descRaftIndex, float64(rs.LastSnapshotIndex), "snapshot")
 	g(descRaftVoters, float64(len(rs.Voters)), "voter")
 	g(descRaftVoters, float64(len(rs.NonVoters)), "nonvoter")
-	_, short, homeless, _ := homedShards(v)
+	short, homeless := placementHealth(v)
 	g(descHealth, float64(n.judge(v, rs, n.members(v), homeless, short).Verdict))
 	if n.cache == nil {
 		return

@@ -55,6 +55,7 @@ type Node struct {
 	cache   *localcache.Cache
 	eng     *engines // nil when Options.Coherence replaces them
 	stats   nodeStats
+	shards  shardCounter  // Status's homed shards, kept per view
 	publish chan struct{} // this node's descriptors changed
 
 	ctx     context.Context // cancelled by Close
@@ -275,6 +276,18 @@ func (n *Node) follow(ctx context.Context) {
 					}
 				}
 			} else if n.cache != nil {
+				live := map[ids.RegionID]bool{}
+				for _, r := range cur.Regions() {
+					live[r.ID] = true
+				}
+				for id := range regions {
+					if !live[id] {
+						delete(regions, id)
+						if err := n.cache.RemoveRegion(ctx, id, fmt.Sprintf("region %v was deleted", id)); err != nil {
+							n.log.Warn("cache: remove region", "id", id, "err", err)
+						}
+					}
+				}
 				for _, r := range cur.Regions() {
 					if regions[r.ID] {
 						continue

@@ -185,6 +185,31 @@ func (es *engines) sender(r ids.RegionID) func(ctx context.Context, to ids.NodeI
 // whether this node's own descriptors changed (they must be published).
 func (es *engines) sync(v *directory.View) (changed bool) {
 	self := ids.NodeID(es.n.cfg.ID)
+	// Deleted regions first: a name deleted and created again in one
+	// change must find the page cache free of the old region.
+	live := map[ids.RegionID]bool{}
+	for _, r := range v.Regions() {
+		live[r.ID] = true
+	}
+	es.mu.RLock()
+	var gone []*regionEngine
+	for id, re := range es.byID {
+		if !live[id] {
+			gone = append(gone, re)
+		}
+	}
+	es.mu.RUnlock()
+	es.mu.Lock()
+	for id := range es.refused {
+		if !live[id] {
+			delete(es.refused, id)
+		}
+	}
+	es.mu.Unlock()
+	for _, re := range gone {
+		es.remove(re)
+		changed = true
+	}
 	for _, r := range v.Regions() {
 		es.mu.RLock()
 		_, have := es.byID[r.ID]
@@ -260,6 +285,35 @@ func (es *engines) add(r directory.Region) error {
 	}
 	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", homes)
 	return nil
+}
+
+// removeTimeout bounds how long a deleted region's removal waits for the
+// calls in progress on its pages.
+const removeTimeout = 30 * time.Second
+
+// remove stops a deleted region's engine (its misses fail from now on and
+// its home memory goes back to the OS), then removes it from the page
+// cache, which ends the processes' mappings and frees the cached pages.
+func (es *engines) remove(re *regionEngine) {
+	r := re.region
+	es.mu.Lock()
+	delete(es.byID, r.ID)
+	es.mu.Unlock()
+	var errs []error
+	if err := re.e.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("engine: %w", err))
+	}
+	ctx, cancel := context.WithTimeout(es.n.ctx, removeTimeout)
+	defer cancel()
+	why := fmt.Sprintf("region %q (%v) was deleted", r.Name, r.ID)
+	if err := es.n.cache.RemoveRegion(ctx, r.ID, why); err != nil && !errors.Is(err, localcache.ErrUnknownRegion) {
+		errs = append(errs, fmt.Errorf("page cache: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		es.log.Warn("region removed with errors", "region", r.Name, "id", r.ID, "err", err)
+		return
+	}
+	es.log.Info("region removed", "region", r.Name, "id", r.ID)
 }
 
 // descriptors encodes this node's home memory descriptors for the member

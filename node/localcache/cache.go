@@ -10,11 +10,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/memfd"
 )
 
@@ -34,6 +37,9 @@ var (
 	ErrShortBuffer = errors.New("localcache: buffer shorter than a page")
 	// ErrPageValid: Install on a page this node already holds.
 	ErrPageValid = errors.New("localcache: page already held")
+	// ErrRegionRemoved: the region was removed (deleted) while the call
+	// was in progress. It matches ErrUnknownRegion.
+	ErrRegionRemoved = fmt.Errorf("%w: removed", ErrUnknownRegion)
 )
 
 // DefaultPageSize is the page size of a region whose spec gives none (or
@@ -146,6 +152,13 @@ type region struct {
 	mu      sync.Mutex
 	pages   map[ids.PageNo]*page // entries exist while held (not Invalid) or referenced
 	clients map[*client]struct{} // attached mappings, for write protection
+	// refs counts the page references (page.refs) over all pages: while
+	// it is above zero somebody may touch mem.
+	refs int
+	// removed is set by RemoveRegion: no new page reference is taken, and
+	// drained is closed when refs falls to zero.
+	removed bool
+	drained chan struct{}
 }
 
 // page is the local state of one page. Absent from region.pages means
@@ -234,9 +247,14 @@ func (r *region) bytes(p ids.PageNo) []byte {
 	return r.mem[off : off+r.pageSize : off+r.pageSize]
 }
 
-// acquire takes page p's lock, creating its entry if needed.
+// acquire takes page p's lock, creating its entry if needed. It fails
+// with ErrRegionRemoved once the region is being removed.
 func (r *region) acquire(ctx context.Context, p ids.PageNo) (*page, error) {
 	r.mu.Lock()
+	if r.removed {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrRegionRemoved, r.id)
+	}
 	pg := r.pages[p]
 	if pg == nil {
 		pg = &page{r: r, no: p, lock: make(chan struct{}, 1)}
@@ -244,6 +262,7 @@ func (r *region) acquire(ctx context.Context, p ids.PageNo) (*page, error) {
 		r.pages[p] = pg
 	}
 	pg.refs++
+	r.refs++
 	r.mu.Unlock()
 	select {
 	case pg.lock <- struct{}{}:
@@ -258,7 +277,12 @@ func (r *region) acquire(ctx context.Context, p ids.PageNo) (*page, error) {
 // once.
 func (r *region) tryAcquire(pg *page) bool {
 	r.mu.Lock()
+	if r.removed {
+		r.mu.Unlock()
+		return false
+	}
 	pg.refs++
+	r.refs++
 	r.mu.Unlock()
 	select {
 	case pg.lock <- struct{}{}:
@@ -278,6 +302,10 @@ func (r *region) unref(pg *page) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pg.refs--
+	r.refs--
+	if r.removed && r.refs == 0 {
+		close(r.drained)
+	}
 	// With no reference left nobody can change the state meanwhile. An
 	// entry reached through the residency list may already have been
 	// replaced in the map (dropped and created again): leave the new one.
@@ -572,4 +600,105 @@ func (c *Cache) Close() error {
 		errs = append(errs, r.mp.Unmap(), r.mf.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveRegion stops serving region rid and gives its memory back, as dsmd
+// does when the region is deleted: the name and id are free at once (an
+// AddRegion of the same name makes a new, empty region); every session that
+// maps it is told why (an Error of mapproto.CodeUnknownRegion carrying
+// reason) and ended; calls in progress on its pages fail with
+// ErrRegionRemoved; once the last of them has let go, every page is
+// punched out of the memfd, so a process that still maps it can never read
+// the region's data again, and the memfd is unmapped and closed. Pages
+// held Modified are dropped, not written back: the region is gone.
+//
+// The caller must first make the region's Coherence calls fail fast (stop
+// its engine): RemoveRegion waits for the resolutions in flight.
+func (c *Cache) RemoveRegion(ctx context.Context, rid ids.RegionID, reason string) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	r := c.regions[rid]
+	if r == nil {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %s", ErrUnknownRegion, rid)
+	}
+	delete(c.regions, rid)
+	if c.byName[r.name] == r {
+		delete(c.byName, r.name)
+	}
+	r.mu.Lock()
+	r.removed = true
+	r.drained = make(chan struct{})
+	if r.refs == 0 {
+		close(r.drained)
+	}
+	cls := make([]*client, 0, len(r.clients))
+	for cl := range r.clients {
+		cls = append(cls, cl)
+	}
+	r.mu.Unlock()
+	c.mu.Unlock()
+
+	// Tell every mapping why it ends, then stop serving it: its workers
+	// stop at their next step and the session reader sees the socket
+	// close.
+	if reason == "" {
+		reason = fmt.Sprintf("region %q (%s) was removed", r.name, r.id)
+	}
+	msg, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: reason})
+	for _, cl := range cls {
+		if cl.conn != nil {
+			if err == nil {
+				cl.conn.SetWriteDeadline(time.Now().Add(time.Second))
+				cl.conn.Write(msg)
+			}
+			cl.conn.Close()
+		}
+		c.detach(cl)
+	}
+	select {
+	case <-r.drained:
+	case <-ctx.Done():
+		return fmt.Errorf("localcache: remove %s: calls on its pages still in progress: %w", rid, ctx.Err())
+	}
+
+	// Nobody touches the region's memory any more: forget its pages.
+	r.mu.Lock()
+	c.lruMu.Lock()
+	for _, pg := range r.pages {
+		switch pg.State() {
+		case Modified:
+			c.st.dirty.Add(-1)
+			fallthrough
+		case Shared:
+			c.lru.Remove(pg.elem)
+			pg.elem = nil
+			c.st.resident.Add(-1)
+		}
+		pg.state.Store(uint32(Invalid))
+	}
+	c.lruMu.Unlock()
+	r.pages = nil
+	r.mu.Unlock()
+	return errors.Join(r.mf.PunchHole(0, r.size), r.mp.Unmap(), r.mf.Close())
+}
+
+// Mappings lists the process ids of the mappings of region rid (0 for a
+// client whose pid the kernel did not tell), one per mapping.
+func (c *Cache) Mappings(rid ids.RegionID) ([]int, error) {
+	r, err := c.region(rid)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pids := make([]int, 0, len(r.clients))
+	for cl := range r.clients {
+		pids = append(pids, cl.pid)
+	}
+	slices.Sort(pids)
+	return pids, nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +22,9 @@ type client struct {
 	c      *Cache
 	r      *region
 	u      *uffd.UFFD
-	base   uint64 // the client's address of the region's first byte
-	pid    int    // the peer process, for logs (0 if unknown)
+	conn   *net.UnixConn // the session; nil for clients attached without one
+	base   uint64        // the client's address of the region's first byte
+	pid    int           // the peer process, for logs (0 if unknown)
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -52,10 +54,10 @@ func clientGone(err error) bool {
 
 // attach starts serving the faults of a client's mapping [base,
 // base+r.size), registered with u. The Cache owns u from here on.
-func (c *Cache) attach(r *region, u *uffd.UFFD, base uint64, pid int) (*client, error) {
+func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64, pid int) (*client, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	cl := &client{
-		id: clientIDs.Add(1), c: c, r: r, u: u, base: base, pid: pid,
+		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
 	}
 	c.mu.Lock()
@@ -65,10 +67,17 @@ func (c *Cache) attach(r *region, u *uffd.UFFD, base uint64, pid int) (*client, 
 		u.Close()
 		return nil, ErrClosed
 	}
-	c.clients[cl] = struct{}{}
 	r.mu.Lock() // lock order: Cache.mu, then region.mu
+	if r.removed {
+		r.mu.Unlock()
+		c.mu.Unlock()
+		cancel()
+		u.Close()
+		return nil, fmt.Errorf("%w: %s %q", ErrRegionRemoved, r.id, r.name)
+	}
 	r.clients[cl] = struct{}{}
 	r.mu.Unlock()
+	c.clients[cl] = struct{}{}
 	c.st.clients.Add(1)
 	c.wg.Add(1)
 	c.mu.Unlock()
