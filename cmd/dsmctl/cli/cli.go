@@ -237,6 +237,11 @@ unhealthy.`,
 	pf.BoolVar(&a.json, "json", false, "print stable JSON instead of tables")
 	pf.DurationVar(&a.timeout, "timeout", 10*time.Second, "deadline of each request to dsmd")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
+	// A command that groups others (dsmctl, region) runs only to say that a
+	// subcommand is missing: its usage shows "region [command]", not the
+	// "region [flags]" of a runnable command.
+	root.SetUsageTemplate(strings.Replace(root.UsageTemplate(),
+		"{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
 	root.AddCommand(
 		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
 		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(),

@@ -376,7 +376,7 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%v: stderr ends in %q, want it to start %q", c.args, last, c.want)
 		}
 		if len(c.args) < 2 { // a command that groups others: its help, then the line
-			if !strings.Contains(r.stderr, "Available Commands:") || r.stdout != "" {
+			if !strings.Contains(r.stderr, "Available Commands:") || strings.Contains(r.stderr, "[flags]\n") || r.stdout != "" {
 				t.Errorf("%v: no help on stderr (or output on stdout):\n%s", c.args, r.stderr)
 			}
 		} else if len(lines) != 1 {
