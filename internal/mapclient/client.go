@@ -366,8 +366,9 @@ const chunk = 1 << 20
 // ReadAt copies len(p) bytes at off into p (io.ReaderAt). The pages are
 // faulted in from the madvise(MADV_POPULATE_READ) syscall first, so a miss
 // waits in a syscall, not in a load. If the mapping dies before the copy is
-// done, it returns the bytes copied before that and ErrDaemonGone, never
-// bytes it cannot vouch for. Reading past the end returns io.EOF.
+// done, it returns the bytes copied before that and Err's error
+// (ErrDaemonGone, ErrRegionDeleted or ErrClosed), never bytes it cannot
+// vouch for. Reading past the end returns io.EOF.
 func (m *Mapping) ReadAt(p []byte, off int64) (int, error) {
 	return m.rw(p, off, false)
 }
@@ -375,7 +376,7 @@ func (m *Mapping) ReadAt(p []byte, off int64) (int, error) {
 // WriteAt copies p into the mapping at off (io.WriterAt), faulting the
 // pages in for writing from madvise(MADV_POPULATE_WRITE) first. A write
 // that would pass the end is ErrOutOfRange and writes nothing. If the
-// mapping dies meanwhile it returns ErrDaemonGone: the bytes after the
+// mapping dies meanwhile it returns Err's error: the bytes after the
 // reported count may or may not have reached dsmd.
 func (m *Mapping) WriteAt(p []byte, off int64) (int, error) {
 	return m.rw(p, off, true)

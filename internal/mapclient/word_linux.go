@@ -14,8 +14,9 @@ import (
 // anything, so that plain accesses through Bytes() that follow find the
 // pages mapped, unless the coherence protocol takes them away again
 // meanwhile. A miss waits in the syscall, not in a load. It fails with
-// ErrOutOfRange for a range outside the region and with ErrDaemonGone or
-// ErrClosed when the mapping is no longer served.
+// ErrOutOfRange for a range outside the region and with Err's error
+// (ErrDaemonGone, ErrRegionDeleted or ErrClosed) when the mapping is no
+// longer served.
 func (m *Mapping) Populate(off, length int64, write bool) error {
 	if err := m.rlockLive(); err != nil {
 		return err
@@ -59,7 +60,7 @@ func (m *Mapping) populate(off, length int64, write bool) error {
 // there; if the page is taken away between that and op, op's instruction
 // faults and blocks until dsmd serves the page again. The state is checked
 // before and after: if the mapping stopped being served, Word returns
-// ErrDaemonGone (or ErrClosed) and what op saw or did cannot be trusted.
+// Err's error and what op saw or did cannot be trusted.
 // off must be a multiple of 8 with the word inside the region
 // (ErrOutOfRange otherwise). op must only do one access to the word.
 func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
