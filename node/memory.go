@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -253,43 +254,60 @@ func (s *adminServer) Pages(ctx context.Context, req *dsmpb.PagesRequest) (*dsmp
 	if count == 0 || count > total-first {
 		count = total - first
 	}
-	group := max(req.GetGroup(), 1)
-	if (count+group-1)/group > maxPageCells {
-		return nil, status.Errorf(codes.InvalidArgument, "%d pages in groups of %d make more than %d cells; raise the group", count, group, maxPageCells)
-	}
 	local, err := n.cache.Held(r.ID, ids.PageNo(first), count)
 	if err != nil {
 		return nil, statusError(err)
+	}
+	if req.GetHeldOnly() {
+		resp := &dsmpb.PagesResponse{NodeId: n.cfg.ID, Region: regionPB(r), FirstPage: first, PageCount: count, Group: 1}
+		for _, p := range slices.Sorted(maps.Keys(local)) {
+			resp.Cells = append(resp.Cells, &dsmpb.PageCell{FirstPage: uint64(p), Pages: 1, LocalState: statePB(local[p])})
+		}
+		return resp, nil
+	}
+	group := max(req.GetGroup(), 1)
+	if (count+group-1)/group > maxPageCells {
+		return nil, status.Errorf(codes.InvalidArgument, "%d pages in groups of %d make more than %d cells; raise the group", count, group, maxPageCells)
 	}
 	// states[node] is that node's held pages of the range.
 	states := map[uint32]map[ids.PageNo]localcache.State{n.cfg.ID: local}
 	cluster := req.GetCluster() && !localOnly(ctx)
 	if cluster {
-		for id, m := range n.askPages(ctx, &dsmpb.PagesRequest{Region: r.Name, FirstPage: first, PageCount: count}) {
+		for id, m := range n.askPages(ctx, &dsmpb.PagesRequest{Region: r.Name, FirstPage: first, PageCount: count, HeldOnly: true}) {
 			states[id] = m
 		}
 	}
 	resp := &dsmpb.PagesResponse{NodeId: n.cfg.ID, Region: regionPB(r), FirstPage: first, PageCount: count,
 		Group: group, Cluster: cluster}
 	nodes := make([]uint32, 0, len(states))
-	for id := range states {
+	held := map[ids.PageNo]bool{}
+	for id, m := range states {
 		nodes = append(nodes, id)
+		for p := range m {
+			held[p] = true
+		}
 	}
 	slices.Sort(nodes)
+	// Only held pages need a look: every other page is Invalid everywhere,
+	// so a cell costs O(1) plus its held pages, whatever the region's size.
+	heldPages := slices.Sorted(maps.Keys(held))
+	j := 0
 	for c := first; c < first+count; c += group {
-		cell := &dsmpb.PageCell{FirstPage: c, Pages: min(group, first+count-c)}
+		cell := &dsmpb.PageCell{FirstPage: c, Pages: min(group, first+count-c), LocalState: dsmpb.PageState_PAGE_STATE_INVALID}
+		cell.Invalid = cell.Pages
 		owners := map[uint32]bool{}
-		for p := c; p < c+cell.Pages; p++ {
+		for ; j < len(heldPages) && uint64(heldPages[j]) < c+cell.Pages; j++ {
+			p := heldPages[j]
 			var mod, sharers []uint32
 			for _, id := range nodes {
-				switch states[id][ids.PageNo(p)] {
+				switch states[id][p] {
 				case localcache.Modified:
 					mod = append(mod, id)
 				case localcache.Shared:
 					sharers = append(sharers, id)
 				}
 			}
-			ls := local[ids.PageNo(p)]
+			ls := local[p]
 			cell.LocalState = max(cell.LocalState, statePB(ls)) // I < S < M
 			if ls == localcache.Modified {
 				cell.Dirty++
@@ -297,17 +315,17 @@ func (s *adminServer) Pages(ctx context.Context, req *dsmpb.PagesRequest) (*dsmp
 			switch {
 			case len(mod) > 0:
 				cell.Modified++
+				cell.Invalid--
 				for _, id := range mod {
 					owners[id] = true
 				}
 			case len(sharers) > 0:
 				cell.Shared++
+				cell.Invalid--
 				cell.MaxSharers = max(cell.MaxSharers, uint32(len(sharers)))
 				if cell.Pages == 1 {
 					cell.Sharers = sharers
 				}
-			default:
-				cell.Invalid++
 			}
 		}
 		for id := range owners {

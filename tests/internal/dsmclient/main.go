@@ -34,7 +34,9 @@
 //	                         until killed
 //	hold                     read the first page through Bytes(), print
 //	                         "mapped", and keep the mapping until stdin
-//	                         closes or SIGTERM or SIGINT arrives
+//	                         closes or SIGTERM or SIGINT arrives; if the
+//	                         mapping dies first, print "dead: " and its
+//	                         error and exit 0
 //	repl                     read commands (put-bytes, get-bytes, add,
 //	                         mutex-inc, fill, check, touch-sparse, read-u64)
 //	                         from stdin, one a line, on one mapping held
@@ -189,6 +191,10 @@ func (cl *client) hold(ctx context.Context) error {
 	select {
 	case <-eof:
 	case <-sig:
+	case <-cl.r.Done():
+		// The mapping died (dsmd went away, the region was deleted).
+		fmt.Fprintln(cl.out, "dead:", cl.r.Err())
+		return cl.out.Flush()
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -1344,7 +1344,11 @@ type PagesRequest struct {
 	Group uint64 `protobuf:"varint,4,opt,name=group,proto3" json:"group,omitempty"`
 	// Also read the coherence words at the homes, to report owners and
 	// sharers on other nodes; otherwise only this node's copies are known.
-	Cluster       bool `protobuf:"varint,5,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Cluster bool `protobuf:"varint,5,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// Answer with one cell per page this node holds in the range (Shared or
+	// Modified) and none for the others; group and the cell limit do not
+	// apply. Members ask each other this way for the cluster view.
+	HeldOnly      bool `protobuf:"varint,6,opt,name=held_only,json=heldOnly,proto3" json:"held_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1410,6 +1414,13 @@ func (x *PagesRequest) GetGroup() uint64 {
 func (x *PagesRequest) GetCluster() bool {
 	if x != nil {
 		return x.Cluster
+	}
+	return false
+}
+
+func (x *PagesRequest) GetHeldOnly() bool {
+	if x != nil {
+		return x.HeldOnly
 	}
 	return false
 }
@@ -2399,7 +2410,7 @@ const file_admin_proto_rawDesc = "" +
 	"\x05error\x18\x03 \x01(\tR\x05error\"[\n" +
 	"\x10MappingsResponse\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\rR\bregionId\x12*\n" +
-	"\x05nodes\x18\x02 \x03(\v2\x14.dsm.v1.NodeMappingsR\x05nodes\"\x94\x01\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x14.dsm.v1.NodeMappingsR\x05nodes\"\xb1\x01\n" +
 	"\fPagesRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
@@ -2407,7 +2418,8 @@ const file_admin_proto_rawDesc = "" +
 	"\n" +
 	"page_count\x18\x03 \x01(\x04R\tpageCount\x12\x14\n" +
 	"\x05group\x18\x04 \x01(\x04R\x05group\x12\x18\n" +
-	"\acluster\x18\x05 \x01(\bR\acluster\"\xaa\x02\n" +
+	"\acluster\x18\x05 \x01(\bR\acluster\x12\x1b\n" +
+	"\theld_only\x18\x06 \x01(\bR\bheldOnly\"\xaa\x02\n" +
 	"\bPageCell\x12\x1d\n" +
 	"\n" +
 	"first_page\x18\x01 \x01(\x04R\tfirstPage\x12\x14\n" +
