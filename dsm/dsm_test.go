@@ -404,6 +404,56 @@ func TestRegionsAndDelete(t *testing.T) {
 	}
 }
 
+// Deleting a region that a process maps is ErrInUse without Force; with
+// Force, dsmd ends the mapping: it dies with ErrRegionDeleted and plain
+// accesses fault. A region created again under the name is a new, empty
+// one, and Map gives that one.
+func TestDeleteMappedRegion(t *testing.T) {
+	_, c, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	if _, err := r.WriteAt([]byte("old data"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteRegion(ctx, "r"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("DeleteRegion of a mapped region: %v, want ErrInUse", err)
+	}
+	if err := c.DeleteRegion(ctx, "r", Force()); err != nil {
+		t.Fatalf("DeleteRegion with Force: %v", err)
+	}
+	select {
+	case <-r.Done():
+	case <-time.After(hang):
+		t.Fatal("the mapping of a deleted region is still served")
+	}
+	if err := r.Err(); !errors.Is(err, ErrRegionDeleted) || !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("Err after the delete: %v, want ErrRegionDeleted", err)
+	}
+	if faulted, v := touch(t, r.Bytes(), 0, false); !faulted {
+		t.Errorf("load of a page held before the delete: no fault (read %#x)", v)
+	}
+	if faulted, _ := touch(t, r.Bytes(), 8192, true); !faulted {
+		t.Errorf("store to a page never held after the delete: no fault")
+	}
+	if _, err := r.ReadAt(make([]byte, 8), 0); !errors.Is(err, ErrRegionDeleted) {
+		t.Fatalf("ReadAt after the delete: %v", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CreateRegion(ctx, "r", 16<<10); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	got := make([]byte, 8)
+	if _, err := r2.ReadAt(got, 0); err != nil || !bytes.Equal(got, make([]byte, 8)) {
+		t.Fatalf("the region created again reads %q, %v; want zeros", got, err)
+	}
+}
+
 func TestSync(t *testing.T) {
 	_, _, r := setup(t, 16<<10)
 	ctx := ctxT(t)
