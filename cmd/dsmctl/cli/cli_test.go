@@ -360,7 +360,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"region", "create", "x", "6KiB"}, "dsmctl: SIZE 6KiB is not a whole number of 4 KiB pages"},
 		{[]string{"region", "create", "x", "1GiB", "--page-size", "3KiB"}, "dsmctl: --page-size 3KiB is not a power of two"},
 		{[]string{"region", "create", "x", "4GiB", "--page-size", "4MiB"}, "dsmctl: bad page size: 4194304 is not a power of two in [4096, 2097152]\n"},
-		{[]string{"region", "create", "x", "2PiB"}, "dsmctl: bad region size: 2251799813685248 exceeds the maximum"},
+		{[]string{"region", "create", "x", "32TiB"}, "dsmctl: bad region size: 32 TiB is larger than the largest region, 16 TiB\n"},
 		{[]string{"get", "small", "0", "zz"}, `dsmctl: LEN: bad size "zz"`},
 		{[]string{"get", "small", "409590", "100"}, "dsmctl: bytes 409590+100 are outside region"},
 		{[]string{"region"}, "dsmctl: region needs a subcommand: create, info, ls, rm\n"},
@@ -622,7 +622,7 @@ func TestRegionRmForce(t *testing.T) {
 	f.maps["small"] = map[uint32][]int32{1: {4242}, 2: {77}}
 	f.mu.Unlock()
 	r := run(t, sock, runOpts{}, "region", "rm", "small")
-	want := `dsmctl: region "small" is mapped by 2 processes (1 on n1, 1 on n2) — ` +
+	want := `dsmctl: region "small" is mapped by 2 process(es) (pid 4242 on n1, pid 77 on n2); stop them, or delete with force — ` +
 		"`dsmctl region rm small --force` deletes it anyway and cuts the mappings off\n"
 	if r.code != ExitError || r.stderr != want || r.stdout != "" {
 		t.Errorf("rm of a mapped region: exit %d, stderr %q, want %q", r.code, r.stderr, want)

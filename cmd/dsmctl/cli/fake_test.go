@@ -181,6 +181,9 @@ func (f *fakeAdmin) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoRequest
 	case limit > fakeMaxListedShards:
 		return nil, status.Errorf(codes.InvalidArgument, "max_shards %d is more than %d", limit, fakeMaxListedShards)
 	}
+	if first > count && !f.oldRegionInfo {
+		return nil, status.Errorf(codes.InvalidArgument, "first_shard %d is past the region's %d shards", first, count)
+	}
 	pages := r.Size / uint64(r.PageSize)
 	per := (pages + count - 1) / count
 	resp := &dsmpb.RegionInfoResponse{Region: r, Epoch: 12, ShardCount: count}
@@ -224,7 +227,9 @@ func (f *fakeAdmin) Mappings(_ context.Context, req *dsmpb.MappingsRequest) (*ds
 	return resp, nil
 }
 
-// CreateRegion checks a spec as dsmd's directory does, with its messages.
+// CreateRegion checks a spec as dsmd's directory does, with the
+// directory's own messages, as dsmd passed them on before it put them in
+// user terms: dsmctl presents either way in user terms.
 func (f *fakeAdmin) CreateRegion(_ context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -246,8 +251,8 @@ func (f *fakeAdmin) CreateRegion(_ context.Context, req *dsmpb.CreateRegionReque
 		return nil, spec("PageSize", "%d is not a power of two in [4096, 2097152]", ps)
 	case req.Size == 0:
 		return nil, spec("Size", "zero")
-	case req.Size > 1<<50:
-		return nil, spec("Size", "%d exceeds the maximum %d", req.Size, uint64(1<<50))
+	case req.Size > 16<<40:
+		return nil, spec("Size", "%s is larger than the largest region, 16 TiB", FormatSize(req.Size))
 	case req.Size%uint64(ps) != 0:
 		return nil, spec("Size", "%d is not a multiple of the page size %d", req.Size, ps)
 	}
@@ -271,13 +276,13 @@ func (f *fakeAdmin) DeleteRegion(_ context.Context, req *dsmpb.DeleteRegionReque
 	var mappings uint64
 	var where []string
 	for n := uint32(1); n <= 3; n++ {
-		if pids := f.maps[req.Name][n]; len(pids) > 0 {
-			mappings += uint64(len(pids))
-			where = append(where, fmt.Sprintf("%d on n%d", len(pids), n))
+		for _, pid := range f.maps[req.Name][n] {
+			mappings++
+			where = append(where, fmt.Sprintf("pid %d on n%d", pid, n))
 		}
 	}
 	if mappings > 0 && !req.Force {
-		return nil, status.Errorf(codes.FailedPrecondition, "region %q is mapped by %d processes (%s)",
+		return nil, status.Errorf(codes.FailedPrecondition, "region %q is mapped by %d process(es) (%s); stop them, or delete with force",
 			req.Name, mappings, strings.Join(where, ", "))
 	}
 	if req.Force {

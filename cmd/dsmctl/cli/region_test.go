@@ -58,9 +58,13 @@ func TestRegionInfoPaging(t *testing.T) {
 		t.Errorf("mappings: %+v", v.Mappings)
 	}
 
-	// Past the last shard is a usage error.
+	// Past the last shard is a usage error, whether dsmctl or dsmd says so.
 	if r := run(t, sock, runOpts{}, "region", "info", "huge", "--shards", "8388608:"); r.code != ExitUsage ||
 		!strings.Contains(r.stderr, "region huge has 8388608 shards") {
+		t.Errorf("--shards past the end: exit %d, %q", r.code, r.stderr)
+	}
+	if r := run(t, sock, runOpts{}, "region", "info", "huge", "--shards", "9000000:"); r.code != ExitUsage ||
+		!strings.Contains(r.stderr, "8388608 shards") {
 		t.Errorf("--shards past the end: exit %d, %q", r.code, r.stderr)
 	}
 	for _, bad := range []string{"5", "9:3", "x:"} {
