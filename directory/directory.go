@@ -163,6 +163,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	mc.DeadNodeReclaimTime = time.Second
 	mc.Delegate = d.gossip
 	mc.Events = d.gossip
+	mc.Ping = d.gossip
 	mc.Logger = log.New(slogWriter{l: d.log, component: "memberlist"}, "", 0)
 	d.ml, err = memberlist.Create(mc)
 	if err != nil {
@@ -699,6 +700,9 @@ type GossipMember struct {
 	ID    ids.NodeID
 	Addr  string      // gossip address
 	State MemberState // alive, left or failed
+	// LastSeen is when the member last answered this node's failure
+	// detector or sent it an update; zero if never.
+	LastSeen time.Time
 }
 
 // GossipMembers reports the local failure detector's latest verdicts, as
@@ -715,7 +719,7 @@ func (d *Directory) GossipMembers() []GossipMember {
 		case gossipLeft:
 			st = StateLeft
 		}
-		out = append(out, GossipMember{ID: id, Addr: e.addr, State: st})
+		out = append(out, GossipMember{ID: id, Addr: e.addr, State: st, LastSeen: d.gossip.lastSeen(id)})
 	}
 	slices.SortFunc(out, func(a, b GossipMember) int { return cmpID(a.ID, b.ID) })
 	return out

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 
@@ -97,10 +98,13 @@ type gossip struct {
 	// members is the latest gossip state per node, kept by the directory's
 	// run loop from the queue; guarded by mu.
 	members map[ids.NodeID]gossipEntry
+	// seen is when each node last answered a probe or sent an update, by
+	// memberlist node name; guarded by mu.
+	seen map[string]time.Time
 }
 
 func newGossip(m nodeMeta) *gossip {
-	g := &gossip{signal: make(chan struct{}, 1), members: map[ids.NodeID]gossipEntry{}}
+	g := &gossip{signal: make(chan struct{}, 1), members: map[ids.NodeID]gossipEntry{}, seen: map[string]time.Time{}}
 	g.meta.Store(&m)
 	return g
 }
@@ -129,6 +133,25 @@ func (g *gossip) NotifyLeave(n *memberlist.Node) {
 	g.push(n, st)
 }
 
+// NotifyPingComplete implements memberlist.PingDelegate: a probe of n was
+// answered.
+func (g *gossip) NotifyPingComplete(n *memberlist.Node, _ time.Duration, _ []byte) {
+	g.mu.Lock()
+	g.seen[n.Name] = time.Now()
+	g.mu.Unlock()
+}
+
+// AckPayload implements memberlist.PingDelegate; probes carry nothing.
+func (g *gossip) AckPayload() []byte { return nil }
+
+// lastSeen is when node id last answered a probe or sent an update (zero
+// if never).
+func (g *gossip) lastSeen(id ids.NodeID) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.seen[nodeName(id)]
+}
+
 func (g *gossip) push(n *memberlist.Node, st gossipState) {
 	m, err := decodeMeta(n.Meta)
 	if err != nil || nodeName(m.ID) != n.Name {
@@ -137,6 +160,9 @@ func (g *gossip) push(n *memberlist.Node, st gossipState) {
 	}
 	g.mu.Lock()
 	g.queue = append(g.queue, gossipEvent{entry: gossipEntry{meta: m, state: st, addr: n.Address()}})
+	if st == gossipAlive {
+		g.seen[n.Name] = time.Now()
+	}
 	g.mu.Unlock()
 	select {
 	case g.signal <- struct{}{}:

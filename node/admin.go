@@ -461,10 +461,17 @@ func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*ds
 	v := s.n.dir.View()
 	resp := &dsmpb.MembersResponse{Epoch: uint64(v.Epoch)}
 	for _, r := range s.n.members(v) {
-		resp.Members = append(resp.Members, &dsmpb.Member{
+		pm := &dsmpb.Member{
 			NodeId: uint32(r.ID), Name: r.ID.String(), State: r.StatePB,
 			GossipAddr: r.GossipAddr, RaftAddr: r.RaftAddr, VerbsAddr: r.VerbsAddr, GrpcAddr: r.GRPCAddr,
-		})
+		}
+		switch {
+		case r.ID == s.n.dir.NodeID():
+			pm.LastSeenUnixNano = time.Now().UnixNano()
+		case !r.Gossip.LastSeen.IsZero():
+			pm.LastSeenUnixNano = r.Gossip.LastSeen.UnixNano()
+		}
+		resp.Members = append(resp.Members, pm)
 	}
 	return resp, nil
 }

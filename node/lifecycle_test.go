@@ -29,6 +29,20 @@ func TestRegionLifecycle(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const size = 64 << 12
+	// Members says when each member was last heard from (probes answer
+	// every second or so).
+	waitFor(ctx, t, "every member's last-seen time", func() bool {
+		mr, err := ms[0].adm.Members(ctx, &dsmpb.MembersRequest{})
+		if err != nil || len(mr.Members) != 3 {
+			return false
+		}
+		for _, m := range mr.Members {
+			if age := time.Since(time.Unix(0, m.LastSeenUnixNano)); m.LastSeenUnixNano == 0 || age > time.Minute {
+				return false
+			}
+		}
+		return true
+	})
 	old, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "life", Size: size})
 	if err != nil || old.Existed {
 		t.Fatalf("create: %v %v", old, err)
