@@ -1,0 +1,82 @@
+//go:build linux
+
+package localcache
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// TestRemoveRegion removes a region with pages held Shared and Modified
+// and an access waiting in a miss: the access fails with ErrRegionRemoved,
+// RemoveRegion waits for it, the counters forget the region's pages, the
+// name is free at once, and a region added under it is new and empty.
+func TestRemoveRegion(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	if err := d.c.Access(ctx, regionR, 1, false, func([]byte) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.c.Access(ctx, regionR, 2, true, func(b []byte) { copy(b, "old-region") }); err != nil {
+		t.Fatal(err)
+	}
+	if s := d.c.Stats(); s.ResidentPages != 2 || s.DirtyPages != 1 {
+		t.Fatalf("before: %d held, %d dirty; want 2, 1", s.ResidentPages, s.DirtyPages)
+	}
+	// An access whose miss is held at the home.
+	d.home.honourCtx = true
+	open := d.home.gate(5)
+	defer open()
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	accessErr := make(chan error, 1)
+	go func() { accessErr <- d.c.Access(actx, regionR, 5, false, func([]byte) {}) }()
+	d.home.waitEntered(t, 5)
+
+	removed := make(chan error, 1)
+	go func() { removed <- d.c.RemoveRegion(ctx, regionR, "region r was deleted") }()
+	select {
+	case err := <-removed:
+		t.Fatalf("RemoveRegion returned (%v) while a miss was in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// The engine fails the miss (as dsmd's does once stopped): the access
+	// gives up, and the removal completes.
+	cancel()
+	if err := <-accessErr; err == nil {
+		t.Fatal("the access in flight succeeded on a removed region")
+	}
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if err := d.c.Access(ctx, regionR, 1, false, func([]byte) {}); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("access after removal = %v, want ErrUnknownRegion", err)
+	}
+	if s := d.c.Stats(); s.ResidentPages != 0 || s.DirtyPages != 0 {
+		t.Fatalf("after: %d held, %d dirty; want none", s.ResidentPages, s.DirtyPages)
+	}
+	if err := d.c.RemoveRegion(ctx, regionR, ""); !errors.Is(err, ErrUnknownRegion) {
+		t.Fatalf("second RemoveRegion = %v", err)
+	}
+
+	// The name again, with a new id: empty.
+	const again = ids.RegionID(99)
+	if err := d.c.AddRegion(RegionSpec{ID: again, Name: "r", Size: testSize}); err != nil {
+		t.Fatal(err)
+	}
+	d.home.Put(again, 2, make([]byte, ps))
+	var got string
+	if err := d.c.Access(ctx, again, 2, false, func(b []byte) { got = string(b[:10]) }); err != nil {
+		t.Fatal(err)
+	}
+	if got == "old-region" {
+		t.Fatal("the region added under a removed region's name reads its data")
+	}
+	if n, err := d.c.CachedPages(again); err != nil || n != 1 {
+		t.Fatalf("the new region's memfd holds %d pages (%v), want 1", n, err)
+	}
+}
