@@ -82,9 +82,13 @@ func serveRegion(addr, name string, off int64) error {
 	b := r.Bytes()
 	ping := (*uint64)(unsafe.Pointer(&b[off]))
 	pong := (*uint64)(unsafe.Pointer(&b[off+128]))
+	// The sequence word as it is before "ready": the pinger stores its
+	// first ping only after reading that line, so every later value is a
+	// ping to answer. (Read after it, a ping stored in between was taken
+	// for the old value and never answered.)
+	last := atomic.LoadUint64(ping)
 	fmt.Println("ready")
 	done := stdinClosed()
-	last := atomic.LoadUint64(ping)
 	for spins := 0; ; spins++ {
 		seq := atomic.LoadUint64(ping)
 		if seq == last {
