@@ -10,8 +10,9 @@ HAVE_OFI    := $(shell pkg-config --exists libfabric 2>/dev/null && echo yes)
 FUZZTIME    ?= 30s
 SEEDS       ?= 100000
 BENCHCOUNT  ?= 5
+DURATION    ?= 10m
 
-.PHONY: bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -62,6 +63,9 @@ fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 			$(GO) test $(if $(HAVE_OFI),-tags ofi) "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
 		done; \
 	done
+
+soak: ## region life cycles on a real cluster for DURATION; fails when goroutines, descriptors or RSS grow per cycle (samples in .soak/)
+	$(GO) test ./tests -run '^TestSoak$$$$' -count=1 -soak $(DURATION) -soak-out $(CURDIR)/.soak/samples.csv -timeout 0 -v
 
 sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000)
 	$(GO) test ./coherence/sim -run '^TestSimSeeds$$' -seeds=$(SEEDS) -workers=$$(nproc) -timeout 0 -v
