@@ -199,6 +199,21 @@ type Transport interface {
 	// ops may or may not have executed at the target, but Post never
 	// touches ops or their buffers after it returned. Posting to the local
 	// node executes the ops on local registered memory.
+	//
+	// What an error says about execution: a batch executes at most once.
+	// An error that wraps ErrOutcomeUnknown means the batch may have
+	// executed (a prefix of it, as far as the target got) or not, and
+	// nothing more will be learnt of it: the caller must not assume
+	// either, and must not simply post it again if executing it twice
+	// would be wrong. A context error means the same unless the backend
+	// documents otherwise (some wrap ErrOutcomeUnknown in it when the
+	// batch may have reached the target, and return the context error
+	// alone when it cannot have). Any other error means that no op
+	// executed except those whose Err is nil: an op the target refused
+	// (ErrUnknownKey, ErrOutOfBounds, ...) and the ErrFlushed ops after
+	// it did not execute, and a failure to reach the peer at all
+	// (ErrPeerUnreachable without ErrOutcomeUnknown, ErrUnknownPeer,
+	// ErrClosed alone) executed nothing.
 	Post(ctx context.Context, peer ids.NodeID, ops []Op) error
 	// Send delivers msg (at most MaxMessage bytes) to the handler of peer.
 	// It returns once the message is queued for the peer: messages are not
@@ -227,6 +242,11 @@ var (
 	ErrUnknownPeer     = errors.New("rdma: unknown peer")
 	ErrPeerUnreachable = errors.New("rdma: peer unreachable")
 	ErrClosed          = errors.New("rdma: transport closed")
+	// ErrOutcomeUnknown marks a batch that may or may not have executed at
+	// the target: its request may have reached the peer, and its answer
+	// never came back (see Transport.Post). It comes wrapped with the
+	// reason, usually ErrPeerUnreachable or ErrClosed.
+	ErrOutcomeUnknown = errors.New("rdma: outcome unknown: the batch may have executed")
 )
 
 // PeerError is a failure that concerns one peer as a whole (an unknown peer,
