@@ -43,11 +43,11 @@ const (
 type call struct {
 	state     atomic.Uint32
 	cancel    atomic.Bool
-	id        uint64 // the request id on its connection
+	id        uint64 // the batch's sequence number in its session
 	conn      *conn
 	onCancel  func() // cancelFn, bound once: marks cancel and interrupts the reader
 	ops       []rdma.Op
-	err       error         // the batch's result, set before done
+	err       error         // the batch's result, set before done; errBroken when the connection broke first
 	cancelled bool          // the reader stopped at the caller's request
 	done      chan struct{} // capacity 1; one signal per use
 }
@@ -80,6 +80,14 @@ type conn struct {
 	br       *bufio.Reader
 	bw       *bufio.Writer
 
+	// Outbound: this node's session with the peer, and the peer's
+	// incarnation and the id of the table it keeps for that session, from
+	// its hello.
+	out                 *outSession
+	peerNonce, peerSess uint64
+	// Inbound: the requester's session that the requests execute in.
+	sess *inSession
+
 	wmu     sync.Mutex
 	wq      []*buffer // frames waiting for the writer; under wmu
 	wspare  []*buffer // the writer's emptied queue, reused; under wmu
@@ -107,8 +115,7 @@ type conn struct {
 	downErr  error // why it failed; set once in shutdown before closing
 
 	pmu     sync.Mutex
-	pending map[uint64]*call // outbound: calls awaiting a response; under pmu
-	nextID  uint64           // under pmu
+	pending map[uint64]*call // outbound: calls awaiting a response, by sequence number; under pmu
 	dead    bool             // under pmu
 
 	// imu orders the read-deadline interrupts of cancelling callers with
@@ -177,8 +184,9 @@ func (c *conn) isDown() bool {
 }
 
 // shutdown closes the connection for reason (the first reason wins) and
-// fails every call that no reader has claimed. A claimed call is finished
-// by the reader, whose next read fails.
+// hands every call that no reader has claimed back to its Post with
+// errBroken, to be sent again, or, when the peer broke the protocol, fails
+// it. A claimed call is finished by the reader, whose next read fails.
 func (c *conn) shutdown(reason error) {
 	c.downOnce.Do(func() {
 		c.downErr = reason
@@ -200,11 +208,19 @@ func (c *conn) shutdown(reason error) {
 		calls := c.pending
 		c.pending = nil
 		c.pmu.Unlock()
-		err := c.failure()
+		// A peer that broke the protocol is not asked again: what it
+		// answers cannot be trusted.
+		var final error
+		if errors.Is(reason, ErrProtocol) {
+			final = outcomeUnknown(c.peer, reason)
+		}
 		for _, cl := range calls {
 			if cl.state.CompareAndSwap(callPending, callClaimed) {
-				rdma.FailAll(cl.ops, err)
-				cl.err = err
+				cl.err = errBroken
+				if final != nil {
+					rdma.FailAll(cl.ops, final)
+					cl.err = final
+				}
 				cl.state.Store(callDone)
 				cl.done <- struct{}{}
 			}
@@ -477,24 +493,23 @@ func (c *conn) readFull(dst []byte, cl *call) (int, error) {
 
 var errCancelled = errors.New("tcp: call cancelled")
 
-// register records cl under a fresh request id. It also hands the caller
+// register records cl under its sequence number. It also hands the caller
 // the read side of the connection (own is true) when the connection is
 // quiet: nothing else pending and nobody reading. The caller then reads its
 // own response, as a plain request/response client would, and saves the
 // hand-off from the reader goroutine.
-func (c *conn) register(cl *call) (id uint64, own bool, err error) {
+func (c *conn) register(cl *call) (own bool, err error) {
 	c.pmu.Lock()
 	defer c.pmu.Unlock()
 	if c.dead {
-		return 0, false, errConnDown
+		return false, errConnDown
 	}
 	own = !c.reading && len(c.pending) == 0 && c.rhn == 0 && c.rskip == 0
 	if own {
 		c.reading = true
 	}
-	c.nextID++
-	c.pending[c.nextID] = cl
-	return c.nextID, own, nil
+	c.pending[cl.id] = cl
+	return own, nil
 }
 
 func (c *conn) forget(id uint64) {
@@ -628,13 +643,14 @@ func (c *conn) readStep(owner *call) (yield bool, err error) {
 	}
 	left, err := c.fill(cl, &h)
 	if err != nil {
-		// The claimed call is ours to finish.
-		ferr := c.failure()
+		// The claimed call is ours to finish. A broken stream goes back
+		// to its Post to be sent again; a response that breaks the format
+		// is final: the peer may have executed the batch.
+		cl.err = errBroken
 		if errors.Is(err, ErrProtocol) {
-			ferr = &rdma.PeerError{Peer: c.peer, Err: fmt.Errorf("%w: %w", rdma.ErrPeerUnreachable, err)}
+			cl.err = outcomeUnknown(c.peer, err)
+			rdma.FailAll(cl.ops, cl.err)
 		}
-		rdma.FailAll(cl.ops, ferr)
-		cl.err = ferr
 		cl.state.Store(callDone)
 		cl.done <- struct{}{}
 		return false, err
@@ -729,7 +745,7 @@ func (c *conn) fill(cl *call, h *header) (left int, err error) {
 // handler. A frame that breaks the format closes the connection.
 func (c *conn) serve() {
 	defer c.t.wg.Done()
-	defer c.t.forgetInbound(c.nc)
+	defer c.t.forgetInbound(c)
 	var hb [hdrLen]byte
 	for {
 		if c.deferred > 0 && !c.nextFrameBuffered() {
@@ -767,12 +783,18 @@ func (c *conn) serveFrame(h *header) error {
 		if _, err := c.readFull(body.b, nil); err != nil {
 			return err
 		}
-		wops, err := decodeRequest(int(h.count), body.b, c.wops)
+		floor, wops, err := decodeRequest(int(h.count), body.b, c.wops)
 		c.wops = wops
 		if err != nil {
 			return err
 		}
-		resp := c.execute(h.id, wops)
+		resp, err := c.sess.serve(c, h.id, floor, wops)
+		if err != nil {
+			return err
+		}
+		if resp == nil {
+			return nil // finished at the requester: not executed again
+		}
 		// While the next request is already complete in the read buffer,
 		// hold the responses back (up to a buffer's worth) so that they go
 		// out in one write; otherwise send now, inline when idle.
@@ -797,9 +819,10 @@ func (c *conn) serveFrame(h *header) error {
 }
 
 // execute runs the decoded ops in order on the table and returns the
-// response frame. A READ copies straight from registered memory into the
-// response. Execution stops at the first failing op.
-func (c *conn) execute(id uint64, wops []wireOp) *buffer {
+// response frame, and whether an op that changes memory executed. A READ
+// copies straight from registered memory into the response. Execution
+// stops at the first failing op.
+func (c *conn) execute(id uint64, wops []wireOp) (fb *buffer, effects bool) {
 	size := 0
 	for i := range wops {
 		switch wops[i].kind {
@@ -812,7 +835,7 @@ func (c *conn) execute(id uint64, wops []wireOp) *buffer {
 	// A batch whose results would exceed a frame fails at the op that
 	// does not fit.
 	size = min(size, maxBody-maxErrText)
-	fb := getBuf(hdrLen + size + maxErrText)
+	fb = getBuf(hdrLen + size + maxErrText)
 	b := fb.b
 	room := hdrLen + size
 	p := hdrLen
@@ -852,9 +875,12 @@ func (c *conn) execute(id uint64, wops []wireOp) *buffer {
 		switch w.kind {
 		case rdma.OpRead:
 			p += int(w.n)
+		case rdma.OpWrite:
+			effects = true
 		case rdma.OpCAS, rdma.OpFAA:
 			binary.LittleEndian.PutUint64(b[p:], op.Result)
 			p += resultLen
+			effects = true
 		}
 		count++
 	}
@@ -867,5 +893,5 @@ func (c *conn) execute(id uint64, wops []wireOp) *buffer {
 	h.bodyLen = uint32(p - hdrLen)
 	h.encode(b)
 	fb.b = b[:p]
-	return fb
+	return fb, effects
 }

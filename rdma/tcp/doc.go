@@ -34,19 +34,22 @@
 // posted before them.
 //
 // A connection opens with a hello each way (magic, version, the dialer's and
-// the intended listener's node ids). The listener refuses a wrong version or
-// a hello meant for another node with a status the dialer reports as
-// ErrHandshake; it does not answer bytes without the magic. The dialer
-// checks that the listener is the node it meant to reach.
+// the intended listener's node ids, the sender's incarnation nonce, and from
+// the listener the id of the session it keeps for the dialer; see below).
+// The listener refuses a wrong version or a hello meant for another node
+// with a status the dialer reports as ErrHandshake; it does not answer bytes
+// without the magic. The dialer checks that the listener is the node it
+// meant to reach. Version 2 (sessions) does not talk to version 1: the two
+// refuse each other's hellos with a clear error.
 //
 // # Frames
 //
 // After the hellos a connection carries frames: a 16-byte header (body
 // length, type, status, op count, request id) and a body. The exact layout
-// is in wire.go. Requests carry up to rdma.MaxBatch ops with the WRITE data
-// inline; the response to request id carries the results of the ops that
-// executed, in order, and the error code and text of the op that stopped
-// the batch. Error codes map back to the rdma sentinels on the initiator
+// is in wire.go. Requests carry the requester's floor (below) and up to
+// rdma.MaxBatch ops with the WRITE data inline; the response to request id
+// carries the results of the ops that executed, in order, and the error
+// code and text of the op that stopped the batch. Error codes map back to the rdma sentinels on the initiator
 // (errors.Is works; the text is the target's). A frame that breaks the
 // format (unknown type, body longer than 64 MiB, a count above
 // rdma.MaxBatch, a truncated op, non-zero padding, trailing bytes, a
@@ -57,9 +60,9 @@
 //
 // # In flight
 //
-// Each request has an id, so any number of batches are in flight on one
-// connection; the responder executes them in arrival order and answers in
-// the same order. Each connection has a writer goroutine, which coalesces
+// Each request has an id, so many batches are in flight on one connection
+// (up to 1024 unfinished per peer; Post waits for room beyond that); the
+// responder executes them in arrival order and answers in the same order. Each connection has a writer goroutine, which coalesces
 // every queued frame into one buffered write (it yields once before
 // draining its queue, so that the goroutines about to queue a frame get it
 // into the same write), and a reader goroutine. The responder holds its
@@ -90,7 +93,90 @@
 // the reader to stop (a read deadline in the past interrupts a blocked
 // read) and waits for it to let go, so that after Post returns the
 // transport never touches its ops or buffers; the rest of that response is
-// skipped. A connection that breaks fails every call on it with a
-// *rdma.PeerError wrapping rdma.ErrPeerUnreachable (and the cause);
-// Close fails them with rdma.ErrClosed.
+// skipped. A connection that breaks hands every call on it back to its
+// Post, which sends it again as the next section says; a response that
+// breaks the format fails the calls of its connection for good.
+//
+// # Exactly once across broken connections
+//
+// A batch executes at the target at most once, and a Post that returns an
+// error tells whether it may have executed (rdma.Transport.Post states the
+// contract). The coherence protocol depends on it: it retries a batch that
+// failed, and a CAS or FAA that executed twice would corrupt a coherence
+// word.
+//
+// Sessions. Each Transport draws a random 64-bit incarnation nonce when it
+// starts. As a requester, it numbers its batches to each peer node 1, 2,
+// 3, ... (the request id on the wire), across connections and addresses,
+// and never reuses a number towards that node. As a responder, it keeps a
+// session per requester incarnation (node, nonce), with an id unique within
+// its own incarnation that its hello tells the dialer. A session records
+// the response of every batch that executed an op changing memory (WRITE,
+// CAS, FAA) until the requester's floor passes it: each request carries
+// the requester's floor, the lowest number it has not finished yet, and
+// numbers below it are finished and never sent again. A request below the
+// floor is ignored (no execution, no answer); a request at or above it is
+// answered from the record if there is one, and executed otherwise. A
+// batch of READs only changes nothing and is not recorded: a copy sent
+// again reads again. Every request of a session executes under the
+// session's lock, whichever connection carried it, and a new connection
+// of a session closes the session's older ones before it serves, so
+// nothing buffered on an old connection executes after a request of the
+// new one.
+//
+// Re-sending. When the connection that carried a batch breaks before its
+// response is complete, Post connects again, within Config.RetryWindow
+// (10 s by default) and its context, and looks at the new hello: when it
+// comes from the same incarnation of the peer with the same session id,
+// the batch is sent again under the same number, and answered from the
+// record or executed now; the caller sees a normal completion. Dial
+// failures that may pass (a timeout, a reset, a handshake cut short) are
+// retried with backoff from 5 ms to 200 ms; those that will not (nobody
+// listens at the address, which means the incarnation is gone; a refused
+// handshake; the peer removed; the transport closed) end the wait at once.
+//
+// What the errors mean. A Post error that wraps rdma.ErrOutcomeUnknown
+// (always with rdma.ErrPeerUnreachable, or with rdma.ErrClosed when this
+// transport closed, or with the context's error) says that the request
+// may have reached the peer: the batch may have executed there (a prefix
+// of it, as far as the target got) or not. Every other error says that
+// nothing executed beyond the ops whose Err is nil: a failure to connect
+// before the request was queued, rdma.ErrUnknownPeer, a batch refused
+// before sending, or an op the target refused. The outcome is unknown in
+// exactly these cases:
+//
+//   - the peer could not be reached again within the retry window or the
+//     context, or nobody listens at its address any more;
+//   - a different incarnation of the peer answered (it restarted);
+//   - the same incarnation answered with another session id (it dropped
+//     this node's session: RemovePeer, or the bounds below);
+//   - the context ended after the request was queued (the error matches
+//     both the context's error and rdma.ErrOutcomeUnknown);
+//   - the peer sent a response that breaks the format (with ErrProtocol);
+//   - this transport closed, or Config.RetryWindow is negative.
+//
+// A batch whose outcome is unknown may still execute after Post returned
+// (its request may still be in the network), but not for long: once a
+// later Post from this node to the same incarnation of the peer has
+// completed, the unknown batch has either executed or never will. A caller
+// that must know reads the state back with such a Post.
+//
+// A restarted peer. Its registrations are new, and their keys may equal
+// the old ones (keys are numbered from 1 in every incarnation), so a batch
+// meant for the old incarnation must never execute at the new one. The
+// requester sees the new nonce in the hello and does not send the batch
+// again: it fails with rdma.ErrOutcomeUnknown, not with a "never executed"
+// answer, because the old incarnation may well have executed it before it
+// went away. The new incarnation never sees any batch of the old session,
+// and nothing of its predecessor's records (it has none) is trusted.
+//
+// Bounds. A requester has at most 1024 unfinished batches per peer node
+// (maxInFlight), so a session holds at most that many records; a session
+// whose connections all closed is dropped after Config.SessionLinger (1
+// minute by default; keep it above the requesters' retry window), a node
+// keeps sessions for its two latest incarnations (the current one and the
+// one before), and a responder keeps at most 1024 sessions in all,
+// dropping the least recently greeted first. A dropped session's id is
+// never handed out again, so a requester that comes back to it learns
+// that the outcomes it had in flight are lost.
 package tcp

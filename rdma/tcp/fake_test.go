@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,9 +39,14 @@ func ctxT(t *testing.T) context.Context {
 // has completed the acceptor's handshake as node id; the test then reads
 // requests from it and writes whatever frames it likes.
 type fakePeer struct {
-	ln    net.Listener
-	conns chan net.Conn
+	ln      net.Listener
+	conns   chan net.Conn
+	session atomic.Uint64 // the session id of the last connection
+	keep    atomic.Bool   // every connection continues session 1
 }
+
+// fakeNonce is the incarnation of every fake peer.
+const fakeNonce = 0xfa4e
 
 func newFakePeer(t *testing.T, id ids.NodeID) *fakePeer {
 	t.Helper()
@@ -63,7 +69,13 @@ func newFakePeer(t *testing.T, id ids.NodeID) *fakePeer {
 				continue
 			}
 			h := decodeHello(b[:])
-			r := hello{magic: magic, version: version, from: id, to: h.from}
+			// Every connection is a new session of one incarnation,
+			// unless the test keeps the session.
+			sess := f.session.Add(1)
+			if f.keep.Load() {
+				sess = 1
+			}
+			r := hello{magic: magic, version: version, from: id, to: h.from, nonce: fakeNonce, session: sess}
 			r.encode(b[:])
 			nc.Write(b[:])
 			f.conns <- nc
@@ -111,7 +123,7 @@ func readRequest(t *testing.T, nc net.Conn) (header, []wireOp) {
 	if h.typ != frameRequest {
 		return h, nil
 	}
-	ops, err := decodeRequest(int(h.count), body, nil)
+	_, ops, err := decodeRequest(int(h.count), body, nil)
 	if err != nil {
 		t.Fatalf("fake peer: %v", err)
 	}

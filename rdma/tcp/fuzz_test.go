@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
@@ -29,15 +30,15 @@ func seedRequests() [][]byte {
 	for i, ops := range batches {
 		reqLen, _, _ := requestSize(ops)
 		b := make([]byte, hdrLen+reqLen)
-		encodeRequest(b, uint64(i+1), ops, reqLen)
+		encodeRequest(b, uint64(i+1), 1, ops, reqLen)
 		out = append(out, b)
 	}
 	return out
 }
 
 // FuzzDecodeRequest checks that the request decoder accepts exactly the
-// well-framed bodies, never panics, and never hands out data outside the
-// body.
+// well-framed bodies (the floor, then the ops), never panics, and never
+// hands out data outside the body.
 func FuzzDecodeRequest(f *testing.F) {
 	for _, fr := range seedRequests() {
 		h := decodeHeader(fr)
@@ -46,7 +47,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add(uint16(0), []byte{})
 	f.Add(uint16(rdma.MaxBatch+1), make([]byte, 40))
 	f.Fuzz(func(t *testing.T, count uint16, body []byte) {
-		ops, err := decodeRequest(int(count), body, nil)
+		floor, ops, err := decodeRequest(int(count), body, nil)
 		if err != nil {
 			if !errors.Is(err, ErrProtocol) {
 				t.Fatalf("error %v is not ErrProtocol", err)
@@ -56,7 +57,10 @@ func FuzzDecodeRequest(f *testing.F) {
 		if len(ops) != int(count) {
 			t.Fatalf("%d ops decoded from a count of %d", len(ops), count)
 		}
-		total := 0
+		if floor != binary.LittleEndian.Uint64(body) {
+			t.Fatalf("floor %d decoded from %x", floor, body[:reqPrefix])
+		}
+		total := reqPrefix
 		for _, op := range ops {
 			total += opLen
 			if op.kind == rdma.OpWrite {
@@ -88,7 +92,13 @@ func (s *streamConn) SetReadDeadline(time.Time) error  { return nil }
 func (s *streamConn) SetWriteDeadline(time.Time) error { return nil }
 
 func fuzzTransport() *Transport {
-	return &Transport{id: 1, log: slog.New(slog.DiscardHandler), table: target.New(1)}
+	cfg := Config{}
+	cfg.fill()
+	return &Transport{
+		id: 1, nonce: 0xf022, cfg: cfg, log: slog.New(slog.DiscardHandler), table: target.New(1),
+		peers: map[ids.NodeID]*peer{}, inbound: map[net.Conn]*conn{},
+		outs: map[ids.NodeID]*outSession{}, sessions: map[sessionKey]*inSession{},
+	}
 }
 
 // FuzzResponseStream feeds arbitrary bytes to the response decoder of an
@@ -115,12 +125,12 @@ func FuzzResponseStream(f *testing.F) {
 			{done: make(chan struct{}, 1), ops: []rdma.Op{{Kind: rdma.OpFAA}, {Kind: rdma.OpCAS}, {Kind: rdma.OpFAA}}},
 			{done: make(chan struct{}, 1), ops: []rdma.Op{{Kind: rdma.OpWrite, Buf: []byte("x")}, {Kind: rdma.OpRead, Buf: make([]byte, 4)}}},
 		}
-		for _, cl := range calls {
+		for i, cl := range calls {
 			cl.conn = c
-			if _, _, err := c.register(cl); err != nil {
+			cl.id = uint64(i + 1)
+			if _, err := c.register(cl); err != nil {
 				t.Fatal(err)
 			}
-			cl.id = c.nextID
 		}
 		for {
 			c.reading = true
@@ -142,6 +152,12 @@ func FuzzResponseStream(f *testing.F) {
 				default:
 					t.Fatalf("call %d done but not signalled", i)
 				}
+				if cl.err != nil && cl.err != errBroken && !errors.Is(cl.err, rdma.ErrOutcomeUnknown) && !errors.Is(cl.err, rdma.ErrFlushed) {
+					var re *remoteError
+					if !errors.As(cl.err, &re) {
+						t.Fatalf("call %d failed with %v: neither an answer of the peer nor a broken connection", i, cl.err)
+					}
+				}
 				if cl.err == nil {
 					for j := range cl.ops {
 						if cl.ops[j].Err != nil {
@@ -157,8 +173,12 @@ func FuzzResponseStream(f *testing.F) {
 }
 
 // FuzzServe feeds arbitrary bytes to the responder of an inbound
-// connection. It must never panic and never touch memory outside the
-// registration (guard bytes surround it).
+// connection, then the same bytes again on a second connection of the same
+// session, as a requester re-sending after a broken connection would. It
+// must never panic, never touch memory outside the registration (guard
+// bytes surround it), and the second pass must change nothing: every batch
+// that changed memory is answered from the session's record, or is below
+// the floor and ignored.
 func FuzzServe(f *testing.F) {
 	for _, fr := range seedRequests() {
 		f.Add(fr)
@@ -166,6 +186,15 @@ func FuzzServe(f *testing.F) {
 	msg := make([]byte, hdrLen)
 	(&header{bodyLen: 3, typ: frameMessage}).encode(msg)
 	f.Add(append(msg, "hi!"...))
+	var all []byte
+	for _, fr := range seedRequests() {
+		all = append(all, fr...)
+	}
+	f.Add(append(all, all...)) // every request twice
+	// A floor that passes the requests before it.
+	late := seedRequests()[2]
+	binary.LittleEndian.PutUint64(late[hdrLen:], 3)
+	f.Add(append(append(bytes.Clone(all), late...), all...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tr := fuzzTransport()
 		var got int
@@ -176,22 +205,77 @@ func FuzzServe(f *testing.F) {
 			t.Fatal(err)
 		}
 		_ = reg
-		c := newConn(tr, &streamConn{r: bytes.NewReader(data)}, 2, false)
-		var hb [hdrLen]byte
-		for {
-			if _, err := c.readFull(hb[:], nil); err != nil {
-				break
+		sess, _ := tr.openSession(2, 0xabc)
+		run := func() {
+			c := newConn(tr, &streamConn{r: bytes.NewReader(data)}, 2, false)
+			c.sess = sess
+			var hb [hdrLen]byte
+			for {
+				if _, err := c.readFull(hb[:], nil); err != nil {
+					break
+				}
+				h := decodeHeader(hb[:])
+				if err := c.serveFrame(&h); err != nil {
+					break
+				}
 			}
-			h := decodeHeader(hb[:])
-			if err := c.serveFrame(&h); err != nil {
-				break
-			}
+			c.shutdown(io.EOF)
 		}
-		c.shutdown(io.EOF)
+		run()
+		once := bytes.Clone(backing)
+		run()
 		for i, b := range backing {
 			if (i < 4096 || i >= 8192) && b != 0x5a {
 				t.Fatalf("byte %d outside the registration changed", i)
 			}
+		}
+		if !bytes.Equal(backing, once) {
+			t.Fatal("the same requests sent again in the same session changed memory again")
+		}
+		sess.kill()
+	})
+}
+
+// FuzzHandshake feeds arbitrary bytes as the peer's hello to both halves
+// of the handshake: neither panics, and each accepts exactly a well-formed
+// hello of this version meant for it.
+func FuzzHandshake(f *testing.F) {
+	good := func(h hello) []byte {
+		b := make([]byte, helloLen)
+		h.encode(b)
+		return b
+	}
+	f.Add(good(hello{magic: magic, version: version, from: 2, to: 1, nonce: 7}))
+	f.Add(good(hello{magic: magic, version: version, from: 2, to: 1, nonce: 7, session: 3}))
+	f.Add(good(hello{magic: magic, version: 1, from: 2, to: 1})[:helloPrefix])
+	f.Add(good(hello{magic: magic, version: version, status: helloWrongNode, from: 2, to: 1})[:helloPrefix])
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var in hello
+		full := len(data) >= helloLen
+		if full {
+			in = decodeHello(data[:helloLen])
+		}
+		valid := full && in.magic == magic && in.version == version && in.status == helloOK && in.from != ids.None
+
+		tr := fuzzTransport()
+		from, sess, err := tr.handshakeAccept(&streamConn{r: bytes.NewReader(data)})
+		wantAccept := valid && in.to == tr.id && in.nonce != 0 && in.session == 0
+		if (err == nil) != wantAccept {
+			t.Fatalf("acceptor: err %v for hello %+v (full %v)", err, in, full)
+		}
+		if err == nil && (from != in.from || sess == nil || sess.nonce != in.nonce || sess.id == 0) {
+			t.Fatalf("acceptor: node %v session %+v for hello %+v", from, sess, in)
+		}
+
+		tr = fuzzTransport()
+		r, err := tr.handshakeDial(&streamConn{r: bytes.NewReader(data)}, 2)
+		wantDial := valid && in.from == 2 && in.to == tr.id && in.nonce != 0 && in.session != 0
+		if (err == nil) != wantDial {
+			t.Fatalf("dialer: err %v for hello %+v (full %v)", err, in, full)
+		}
+		if err == nil && r != in {
+			t.Fatalf("dialer: hello %+v, sent %+v", r, in)
 		}
 	})
 }
@@ -219,7 +303,7 @@ func FuzzLiveResponder(f *testing.F) {
 		}
 		defer nc.Close()
 		var b [helloLen]byte
-		(&hello{magic: magic, version: version, from: 9, to: 1}).encode(b[:])
+		(&hello{magic: magic, version: version, from: 9, to: 1, nonce: testNonce}).encode(b[:])
 		nc.SetDeadline(time.Now().Add(hang))
 		if _, err := nc.Write(append(b[:], data...)); err != nil {
 			return // closed early: fine

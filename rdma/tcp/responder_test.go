@@ -27,14 +27,24 @@ func rawDial(t *testing.T, tr *Transport, h hello) (net.Conn, hello, bool) {
 	h.encode(b[:])
 	mustWrite(t, nc, b[:])
 	nc.SetReadDeadline(time.Now().Add(hang))
-	if _, err := io.ReadFull(nc, b[:]); err != nil {
+	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
+		return nc, hello{}, false
+	}
+	r := decodeHello(b[:helloPrefix])
+	if r.status != helloOK || r.version != version {
+		return nc, r, true
+	}
+	if _, err := io.ReadFull(nc, b[helloPrefix:]); err != nil {
 		return nc, hello{}, false
 	}
 	return nc, decodeHello(b[:]), true
 }
 
+// testNonce is the incarnation of the raw dialers of these tests.
+const testNonce = 0x7e57
+
 func goodHello(to ids.NodeID) hello {
-	return hello{magic: magic, version: version, from: 9, to: to}
+	return hello{magic: magic, version: version, from: 9, to: to, nonce: testNonce}
 }
 
 // expectClosed checks that the listener closes nc (after answering
@@ -56,8 +66,11 @@ func TestHandshakeRefusals(t *testing.T) {
 	}{
 		{"bad magic", hello{magic: 0x12345678, version: version, from: 9, to: 1}, 0},
 		{"bad version", hello{magic: magic, version: version + 1, from: 9, to: 1}, helloBadVersion},
-		{"wrong node", hello{magic: magic, version: version, from: 9, to: 2}, helloWrongNode},
-		{"node zero", hello{magic: magic, version: version, from: 0, to: 1}, helloBadNode},
+		{"wrong node", hello{magic: magic, version: version, from: 9, to: 2, nonce: 1}, helloWrongNode},
+		{"node zero", hello{magic: magic, version: version, from: 0, to: 1, nonce: 1}, helloBadNode},
+		{"no incarnation", hello{magic: magic, version: version, from: 9, to: 1}, helloBadHello},
+		{"session from the dialer", hello{magic: magic, version: version, from: 9, to: 1, nonce: 1, session: 1}, helloBadHello},
+		{"version 1", hello{magic: magic, version: 1, from: 9, to: 1}, helloBadVersion},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -109,9 +122,14 @@ func TestHandshakeWrongPeer(t *testing.T) {
 	}
 }
 
-// request builds a request frame by hand.
+// request builds a request frame by hand, with floor 1.
 func request(id uint64, count int, ops ...[]byte) []byte {
-	var body []byte
+	return requestFloor(id, 1, count, ops...)
+}
+
+// requestFloor builds a request frame with the given floor.
+func requestFloor(id, floor uint64, count int, ops ...[]byte) []byte {
+	body := binary.LittleEndian.AppendUint64(nil, floor)
 	for _, o := range ops {
 		body = append(body, o...)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -31,6 +32,19 @@ type Config struct {
 	// a silent, vanished peer is noticed when no operation is waiting on
 	// it. Zero means 15 s; negative disables keep-alives.
 	KeepAlive time.Duration
+	// RetryWindow bounds how long, after the connection that carried a
+	// batch broke before its response came back, Post keeps trying to
+	// reach the same incarnation of the peer to finish the batch (the
+	// peer answers a batch it executed from its record, and executes one
+	// it never saw). When the window passes first, Post fails with
+	// rdma.ErrOutcomeUnknown. The Post's context bounds it too. Zero means
+	// 10 s; negative means no retry at all.
+	RetryWindow time.Duration
+	// SessionLinger is how long this node, as a responder, keeps the
+	// record of a requester incarnation's recent batches after its last
+	// connection closed. It should exceed the requesters' RetryWindow.
+	// Zero means 1 minute.
+	SessionLinger time.Duration
 }
 
 func (c *Config) fill() {
@@ -46,12 +60,19 @@ func (c *Config) fill() {
 	if c.KeepAlive == 0 {
 		c.KeepAlive = 15 * time.Second
 	}
+	if c.RetryWindow == 0 {
+		c.RetryWindow = 10 * time.Second
+	}
+	if c.SessionLinger <= 0 {
+		c.SessionLinger = time.Minute
+	}
 }
 
 // Transport is one node's endpoint of the tcp backend. It implements
 // rdma.Transport; see the package documentation for the protocol.
 type Transport struct {
 	id    ids.NodeID
+	nonce uint64 // this incarnation: the requester's session, the responder's identity
 	cfg   Config
 	log   *slog.Logger
 	ln    net.Listener
@@ -66,7 +87,15 @@ type Transport struct {
 	mu      sync.Mutex
 	peers   map[ids.NodeID]*peer // under mu
 	inbound map[net.Conn]*conn   // accepted, handshaking (nil) or serving; under mu
-	wg      sync.WaitGroup       // every goroutine of the transport
+	// outs are this node's sessions as a requester, one per peer node
+	// ever added; never removed, so that sequence numbers towards a node
+	// are never reused. Under mu.
+	outs map[ids.NodeID]*outSession
+	// sessions are the requester sessions this node serves; lastSession
+	// numbers them. Under mu.
+	sessions    map[sessionKey]*inSession
+	lastSession uint64
+	wg          sync.WaitGroup // every goroutine of the transport
 }
 
 var _ rdma.Transport = (*Transport)(nil)
@@ -76,6 +105,7 @@ var _ rdma.Transport = (*Transport)(nil)
 type peer struct {
 	id   ids.NodeID
 	addr string
+	out  *outSession
 	conn *conn        // nil until the first use, or after a failure
 	dial *dialAttempt // the connection attempt in progress, if any
 }
@@ -102,15 +132,18 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Transport{
-		id:      id,
-		cfg:     cfg,
-		log:     cfg.Logger.With("node", id),
-		ln:      ln,
-		table:   target.New(id),
-		ctx:     ctx,
-		cancel:  cancel,
-		peers:   make(map[ids.NodeID]*peer),
-		inbound: make(map[net.Conn]*conn),
+		id:       id,
+		nonce:    newNonce(),
+		cfg:      cfg,
+		log:      cfg.Logger.With("node", id),
+		ln:       ln,
+		table:    target.New(id),
+		ctx:      ctx,
+		cancel:   cancel,
+		peers:    make(map[ids.NodeID]*peer),
+		inbound:  make(map[net.Conn]*conn),
+		outs:     make(map[ids.NodeID]*outSession),
+		sessions: make(map[sessionKey]*inSession),
 	}
 	t.wg.Add(1)
 	go t.acceptLoop()
@@ -146,7 +179,12 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 	}
 	p := t.peers[id]
 	if p == nil {
-		t.peers[id] = &peer{id: id, addr: addr}
+		out := t.outs[id]
+		if out == nil {
+			out = newOutSession()
+			t.outs[id] = out
+		}
+		t.peers[id] = &peer{id: id, addr: addr, out: out}
 		t.mu.Unlock()
 		return nil
 	}
@@ -164,7 +202,8 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 }
 
 // RemovePeer implements rdma.Transport. The peer's connections in both
-// directions are closed.
+// directions are closed, and the record of its recent batches is dropped:
+// a batch of it still in flight then fails with rdma.ErrOutcomeUnknown.
 func (t *Transport) RemovePeer(id ids.NodeID) {
 	t.mu.Lock()
 	p := t.peers[id]
@@ -172,6 +211,11 @@ func (t *Transport) RemovePeer(id ids.NodeID) {
 	var down []*conn
 	if p != nil && p.conn != nil {
 		down = append(down, p.conn)
+	}
+	for _, s := range t.sessions {
+		if s.node == id {
+			t.evictSession(s)
+		}
 	}
 	for _, c := range t.inbound {
 		if c != nil && c.peer == id {
@@ -202,6 +246,15 @@ func (t *Transport) deliver(from ids.NodeID, msg []byte) {
 }
 
 // Post implements rdma.Transport.
+//
+// Each batch gets a sequence number in this incarnation's session with the
+// peer. When the connection that carried it breaks before the response
+// came back, Post connects again (within Config.RetryWindow and ctx) and,
+// if the same incarnation of the peer still holds this session, sends the
+// batch again under the same number: the peer answers from its record if
+// it executed the batch, and executes it if it never saw it. Otherwise
+// Post fails with an error that wraps rdma.ErrOutcomeUnknown. See the
+// package documentation for what each error means.
 func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -221,30 +274,160 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 		rdma.FailAll(ops, err)
 		return err
 	}
-	// A connection can turn out to be down before anything was sent on
-	// it; then one fresh connection is tried.
-	for attempt := 0; ; attempt++ {
-		c, err := t.conn(ctx, peer)
+	a := attempt{t: t, peer: peer, ops: ops, reqLen: reqLen}
+	err = a.run(ctx)
+	if a.seq != 0 {
+		a.out.release(a.seq)
+	}
+	return err
+}
+
+// attempt is one Post through its connections.
+type attempt struct {
+	t      *Transport
+	peer   ids.NodeID
+	ops    []rdma.Op
+	reqLen int
+
+	out *outSession
+	seq uint64 // 0 until acquired
+	// The peer incarnation and session that the request may have reached,
+	// zero while it certainly reached none.
+	sentNonce, sentSess uint64
+	brokeAt             time.Time // when its first connection broke
+	fresh               int       // connections found down before sending
+	backoff             time.Duration
+}
+
+func (a *attempt) sent() bool { return a.sentNonce != 0 }
+
+// run posts the batch until it completes or cannot be finished; the
+// returned error is final, and the ops report it unless the peer did.
+func (a *attempt) run(ctx context.Context) error {
+	for {
+		c, err := a.t.conn(ctx, a.peer)
 		if err != nil {
-			rdma.FailAll(ops, err)
-			return err
-		}
-		err = c.post(ctx, ops, reqLen)
-		if err == errConnDown && attempt == 0 {
+			if !a.sent() {
+				return a.fail(err) // nothing was sent
+			}
+			if ctx.Err() != nil {
+				return a.fail(ctxUnknown(ctx.Err()))
+			}
+			if !retryable(err) {
+				return a.fail(outcomeUnknown(a.peer, err))
+			}
+			if err := a.wait(ctx, err); err != nil {
+				return a.fail(err)
+			}
 			continue
 		}
-		if err == errConnDown {
-			err = c.failure()
-			rdma.FailAll(ops, err)
+		if a.seq == 0 {
+			a.out = c.out
+			if a.seq, err = a.out.acquire(ctx); err != nil {
+				return a.fail(err) // waiting for room; nothing was sent
+			}
 		}
-		return err
+		if a.sent() && (c.peerNonce != a.sentNonce || c.peerSess != a.sentSess) {
+			why := "the peer restarted: a new incarnation answered"
+			if c.peerNonce == a.sentNonce {
+				why = "the peer no longer holds this node's session"
+			}
+			return a.fail(outcomeUnknown(a.peer, errors.New(why)))
+		}
+		err = c.post(ctx, a.ops, a.reqLen, a.seq)
+		switch {
+		case err == errConnDown:
+			// Found down before the request was queued on it.
+			if !a.sent() {
+				a.fresh++
+				if a.fresh > 1 {
+					return a.fail(c.failure())
+				}
+				continue
+			}
+			if err := a.wait(ctx, c.failure()); err != nil {
+				return a.fail(err)
+			}
+		case err == errBroken:
+			a.sentNonce, a.sentSess = c.peerNonce, c.peerSess
+			if a.brokeAt.IsZero() {
+				a.brokeAt = time.Now()
+			}
+			if a.t.isClosed() || a.t.cfg.RetryWindow < 0 {
+				return a.fail(outcomeUnknown(a.peer, c.failure()))
+			}
+		case err != nil && ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			// The request was queued: it may have executed.
+			return a.fail(ctxUnknown(err))
+		default:
+			return err // the peer's answer, or a final failure already in ops
+		}
 	}
 }
 
-// post runs one batch on an outbound connection. It returns errConnDown,
-// with ops untouched, when the connection was down before the request
-// could be queued.
-func (c *conn) post(ctx context.Context, ops []rdma.Op, reqLen int) error {
+// fail reports err in every op.
+func (a *attempt) fail(err error) error {
+	rdma.FailAll(a.ops, err)
+	return err
+}
+
+// wait sleeps before the next try to reach the peer after cause, or fails
+// when the retry window or ctx ends first.
+func (a *attempt) wait(ctx context.Context, cause error) error {
+	if a.brokeAt.IsZero() {
+		a.brokeAt = time.Now()
+	}
+	left := a.t.cfg.RetryWindow - time.Since(a.brokeAt)
+	if left <= 0 {
+		return outcomeUnknown(a.peer, cause)
+	}
+	switch {
+	case a.backoff == 0:
+		a.backoff = 5 * time.Millisecond
+	case a.backoff < 200*time.Millisecond:
+		a.backoff *= 2
+	}
+	tm := time.NewTimer(min(a.backoff, left))
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctxUnknown(ctx.Err())
+	case <-a.t.ctx.Done():
+		return outcomeUnknown(a.peer, rdma.ErrClosed)
+	}
+}
+
+// retryable reports whether a failure to reach a peer may pass: not when
+// the transport closed, the peer was removed, nobody listens at its
+// address any more (its incarnation ended), or it refused the handshake.
+func retryable(err error) bool {
+	switch {
+	case errors.Is(err, rdma.ErrClosed), errors.Is(err, rdma.ErrUnknownPeer),
+		errors.Is(err, syscall.ECONNREFUSED), errors.As(err, new(*refusal)):
+		return false
+	}
+	return true
+}
+
+// ctxUnknown is the error of a Post whose context ended after its request
+// was queued: it matches both the context's error and
+// rdma.ErrOutcomeUnknown.
+func ctxUnknown(err error) error {
+	return fmt.Errorf("%w (%w)", err, rdma.ErrOutcomeUnknown)
+}
+
+// errBroken is reported by conn.post when the connection broke after the
+// request was queued and before its response was complete: the batch may
+// have executed, and the ops hold nothing of value.
+var errBroken = errors.New("tcp: connection broke with the request in flight")
+
+// post runs one batch with sequence number seq on an outbound connection.
+// It returns errConnDown, with ops untouched, when the connection was down
+// before the request could be queued, and errBroken when it broke before
+// the response was complete.
+func (c *conn) post(ctx context.Context, ops []rdma.Op, reqLen int, seq uint64) error {
 	cl := callPool.Get().(*call)
 	cl.conn = c
 	cl.ops = ops
@@ -252,15 +435,15 @@ func (c *conn) post(ctx context.Context, ops []rdma.Op, reqLen int) error {
 	cl.cancelled = false
 	cl.cancel.Store(false)
 	cl.state.Store(callPending)
-	id, own, err := c.register(cl)
+	cl.id = seq
+	own, err := c.register(cl)
 	if err != nil {
 		cl.ops = nil
 		callPool.Put(cl)
 		return err
 	}
-	cl.id = id
 	fb := getBuf(hdrLen + reqLen)
-	encodeRequest(fb.b, id, ops, reqLen)
+	encodeRequest(fb.b, seq, c.out.floor.Load(), ops, reqLen)
 	if err := c.enqueue(fb, own); err != nil {
 		if own {
 			c.releaseRead()
@@ -268,11 +451,11 @@ func (c *conn) post(ctx context.Context, ops []rdma.Op, reqLen int) error {
 		// Not sent. If shutdown has not failed the call yet, take it back;
 		// the call may still be referenced by shutdown, so it is not reused.
 		if cl.state.CompareAndSwap(callPending, callAbandoned) {
-			c.forget(id)
-			return errConnDown
+			c.forget(seq)
+		} else {
+			<-cl.done
 		}
-		<-cl.done
-		return cl.err
+		return errConnDown
 	}
 	reuse := true
 	if own {
@@ -302,7 +485,7 @@ func (c *conn) post(ctx context.Context, ops []rdma.Op, reqLen int) error {
 			// The response, if it comes, is discarded by the reader. The
 			// reader may hold a reference from its lookup, so the call is
 			// left to the garbage collector.
-			c.forget(id)
+			c.forget(seq)
 			err := ctx.Err()
 			rdma.FailAll(ops, err)
 			return err
@@ -423,7 +606,7 @@ func (t *Transport) dial(p *peer, d *dialAttempt, addr string) {
 	defer close(d.done)
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.DialTimeout)
 	defer cancel()
-	c, err := t.connect(ctx, p.id, addr)
+	c, err := t.connect(ctx, p, addr)
 	t.mu.Lock()
 	if err == nil {
 		switch {
@@ -454,7 +637,8 @@ func (t *Transport) dial(p *peer, d *dialAttempt, addr string) {
 }
 
 // connect dials addr and performs the dialer's half of the handshake.
-func (t *Transport) connect(ctx context.Context, id ids.NodeID, addr string) (*conn, error) {
+func (t *Transport) connect(ctx context.Context, p *peer, addr string) (*conn, error) {
+	id := p.id
 	unreachable := func(err error) error {
 		if t.isClosed() {
 			return rdma.ErrClosed
@@ -471,7 +655,7 @@ func (t *Transport) connect(ctx context.Context, id ids.NodeID, addr string) (*c
 	}
 	// Close unblocks a handshake in progress.
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	err = t.handshakeDial(nc, id)
+	r, err := t.handshakeDial(nc, id)
 	if !stop() {
 		err = errors.Join(err, ctx.Err())
 	}
@@ -480,33 +664,55 @@ func (t *Transport) connect(ctx context.Context, id ids.NodeID, addr string) (*c
 		return nil, unreachable(err)
 	}
 	nc.SetDeadline(time.Time{})
-	return newConn(t, nc, id, true), nil
+	c := newConn(t, nc, id, true)
+	c.out = p.out
+	c.peerNonce, c.peerSess = r.nonce, r.session
+	return c, nil
 }
 
-func (t *Transport) handshakeDial(nc net.Conn, id ids.NodeID) error {
+// refusal is a handshake failure that another try would meet again: the
+// listener refused, or it is not the node or protocol wanted.
+type refusal struct{ error }
+
+func (r *refusal) Unwrap() error { return r.error }
+
+// handshakeDial performs the dialer's half of the handshake on nc and
+// returns the listener's hello.
+func (t *Transport) handshakeDial(nc net.Conn, id ids.NodeID) (hello, error) {
 	var b [helloLen]byte
-	h := hello{magic: magic, version: version, from: t.id, to: id}
+	h := hello{magic: magic, version: version, from: t.id, to: id, nonce: t.nonce}
 	h.encode(b[:])
 	if _, err := nc.Write(b[:]); err != nil {
-		return fmt.Errorf("%w: send hello: %w", ErrHandshake, err)
+		return hello{}, fmt.Errorf("%w: send hello: %w", ErrHandshake, err)
 	}
-	if _, err := io.ReadFull(nc, b[:]); err != nil {
-		return fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
+		return hello{}, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
 	}
-	r := decodeHello(b[:])
+	r := decodeHello(b[:helloPrefix])
+	refused := func(format string, args ...any) (hello, error) {
+		return hello{}, &refusal{fmt.Errorf("%w: "+format, append([]any{ErrHandshake}, args...)...)}
+	}
 	switch {
 	case r.magic != magic:
-		return fmt.Errorf("%w: %s does not speak this protocol (magic %#x)", ErrHandshake, nc.RemoteAddr(), r.magic)
+		return refused("%s does not speak this protocol (magic %#x)", nc.RemoteAddr(), r.magic)
 	case r.status != helloOK:
-		return fmt.Errorf("%w: refused by %s: %s", ErrHandshake, nc.RemoteAddr(), helloRefusal(r.status))
+		return refused("refused by %s: %s", nc.RemoteAddr(), helloRefusal(r.status))
 	case r.version != version:
-		return fmt.Errorf("%w: %s speaks version %d, want %d", ErrHandshake, nc.RemoteAddr(), r.version, version)
-	case r.from != id:
-		return fmt.Errorf("%w: %s is node %v, want %v", ErrHandshake, nc.RemoteAddr(), r.from, id)
-	case r.to != t.id:
-		return fmt.Errorf("%w: %s answered node %v, want %v", ErrHandshake, nc.RemoteAddr(), r.to, t.id)
+		return refused("%s speaks version %d, want %d", nc.RemoteAddr(), r.version, version)
 	}
-	return nil
+	if _, err := io.ReadFull(nc, b[helloPrefix:]); err != nil {
+		return hello{}, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+	}
+	r = decodeHello(b[:])
+	switch {
+	case r.from != id:
+		return refused("%s is node %v, want %v", nc.RemoteAddr(), r.from, id)
+	case r.to != t.id:
+		return refused("%s answered node %v, want %v", nc.RemoteAddr(), r.to, t.id)
+	case r.nonce == 0 || r.session == 0:
+		return refused("%s sent a hello without incarnation or session", nc.RemoteAddr())
+	}
+	return r, nil
 }
 
 func (t *Transport) acceptLoop() {
@@ -542,7 +748,7 @@ func (t *Transport) acceptLoop() {
 // serving it.
 func (t *Transport) accept(nc net.Conn) {
 	defer t.wg.Done()
-	from, err := t.handshakeAccept(nc)
+	from, sess, err := t.handshakeAccept(nc)
 	t.mu.Lock()
 	if err == nil && t.isClosed() {
 		err = rdma.ErrClosed
@@ -557,31 +763,49 @@ func (t *Transport) accept(nc net.Conn) {
 		return
 	}
 	c := newConn(t, nc, from, false)
+	c.sess = sess
+	// The session's older connections close before this one serves: from
+	// here on nothing that arrives on them executes (see inSession.serve).
+	for _, o := range t.bindSession(c) {
+		o.shutdown(errors.New("superseded by a new connection of the same session"))
+	}
 	t.inbound[nc] = c
 	c.start()
 	t.mu.Unlock()
 }
 
 // forgetInbound drops a served connection that is down.
-func (t *Transport) forgetInbound(nc net.Conn) {
+func (t *Transport) forgetInbound(c *conn) {
 	t.mu.Lock()
-	delete(t.inbound, nc)
+	if t.inbound[c.nc] == c {
+		delete(t.inbound, c.nc)
+		t.unbindSession(c)
+	}
 	t.mu.Unlock()
 }
 
-func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, error) {
+// handshakeAccept performs the acceptor's half of the handshake on nc: it
+// returns the dialer's node and the session its requests execute in.
+func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, *inSession, error) {
 	nc.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
 	var b [helloLen]byte
-	if _, err := io.ReadFull(nc, b[:]); err != nil {
-		return 0, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
+		return 0, nil, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
 	}
-	h := decodeHello(b[:])
+	h := decodeHello(b[:helloPrefix])
 	if h.magic != magic {
 		// Not one of ours: no answer.
-		return 0, fmt.Errorf("%w: bad magic %#x", ErrHandshake, h.magic)
+		return 0, nil, fmt.Errorf("%w: bad magic %#x", ErrHandshake, h.magic)
 	}
 	status := uint16(helloOK)
 	var err error
+	if h.version == version {
+		// The rest of a hello of this version.
+		if _, err := io.ReadFull(nc, b[helloPrefix:]); err != nil {
+			return 0, nil, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+		}
+		h = decodeHello(b[:])
+	}
 	switch {
 	case h.version != version:
 		status = helloBadVersion
@@ -595,17 +819,48 @@ func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, error) {
 	case h.status != helloOK:
 		status = helloBadNode
 		err = fmt.Errorf("%w: dialer hello with status %d", ErrHandshake, h.status)
+	case h.nonce == 0 || h.session != 0:
+		status = helloBadHello
+		err = fmt.Errorf("%w: dialer hello with incarnation %#x and session %#x", ErrHandshake, h.nonce, h.session)
 	}
-	r := hello{magic: magic, version: version, status: status, from: t.id, to: h.from}
+	var sess *inSession
+	var evicted []*conn
+	if err == nil {
+		t.mu.Lock()
+		if t.isClosed() {
+			status = helloShuttingDown
+			err = rdma.ErrClosed
+		} else {
+			sess, evicted = t.openSession(h.from, h.nonce)
+		}
+		t.mu.Unlock()
+	}
+	for _, c := range evicted {
+		c.shutdown(errSessionGone)
+	}
+	r := hello{magic: magic, version: version, status: status, from: t.id, to: h.from, nonce: t.nonce}
+	n := helloPrefix // a refusal is understood by every version
+	if sess != nil {
+		r.session = sess.id
+		n = helloLen
+	}
 	r.encode(b[:])
-	if _, werr := nc.Write(b[:]); werr != nil && err == nil {
+	if _, werr := nc.Write(b[:n]); werr != nil && err == nil {
 		err = fmt.Errorf("%w: send hello: %w", ErrHandshake, werr)
 	}
 	if err != nil {
-		return 0, err
+		// Let the refusal arrive: closing with unread bytes (a longer hello
+		// of another version) would reset the connection, and a reset can
+		// discard the refusal before the dialer reads it. The dialer closes
+		// once it has read it; the handshake deadline bounds the wait.
+		if tc, ok := nc.(*net.TCPConn); ok && status != helloOK {
+			tc.CloseWrite()
+			io.Copy(io.Discard, io.LimitReader(nc, 1<<12))
+		}
+		return 0, nil, err
 	}
 	nc.SetDeadline(time.Time{})
-	return h.from, nil
+	return h.from, sess, nil
 }
 
 // Close implements rdma.Transport. It stops every goroutine of the

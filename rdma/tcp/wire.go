@@ -13,21 +13,32 @@ import (
 //
 // A connection starts with a hello in each direction (helloLen bytes):
 //
-//	magic u32 | version u16 | status u16 | from u32 | to u32
+//	magic u32 | version u16 | status u16 | from u32 | to u32 | nonce u64 | session u64
 //
-// The dialer sends first, naming itself (from) and the node it means to
-// reach (to). The acceptor answers with its own hello, status 0, or with a
-// refusal status and closes the connection.
+// The dialer sends first, naming itself (from), the node it means to reach
+// (to) and its incarnation (nonce, drawn at random when its transport
+// started; never zero); its session field is zero. The acceptor answers
+// with its own hello, status 0, its own incarnation nonce and the id of the
+// session table it keeps for the dialer's incarnation (never zero, unique
+// within the acceptor's incarnation), or with a refusal status and closes
+// the connection. The first helloPrefix bytes have the same layout in every
+// version, so a refusal of another version is understood.
 //
 // After the hellos the connection carries frames. A frame is a header
 // (hdrLen bytes) and a body of bodyLen bytes:
 //
 //	bodyLen u32 | type u8 | status u8 | count u16 | id u64
 //
-// frameRequest (dialer to acceptor): count ops, each an op header (opLen
-// bytes) followed, for a WRITE only, by its n bytes of data:
+// frameRequest (dialer to acceptor): id is the batch's sequence number in
+// the dialer's session with the acceptor's node (from 1, never reused,
+// kept across connections). The body is the dialer's floor (reqPrefix
+// bytes: every sequence number below it is finished at the dialer and
+// will never be sent again; floor <= id < floor+maxInFlight) and then
+// count ops, each an op header (opLen bytes) followed, for a WRITE only, by
+// its n bytes of data:
 //
-//	kind u8 | zero [3]u8 | n u32 | key u64 | offset u64 | a u64 | b u64
+//	floor u64 | ops...
+//	op: kind u8 | zero [3]u8 | n u32 | key u64 | offset u64 | a u64 | b u64
 //
 // n is the transfer size of a READ or WRITE and zero otherwise; a is the
 // compare value of a CAS and the addend of a FAA, b the new value of a CAS;
@@ -38,19 +49,27 @@ import (
 // did, or the code of the error of op count, which ended the batch. The body
 // is the results of the executed ops in order (a READ's bytes, a CAS's or
 // FAA's old word, nothing for a WRITE) followed, when status is not zero, by
-// the error's text (at most maxErrText bytes).
+// the error's text (at most maxErrText bytes). A request below the
+// session's floor gets no response.
 //
 // frameMessage (dialer to acceptor): a two-sided message; the body is the
 // message, count, status and id are zero.
 const (
-	magic      = 0x544d5344 // "DSMT"
-	version    = 1
-	helloLen   = 16
-	hdrLen     = 16
-	opLen      = 40
-	resultLen  = rdma.WordSize
-	maxErrText = 256
+	magic       = 0x544d5344 // "DSMT"
+	version     = 2
+	helloPrefix = 16
+	helloLen    = 32
+	hdrLen      = 16
+	reqPrefix   = 8
+	opLen       = 40
+	resultLen   = rdma.WordSize
+	maxErrText  = 256
 )
+
+// maxInFlight is the most batches of one session that can be unfinished
+// at once: the requester waits for a slot beyond it, and the responder
+// remembers the outcomes of at most that many.
+const maxInFlight = 1024
 
 // Frame types.
 const (
@@ -71,6 +90,7 @@ const (
 	helloWrongNode    = 2
 	helloBadNode      = 3
 	helloShuttingDown = 4
+	helloBadHello     = 5
 )
 
 // Errors of this package. Failures of a peer's connection reach callers of
@@ -90,24 +110,36 @@ type hello struct {
 	status  uint16
 	from    ids.NodeID
 	to      ids.NodeID
+	nonce   uint64 // the sender's incarnation
+	session uint64 // acceptor: the id of the dialer's session table; dialer: zero
 }
 
+// encode writes the hello into b (helloLen bytes).
 func (h *hello) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[0:], h.magic)
 	binary.LittleEndian.PutUint16(b[4:], h.version)
 	binary.LittleEndian.PutUint16(b[6:], h.status)
 	binary.LittleEndian.PutUint32(b[8:], uint32(h.from))
 	binary.LittleEndian.PutUint32(b[12:], uint32(h.to))
+	binary.LittleEndian.PutUint64(b[16:], h.nonce)
+	binary.LittleEndian.PutUint64(b[24:], h.session)
 }
 
+// decodeHello parses the first helloPrefix bytes of b and, when b holds
+// helloLen bytes, the rest.
 func decodeHello(b []byte) hello {
-	return hello{
+	h := hello{
 		magic:   binary.LittleEndian.Uint32(b[0:]),
 		version: binary.LittleEndian.Uint16(b[4:]),
 		status:  binary.LittleEndian.Uint16(b[6:]),
 		from:    ids.NodeID(binary.LittleEndian.Uint32(b[8:])),
 		to:      ids.NodeID(binary.LittleEndian.Uint32(b[12:])),
 	}
+	if len(b) >= helloLen {
+		h.nonce = binary.LittleEndian.Uint64(b[16:])
+		h.session = binary.LittleEndian.Uint64(b[24:])
+	}
+	return h
 }
 
 func helloRefusal(status uint16) string {
@@ -120,6 +152,8 @@ func helloRefusal(status uint16) string {
 		return "invalid node id"
 	case helloShuttingDown:
 		return "the listener is closing"
+	case helloBadHello:
+		return "malformed hello"
 	}
 	return fmt.Sprintf("status %d", status)
 }
@@ -161,17 +195,28 @@ type wireOp struct {
 	data []byte
 }
 
-// decodeRequest parses the body of a request frame of count ops into out
-// (reused) and returns it. It checks only the framing: every op header
-// complete, padding zero, a payload only on WRITE and exactly as long as its
-// n, no trailing bytes. Whether an op is acceptable to the target (kind,
-// key, bounds, rights, sizes) is the executor's question, answered with an
-// error reply.
-func decodeRequest(count int, body []byte, out []wireOp) ([]wireOp, error) {
-	if count < 1 || count > rdma.MaxBatch {
-		return out, fmt.Errorf("%w: request of %d ops", ErrProtocol, count)
-	}
+// decodeRequest parses the body of a request frame of count ops: the
+// sender's floor, and the ops into out (reused), which it returns. It
+// checks only the framing: the floor present, every op header complete,
+// padding zero, a payload only on WRITE and exactly as long as its n, no
+// trailing bytes. Whether an op is acceptable to the target (kind, key,
+// bounds, rights, sizes) is the executor's question, answered with an error
+// reply; whether the floor fits the request's id is the session's.
+func decodeRequest(count int, body []byte, out []wireOp) (floor uint64, ops []wireOp, err error) {
 	out = out[:0]
+	if count < 1 || count > rdma.MaxBatch {
+		return 0, out, fmt.Errorf("%w: request of %d ops", ErrProtocol, count)
+	}
+	if len(body) < reqPrefix {
+		return 0, out, fmt.Errorf("%w: request of %d bytes has no floor", ErrProtocol, len(body))
+	}
+	floor = binary.LittleEndian.Uint64(body)
+	ops, err = decodeOps(count, body[reqPrefix:], out)
+	return floor, ops, err
+}
+
+// decodeOps parses the ops of a request body.
+func decodeOps(count int, body []byte, out []wireOp) ([]wireOp, error) {
 	p := 0
 	for i := 0; i < count; i++ {
 		if len(body)-p < opLen {
@@ -215,7 +260,7 @@ func decodeRequest(count int, body []byte, out []wireOp) ([]wireOp, error) {
 // length of its full response, or an error when either exceeds maxBody.
 // ops passed rdma.CheckBatch.
 func requestSize(ops []rdma.Op) (req, resp int, err error) {
-	var r, s uint64
+	r, s := uint64(reqPrefix), uint64(0)
 	for i := range ops {
 		r += opLen
 		switch ops[i].Kind {
@@ -236,12 +281,13 @@ func requestSize(ops []rdma.Op) (req, resp int, err error) {
 	return int(r), int(s), nil
 }
 
-// encodeRequest writes the request frame for ops with the given id into b,
-// which has room for hdrLen+reqLen bytes.
-func encodeRequest(b []byte, id uint64, ops []rdma.Op, reqLen int) {
+// encodeRequest writes the request frame for ops with sequence number id
+// and the sender's floor into b, which has room for hdrLen+reqLen bytes.
+func encodeRequest(b []byte, id, floor uint64, ops []rdma.Op, reqLen int) {
 	h := header{bodyLen: uint32(reqLen), typ: frameRequest, count: uint16(len(ops)), id: id}
 	h.encode(b)
-	p := hdrLen
+	binary.LittleEndian.PutUint64(b[hdrLen:], floor)
+	p := hdrLen + reqPrefix
 	for i := range ops {
 		op := &ops[i]
 		o := b[p : p+opLen]
