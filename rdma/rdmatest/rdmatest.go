@@ -2,7 +2,9 @@
 // transport passes: the semantics of each operation, ordering within a
 // batch, exact totals under concurrent atomics from many goroutines and
 // peers, the error reported for each kind of bad request (with the target's
-// memory left intact), messages, dead peers and closing.
+// memory left intact), messages, dead peers and closing, and that a failed
+// batch executed only when its error wraps rdma.ErrOutcomeUnknown (or is a
+// context error).
 //
 // A backend's test calls Run with a constructor of connected endpoints:
 //
@@ -56,6 +58,7 @@ func Run(t *testing.T, b Backend) {
 		{"UnknownPeer", testUnknownPeer},
 		{"DeadPeer", testDeadPeer},
 		{"DeadPeerMidBatch", testDeadPeerMidBatch},
+		{"DeadPeerOutcome", testDeadPeerOutcome},
 		{"Context", testContext},
 		{"Closed", testClosed},
 	}
@@ -620,5 +623,59 @@ func testClosed(t *testing.T, b Backend) {
 	}
 	if _, err := ts[0].Register(make([]byte, 64), rdma.AccessAll); !errors.Is(err, rdma.ErrClosed) {
 		t.Errorf("Register after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testDeadPeerOutcome checks what Post's errors say about execution when
+// the peer dies with batches in flight: a batch whose error wraps neither
+// rdma.ErrOutcomeUnknown nor a context error executed nothing. Workers add
+// 1 to a counter until their first failure; the counter must end between
+// the adds that succeeded and those plus the ones whose outcome is unknown.
+func testDeadPeerOutcome(t *testing.T, b Backend) {
+	ts := cluster(t, b, 2)
+	reg := register(t, ts[1], 4096, rdma.AccessAll)
+	rk := reg.Descriptor().RKey
+	post(t, ts[0], 2, faa(rk, 0, 0)) // connected
+	const workers = 8
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var done, unknown uint64
+	var others []error
+	start := make(chan struct{})
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), hang)
+			defer cancel()
+			<-start
+			for {
+				err := ts[0].Post(ctx, 2, []rdma.Op{faa(rk, 0, 1)})
+				mu.Lock()
+				switch {
+				case err == nil:
+					done++
+				case errors.Is(err, rdma.ErrOutcomeUnknown), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+					unknown++
+				default:
+					others = append(others, err)
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	time.Sleep(20 * time.Millisecond)
+	if err := ts[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	got := rdma.LoadWord(reg.Bytes(), 0)
+	if got < done || got > done+unknown {
+		t.Errorf("counter %d after %d adds that succeeded and %d of unknown outcome: a batch that failed without rdma.ErrOutcomeUnknown executed (other errors: %v)",
+			got, done, unknown, others)
 	}
 }
