@@ -1,6 +1,7 @@
 // Package fault wraps any verbs transport and injects failures into what it
-// sends: operations that fail as if the link broke, delays, lost, duplicated
-// and reordered messages, and partitions from chosen peers. Faults fire by
+// sends: operations that fail as if the link broke (before or after the
+// target executed them), delays, lost, duplicated and reordered messages,
+// and partitions from chosen peers. Faults fire by
 // rule (peer, kind of traffic, kind of operation) with a probability drawn
 // from a seeded generator, so a failing run can be replayed.
 //
@@ -52,6 +53,15 @@ const (
 	// peer has been sent (or Rule.Delay passed, 10ms by default). Not
 	// valid for Ops.
 	Reorder
+	// LoseResponse executes the batch at the target and then fails it
+	// with rdma.ErrOutcomeUnknown (and rdma.ErrPeerUnreachable), as when
+	// the link broke after the target executed the batch and the peer
+	// could not be reached again to learn its outcome. Only for Ops.
+	LoseResponse
+	// LoseRequest fails the batch with rdma.ErrOutcomeUnknown (and
+	// rdma.ErrPeerUnreachable) without executing it: the link broke with
+	// the request in flight, and it never arrived. Only for Ops.
+	LoseRequest
 )
 
 // Rule is one kind of fault.
@@ -75,10 +85,12 @@ func (r Rule) validate() error {
 	switch {
 	case r.Traffic != Ops && r.Traffic != Messages:
 		return fmt.Errorf("fault: rule with traffic %d", r.Traffic)
-	case r.Action < Drop || r.Action > Reorder:
+	case r.Action < Drop || r.Action > LoseRequest:
 		return fmt.Errorf("fault: rule with action %d", r.Action)
 	case r.Traffic == Ops && (r.Action == Duplicate || r.Action == Reorder):
 		return errors.New("fault: operations cannot be duplicated or reordered")
+	case r.Traffic == Messages && (r.Action == LoseResponse || r.Action == LoseRequest):
+		return errors.New("fault: only operations have responses to lose")
 	case r.Prob < 0 || r.Prob > 1:
 		return fmt.Errorf("fault: probability %v outside [0, 1]", r.Prob)
 	case r.Action == Delay && r.Delay <= 0:
@@ -111,6 +123,9 @@ type Stats struct {
 	DroppedBatches, DelayedBatches                                  uint64
 	DroppedMessages, DelayedMessages, DuplicatedMsgs, ReorderedMsgs uint64
 	Partitioned                                                     uint64
+	// Batches failed with rdma.ErrOutcomeUnknown after they executed
+	// (LoseResponse) and without executing (LoseRequest).
+	LostResponses, LostRequests uint64
 }
 
 // Wrap returns a wrapper of inner whose random choices come from seed.
@@ -164,6 +179,12 @@ func injected(peer ids.NodeID, what string) error {
 	return &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w (%s): %w", ErrInjected, what, rdma.ErrPeerUnreachable)}
 }
 
+// injectedUnknown is an injected failure whose outcome the caller cannot
+// know.
+func injectedUnknown(peer ids.NodeID, what string) error {
+	return &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w (%s): %w: %w", ErrInjected, what, rdma.ErrOutcomeUnknown, rdma.ErrPeerUnreachable)}
+}
+
 // decide returns the actions that fire for one batch or message.
 func (t *Transport) decide(traffic Traffic, peer ids.NodeID, ops []rdma.Op) (partitioned bool, fired []Rule) {
 	t.mu.Lock()
@@ -215,6 +236,7 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 		rdma.FailAll(ops, err)
 		return err
 	}
+	loseResponse := false
 	for _, r := range fired {
 		switch r.Action {
 		case Drop:
@@ -227,9 +249,25 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 			if err := sleep(ctx, r.Delay); err != nil {
 				return err
 			}
+		case LoseRequest:
+			t.count(func(s *Stats) { s.LostRequests++ })
+			err := injectedUnknown(peer, "request lost")
+			rdma.FailAll(ops, err)
+			return err
+		case LoseResponse:
+			loseResponse = true
 		}
 	}
-	return t.Transport.Post(ctx, peer, ops)
+	if !loseResponse {
+		return t.Transport.Post(ctx, peer, ops)
+	}
+	if err := t.Transport.Post(ctx, peer, ops); err != nil {
+		return err
+	}
+	t.count(func(s *Stats) { s.LostResponses++ })
+	err := injectedUnknown(peer, "response lost")
+	rdma.FailAll(ops, err)
+	return err
 }
 
 func (t *Transport) count(f func(*Stats)) {

@@ -257,3 +257,40 @@ func TestInvalidRules(t *testing.T) {
 		}
 	}
 }
+
+// LoseResponse executes the batch and reports an unknown outcome;
+// LoseRequest reports the same without executing it. Neither applies to
+// messages.
+func TestLoseResponseAndRequest(t *testing.T) {
+	ts := wrapped(t, 2)
+	closeAll(t, ts)
+	reg, rk := counter(t, ts[1])
+	ctx := context.Background()
+	for _, c := range []struct {
+		action fault.Action
+		want   uint64 // the counter after the batch
+	}{{fault.LoseResponse, 1}, {fault.LoseRequest, 1}} {
+		if err := ts[0].SetRules(fault.Rule{Traffic: fault.Ops, Action: c.action, Prob: 1}); err != nil {
+			t.Fatal(err)
+		}
+		ops := []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 1}}
+		err := ts[0].Post(ctx, 2, ops)
+		if !errors.Is(err, rdma.ErrOutcomeUnknown) || !errors.Is(err, rdma.ErrPeerUnreachable) || !errors.Is(err, fault.ErrInjected) {
+			t.Errorf("action %d: Post = %v, want an injected ErrOutcomeUnknown", c.action, err)
+		}
+		if !errors.Is(ops[0].Err, rdma.ErrOutcomeUnknown) {
+			t.Errorf("action %d: op error %v", c.action, ops[0].Err)
+		}
+		if got := rdma.LoadWord(reg.Bytes(), 0); got != c.want {
+			t.Errorf("action %d: counter %d, want %d", c.action, got, c.want)
+		}
+	}
+	if s := ts[0].Stats(); s.LostResponses != 1 || s.LostRequests != 1 {
+		t.Errorf("stats %+v", s)
+	}
+	for _, a := range []fault.Action{fault.LoseResponse, fault.LoseRequest} {
+		if err := ts[0].SetRules(fault.Rule{Traffic: fault.Messages, Action: a, Prob: 1}); err == nil {
+			t.Errorf("action %d accepted for messages", a)
+		}
+	}
+}
