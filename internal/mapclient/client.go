@@ -285,14 +285,16 @@ func (m *Mapping) monitor() {
 }
 
 // end leaves the live state for to (dead, deleted or closed), once: it
-// sets the state, closes Done, then fences the mapping. why is what Err
+// sets the state, fences the mapping, then closes Done. why is what Err
 // reports for dead and deleted.
 func (m *Mapping) end(to int32, why error) {
 	m.endOnce.Do(func() {
 		m.why = why
 		m.state.Store(to)
-		close(m.done)
+		// Fence before Done closes: whoever sees Done closed finds the
+		// mapping inaccessible already.
 		m.fence()
+		close(m.done)
 	})
 	if to == closed {
 		m.state.Store(closed)
