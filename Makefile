@@ -12,7 +12,7 @@ SEEDS       ?= 100000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
-.PHONY: soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: chaos soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -69,6 +69,12 @@ soak: ## region life cycles on a real cluster for DURATION; fails when goroutine
 
 sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000)
 	$(GO) test ./coherence/sim -run '^TestSimSeeds$$' -seeds=$(SEEDS) -workers=$$(nproc) -timeout 0 -v
+
+chaos: SEEDS = 1
+chaos: DURATION = 60s
+chaos: FAULTS ?= all
+chaos: ## SEEDS schedules of DURATION on real dsmd clusters in network namespaces under a seeded nemesis (FAULTS: all or a list); needs root; exit 0 only without violations (runs in tests/chaos/out/)
+	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults $(FAULTS) -out $(CURDIR)/tests/chaos/out
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
