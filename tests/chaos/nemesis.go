@@ -29,9 +29,16 @@ const (
 var allFaults = []string{faultKill, faultPause, faultPartition, faultHalves, faultBridge, faultOneWay,
 	faultLoss, faultSlow, faultDisk, faultLeave, faultJoin, faultClientKill}
 
-// DefaultFaults are the kinds of the default run: the faults today's dsmd
-// survives without wrong answers (see docs/reliability.md, "Chaos testing").
-var DefaultFaults = []string{faultPause, faultClientKill}
+// The short run (-short) is the one that make test can afford: one
+// schedule of ShortDuration with faults that today's dsmd survives without
+// wrong answers or hangs (see docs/reliability.md, "Chaos testing"): short
+// pauses, below the failure detector's threshold, and client kills.
+var (
+	ShortFaults   = []string{faultPause, faultClientKill}
+	ShortSpan     = Span{200 * time.Millisecond, 700 * time.Millisecond}
+	ShortDuration = 20 * time.Second
+	ShortSeed     = uint64(1)
+)
 
 // networkFaults need the firewall.
 var networkFaults = []string{faultPartition, faultHalves, faultBridge, faultOneWay, faultLoss}
