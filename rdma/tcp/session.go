@@ -131,9 +131,35 @@ type inSession struct {
 	ring []record
 }
 
+// record is the response of one executed batch. A small response (a
+// WRITE's or a few atomics') is kept inline, a larger one in a pooled
+// buffer.
 type record struct {
-	seq  uint64
-	resp *buffer // nil: empty
+	seq   uint64
+	n     int     // length of the response; 0: empty
+	resp  *buffer // holds the response when n > len(small)
+	small [smallRecord]byte
+}
+
+// smallRecord fits the response of a batch of up to three atomics.
+const smallRecord = hdrLen + 3*resultLen
+
+// bytes returns the recorded response.
+func (r *record) bytes() []byte {
+	if r.resp != nil {
+		return r.resp.b[:r.n]
+	}
+	return r.small[:r.n]
+}
+
+func (r *record) set(seq uint64, b []byte) {
+	r.seq, r.n = seq, len(b)
+	if len(b) <= len(r.small) {
+		copy(r.small[:], b)
+		return
+	}
+	r.resp = getBuf(len(b))
+	copy(r.resp.b, b)
 }
 
 var errSessionGone = errors.New("tcp: the requester's session was evicted")
@@ -165,9 +191,10 @@ func (s *inSession) serve(c *conn, id, floor uint64, wops []wireOp) (*buffer, er
 		return nil, fmt.Errorf("%w: request %d beyond the window of floor %d", ErrProtocol, id, s.floor)
 	}
 	if s.ring != nil {
-		if r := &s.ring[id%maxInFlight]; r.resp != nil && r.seq == id {
-			fb := getBuf(len(r.resp.b))
-			copy(fb.b, r.resp.b)
+		if r := &s.ring[id%maxInFlight]; r.n > 0 && r.seq == id {
+			b := r.bytes()
+			fb := getBuf(len(b))
+			copy(fb.b, b)
 			return fb, nil
 		}
 	}
@@ -177,11 +204,8 @@ func (s *inSession) serve(c *conn, id, floor uint64, wops []wireOp) (*buffer, er
 			s.ring = make([]record, maxInFlight)
 		}
 		r := &s.ring[id%maxInFlight]
-		if r.resp != nil {
-			putBuf(r.resp)
-		}
-		r.seq, r.resp = id, getBuf(len(fb.b))
-		copy(r.resp.b, fb.b)
+		s.drop(r)
+		r.set(id, fb.b)
 	}
 	return fb, nil
 }
@@ -198,7 +222,7 @@ func (s *inSession) advance(floor uint64) {
 			}
 		} else {
 			for q := s.floor; q < floor; q++ {
-				if r := &s.ring[q%maxInFlight]; r.seq == q {
+				if r := &s.ring[q%maxInFlight]; r.n > 0 && r.seq == q {
 					s.drop(r)
 				}
 			}
@@ -210,8 +234,9 @@ func (s *inSession) advance(floor uint64) {
 func (s *inSession) drop(r *record) {
 	if r.resp != nil {
 		putBuf(r.resp)
+		r.resp = nil
 	}
-	*r = record{}
+	r.seq, r.n = 0, 0
 }
 
 // kill ends the session: its records are dropped and nothing executes in
