@@ -119,6 +119,7 @@ type inSession struct {
 	nonce uint64 // the requester's incarnation
 
 	// Under the transport's mu.
+	evicted   bool      // removed from the transport's table
 	conns     int       // serving connections bound to the session
 	idleSince time.Time // when conns last dropped to zero
 	lastHello time.Time
@@ -326,6 +327,7 @@ func (t *Transport) evictSession(s *inSession) []*conn {
 	if t.sessions[k] == s {
 		delete(t.sessions, k)
 	}
+	s.evicted = true
 	s.kill()
 	var down []*conn
 	for _, c := range t.inbound {

@@ -750,8 +750,13 @@ func (t *Transport) accept(nc net.Conn) {
 	defer t.wg.Done()
 	from, sess, err := t.handshakeAccept(nc)
 	t.mu.Lock()
-	if err == nil && t.isClosed() {
+	switch {
+	case err != nil:
+	case t.isClosed():
 		err = rdma.ErrClosed
+	case sess.evicted:
+		// Evicted since the hello: the dialer comes back to a new session.
+		err = errSessionGone
 	}
 	if err != nil {
 		delete(t.inbound, nc)
