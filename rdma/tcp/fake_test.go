@@ -270,8 +270,9 @@ func TestCancelMidResponse(t *testing.T) {
 	}
 }
 
-// A peer that dies in the middle of a response fails the call with
-// ErrPeerUnreachable; the next call connects again.
+// A peer that dies in the middle of a response, and comes back without
+// the session, fails the call with ErrPeerUnreachable and
+// ErrOutcomeUnknown (the batch reached it); the next call connects again.
 func TestPeerDiesMidResponse(t *testing.T) {
 	tr := listen(t, 1)
 	f := newFakePeer(t, 2)
@@ -285,8 +286,8 @@ func TestPeerDiesMidResponse(t *testing.T) {
 	nc.Close()
 	err := <-errc
 	var pe *rdma.PeerError
-	if !errors.Is(err, rdma.ErrPeerUnreachable) || !errors.As(err, &pe) || pe.Peer != 2 {
-		t.Fatalf("Post = %v, want a PeerError for n2 wrapping ErrPeerUnreachable", err)
+	if !errors.Is(err, rdma.ErrPeerUnreachable) || !errors.Is(err, rdma.ErrOutcomeUnknown) || !errors.As(err, &pe) || pe.Peer != 2 {
+		t.Fatalf("Post = %v, want a PeerError for n2 wrapping ErrPeerUnreachable and ErrOutcomeUnknown", err)
 	}
 
 	go func() { errc <- tr.Post(ctxT(t), 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: rdma.RKey{Key: 1}}}) }()
