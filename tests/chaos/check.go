@@ -161,6 +161,7 @@ func (c *checker) of(kinds ...string) []*Op {
 // check runs every checker.
 func (c *checker) check() *Verdict {
 	c.v.Ops = len(c.ops)
+	c.v.Violations = []Violation{}
 	c.registers()
 	c.pages()
 	c.counters()
@@ -618,6 +619,32 @@ func (c *checker) mutex() {
 		}
 	}
 	c.v.Notes = append(c.v.Notes, fmt.Sprintf("mutex: %d critical sections completed (%d of them synced), %d uncertain", acked, syncedAcked, maybe))
+	// The lock's own words: every completed critical section took a ticket
+	// and advanced the now-serving word once; a Lock that failed or never
+	// returned may have taken a ticket (and left it unserved: every later
+	// Lock then waits forever, as the dsm package documents).
+	var unc int
+	for _, o := range c.of(opRMW) {
+		if !o.acked() {
+			unc++
+		}
+	}
+	for _, f := range c.of(opLockWords) {
+		if !f.OK {
+			continue
+		}
+		t, s := int(f.Out), int(f.Out2)
+		c.v.Notes = append(c.v.Notes, fmt.Sprintf("mutex words on n%d at the end: ticket %d, now serving %d", f.Node, t, s))
+		switch {
+		case s > t:
+			c.violate("mutex", fmt.Sprintf("the Mutex on n%d at the end serves ticket %d of only %d taken", f.Node, s, t), f.Return, f.Node, f)
+		case len(c.losses) > 0:
+		case s < acked:
+			c.violate("mutex", fmt.Sprintf("the Mutex on n%d at the end serves ticket %d, but %d critical sections completed: an Unlock was lost", f.Node, s, acked), f.Return, f.Node, f)
+		case t > acked+unc:
+			c.violate("mutex", fmt.Sprintf("the Mutex on n%d at the end has handed out %d tickets, more than the %d critical sections and %d uncertain Locks could have taken", f.Node, t, acked, unc), f.Return, f.Node, f)
+		}
+	}
 	for _, f := range c.of(opPair) {
 		if !f.OK {
 			continue
@@ -636,18 +663,23 @@ func (c *checker) mutex() {
 	}
 }
 
-// attribute names the fault kind an operation ran under: the latest fault
+// attribute names the fault kind an operation ran under: the first fault
 // that was in progress (or healed within the recovery window) at some time
-// while it ran; "none" otherwise, "final" for the final check.
+// while it ran (to its return, or to the end for one that never
+// returned); "none" otherwise, "final" for the final check, client-kill
+// for one whose process the nemesis killed.
 func (c *checker) attribute(o *Op) string {
-	if o.Final {
+	switch {
+	case o.Final:
 		return "final"
+	case o.Killed:
+		return faultClientKill
 	}
 	end := o.Return
 	if o.Pending() {
 		end = c.tEnd
 	}
-	kind, start := "none", int64(0)
+	kind, start := "none", int64(math.MaxInt64)
 	for _, f := range c.faults {
 		if f.Start == 0 {
 			continue
@@ -656,7 +688,7 @@ func (c *checker) attribute(o *Op) string {
 		if fEnd == 0 {
 			fEnd = c.tEnd
 		}
-		if o.Call <= fEnd+int64(recoveryWindow) && end >= f.Start && f.Start > start {
+		if o.Call <= fEnd+int64(recoveryWindow) && end >= f.Start && f.Start < start {
 			kind, start = f.Kind, f.Start
 		}
 	}

@@ -148,12 +148,23 @@ func TestCountersAndMutex(t *testing.T) {
 		o.Out, o.Out2, o.Final = a, b, true
 		return o
 	}
+	lockWords := func(ticket, serving uint64) *Op {
+		o := op("f", 1, opLockWords, mutexOff, 100, 101)
+		o.Out, o.Out2, o.Final = ticket, serving, true
+		return o
+	}
+	waiting := &Op{Proc: "m", Kind: opRMW, Call: 5e6}
 	for _, tc := range []struct {
 		name                       string
 		ops                        []*Op
 		losses                     []int64
 		counter, mutex, durability int
 	}{
+		{"lock words in step", []*Op{rmw(0, 0, 1, 2), pair(1, 1), lockWords(1, 1)}, nil, 0, 0, 0},
+		{"a waiter holds a ticket", []*Op{rmw(0, 0, 1, 2), waiting, pair(1, 1), lockWords(2, 1)}, nil, 0, 0, 0},
+		{"a ticket nobody took", []*Op{rmw(0, 0, 1, 2), waiting, pair(1, 1), lockWords(3, 1)}, nil, 0, 1, 0},
+		{"an Unlock lost", []*Op{rmw(0, 0, 1, 2), rmw(1, 1, 3, 4), pair(2, 2), lockWords(2, 1)}, nil, 0, 1, 0},
+		{"serving past the tickets", []*Op{rmw(0, 0, 1, 2), pair(1, 1), lockWords(1, 2)}, nil, 0, 1, 0},
 		{"exact", []*Op{add(1, 1, 1, 2), add(2, 2, 3, 4), final(2)}, nil, 0, 0, 0},
 		{"a failed add may count", []*Op{add(1, 1, 1, 2), failed, final(2)}, nil, 0, 0, 0},
 		{"a failed add may not count", []*Op{add(1, 1, 1, 2), failed, final(1)}, nil, 0, 0, 0},

@@ -381,6 +381,15 @@ func (c *client) finalReads() int {
 		}
 		c.rec.ret(id, record{Out: a, Out2: bb}, err)
 	})
+	reads = append(reads, func() {
+		id := c.rec.call(record{Op: opLockWords, Addr: mutexOff})
+		t, err := r.LoadUint64(ctx, mutexOff)
+		var s uint64
+		if err == nil {
+			s, err = r.LoadUint64(ctx, mutexOff+8)
+		}
+		c.rec.ret(id, record{Out: t, Out2: s}, err)
+	})
 	for n := 1; n <= c.nodes; n++ {
 		for j := range pagesPerNode {
 			reads = append(reads, func() { c.readPage(r, 0, pageOff(n, j), make([]byte, pageSize)) })

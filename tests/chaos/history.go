@@ -21,6 +21,7 @@ const (
 	opCount     = "count"      // LoadUint64 of a counter (final reads)
 	opRMW       = "rmw"        // Lock, read-modify-write of the pair, Unlock
 	opPair      = "pair"       // LoadUint64 of both words of the pair (final reads)
+	opLockWords = "lock-words" // LoadUint64 of the Mutex's ticket and now-serving words (final reads)
 	opSync      = "sync"       // Region.Sync
 	opMap       = "map"        // Dial and Map after the mapping died
 )
