@@ -124,7 +124,12 @@
 // Errors that are not access errors (connection refused or reset, a peer
 // that said bye, no completion within OpTimeout) are a *rdma.PeerError
 // wrapping rdma.ErrPeerUnreachable; libfabric's codes travel in a
-// *FabricError inside it. Ops after the first failing op report
+// *FabricError inside it. When the failure struck ops already posted to the
+// provider, it also wraps rdma.ErrOutcomeUnknown: the target may have
+// executed them and no completion will say (a peer closing its endpoint or
+// a completion overdue past OpTimeout); a failure before posting (the peer
+// was known to be down, the provider refused the post) wraps
+// ErrPeerUnreachable alone and executed nothing. Ops after the first failing op report
 // rdma.ErrFlushed; when the failure came from the target, the later ops of
 // the same segment ran concurrently with it and may have executed.
 //

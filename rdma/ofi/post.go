@@ -318,15 +318,20 @@ func (t *Transport) mapPostErr(p *peer, code int) error {
 // Providers report remote access violations with a few generic codes, so an
 // access error is explained by asking the target for the registration as
 // it is now: gone means ErrUnknownKey, else rdma.CheckOp names the
-// violation. Transport failures are ErrPeerUnreachable.
+// violation. Transport failures are ErrPeerUnreachable and, as the op was
+// posted and the target may have executed it before the failure,
+// ErrOutcomeUnknown.
 func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, prov int) error {
 	ferr := fabricErr(fmt.Sprintf("%v completion", op.Kind), code, prov)
+	unknown := func(err error) error {
+		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: %w: %w", rdma.ErrPeerUnreachable, rdma.ErrOutcomeUnknown, err)}
+	}
 	switch code {
 	case C.FI_ECONNREFUSED, C.FI_EHOSTUNREACH, C.FI_ENETUNREACH, C.FI_ETIMEDOUT:
-		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: %w", rdma.ErrPeerUnreachable, ferr)}
+		return unknown(ferr)
 	}
 	if p.down.Load() {
-		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: %w", rdma.ErrPeerUnreachable, ferr)}
+		return unknown(ferr)
 	}
 	// tcp;ofi_rxm answers a bad request by dropping the connection
 	// (FI_ECANCELED, FI_ENOTCONN at the initiator), so even those codes are
@@ -344,7 +349,7 @@ func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, pr
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err != nil {
-		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: %w (and the registration could not be queried: %v)", rdma.ErrPeerUnreachable, ferr, err)}
+		return unknown(fmt.Errorf("%w (and the registration could not be queried: %v)", ferr, err))
 	}
 	if d.revoked {
 		return fmt.Errorf("%w: %#x (%v)", rdma.ErrUnknownKey, op.RKey.Key, ferr)
@@ -360,7 +365,7 @@ func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, pr
 	case C.FI_EINVAL:
 		return fmt.Errorf("%w: %v", rdma.ErrBadRequest, ferr)
 	}
-	return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: %w", rdma.ErrPeerUnreachable, ferr)}
+	return unknown(ferr)
 }
 
 // descOf returns what the initiator knows of a peer's registration, asking

@@ -669,13 +669,15 @@ func (t *Transport) await(ctx context.Context, s *slot, gen uint64, peer ids.Nod
 			if s.kickGen.Load() != gen {
 				continue
 			}
+			// The requests were posted: the target may have executed
+			// them, and their completions will never say.
 			switch s.kickWhy.Load() {
 			case kickClosed:
-				why = rdma.ErrClosed
+				why = fmt.Errorf("%w: %w", rdma.ErrClosed, rdma.ErrOutcomeUnknown)
 			case kickTimeout:
-				why = &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w: no completion within %v", rdma.ErrPeerUnreachable, t.timeout)}
+				why = &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w: %w: no completion within %v", rdma.ErrPeerUnreachable, rdma.ErrOutcomeUnknown, t.timeout)}
 			default:
-				why = &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w: peer removed or closed", rdma.ErrPeerUnreachable)}
+				why = &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w: %w: peer removed or closed", rdma.ErrPeerUnreachable, rdma.ErrOutcomeUnknown)}
 			}
 		case <-ctx.Done():
 			why = ctx.Err()
