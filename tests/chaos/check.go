@@ -623,10 +623,13 @@ func (c *checker) mutex() {
 	// and advanced the now-serving word once; a Lock that failed or never
 	// returned may have taken a ticket (and left it unserved: every later
 	// Lock then waits forever, as the dsm package documents).
-	var unc int
+	var unc, killedRMW int
 	for _, o := range c.of(opRMW) {
 		if !o.acked() {
 			unc++
+		}
+		if o.Killed {
+			killedRMW++
 		}
 	}
 	for _, f := range c.of(opLockWords) {
@@ -634,7 +637,11 @@ func (c *checker) mutex() {
 			continue
 		}
 		t, s := int(f.Out), int(f.Out2)
-		c.v.Notes = append(c.v.Notes, fmt.Sprintf("mutex words on n%d at the end: ticket %d, now serving %d", f.Node, t, s))
+		note := fmt.Sprintf("mutex words on n%d at the end: ticket %d, now serving %d", f.Node, t, s)
+		if t > s && killedRMW > 0 {
+			note += fmt.Sprintf(" (%d Locks were in clients the nemesis killed: the dsm Mutex does not release a dead holder's ticket, so every later Lock waits)", killedRMW)
+		}
+		c.v.Notes = append(c.v.Notes, note)
 		switch {
 		case s > t:
 			c.violate("mutex", fmt.Sprintf("the Mutex on n%d at the end serves ticket %d of only %d taken", f.Node, s, t), f.Return, f.Node, f)
