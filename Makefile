@@ -23,9 +23,10 @@ run: ## a local three-node dsmd cluster on loopback (data under .run/); Ctrl-C s
 demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transport
 	$(GO) run ./rdma/internal/demo
 
-test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, and the ofi suite when libfabric is installed
+test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), and the ofi suite when libfabric is installed
 	$(GO) test -race -timeout 20m ./...
 	$(GO) test -count=1 -timeout 10m ./coherence/...
+	$(GO) run ./tests/chaos/cmd/chaos -short -out $(CURDIR)/tests/chaos/out
 	@$(MAKE) --no-print-directory test-ofi
 
 test-ofi: ## the ofi backend's tests (needs libfabric-dev)
