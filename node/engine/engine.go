@@ -20,9 +20,10 @@ var (
 	ErrClosed = errors.New("engine: closed")
 	// ErrUnknownRegion reports a region this engine does not serve.
 	ErrUnknownRegion = errors.New("engine: unknown region")
-	// ErrConflict fails a local miss because a remote request took the
-	// page from under it; the caller retries the miss.
-	ErrConflict = errors.New("engine: miss interrupted by a remote request")
+	// ErrConflict fails a local miss or eviction because a remote request
+	// is taking the page; the caller releases the page's lock and retries.
+	// It wraps localcache.ErrBusy.
+	ErrConflict = fmt.Errorf("engine: miss interrupted by a remote request: %w", localcache.ErrBusy)
 	// ErrBadConfig refuses an invalid configuration.
 	ErrBadConfig = errors.New("engine: bad configuration")
 	// ErrNoHome reports a page whose home memory is not known.

@@ -125,22 +125,47 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 	slices.Sort(dirty)
 	written := 0
 	for _, no := range dirty {
-		pg, err := r.acquire(ctx, no)
+		ok, err := c.flushPage(ctx, r, no)
 		if err != nil {
 			return written, err
 		}
-		if pg.State() == Modified {
-			err = c.evict(ctx, pg)
-			if err == nil {
-				written++
-			}
-		}
-		r.release(pg)
-		if err != nil {
-			return written, err
+		if ok {
+			written++
 		}
 	}
 	return written, nil
+}
+
+// flushPage writes page no back if it is still Modified here. When the
+// engine is busy with a remote request for the page, the page's lock is
+// released so that the request can proceed, and the write-back is tried
+// again: the request either takes the page (its write-back carries this
+// node's data, and nothing is left to flush) or leaves it Modified here.
+func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo) (written bool, err error) {
+	backoff := 200 * time.Microsecond
+	for {
+		pg, err := r.acquire(ctx, no)
+		if err != nil {
+			return false, err
+		}
+		if pg.State() != Modified {
+			r.release(pg)
+			return false, nil
+		}
+		err = c.evict(ctx, pg)
+		r.release(pg)
+		if err == nil || !errors.Is(err, ErrBusy) {
+			return err == nil, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, fmt.Errorf("localcache: write-back of %s/%s: %w (last: %v)", r.id, no, ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 20*time.Millisecond)
+	}
 }
 
 // Held lists the pages of region rid in [first, first+n) held here

@@ -37,6 +37,9 @@ var (
 	ErrShortBuffer = errors.New("localcache: buffer shorter than a page")
 	// ErrPageValid: Install on a page this node already holds.
 	ErrPageValid = errors.New("localcache: page already held")
+	// ErrBusy: the Coherence engine refused a call on a page because a
+	// remote request is taking the page; retry after releasing its lock.
+	ErrBusy = errors.New("localcache: page busy with a remote request")
 	// ErrRegionRemoved: the region was removed (deleted) while the call
 	// was in progress. It matches ErrUnknownRegion.
 	ErrRegionRemoved = fmt.Errorf("%w: removed", ErrUnknownRegion)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -48,7 +49,7 @@ type testHome struct {
 	busy   int
 }
 
-var errBusy = errors.New("test home: busy with a remote request")
+var errBusy = fmt.Errorf("test home: busy with a remote request: %w", ErrBusy)
 
 // enter fails with errBusy while a remote request is in progress; done
 // must be called after the call's work.

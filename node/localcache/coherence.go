@@ -49,7 +49,10 @@ type Coherence interface {
 	// dirty is nil for a Shared copy; for a Modified one it holds the
 	// contents to write back, and on error the Cache keeps the page
 	// resident and Modified. The page is already out of every local
-	// mapping when Evict is called.
+	// mapping when Evict is called. An error wrapping ErrBusy means that a
+	// remote request is taking the page at this moment: the Cache
+	// releases the page's lock and, where it must write the page back
+	// (Flush), tries again.
 	Evict(ctx context.Context, r ids.RegionID, p ids.PageNo, dirty []byte) error
 }
 

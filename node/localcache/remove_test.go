@@ -5,6 +5,7 @@ package localcache
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -78,5 +79,43 @@ func TestRemoveRegion(t *testing.T) {
 	}
 	if n, err := d.c.CachedPages(again); err != nil || n != 1 {
 		t.Fatalf("the new region's memfd holds %d pages (%v), want 1", n, err)
+	}
+}
+
+// TestFlushRetriesBusy: a write-back that the engine refuses because a
+// remote request is taking the page is tried again once the page's lock
+// was released, so Sync does not fail on a page that is merely contended.
+func TestFlushRetriesBusy(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	if err := d.c.Access(ctx, regionR, 4, true, func(b []byte) { copy(b, "dirty") }); err != nil {
+		t.Fatal(err)
+	}
+	var remote sync.Mutex
+	d.home.remote = &remote
+	remote.Lock() // a remote request is in progress
+	type res struct {
+		n   int
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		n, err := d.c.Flush(ctx, regionR, 0, 0)
+		done <- res{n, err}
+	}()
+	eventually(t, "an eviction refused as busy", func() bool {
+		d.home.mu.Lock()
+		defer d.home.mu.Unlock()
+		return d.home.busy > 0
+	})
+	remote.Unlock()
+	r := <-done
+	if r.err != nil || r.n != 1 {
+		t.Fatalf("Flush = %d, %v; want the page written back once the engine was free", r.n, r.err)
+	}
+	buf := make([]byte, ps)
+	d.home.Get(regionR, 4, buf)
+	if string(buf[:5]) != "dirty" {
+		t.Fatalf("home copy %q after Flush", buf[:5])
 	}
 }
