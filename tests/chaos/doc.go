@@ -77,8 +77,9 @@
 //     -op-deadline, and the longest wait.
 //
 // Operations of a node whose dsmd was killed, from its death until its
-// client noticed, promise nothing (the dsm package documents that such
-// accesses still see the machine's cached pages) and are treated as
+// client noticed, promise nothing (until the library fences the mapping,
+// as soon as it sees the session end, plain accesses to pages already
+// mapped still see the machine's cached pages) and are treated as
 // uncertain.
 //
 // # Output
