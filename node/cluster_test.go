@@ -22,7 +22,7 @@ type testMember struct {
 }
 
 // startCluster starts a cluster of k in-process nodes on loopback.
-func startCluster(t *testing.T, k int) []testMember {
+func startCluster(t testing.TB, k int) []testMember {
 	t.Helper()
 	var ms []testMember
 	var join []string

@@ -142,7 +142,7 @@ func TestRegionLifecycle(t *testing.T) {
 	}
 }
 
-func waitServed(ctx context.Context, t *testing.T, ms []testMember, name string) {
+func waitServed(ctx context.Context, t testing.TB, ms []testMember, name string) {
 	t.Helper()
 	for i, m := range ms {
 		waitFor(ctx, t, name+" served on n"+strconv.Itoa(i+1), func() bool {
@@ -152,7 +152,7 @@ func waitServed(ctx context.Context, t *testing.T, ms []testMember, name string)
 	}
 }
 
-func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
+func waitFor(ctx context.Context, t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for !cond() {
 		select {

@@ -57,7 +57,7 @@ func startOne(t *testing.T) (*Node, *grpc.ClientConn) {
 	return n, conn
 }
 
-func waitHealthy(t *testing.T, adm dsmpb.AdminClient) *dsmpb.StatusResponse {
+func waitHealthy(t testing.TB, adm dsmpb.AdminClient) *dsmpb.StatusResponse {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
