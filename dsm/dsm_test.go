@@ -5,19 +5,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"go.uber.org/goleak"
 
+	"github.com/dsmkit/dsm/internal/mapclient/mapclienttest"
 	"github.com/dsmkit/dsm/internal/uffd"
 	"github.com/dsmkit/dsm/node"
 	"github.com/dsmkit/dsm/node/localcache"
@@ -637,51 +634,16 @@ func TestDaemonRestart(t *testing.T) {
 	}
 }
 
-// touch loads b[off] (stores to it if store) on a goroutine that turns
-// memory faults into panics (debug.SetPanicOnFault), and reports whether
-// the access faulted at that address, or else the byte it read. An access
-// that never returns fails t after hang (its thread stays blocked).
+// touch loads b[off] (stores to it if store) with memory faults turned
+// into panics and reports whether the access faulted at that address, or
+// else the byte it read. An access that never returns fails t after hang.
 func touch(t *testing.T, b []byte, off int, store bool) (faulted bool, v byte) {
 	t.Helper()
-	type result struct {
-		faulted bool
-		v       byte
-		err     error
+	r := mapclienttest.Touch(b, off, store, hang)
+	if r.Err != nil {
+		t.Fatal(r.Err)
 	}
-	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		defer func() {
-			p := recover()
-			if p == nil {
-				return
-			}
-			want := uintptr(unsafe.Pointer(&b[off]))
-			if f, ok := p.(interface{ Addr() uintptr }); ok && f.Addr()&^4095 == want&^4095 {
-				res <- result{faulted: true}
-				return
-			}
-			res <- result{err: fmt.Errorf("panic at %#x: %v", want, p)}
-		}()
-		if store {
-			b[off] = 0xa5
-			res <- result{}
-			return
-		}
-		res <- result{v: b[off]}
-	}()
-	select {
-	case r := <-res:
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-		return r.faulted, r.v
-	case <-time.After(hang):
-		t.Fatalf("an access at offset %d did not return", off)
-	}
-	return false, 0
+	return r.Faulted, r.V
 }
 
 // Closing a Region while atomics run on it makes them fail with ErrClosed

@@ -3,14 +3,11 @@ package tests
 import (
 	"context"
 	"errors"
-	"fmt"
-	"runtime"
-	"runtime/debug"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/dsmkit/dsm/dsm"
+	"github.com/dsmkit/dsm/internal/mapclient/mapclienttest"
 )
 
 // TestDeadMappingFaults: a dead local dsmd never hands an application
@@ -85,8 +82,8 @@ func TestDeadMappingFaults(t *testing.T) {
 		{"load of a page never held", 2*ps + 2, false},
 		{"store to a page never held", 3*ps + 3, true},
 	} {
-		if faulted, v, err := touchMapped(b, a.off, a.store); err != nil || !faulted {
-			t.Errorf("%s after dsmd died: no fault (read %#x, %v)", a.what, v, err)
+		if r := mapclienttest.Touch(b, a.off, a.store, time.Minute); r.Err != nil || !r.Faulted {
+			t.Errorf("%s after dsmd died: no fault (read %#x, %v)", a.what, r.V, r.Err)
 		}
 	}
 	if _, err := r1.ReadAt(make([]byte, 8), ps); !errors.Is(err, dsm.ErrDaemonUnavailable) {
@@ -97,40 +94,5 @@ func TestDeadMappingFaults(t *testing.T) {
 	}
 	if err := r1.Close(); err != nil && !errors.Is(err, dsm.ErrDaemonUnavailable) {
 		t.Fatalf("Close of a dead region: %v", err)
-	}
-}
-
-// touchMapped loads b[off] (stores to it if store) on a goroutine that turns
-// memory faults into panics (debug.SetPanicOnFault), and reports whether
-// the access faulted, or else the byte it read. An access that does not
-// return within a minute is an error (its thread stays blocked).
-func touchMapped(b []byte, off int, store bool) (faulted bool, v byte, err error) {
-	type result struct {
-		faulted bool
-		v       byte
-	}
-	res := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		defer func() {
-			if p := recover(); p != nil {
-				f, ok := p.(interface{ Addr() uintptr })
-				res <- result{faulted: ok && f.Addr()&^4095 == uintptr(unsafe.Pointer(&b[off]))&^4095}
-			}
-		}()
-		if store {
-			b[off] = 0xa5
-			res <- result{}
-			return
-		}
-		res <- result{v: b[off]}
-	}()
-	select {
-	case r := <-res:
-		return r.faulted, r.v, nil
-	case <-time.After(time.Minute):
-		return false, 0, fmt.Errorf("the access at offset %d did not return", off)
 	}
 }

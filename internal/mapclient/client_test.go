@@ -6,15 +6,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"runtime"
-	"runtime/debug"
 	"testing"
 	"time"
-	"unsafe"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -200,49 +196,16 @@ func TestDaemonGone(t *testing.T) {
 	}
 }
 
-// touch loads b[off] (stores to it if store) on a goroutine that turns
-// memory faults into panics (debug.SetPanicOnFault), and sends on res
-// whether the access faulted at that address, or else the byte it read.
-func touch(b []byte, off int, store bool, res chan<- touchResult) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		p := recover()
-		if p == nil {
-			return
-		}
-		want := uintptr(unsafe.Pointer(&b[off]))
-		if f, ok := p.(interface{ Addr() uintptr }); ok && f.Addr()&^uintptr(ps-1) == want&^uintptr(ps-1) {
-			res <- touchResult{faulted: true}
-			return
-		}
-		res <- touchResult{err: fmt.Errorf("panic at %#x: %v", want, p)}
-	}()
-	if store {
-		b[off] = 0xa5
-		res <- touchResult{}
-		return
-	}
-	res <- touchResult{v: b[off]}
-}
-
-type touchResult struct {
-	faulted bool
-	v       byte
-	err     error
-}
-
 // wantFault fails t unless the access that reports on res faulted.
-func wantFault(t *testing.T, what string, res <-chan touchResult) {
+func wantFault(t *testing.T, what string, res <-chan mapclienttest.TouchResult) {
 	t.Helper()
 	select {
 	case r := <-res:
 		switch {
-		case r.err != nil:
-			t.Errorf("%s: %v", what, r.err)
-		case !r.faulted:
-			t.Errorf("%s: no fault (read %#x)", what, r.v)
+		case r.Err != nil:
+			t.Errorf("%s: %v", what, r.Err)
+		case !r.Faulted:
+			t.Errorf("%s: no fault (read %#x)", what, r.V)
 		}
 	case <-time.After(hangDeadline):
 		t.Fatalf("%s: the access did not return", what)
@@ -271,8 +234,7 @@ func testUnservedFaults(t *testing.T, end func(*mapclienttest.Daemon), want erro
 	d.Fill(0, 1, 0xcc)
 	// Resolving a plain load in this process would risk the runtime; this
 	// one is never resolved (page 4 is held), only released by the end.
-	waiter := make(chan touchResult, 1)
-	go touch(m.Bytes(), 4*ps+4, false, waiter)
+	waiter := mapclienttest.TouchAsync(m.Bytes(), 4*ps+4, false)
 	waitFault(t, d, 4)
 
 	end(d)
@@ -295,9 +257,7 @@ func testUnservedFaults(t *testing.T, end func(*mapclienttest.Daemon), want erro
 		{"load of a page never held", 2*ps + 2, false},
 		{"store to a page never held", 3*ps + 3, true},
 	} {
-		res := make(chan touchResult, 1)
-		go touch(m.Bytes(), a.off, a.store, res)
-		wantFault(t, a.what, res)
+		wantFault(t, a.what, mapclienttest.TouchAsync(m.Bytes(), a.off, a.store))
 	}
 	if _, err := m.ReadAt(make([]byte, 1), 0); !errors.Is(err, want) {
 		t.Errorf("ReadAt: %v, want %v", err, want)
