@@ -276,8 +276,11 @@ func (es *engines) add(r directory.Region) error {
 	es.byID[r.ID] = re
 	es.mu.Unlock()
 	e.Start(nil)
+	// The page cache must not hold the name already: that would be a
+	// deleted region's memory (a removal that has not finished), never to
+	// be served as this one.
 	err = es.n.cache.AddRegion(localcache.RegionSpec{ID: r.ID, Name: r.Name, Size: int64(r.Size), PageSize: int64(r.PageSize)})
-	if err != nil && !errors.Is(err, localcache.ErrRegionExists) {
+	if err != nil {
 		es.mu.Lock()
 		delete(es.byID, r.ID)
 		es.mu.Unlock()

@@ -665,10 +665,33 @@ func (c *Cache) RemoveRegion(ctx context.Context, rid ids.RegionID, reason strin
 	select {
 	case <-r.drained:
 	case <-ctx.Done():
-		return fmt.Errorf("localcache: remove %s: calls on its pages still in progress: %w", rid, ctx.Err())
+		// Free the memory once the last call lets go (or at Close).
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return fmt.Errorf("localcache: remove %s: %w", rid, ErrClosed)
+		}
+		c.wg.Add(1)
+		c.mu.Unlock()
+		go func() {
+			defer c.wg.Done()
+			select {
+			case <-r.drained:
+				if err := c.freeRegion(r); err != nil {
+					c.log.Warn("removed region freed with errors", "region", r.id, "err", err)
+				}
+			case <-c.ctx.Done():
+			}
+		}()
+		return fmt.Errorf("localcache: remove %s: calls on its pages still in progress (its memory is freed when they end): %w", rid, ctx.Err())
 	}
+	return c.freeRegion(r)
+}
 
-	// Nobody touches the region's memory any more: forget its pages.
+// freeRegion gives a removed region's memory back once nobody can touch
+// it: its pages leave the counters and the residency list, the memfd is
+// punched, unmapped and closed.
+func (c *Cache) freeRegion(r *region) error {
 	r.mu.Lock()
 	c.lruMu.Lock()
 	for _, pg := range r.pages {

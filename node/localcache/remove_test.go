@@ -119,3 +119,33 @@ func TestFlushRetriesBusy(t *testing.T) {
 		t.Fatalf("home copy %q after Flush", buf[:5])
 	}
 }
+
+// TestRemoveRegionOutlastsItsContext: a removal whose context ends while a
+// call is still in progress on the region frees the name at once and the
+// memory once the call lets go.
+func TestRemoveRegionOutlastsItsContext(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	if err := d.c.Access(ctx, regionR, 1, true, func([]byte) {}); err != nil {
+		t.Fatal(err)
+	}
+	open := d.home.gate(6) // a miss that ignores its context
+	defer open()
+	go d.c.Access(ctx, regionR, 6, false, func([]byte) {})
+	d.home.waitEntered(t, 6)
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := d.c.RemoveRegion(rctx, regionR, ""); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("RemoveRegion with a call in flight past its context = %v", err)
+	}
+	if err := d.c.AddRegion(RegionSpec{ID: 7, Name: "r", Size: testSize}); err != nil {
+		t.Fatalf("the name is not free after the removal: %v", err)
+	}
+	if s := d.c.Stats(); s.ResidentPages != 1 {
+		t.Fatalf("%d pages held while the removed region's call is in flight, want its 1", s.ResidentPages)
+	}
+	open()
+	eventually(t, "the removed region's pages forgotten once its call ended", func() bool {
+		return d.c.Stats().ResidentPages == 0 && d.c.Stats().DirtyPages == 0
+	})
+}
