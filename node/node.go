@@ -276,12 +276,8 @@ func (n *Node) follow(ctx context.Context) {
 					}
 				}
 			} else if n.cache != nil {
-				live := map[ids.RegionID]bool{}
-				for _, r := range cur.Regions() {
-					live[r.ID] = true
-				}
 				for id := range regions {
-					if !live[id] {
+					if _, ok := cur.RegionByID(id); !ok {
 						delete(regions, id)
 						if err := n.cache.RemoveRegion(ctx, id, fmt.Sprintf("region %v was deleted", id)); err != nil {
 							n.log.Warn("cache: remove region", "id", id, "err", err)

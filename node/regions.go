@@ -187,21 +187,16 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 	self := ids.NodeID(es.n.cfg.ID)
 	// Deleted regions first: a name deleted and created again in one
 	// change must find the page cache free of the old region.
-	live := map[ids.RegionID]bool{}
-	for _, r := range v.Regions() {
-		live[r.ID] = true
-	}
-	es.mu.RLock()
+	live := func(id ids.RegionID) bool { _, ok := v.RegionByID(id); return ok }
+	es.mu.Lock()
 	var gone []*regionEngine
 	for id, re := range es.byID {
-		if !live[id] {
+		if !live(id) {
 			gone = append(gone, re)
 		}
 	}
-	es.mu.RUnlock()
-	es.mu.Lock()
 	for id := range es.refused {
-		if !live[id] {
+		if !live(id) {
 			delete(es.refused, id)
 		}
 	}
