@@ -30,6 +30,9 @@ type PageInfo struct {
 	// Frozen reports that the page's home moved and the new home has not
 	// rebuilt the word yet.
 	Frozen bool
+	// Word is the page's coherence word as this node last observed it
+	// (its holder and reservation say whom a blocked request waits for).
+	Word Word
 }
 
 // Page describes page no at this node.
@@ -40,7 +43,7 @@ func (n *Node) Page(no ids.PageNo) PageInfo {
 	}
 	info := PageInfo{State: p.state, Version: p.copyVer, Data: p.data, Phase: p.ph.String(), Pending: len(p.queue),
 		Unit: p.unitCounted, UnitVersion: p.unitVer,
-		Tenure: p.state == Modified || p.ph == phRelease || p.frozenM, Frozen: p.frozen}
+		Tenure: p.state == Modified || p.ph == phRelease || p.frozenM, Frozen: p.frozen, Word: p.guess}
 	for m := range p.awaiting {
 		info.Awaiting = append(info.Awaiting, m)
 	}

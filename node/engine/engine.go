@@ -77,6 +77,12 @@ type Config struct {
 	Pages Pages
 	// Tick is the interval of the protocol clock (default 1ms).
 	Tick time.Duration
+	// UnavailableAfter is how long a call may wait for a page whose home
+	// is unreachable, or that waits for a node set down (SetDown) as its
+	// holder, reserver or sharer, before it fails with an
+	// *UnavailableError (default DefaultUnavailableAfter; negative:
+	// never). A call on a page whose home is down fails at once.
+	UnavailableAfter time.Duration
 	// Logger; nil: discard.
 	Logger *slog.Logger
 }
@@ -93,7 +99,7 @@ type Engine struct {
 	peers  map[ids.NodeID]rdma.Descriptor
 
 	reqCh  chan submit
-	doneCh chan coherence.VerbsDone
+	doneCh chan posted
 	recvCh chan coherence.Message
 	// effectCh returns the cache's answers to drops and downgrades.
 	effectCh chan *effectJob
@@ -104,6 +110,11 @@ type Engine struct {
 
 	startOnce sync.Once
 	closeOnce sync.Once
+
+	// Nodes set down (SetDown), and the loop's wake-up when they change.
+	availMu sync.Mutex
+	down    map[ids.NodeID]string
+	availCh chan struct{}
 
 	// Owned by the loop goroutine.
 	nextID  uint64
@@ -121,6 +132,17 @@ type Engine struct {
 	held     map[ids.PageNo]coherence.State
 	evicting map[ids.PageNo]int // Evict calls in progress: the cache already dropped the page
 	effects  map[ids.PageNo][]*effectJob
+	// unreach: homes whose batches fail; parked: batches held back for
+	// homes that are down, posted when they are up again.
+	unreach   map[ids.NodeID]unreachable
+	parked    map[ids.NodeID][]coherence.Batch
+	lastSweep time.Time
+}
+
+// posted is the outcome of a batch, with the home it went to.
+type posted struct {
+	d    coherence.VerbsDone
+	home ids.NodeID
 }
 
 type missKind uint8
@@ -140,15 +162,17 @@ type submit struct {
 }
 
 type waiter struct {
-	page ids.PageNo
-	kind missKind
-	ch   chan result // buffered 1
+	page  ids.PageNo
+	kind  missKind
+	start time.Time
+	ch    chan result // buffered 1
 }
 
 type result struct {
-	c    coherence.Completion
-	data []byte // misses: a copy of the page
-	err  error
+	c     coherence.Completion
+	data  []byte // misses: a copy of the page
+	err   error
+	taken bool // the state machine took the request
 }
 
 var _ localcache.Coherence = (*Engine)(nil)
@@ -177,6 +201,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Millisecond
 	}
+	if cfg.UnavailableAfter == 0 {
+		cfg.UnavailableAfter = DefaultUnavailableAfter
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -199,11 +226,15 @@ func New(cfg Config) (*Engine, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		cfg: cfg, sm: sm, log: log,
-		reqCh:  make(chan submit),
-		doneCh: make(chan coherence.VerbsDone),
-		recvCh: make(chan coherence.Message, 256),
-		stop:   make(chan struct{}),
-		ctx:    ctx, cancel: cancel,
+		reqCh:   make(chan submit),
+		doneCh:  make(chan posted),
+		down:    map[ids.NodeID]string{},
+		availCh: make(chan struct{}, 1),
+		unreach: map[ids.NodeID]unreachable{},
+		parked:  map[ids.NodeID][]coherence.Batch{},
+		recvCh:  make(chan coherence.Message, 256),
+		stop:    make(chan struct{}),
+		ctx:     ctx, cancel: cancel,
 		peers:    map[ids.NodeID]rdma.Descriptor{},
 		waiters:  map[uint64]*waiter{},
 		wb:       map[ids.PageNo][]byte{},
@@ -315,7 +346,7 @@ func (e *Engine) loop() {
 	ticking := true
 	defer func() {
 		for id, w := range e.waiters {
-			w.ch <- result{err: ErrClosed}
+			w.ch <- result{err: ErrClosed, taken: true}
 			delete(e.waiters, id)
 		}
 	}()
@@ -328,6 +359,10 @@ func (e *Engine) loop() {
 				// The cache is giving the page up: let it take the
 				// page's lock first (the caller holds it).
 				s.w.ch <- result{err: ErrConflict}
+				continue
+			}
+			if err := e.unavailable(s.req.Page, 0, true); err != nil {
+				s.w.ch <- result{err: err}
 				continue
 			}
 			e.nextID++
@@ -346,18 +381,25 @@ func (e *Engine) loop() {
 				continue
 			}
 			e.waiters[s.req.ID] = s.w
-		case d := <-e.doneCh:
-			if err := e.sm.Step(d); err != nil {
-				e.log.Debug("completion refused", "batch", d.ID, "err", err)
+		case pd := <-e.doneCh:
+			e.noteOutcome(pd.home, pd.d.Err)
+			if err := e.sm.Step(pd.d); err != nil {
+				e.log.Debug("completion refused", "batch", pd.d.ID, "err", err)
 			}
+		case <-e.availCh:
+			e.sweep(time.Now())
 		case m := <-e.recvCh:
 			if err := e.sm.Step(coherence.Receive{Msg: m}); err != nil {
 				e.log.Debug("message refused", "msg", m, "err", err)
 			}
 		case j := <-e.effectCh:
 			e.effectDone(j)
-		case <-t.C:
+		case now := <-t.C:
 			_ = e.sm.Step(coherence.Tick{})
+			if now.Sub(e.lastSweep) >= sweepInterval {
+				e.lastSweep = now
+				e.sweep(now)
+			}
 		}
 		e.apply()
 		switch busy := !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0; {
@@ -507,7 +549,7 @@ func (e *Engine) complete(c coherence.Completion) {
 		return // its caller went away
 	}
 	delete(e.waiters, c.ID)
-	r := result{c: c}
+	r := result{c: c, taken: true}
 	switch w.kind {
 	case readMiss, writeMiss:
 		st, data := e.sm.Copy(c.Page)
@@ -542,6 +584,9 @@ func (e *Engine) send(m coherence.Message) {
 // post executes one batch at its home on a goroutine of its own and steps
 // the outcome back in.
 func (e *Engine) post(b coherence.Batch) {
+	if e.park(b) {
+		return
+	}
 	ops, err := e.ops(b)
 	e.wg.Add(1)
 	go func() {
@@ -560,7 +605,7 @@ func (e *Engine) post(b coherence.Batch) {
 			}
 		}
 		select {
-		case e.doneCh <- d:
+		case e.doneCh <- posted{d: d, home: b.Home}:
 		case <-e.stop:
 		}
 	}()
@@ -600,23 +645,25 @@ func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
 
 // ---- blocking calls ----
 
-// do submits a request and waits for its completion or ctx.
-func (e *Engine) do(ctx context.Context, kind missKind, req coherence.Request, dirty []byte) (result, error) {
-	w := &waiter{page: req.Page, kind: kind, ch: make(chan result, 1)}
+// do submits a request and waits for its completion or ctx. It reports
+// whether the state machine took the request (it then goes on with it even
+// when do returns an error).
+func (e *Engine) do(ctx context.Context, kind missKind, req coherence.Request, dirty []byte) (result, bool, error) {
+	w := &waiter{page: req.Page, kind: kind, start: time.Now(), ch: make(chan result, 1)}
 	select {
 	case e.reqCh <- submit{req: req, kind: kind, dirty: dirty, w: w}:
 	case <-e.stop:
-		return result{}, ErrClosed
+		return result{}, false, ErrClosed
 	case <-ctx.Done():
-		return result{}, ctx.Err()
+		return result{}, false, ctx.Err()
 	}
 	select {
 	case r := <-w.ch:
-		return r, r.err
+		return r, r.taken, r.err
 	case <-e.stop:
-		return result{}, ErrClosed
+		return result{}, true, ErrClosed
 	case <-ctx.Done():
-		return result{}, ctx.Err()
+		return result{}, true, ctx.Err()
 	}
 }
 
@@ -633,7 +680,7 @@ func (e *Engine) ReadMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, buf
 	if err := e.checkRegion(r); err != nil {
 		return err
 	}
-	res, err := e.do(ctx, readMiss, coherence.Request{Op: coherence.OpLoad, Page: p}, nil)
+	res, _, err := e.do(ctx, readMiss, coherence.Request{Op: coherence.OpLoad, Page: p}, nil)
 	if err != nil {
 		return err
 	}
@@ -649,7 +696,7 @@ func (e *Engine) WriteMiss(ctx context.Context, r ids.RegionID, p ids.PageNo, bu
 	if err := e.checkRegion(r); err != nil {
 		return err
 	}
-	res, err := e.do(ctx, writeMiss, coherence.Request{Op: coherence.OpAdd, Page: p, Value: 0}, nil)
+	res, _, err := e.do(ctx, writeMiss, coherence.Request{Op: coherence.OpAdd, Page: p, Value: 0}, nil)
 	if err != nil {
 		return err
 	}
@@ -671,28 +718,33 @@ func (e *Engine) Evict(ctx context.Context, r ids.RegionID, p ids.PageNo, dirty 
 	if dirty != nil {
 		dirty = append([]byte(nil), dirty...)
 	}
-	_, err := e.do(ctx, evictOp, coherence.Request{Op: coherence.OpEvict, Page: p}, dirty)
+	_, taken, err := e.do(ctx, evictOp, coherence.Request{Op: coherence.OpEvict, Page: p}, dirty)
+	if err != nil && taken {
+		// The state machine goes on with the write-back, with the data
+		// kept in e.wb: the cache must not take the page back.
+		return fmt.Errorf("%w: %w", localcache.ErrEvictPending, err)
+	}
 	return err
 }
 
 // Load returns the 8-byte word at byte offset off of page p (a multiple
 // of 8).
 func (e *Engine) Load(ctx context.Context, p ids.PageNo, off int) (uint64, error) {
-	res, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpLoad, Page: p, Offset: off}, nil)
+	res, _, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpLoad, Page: p, Offset: off}, nil)
 	return res.c.Value, err
 }
 
 // Store writes v to the word at offset off of page p. A call that returns
 // ctx's error may still take effect.
 func (e *Engine) Store(ctx context.Context, p ids.PageNo, off int, v uint64) error {
-	_, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpStore, Page: p, Offset: off, Value: v}, nil)
+	_, _, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpStore, Page: p, Offset: off, Value: v}, nil)
 	return err
 }
 
 // Add adds delta to the word at offset off of page p and returns the old
 // value. A call that returns ctx's error may still take effect.
 func (e *Engine) Add(ctx context.Context, p ids.PageNo, off int, delta uint64) (uint64, error) {
-	res, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpAdd, Page: p, Offset: off, Value: delta}, nil)
+	res, _, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpAdd, Page: p, Offset: off, Value: delta}, nil)
 	return res.c.Value, err
 }
 
@@ -700,6 +752,6 @@ func (e *Engine) Add(ctx context.Context, p ids.PageNo, off int, delta uint64) (
 // equals old; it returns the old value and whether it swapped. A call that
 // returns ctx's error may still take effect.
 func (e *Engine) CompareAndSwap(ctx context.Context, p ids.PageNo, off int, old, new uint64) (uint64, bool, error) {
-	res, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpCAS, Page: p, Offset: off, Compare: old, Value: new}, nil)
+	res, _, err := e.do(ctx, atomicOp, coherence.Request{Op: coherence.OpCAS, Page: p, Offset: off, Compare: old, Value: new}, nil)
 	return res.c.Value, res.c.Swapped, err
 }

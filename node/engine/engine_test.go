@@ -44,11 +44,12 @@ type testNode struct {
 func cluster(t *testing.T, skip ...ids.NodeID) map[ids.NodeID]*testNode {
 	t.Helper()
 	net := mem.NewNetwork()
-	return clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) { return net.Endpoint(id) }, skip...)
+	return clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) { return net.Endpoint(id) }, nil, skip...)
 }
 
-// clusterOver is cluster over the transports that newEP makes.
-func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), skip ...ids.NodeID) map[ids.NodeID]*testNode {
+// clusterOver is cluster over the transports that newEP makes, with each
+// engine's configuration changed by mod (nil: none).
+func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), mod func(*Config), skip ...ids.NodeID) map[ids.NodeID]*testNode {
 	t.Helper()
 	members := []ids.NodeID{1, 2, 3}
 	nodes := map[ids.NodeID]*testNode{}
@@ -60,11 +61,15 @@ func clusterOver(t *testing.T, newEP func(ids.NodeID) (rdma.Transport, error), s
 		}
 		t.Cleanup(func() { _ = ep.Close() })
 		pages := &MemPages{}
-		e, err := New(Config{
+		cfg := Config{
 			ID: id, Region: testRegion, NumPages: testPages, PageSize: testPageSize,
 			Epoch: 16, Members: members, HomeOf: testHome, Transport: ep, Pages: pages,
 			Tick: time.Millisecond,
-		})
+		}
+		if mod != nil {
+			mod(&cfg)
+		}
+		e, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -557,11 +562,11 @@ func TestOverTCP(t *testing.T) {
 		eps[id] = ep
 		return ep, nil
 	}
-	t.Run("write-read", func(t *testing.T) { testWriteThenReadElsewhere(t, clusterOver(t, newEP)) })
+	t.Run("write-read", func(t *testing.T) { testWriteThenReadElsewhere(t, clusterOver(t, newEP, nil)) })
 	eps = map[ids.NodeID]*tcp.Transport{}
-	t.Run("atomic-adds", func(t *testing.T) { testAtomicAddsSumExactly(t, clusterOver(t, newEP)) })
+	t.Run("atomic-adds", func(t *testing.T) { testAtomicAddsSumExactly(t, clusterOver(t, newEP, nil)) })
 	eps = map[ids.NodeID]*tcp.Transport{}
-	t.Run("page-increments", func(t *testing.T) { testPageIncrementsUnderContention(t, clusterOver(t, newEP)) })
+	t.Run("page-increments", func(t *testing.T) { testPageIncrementsUnderContention(t, clusterOver(t, newEP, nil)) })
 }
 
 // Bytes that do not decode, and a message that claims another sender, are

@@ -132,7 +132,8 @@ func (m *MemPages) Update(ctx context.Context, c localcache.Coherence, r ids.Reg
 }
 
 // Evict drops page p to make room, writing it back through c when it is
-// Modified. On error the page stays as it was.
+// Modified. On error the page stays as it was, except after
+// localcache.ErrEvictPending (the engine took the write-back over).
 func (m *MemPages) Evict(ctx context.Context, c localcache.Coherence, r ids.RegionID, p ids.PageNo) error {
 	pg := m.page(r, p)
 	for {
@@ -154,6 +155,10 @@ func (m *MemPages) evict(ctx context.Context, c localcache.Coherence, r ids.Regi
 		dirty = pg.data
 	}
 	if err := c.Evict(ctx, r, p, dirty); err != nil {
+		if errors.Is(err, localcache.ErrEvictPending) {
+			// The engine keeps the data and finishes the write-back.
+			pg.state, pg.data = localcache.Invalid, nil
+		}
 		return false, err
 	}
 	pg.state, pg.data = localcache.Invalid, nil

@@ -90,6 +90,9 @@ func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, writ
 		if errors.Is(err, ErrClosed) || c.ctx.Err() != nil {
 			return ErrClosed
 		}
+		if errors.Is(err, ErrUnavailable) {
+			return err
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():

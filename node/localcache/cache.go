@@ -40,6 +40,17 @@ var (
 	// ErrBusy: the Coherence engine refused a call on a page because a
 	// remote request is taking the page; retry after releasing its lock.
 	ErrBusy = errors.New("localcache: page busy with a remote request")
+	// ErrUnavailable: the Coherence engine gave up on a page because a node
+	// it waits for is down or unreachable. Access and Flush return it
+	// instead of retrying; a client's fault keeps waiting (the faulting
+	// thread cannot be given an error).
+	ErrUnavailable = errors.New("localcache: page unavailable")
+	// ErrEvictPending: Coherence.Evict failed after the engine took the
+	// eviction over: the write-back completes later (or never, if the
+	// page's home is gone) with the data the engine kept. The cache must
+	// not take the page back as Modified: the engine no longer treats this
+	// node as its holder once the write-back lands.
+	ErrEvictPending = errors.New("localcache: write-back pending")
 	// ErrRegionRemoved: the region was removed (deleted) while the call
 	// was in progress. It matches ErrUnknownRegion.
 	ErrRegionRemoved = fmt.Errorf("%w: removed", ErrUnknownRegion)
@@ -550,6 +561,12 @@ func (c *Cache) evict(ctx context.Context, pg *page) error {
 	}
 	c.setState(pg, Invalid)
 	err := c.coh.Evict(ctx, r.id, p, dirty)
+	if err != nil && dirty != nil && errors.Is(err, ErrEvictPending) {
+		// The engine keeps the data and finishes the write-back when it
+		// can: the page stays Invalid here.
+		c.st.evictErrors.Add(1)
+		return fmt.Errorf("localcache: write-back of %s/%s: %w", r.id, p, err)
+	}
 	if err != nil && dirty != nil {
 		// The only current copy: put it back.
 		r.fill(p, dirty)

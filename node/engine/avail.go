@@ -1,0 +1,223 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/localcache"
+)
+
+// ErrUnavailable fails a call on a page that waits for a node that is down
+// (the directory says it failed, left or restarted as a new incarnation)
+// or unreachable. It wraps localcache.ErrUnavailable. The error is an
+// *UnavailableError that says which node and why.
+var ErrUnavailable = fmt.Errorf("engine: page unavailable: %w", localcache.ErrUnavailable)
+
+// DefaultUnavailableAfter is Config.UnavailableAfter's default.
+const DefaultUnavailableAfter = 10 * time.Second
+
+// UnavailableError is the error of a call that gave up on a page: the node
+// the page waits for is down, or has been unreachable for
+// Config.UnavailableAfter. Contention (other nodes taking turns on the
+// page) is never unavailability.
+type UnavailableError struct {
+	Region ids.RegionID
+	Page   ids.PageNo
+	// Node is the node the page waits for; Role is what it is to the page:
+	// "home" (it keeps the page's word and data), "holder" (it holds the
+	// page's tenure, Modified), "reserver" (the page is reserved for it)
+	// or "sharer" (its acknowledgement of an invalidation is awaited).
+	Node ids.NodeID
+	Role string
+	// Why says what is wrong with Node: "failed", "restarted as a new
+	// incarnation", "unreachable: <the transport's error>".
+	Why string
+	// Epoch is the engine's epoch; Waited how long the call waited.
+	Epoch  ids.Epoch
+	Waited time.Duration
+}
+
+func (e *UnavailableError) Error() string {
+	s := fmt.Sprintf("page %v of region %v unavailable", e.Page, e.Region)
+	if e.Waited > 0 {
+		s += fmt.Sprintf(" for %v", e.Waited.Round(100*time.Millisecond))
+	}
+	return s + fmt.Sprintf(": its %s %v is %s (epoch %d)", e.Role, e.Node, e.Why, e.Epoch)
+}
+
+// Unwrap makes the error match ErrUnavailable.
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+
+// SetDown tells the engine that node id is down (why: "failed",
+// "restarted as a new incarnation", ...): calls on the pages it is home of
+// fail at once with an *UnavailableError, batches to it are held back
+// instead of retried, and a call that waits for it as the page's holder,
+// reserver or sharer fails after Config.UnavailableAfter. It may be called
+// before Start and again with a new reason.
+func (e *Engine) SetDown(id ids.NodeID, why string) {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	e.down[id] = why
+	e.kick()
+}
+
+// SetUp undoes SetDown: the batches held back for id are posted.
+func (e *Engine) SetUp(id ids.NodeID) {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	if _, ok := e.down[id]; !ok {
+		return
+	}
+	delete(e.down, id)
+	e.kick()
+}
+
+// Down returns the nodes set down and why.
+func (e *Engine) Down() map[ids.NodeID]string {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	out := make(map[ids.NodeID]string, len(e.down))
+	for id, why := range e.down {
+		out[id] = why
+	}
+	return out
+}
+
+// kick wakes the loop to apply a change of e.down (availMu held).
+func (e *Engine) kick() {
+	select {
+	case e.availCh <- struct{}{}:
+	default: // a wake-up is pending already
+	}
+}
+
+// downWhy says why id is down, or "".
+func (e *Engine) downWhy(id ids.NodeID) string {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	return e.down[id]
+}
+
+// unavailable returns the error of a call on page p that has waited
+// waited, or nil while the page may still be served. atStart: the call is
+// being submitted (only a down home fails it then).
+func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *UnavailableError {
+	ue := func(node ids.NodeID, role, why string) *UnavailableError {
+		return &UnavailableError{Region: e.cfg.Region, Page: p, Node: node, Role: role, Why: why,
+			Epoch: e.sm.Epoch(), Waited: waited}
+	}
+	home := e.homeOf(p)
+	if why := e.downWhy(home); why != "" {
+		return ue(home, "home", why)
+	}
+	if atStart || e.cfg.UnavailableAfter < 0 || waited < e.cfg.UnavailableAfter {
+		return nil
+	}
+	if u, ok := e.unreach[home]; ok && time.Since(u.since) >= e.cfg.UnavailableAfter {
+		return ue(home, "home", "unreachable: "+u.err.Error())
+	}
+	info := e.sm.Page(p)
+	w := info.Word
+	for _, c := range []struct {
+		id   ids.NodeID
+		role string
+	}{{w.Holder(), "holder"}, {w.Reserved(), "reserver"}} {
+		if c.id == ids.None || c.id == e.cfg.ID {
+			continue
+		}
+		if why := e.downWhy(c.id); why != "" {
+			return ue(c.id, c.role, why)
+		}
+	}
+	for _, id := range info.Awaiting {
+		if why := e.downWhy(id); why != "" {
+			return ue(id, "sharer", why)
+		}
+	}
+	return nil
+}
+
+// unreachable is a home whose batches fail: since the first failure of the
+// current run of failures, and the last error.
+type unreachable struct {
+	since time.Time
+	err   error
+}
+
+// noteOutcome records whether a batch to home reached it.
+func (e *Engine) noteOutcome(home ids.NodeID, err error) {
+	if err == nil {
+		delete(e.unreach, home)
+		return
+	}
+	if u, ok := e.unreach[home]; ok {
+		u.err = err
+		e.unreach[home] = u
+		return
+	}
+	e.unreach[home] = unreachable{since: time.Now(), err: err}
+}
+
+// sweepInterval paces the loop's checks of waiting calls.
+const sweepInterval = 100 * time.Millisecond
+
+// sweep fails the waiting calls whose pages are unavailable, and posts the
+// batches held back for homes that are up again. It runs on the loop.
+func (e *Engine) sweep(now time.Time) {
+	for id, bs := range e.parked {
+		if e.downWhy(id) != "" {
+			continue
+		}
+		delete(e.parked, id)
+		for _, b := range bs {
+			e.post(b)
+		}
+	}
+	ids := make([]uint64, 0, len(e.waiters))
+	for id := range e.waiters {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		w := e.waiters[id]
+		if err := e.unavailable(w.page, now.Sub(w.start), false); err != nil {
+			e.failWaiter(id, w, err)
+		}
+	}
+}
+
+// failWaiter ends a waiting call with err. The request stays in the state
+// machine, which completes it later into nothing (its waiter is gone).
+func (e *Engine) failWaiter(id uint64, w *waiter, err error) {
+	delete(e.waiters, id)
+	if w.kind == evictOp {
+		// complete will not see this call: undo its count now. The cache
+		// dropped the page already; the state machine keeps the
+		// write-back data (Engine.wb) until the release goes through.
+		e.evicting[w.page]--
+		if e.evicting[w.page] <= 0 {
+			delete(e.evicting, w.page)
+		}
+	}
+	w.ch <- result{err: err, taken: true}
+}
+
+// homeOf is the home of page p (ids.None past the region's end).
+func (e *Engine) homeOf(p ids.PageNo) ids.NodeID {
+	if int64(p) >= int64(e.cfg.NumPages) {
+		return ids.None
+	}
+	return e.cfg.HomeOf(p)
+}
+
+// park holds back a batch to a home that is down, or reports false.
+func (e *Engine) park(b coherence.Batch) bool {
+	if e.downWhy(b.Home) == "" {
+		return false
+	}
+	e.parked[b.Home] = append(e.parked[b.Home], b)
+	return true
+}

@@ -1,0 +1,195 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/localcache"
+	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/fault"
+	"github.com/dsmkit/dsm/rdma/mem"
+)
+
+// availCluster is cluster with a short UnavailableAfter.
+func availCluster(t *testing.T, after time.Duration) map[ids.NodeID]*testNode {
+	t.Helper()
+	net := mem.NewNetwork()
+	return clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) { return net.Endpoint(id) },
+		func(c *Config) { c.UnavailableAfter = after })
+}
+
+func wantUnavailable(t *testing.T, err error, node ids.NodeID, role, why string) *UnavailableError {
+	t.Helper()
+	var ue *UnavailableError
+	if !errors.As(err, &ue) || !errors.Is(err, ErrUnavailable) || !errors.Is(err, localcache.ErrUnavailable) {
+		t.Fatalf("err = %v, want an *UnavailableError", err)
+	}
+	if ue.Node != node || ue.Role != role || !strings.Contains(ue.Why, why) {
+		t.Fatalf("err = %v (node %v, role %q, why %q), want node %v as %s, %q", err, ue.Node, ue.Role, ue.Why, node, role, why)
+	}
+	return ue
+}
+
+// A page whose home is down fails at once, by name; the other pages are
+// served; SetUp serves it again.
+func TestHomeDownFailsAtOnce(t *testing.T) {
+	nodes := availCluster(t, time.Hour)
+	ctx := testCtx(t)
+	n1 := nodes[1]
+	const p = ids.PageNo(2) // homed at n3
+	n1.e.SetDown(3, "failed")
+	start := time.Now()
+	_, err := n1.pages.Read(ctx, n1.e, testRegion, p, testPageSize)
+	ue := wantUnavailable(t, err, 3, "home", "failed")
+	if ue.Page != p || ue.Region != testRegion {
+		t.Fatalf("error names %v of %v, want %v of %v", ue.Page, ue.Region, p, testRegion)
+	}
+	if ue.Waited != 0 {
+		t.Fatalf("waited %v: a call on a down home must fail before it waits", ue.Waited)
+	}
+	if _, err := n1.e.Add(ctx, p, 0, 1); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Add on the down home's page: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Logf("the failing calls took %v", d) // not a pass/fail timing: a loaded machine is slow
+	}
+	if got := n1.e.Down(); got[3] != "failed" || len(got) != 1 {
+		t.Fatalf("Down() = %v", got)
+	}
+	// Pages homed elsewhere are served.
+	if err := n1.pages.Write(ctx, n1.e, testRegion, 1, testPageSize, 0, []byte{7}); err != nil {
+		t.Fatalf("write of a page homed at n2: %v", err)
+	}
+	n1.e.SetUp(3)
+	if _, err := n1.e.Add(ctx, p, 0, 1); err != nil {
+		t.Fatalf("Add after SetUp: %v", err)
+	}
+}
+
+// A home that does not answer makes a waiting call fail after
+// UnavailableAfter, naming the home and the transport's error.
+func TestUnreachableHomeFailsAfterBound(t *testing.T) {
+	nodes := availCluster(t, 300*time.Millisecond)
+	ctx := testCtx(t)
+	if err := nodes[3].ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n1 := nodes[1]
+	_, err := n1.pages.Read(ctx, n1.e, testRegion, 2, testPageSize)
+	ue := wantUnavailable(t, err, 3, "home", "unreachable")
+	if ue.Waited < 300*time.Millisecond {
+		t.Fatalf("gave up after %v, before the bound", ue.Waited)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the call ran into the test's deadline instead of the bound")
+	}
+}
+
+// A write that waits for a holder that died fails once the holder is set
+// down and the bound passed; it names the holder.
+func TestDownHolderFailsAfterBound(t *testing.T) {
+	nodes := availCluster(t, 300*time.Millisecond)
+	ctx := testCtx(t)
+	n1, n2, n3 := nodes[1], nodes[2], nodes[3]
+	const p = ids.PageNo(0) // homed at n1
+	if err := n2.pages.Write(ctx, n2.e, testRegion, p, testPageSize, 0, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	// n2 dies holding p Modified: nothing answers its recalls.
+	if err := n2.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n3.e.SetDown(2, "failed")
+	err := n3.pages.Write(ctx, n3.e, testRegion, p, testPageSize, 0, []byte{2})
+	wantUnavailable(t, err, 2, "holder", "failed")
+	_ = n1
+}
+
+// An eviction on a page whose home is down at once is refused before the
+// engine takes it: the cache keeps the page Modified. One that the engine
+// took over and then gave up on is pending: the data stays with the engine
+// (the cache must not take the page back), and the write-back lands when
+// the home is reachable again.
+func TestEvictPendingKeepsData(t *testing.T) {
+	net := mem.NewNetwork()
+	var f1 *fault.Transport
+	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
+		ep, err := net.Endpoint(id)
+		if id == 1 && err == nil {
+			f1 = fault.Wrap(ep, 1)
+			return f1, nil
+		}
+		return ep, err
+	}, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
+	ctx := testCtx(t)
+	n1 := nodes[1]
+	const p = ids.PageNo(1) // homed at n2
+	data := bytes.Repeat([]byte{0x5a}, testPageSize)
+	if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, data); err != nil {
+		t.Fatal(err)
+	}
+	n1.e.SetDown(2, "failed")
+	if err := n1.pages.Evict(ctx, n1.e, testRegion, p); !errors.Is(err, ErrUnavailable) || errors.Is(err, localcache.ErrEvictPending) {
+		t.Fatalf("Evict with the home down: %v, want unavailable and not pending", err)
+	}
+	if st := n1.pages.State(testRegion, p); st != localcache.Modified {
+		t.Fatalf("the page is %v after a refused eviction, want M", st)
+	}
+	n1.e.SetUp(2)
+	// n2 cannot be reached: the write-back is posted, fails, is retried,
+	// and the call gives up after the bound.
+	f1.Partition(2)
+	err := n1.pages.Evict(ctx, n1.e, testRegion, p)
+	if !errors.Is(err, localcache.ErrEvictPending) {
+		t.Fatalf("Evict while the home is unreachable: %v, want pending", err)
+	}
+	wantUnavailable(t, err, 2, "home", "unreachable")
+	if st := n1.pages.State(testRegion, p); st != localcache.Invalid {
+		t.Fatalf("the page is %v in the cache after a pending eviction", st)
+	}
+	// The home is back: the retried write-back lands, and another node
+	// reads the data.
+	f1.Heal(2)
+	got, err := nodes[3].pages.Read(ctx, nodes[3].e, testRegion, p, testPageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("after the pending write-back: %x, want %x", got, data)
+	}
+}
+
+// Contention is not unavailability: a call that waits behind other nodes
+// taking turns is never failed by the bound.
+func TestContentionNeverUnavailable(t *testing.T) {
+	nodes := availCluster(t, time.Millisecond)
+	ctx := testCtx(t)
+	const p = ids.PageNo(0)
+	errc := make(chan error, 3)
+	for id := ids.NodeID(1); id <= 3; id++ {
+		go func() {
+			for range 200 {
+				if _, err := nodes[id].e.Add(ctx, p, 8, 1); err != nil {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+	}
+	for range 3 {
+		if err := <-errc; err != nil {
+			t.Fatalf("Add under contention with UnavailableAfter 1ms: %v", err)
+		}
+	}
+	if v, err := nodes[2].e.Load(ctx, p, 8); err != nil || v != 600 {
+		t.Fatalf("Load = %d, %v; want 600", v, err)
+	}
+}
