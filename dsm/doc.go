@@ -105,4 +105,14 @@
 // Client or a new one) once dsmd is back, or once a region of that name
 // exists again (a region created under a deleted one's name is a new,
 // empty region).
+//
+// When another node fails, the Region stays alive, but the pages that node
+// was home of (it kept their data) cannot be served until it is back: the
+// data plane does not move homes yet (docs/failover.md is the design of
+// that work). Sync and dsmd's memory RPCs (dsmctl get, put and the
+// atomics there) fail with ErrUnavailable at once for such a page, naming
+// it and the node; a call that waits for a node that holds the page and
+// stopped answering fails after 10 s. Plain accesses through Bytes(),
+// ReadAt and WriteAt wait instead, as long as it takes: never with data
+// the region does not hold.
 package dsm

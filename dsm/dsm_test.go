@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dsmkit/dsm/internal/mapclient/mapclienttest"
 	"github.com/dsmkit/dsm/internal/uffd"
@@ -732,5 +735,23 @@ func TestMutexCancelWhileWaiting(t *testing.T) {
 	}
 	if ok, err := mu.TryLock(ctx); err != nil || !ok {
 		t.Fatalf("the lock is not free after the cancelled Lock gave it up: %v %v", ok, err)
+	}
+}
+
+// An UNAVAILABLE status about a page (dsmd's PAGE_UNAVAILABLE detail) is
+// ErrUnavailable; one without it is dsmd itself.
+func TestPageUnavailableStatus(t *testing.T) {
+	st, err := status.New(codes.Unavailable, "page p3 of region fo (r1) unavailable: its home n3 failed in epoch 7").
+		WithDetails(&errdetails.ErrorInfo{Reason: "PAGE_UNAVAILABLE", Domain: "dsm.v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rpcErr("sync", "fo", st.Err())
+	if !errors.Is(got, ErrUnavailable) || errors.Is(got, ErrDaemonUnavailable) || !strings.Contains(got.Error(), "home n3") {
+		t.Fatalf("page status: %v", got)
+	}
+	got = rpcErr("sync", "fo", status.Error(codes.Unavailable, "no Raft leader"))
+	if !errors.Is(got, ErrDaemonUnavailable) || errors.Is(got, ErrUnavailable) {
+		t.Fatalf("plain UNAVAILABLE: %v", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -56,7 +57,21 @@ var (
 	// ErrUnsupported: this dsmd does not implement the request (an older or
 	// partial build).
 	ErrUnsupported = errors.New("dsm: not supported by this dsmd")
+	// ErrUnavailable: a page of the region waits for a node that is down
+	// (failed, left) or has been unreachable for the engine's bound (10 s
+	// by default): its home, or the node holding it. The message names the
+	// page, the node and its role. Sync fails with it when a page it must
+	// write back cannot reach its home (the write-back stays pending in
+	// dsmd and completes if the home comes back). Plain accesses through
+	// Bytes(), ReadAt and WriteAt keep waiting instead (the faulting thread
+	// cannot be handed an error); see the package documentation,
+	// "Failures".
+	ErrUnavailable = errors.New("dsm: page unavailable")
 )
+
+// pageUnavailableReason is the google.rpc.ErrorInfo reason dsmd attaches
+// to an UNAVAILABLE status for a page (types.proto).
+const pageUnavailableReason = "PAGE_UNAVAILABLE"
 
 // narrowError is a sentinel that is a special case of a broader one: it
 // matches that one too with errors.Is.
@@ -151,6 +166,9 @@ func rpcErr(op, region string, err error) error {
 		kind = ErrInUse
 	case codes.Unavailable:
 		kind = ErrDaemonUnavailable
+		if pageUnavailable(err) {
+			kind = ErrUnavailable
+		}
 	case codes.Unimplemented:
 		kind = ErrUnsupported
 	case codes.DeadlineExceeded:
@@ -159,6 +177,21 @@ func rpcErr(op, region string, err error) error {
 		kind = context.Canceled
 	}
 	return newErr(op, region, noOffset, kind, err)
+}
+
+// pageUnavailable reports whether an UNAVAILABLE status is about a page
+// (its ErrorInfo detail says PAGE_UNAVAILABLE) rather than dsmd itself.
+func pageUnavailable(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == pageUnavailableReason {
+			return true
+		}
+	}
+	return false
 }
 
 // mapErr wraps an error of the mapping with this package's sentinels.

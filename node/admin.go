@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -42,7 +44,10 @@ func statusError(err error) error {
 	}
 	msg := err.Error()
 	var se *directory.SpecError
+	var ue *engine.UnavailableError
 	switch {
+	case errors.As(err, &ue):
+		return unavailableStatus(ue)
 	case errors.As(err, &se):
 		return status.Error(codes.InvalidArgument, specMessage(se))
 	case errors.Is(err, directory.ErrNoSpace):
@@ -76,6 +81,25 @@ func statusError(err error) error {
 	}
 	// Anything else came from talking to the leader: a retry may succeed.
 	return status.Error(codes.Unavailable, msg)
+}
+
+// PageUnavailableReason is the google.rpc.ErrorInfo reason of an
+// UNAVAILABLE status for a page that waits for a node that is down or
+// unreachable (types.proto).
+const (
+	PageUnavailableReason = "PAGE_UNAVAILABLE"
+	ErrorDomain           = "dsm.v1"
+)
+
+// unavailableStatus is the status of a call that gave up on a page.
+func unavailableStatus(ue *engine.UnavailableError) error {
+	st := status.New(codes.Unavailable, ue.Error())
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: PageUnavailableReason, Domain: ErrorDomain,
+		Metadata: map[string]string{"page": strconv.FormatUint(uint64(ue.Page), 10), "node": ue.Node.String(),
+			"role": ue.Role, "why": ue.Why}}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // specMessage says what is wrong with a region spec in the user's words.

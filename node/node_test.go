@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/dsmkit/dsm/directory"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
 )
 
@@ -268,6 +271,22 @@ func TestStatusError(t *testing.T) {
 	}
 	if statusError(nil) != nil {
 		t.Error("statusError(nil) != nil")
+	}
+	// A page that waits for a dead node is UNAVAILABLE with a detail that
+	// tells it from dsmd itself being unavailable.
+	ue := &engine.UnavailableError{Region: 1, Name: "fo", Page: 3, Node: 3, Role: "home", Why: "failed in epoch 7"}
+	st := status.Convert(statusError(fmt.Errorf("read: %w", ue)))
+	if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "page p3 of region fo (r1) unavailable: its home n3 failed in epoch 7") {
+		t.Fatalf("status of %v: %v", ue, st)
+	}
+	var reason string
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			reason = info.GetReason() + " " + info.GetMetadata()["node"] + " " + info.GetMetadata()["role"]
+		}
+	}
+	if reason != PageUnavailableReason+" n3 home" {
+		t.Fatalf("detail of %v: %q", ue, reason)
 	}
 }
 

@@ -53,6 +53,8 @@ type regionEngine struct {
 	pageSize int
 	// peers are the descriptors given to the engine, to skip repeats.
 	peers map[ids.NodeID]rdma.Descriptor
+	// down are the homes set down in the engine, and why (under es.mu).
+	down map[ids.NodeID]string
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -227,6 +229,7 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 		}
 		changed = true
 	}
+	es.markDown(v)
 	for _, m := range v.Members() {
 		if m.ID == self || len(m.Descriptors) == 0 {
 			continue
@@ -250,11 +253,55 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 	return changed
 }
 
+// markDown tells every engine which of its region's homes are down in v:
+// failed or left. Calls on the pages they are home of then fail at once
+// with engine.ErrUnavailable instead of waiting for an answer that cannot
+// come (the pages are lost until the data plane moves homes; see
+// docs/failover.md), and calls waiting for them as holders fail after
+// engine.DefaultUnavailableAfter.
+func (es *engines) markDown(v *directory.View) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	for _, re := range es.byID {
+		for _, h := range re.region.Homes {
+			if h == ids.NodeID(es.n.cfg.ID) {
+				continue
+			}
+			why := homeDown(v, h)
+			switch was := re.down[h]; {
+			case why == was:
+			case why == "":
+				delete(re.down, h)
+				re.e.SetUp(h)
+				es.log.Info("home up again", "region", re.region.Name, "home", h)
+			default:
+				re.down[h] = why
+				re.e.SetDown(h, why)
+				es.log.Warn("home down: its pages of the region fail until it is back", "region", re.region.Name, "home", h, "why", why)
+			}
+		}
+	}
+}
+
+// homeDown says why member h is down in v, or "" when it is not.
+func homeDown(v *directory.View, h ids.NodeID) string {
+	m, ok := v.Member(h)
+	switch {
+	case !ok:
+		return "is not a member"
+	case m.State == directory.StateFailed:
+		return fmt.Sprintf("failed in epoch %d", m.Epoch)
+	case m.State == directory.StateLeft:
+		return fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
+	}
+	return ""
+}
+
 // add starts the engine of region r and adds the region to the page cache.
 func (es *engines) add(r directory.Region) error {
 	homes := slices.Clone(r.Homes)
 	e, err := engine.New(engine.Config{
-		ID: ids.NodeID(es.n.cfg.ID), Region: r.ID, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
+		ID: ids.NodeID(es.n.cfg.ID), Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
 		Epoch: coherenceEpoch, Members: homes,
 		HomeOf:    func(p ids.PageNo) ids.NodeID { return placement.Home(r.ShardOf(p), homes) },
 		Transport: es.n.verbs,
@@ -266,7 +313,8 @@ func (es *engines) add(r directory.Region) error {
 	if err != nil {
 		return err
 	}
-	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{}}
+	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
+		down: map[ids.NodeID]string{}}
 	es.mu.Lock()
 	es.byID[r.ID] = re
 	es.mu.Unlock()

@@ -25,34 +25,41 @@ const DefaultUnavailableAfter = 10 * time.Second
 // page) is never unavailability.
 type UnavailableError struct {
 	Region ids.RegionID
-	Page   ids.PageNo
+	// Name is the region's name when the engine was given one.
+	Name string
+	Page ids.PageNo
 	// Node is the node the page waits for; Role is what it is to the page:
 	// "home" (it keeps the page's word and data), "holder" (it holds the
 	// page's tenure, Modified), "reserver" (the page is reserved for it)
 	// or "sharer" (its acknowledgement of an invalidation is awaited).
 	Node ids.NodeID
 	Role string
-	// Why says what is wrong with Node: "failed", "restarted as a new
-	// incarnation", "unreachable: <the transport's error>".
+	// Why says what is wrong with Node, as a verb phrase: "failed in
+	// epoch 41", "is unreachable: <the transport's error>".
 	Why string
-	// Epoch is the engine's epoch; Waited how long the call waited.
+	// Epoch is the engine's (protocol) epoch; Waited how long the call
+	// waited.
 	Epoch  ids.Epoch
 	Waited time.Duration
 }
 
 func (e *UnavailableError) Error() string {
-	s := fmt.Sprintf("page %v of region %v unavailable", e.Page, e.Region)
+	r := e.Region.String()
+	if e.Name != "" {
+		r = fmt.Sprintf("%s (%v)", e.Name, e.Region)
+	}
+	s := fmt.Sprintf("page %v of region %s unavailable", e.Page, r)
 	if e.Waited > 0 {
 		s += fmt.Sprintf(" for %v", e.Waited.Round(100*time.Millisecond))
 	}
-	return s + fmt.Sprintf(": its %s %v is %s (epoch %d)", e.Role, e.Node, e.Why, e.Epoch)
+	return s + fmt.Sprintf(": its %s %v %s", e.Role, e.Node, e.Why)
 }
 
 // Unwrap makes the error match ErrUnavailable.
 func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
-// SetDown tells the engine that node id is down (why: "failed",
-// "restarted as a new incarnation", ...): calls on the pages it is home of
+// SetDown tells the engine that node id is down (why, a verb phrase for
+// errors: "failed in epoch 41"): calls on the pages it is home of
 // fail at once with an *UnavailableError, batches to it are held back
 // instead of retried, and a call that waits for it as the page's holder,
 // reserver or sharer fails after Config.UnavailableAfter. It may be called
@@ -106,7 +113,7 @@ func (e *Engine) downWhy(id ids.NodeID) string {
 // being submitted (only a down home fails it then).
 func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *UnavailableError {
 	ue := func(node ids.NodeID, role, why string) *UnavailableError {
-		return &UnavailableError{Region: e.cfg.Region, Page: p, Node: node, Role: role, Why: why,
+		return &UnavailableError{Region: e.cfg.Region, Name: e.cfg.Name, Page: p, Node: node, Role: role, Why: why,
 			Epoch: e.sm.Epoch(), Waited: waited}
 	}
 	home := e.homeOf(p)
@@ -117,7 +124,7 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 		return nil
 	}
 	if u, ok := e.unreach[home]; ok && time.Since(u.since) >= e.cfg.UnavailableAfter {
-		return ue(home, "home", "unreachable: "+u.err.Error())
+		return ue(home, "home", "is unreachable: "+u.err.Error())
 	}
 	info := e.sm.Page(p)
 	w := info.Word

@@ -54,6 +54,8 @@ type Config struct {
 	// Region is the one region the engine serves: pages 0..NumPages-1.
 	Region   ids.RegionID
 	NumPages int
+	// Name is the region's name, for errors (optional).
+	Name string
 	// PageSize in bytes: a positive multiple of 8.
 	PageSize int
 	// Epoch and Members are the configuration. Epoch must be a positive

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -355,6 +356,9 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 	msg := userMessage(st.Message())
 	switch st.Code() {
 	case codes.Unavailable:
+		if pageUnavailable(st) {
+			return msg + " — see `dsmctl members`"
+		}
 		a.mu.Lock()
 		derr := a.dialErr
 		a.mu.Unlock()
@@ -377,6 +381,17 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		return "interrupted"
 	}
 	return fmt.Sprintf("%s: %s: %s", where, strings.ToLower(st.Code().String()), msg)
+}
+
+// pageUnavailable reports whether an UNAVAILABLE status is about a page
+// that waits for a node that is down, not about dsmd itself.
+func pageUnavailable(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "PAGE_UNAVAILABLE" { // types.proto
+			return true
+		}
+	}
+	return false
 }
 
 // internalPrefix matches the prefix of an error of one of dsmd's internal

@@ -328,6 +328,7 @@ func TestErrors(t *testing.T) {
 		{[]string{"frobnicate"}, ExitUsage, []string{`unknown command "frobnicate"`}},
 		{[]string{"put", "small", "0", "zz", "--hex"}, ExitUsage, []string{"not hex"}},
 		{[]string{"get", "small", "0", "0"}, ExitUsage, []string{"LEN is zero"}},
+		{[]string{"get", "lost", "4096", "8"}, ExitError, []string{"page p1 of region lost (r9) unavailable: its home n3 failed in epoch 7 — see `dsmctl members`"}},
 		{[]string{"region", "info", "leaderless"}, ExitError, []string{"dsmd at " + sock + ": unavailable: no Raft leader", "retry"}},
 		{[]string{"region", "info", "slow", "--timeout", "50ms"}, ExitError, []string{"dsmd at " + sock + " did not answer within 50ms", "raise --timeout"}},
 	} {

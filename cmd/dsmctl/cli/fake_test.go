@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -472,6 +473,14 @@ func (f *fakeAdmin) span(name string, off, n uint64) (*dsmpb.Region, error) {
 }
 
 func (f *fakeAdmin) ReadMemory(_ context.Context, req *dsmpb.ReadMemoryRequest) (*dsmpb.ReadMemoryResponse, error) {
+	if req.Region == "lost" { // a page whose home died
+		st, err := status.New(codes.Unavailable, "page p1 of region lost (r9) unavailable: its home n3 failed in epoch 7").
+			WithDetails(&errdetails.ErrorInfo{Reason: "PAGE_UNAVAILABLE", Domain: "dsm.v1"})
+		if err != nil {
+			return nil, err
+		}
+		return nil, st.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r, err := f.span(req.Region, req.Offset, uint64(req.Length))
