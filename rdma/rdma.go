@@ -242,6 +242,10 @@ var (
 	ErrUnknownPeer     = errors.New("rdma: unknown peer")
 	ErrPeerUnreachable = errors.New("rdma: peer unreachable")
 	ErrClosed          = errors.New("rdma: transport closed")
+	// ErrIncarnation refuses an operation or message to a peer whose
+	// process is not the incarnation this node was told to reach (a
+	// restarted peer, before the directory says so): nothing was sent.
+	ErrIncarnation = errors.New("rdma: the peer is another incarnation than expected")
 	// ErrOutcomeUnknown marks a batch that may or may not have executed at
 	// the target: its request may have reached the peer, and its answer
 	// never came back (see Transport.Post). It comes wrapped with the

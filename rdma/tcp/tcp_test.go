@@ -2,6 +2,7 @@ package tcp_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -109,6 +110,53 @@ func TestReconnectAfterRestart(t *testing.T) {
 	}
 	if err != nil {
 		t.Fatalf("no Post reached the restarted peer: %v", err)
+	}
+}
+
+// A peer restarted on the same address, with the same registration key as
+// its previous process, is not reached while this node expects the
+// previous incarnation: the old descriptor cannot touch the new process's
+// memory. Once the new nonce is expected, it is reached.
+func TestExpectNonceFencesARestartedPeer(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	addr := b.Addr()
+	a.AddPeer(2, addr)
+	a.ExpectNonce(2, b.Nonce())
+	reg := register(t, b, 4096)
+	old := reg.Descriptor().RKey
+	if err := a.Post(ctxT(t), 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: old, Operand: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	b2 := listen(t, 2, addr)
+	reg2 := register(t, b2, 4096)
+	if reg2.Descriptor().RKey != old {
+		t.Logf("the new process's key %v differs from the old %v; the check holds either way", reg2.Descriptor().RKey, old)
+	}
+	for i := 0; i < 3; i++ {
+		op := []rdma.Op{{Kind: rdma.OpFAA, RKey: old, Operand: 1}}
+		err := a.Post(ctxT(t), 2, op)
+		if err == nil {
+			t.Fatalf("a FAA with the old incarnation's key executed on the restarted peer")
+		}
+		if errors.Is(err, rdma.ErrIncarnation) && errors.Is(err, rdma.ErrOutcomeUnknown) {
+			t.Fatalf("a refused Post says its outcome is unknown: %v", err)
+		}
+		if err := a.Send(ctxT(t), 2, []byte("x")); err == nil || i > 0 && !errors.Is(err, rdma.ErrIncarnation) {
+			t.Fatalf("Send to the restarted peer: %v, want ErrIncarnation", err)
+		}
+	}
+	if got := binary.LittleEndian.Uint64(reg2.Bytes()); got != 0 {
+		t.Fatalf("the restarted peer's word is %d: an operation meant for the old process executed", got)
+	}
+	a.ExpectNonce(2, b2.Nonce())
+	if err := a.Post(ctxT(t), 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: reg2.Descriptor().RKey, Operand: 5}}); err != nil {
+		t.Fatalf("Post once the new incarnation is expected: %v", err)
+	}
+	if got := binary.LittleEndian.Uint64(reg2.Bytes()); got != 5 {
+		t.Fatalf("word = %d, want 5", got)
 	}
 }
 

@@ -105,6 +105,8 @@ var _ rdma.Transport = (*Transport)(nil)
 type peer struct {
 	id   ids.NodeID
 	addr string
+	// nonce is the incarnation this node may reach (ExpectNonce); 0: any.
+	nonce uint64
 	out  *outSession
 	conn *conn        // nil until the first use, or after a failure
 	dial *dialAttempt // the connection attempt in progress, if any
@@ -410,7 +412,7 @@ func (a *attempt) wait(ctx context.Context, cause error) error {
 // address any more (its incarnation ended), or it refused the handshake.
 func retryable(err error) bool {
 	switch {
-	case errors.Is(err, rdma.ErrClosed), errors.Is(err, rdma.ErrUnknownPeer),
+	case errors.Is(err, rdma.ErrClosed), errors.Is(err, rdma.ErrUnknownPeer), errors.Is(err, rdma.ErrIncarnation),
 		errors.Is(err, syscall.ECONNREFUSED), errors.As(err, new(*refusal)):
 		return false
 	}
@@ -574,9 +576,10 @@ func (t *Transport) conn(ctx context.Context, id ids.NodeID) (*conn, error) {
 		return nil, &rdma.PeerError{Peer: id, Err: rdma.ErrUnknownPeer}
 	}
 	if c := p.conn; c != nil && !c.isDown() {
+		want := p.nonce
 		t.mu.Unlock()
 		if !c.closedByPeer() {
-			return c, nil
+			return admit(id, c, want)
 		}
 		c.shutdown(errors.New("closed by the peer while idle"))
 		t.mu.Lock()
@@ -600,9 +603,36 @@ func (t *Transport) conn(ctx context.Context, id ids.NodeID) (*conn, error) {
 		if d.err != nil {
 			return nil, d.err
 		}
-		return d.conn, nil
+		t.mu.Lock()
+		want := p.nonce
+		t.mu.Unlock()
+		return admit(id, d.conn, want)
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// admit returns c if the peer's process behind it is incarnation want
+// (any when want is 0). The connection stays up either way: it is the
+// right one once the directory names that incarnation.
+func admit(id ids.NodeID, c *conn, want uint64) (*conn, error) {
+	if want != 0 && c.peerNonce != want {
+		return nil, &rdma.PeerError{Peer: id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, c.peerNonce, want)}
+	}
+	return c, nil
+}
+
+// ExpectNonce names the incarnation of peer id that this node may reach:
+// operations and messages go only to a process whose handshake shows that
+// nonce, and fail with rdma.ErrIncarnation (not sent) otherwise. 0 lifts
+// the check. dsmd passes the nonce the directory records for the member,
+// so that a restarted peer is reached only once the directory says so
+// (with its new descriptors), never with the previous process's keys.
+func (t *Transport) ExpectNonce(id ids.NodeID, nonce uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.peers[id]; p != nil {
+		p.nonce = nonce
 	}
 }
 
