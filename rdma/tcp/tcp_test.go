@@ -65,6 +65,16 @@ func TestListenAndAddPeerValidate(t *testing.T) {
 	}
 }
 
+// Each transport is its own incarnation: a non-zero nonce, another one for
+// another Listen of the same node id.
+func TestNonceIsPerIncarnation(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 1, "127.0.0.1:0")
+	if a.Nonce() == 0 || b.Nonce() == 0 || a.Nonce() == b.Nonce() {
+		t.Errorf("nonces %#x and %#x: want two distinct non-zero ones", a.Nonce(), b.Nonce())
+	}
+}
+
 // A peer that restarts on the same address is reached again: the broken
 // connection fails what was on it, and a later operation connects anew.
 func TestReconnectAfterRestart(t *testing.T) {

@@ -153,6 +153,12 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 // LocalID implements rdma.Transport.
 func (t *Transport) LocalID() ids.NodeID { return t.id }
 
+// Nonce is this transport's incarnation nonce: random, never zero, drawn
+// once by Listen. Peers see it in every hello; the daemon publishes it to
+// the directory, which counts a new nonce under the same node id as a new
+// incarnation of that node.
+func (t *Transport) Nonce() uint64 { return t.nonce }
+
 // Addr implements rdma.Transport: the address the listener is bound to.
 func (t *Transport) Addr() string { return t.ln.Addr().String() }
 
