@@ -42,6 +42,9 @@ type command struct {
 	// cmdSetMemberState
 	ID    ids.NodeID  `json:"id,omitempty"`
 	State MemberState `json:"state,omitempty"`
+	// Nonce, if not 0, names the incarnation the new state is for: the
+	// command changes nothing if another incarnation holds the node id.
+	Nonce uint64 `json:"nonce,omitempty"`
 }
 
 func encodeCommand(c command) []byte {
@@ -96,6 +99,9 @@ func decodeCommand(b []byte) (command, error) {
 		}
 		if c.Member.State != StateAlive {
 			return command{}, fmt.Errorf("%w: put of a %v member", ErrInvalidMember, c.Member.State)
+		}
+		if c.Member.Nonce == 0 {
+			return command{}, fmt.Errorf("%w: put of %v without an incarnation nonce", ErrInvalidMember, c.Member.ID)
 		}
 	case cmdSetMemberState:
 		if c.ID == ids.None {

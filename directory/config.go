@@ -1,6 +1,8 @@
 package directory
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +17,13 @@ type Config struct {
 	NodeID ids.NodeID
 	// DataDir holds the Raft log and stable store (pebble) and snapshots.
 	DataDir string
+	// Nonce identifies this process among the incarnations of NodeID:
+	// random and never reused. The daemon passes its verbs transport's
+	// (tcp.Transport.Nonce), so that the directory's incarnation and the
+	// transport's are one. 0: the directory draws a random one itself.
+	// Every Open must use a new nonce: one seen before for this node id is
+	// refused as stale (its member updates fail with ErrStaleIncarnation).
+	Nonce uint64
 
 	// GossipAddr, RaftAddr and RPCAddr are host:port to bind. They are also
 	// the addresses advertised to peers, so they must name a concrete
@@ -139,6 +148,19 @@ func (t Timing) withDefaults() Timing {
 	return t
 }
 
+// randomNonce draws a random non-zero incarnation nonce.
+func randomNonce() uint64 {
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			panic("directory: no randomness for the incarnation nonce: " + err.Error())
+		}
+		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
+	}
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NodeID == ids.None {
 		return c, fmt.Errorf("%w: zero NodeID", ErrInvalidConfig)
@@ -170,6 +192,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Nonce == 0 {
+		c.Nonce = randomNonce()
 	}
 	c.Timing = c.Timing.withDefaults()
 	return c, nil

@@ -59,6 +59,7 @@ type Directory struct {
 	// Owned by the run loop.
 	bootstrapped bool
 	absentSince  map[ids.NodeID]time.Time
+	noProto      map[ids.NodeID]uint64 // nonce refused for want of protocol ids, by node
 	savedPeers   []string
 	join         []string // Config.Join plus the saved peers
 }
@@ -78,7 +79,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	}
 	d := &Directory{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID.String()),
-		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{},
+		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{}, noProto: map[ids.NodeID]uint64{},
 	}
 	var closers []func()
 	defer func() {
@@ -145,7 +146,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	d.gossip = newGossip(nodeMeta{
 		ID: cfg.NodeID, GRPCAddr: cfg.GRPCAddr, VerbsAddr: cfg.VerbsAddr,
 		RaftAddr: string(d.trans.LocalAddr()), RPCAddr: d.rpc.addr(),
-		Expect: cfg.BootstrapExpect, HasState: hasState,
+		Expect: cfg.BootstrapExpect, HasState: hasState, Nonce: cfg.Nonce,
 	})
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = nodeName(cfg.NodeID)
@@ -197,6 +198,11 @@ func parseServerID(s raft.ServerID) (ids.NodeID, bool) {
 
 // NodeID is this replica's node id.
 func (d *Directory) NodeID() ids.NodeID { return d.cfg.NodeID }
+
+// Nonce is this process's incarnation nonce (Config.Nonce, or the one the
+// directory drew). The member record with this nonce is this process's
+// incarnation.
+func (d *Directory) Nonce() uint64 { return d.cfg.Nonce }
 
 // Addrs reports the bound addresses (useful with port 0).
 func (d *Directory) Addrs() Addrs {
@@ -564,10 +570,8 @@ func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
 		return rpcResponse{Err: toWire(d.leaveMember(ctx, req.ID))}
 	case opStatus:
 		v := d.View()
-		return rpcResponse{Index: v.Index, Epoch: v.Epoch, Status: &snapshotState{
-			Version: snapshotVersion, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
-			Members: v.members, Regions: v.regions,
-		}}
+		st := stateOf(v)
+		return rpcResponse{Index: v.Index, Epoch: v.Epoch, Status: &st}
 	}
 	return rpcResponse{Err: toWire(fmt.Errorf("%w: unknown op %q", ErrBadFrame, req.Op))}
 }
@@ -625,7 +629,7 @@ func (d *Directory) leaveMember(ctx context.Context, id ids.NodeID) error {
 	d.reconcileMu.Lock()
 	defer d.reconcileMu.Unlock()
 	d.gossip.mark(id, gossipLeft)
-	return d.removeMember(ctx, id, StateLeft)
+	return d.removeMember(ctx, id, 0, StateLeft)
 }
 
 // voters returns the current Raft voters.

@@ -78,8 +78,17 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 // applyCommand computes the view after c. It is deterministic: the same
-// view and command give the same result on every replica.
+// view and command give the same result on every replica. Every command
+// that moves the epoch appends the new epoch's member set to the history.
 func applyCommand(v *View, c command) (*View, applyResult) {
+	next, res := applyCommandTable(v, c)
+	if next.Epoch != v.Epoch {
+		next.recordEpoch()
+	}
+	return next, res
+}
+
+func applyCommandTable(v *View, c command) (*View, applyResult) {
 	next := *v
 	switch c.Type {
 	case cmdCreateRegion:
@@ -101,6 +110,10 @@ func applyCommand(v *View, c command) (*View, applyResult) {
 				ErrNoSpace, spec.Name, sizeString(spec.Size), len(v.regions), sizeString(total), sizeString(MaxTotalSize))}
 		}
 		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive)}
+		for _, h := range r.Homes {
+			m, _ := v.Member(h)
+			r.HomeIncarnations = append(r.HomeIncarnations, m.Incarnation)
+		}
 		next.nextRegion++ // wraps to 0 after the last id: exhausted
 		rs := slices.Clone(v.regions)
 		i, _ := slices.BinarySearchFunc(rs, r.Name, func(r Region, n string) int { return cmpStr(r.Name, n) })
@@ -115,23 +128,17 @@ func applyCommand(v *View, c command) (*View, applyResult) {
 		next.setRegions(slices.Delete(slices.Clone(v.regions), i, i+1))
 		return &next, applyResult{Region: r, changed: true}
 	case cmdPutMember:
-		m := *c.Member
-		m.Descriptors = slices.Clone(m.Descriptors)
-		old, ok := v.Member(m.ID)
-		if ok && c.KeepDescriptors {
-			m.Descriptors = old.Descriptors
-		}
-		if ok && old.State == m.State && old.sameAddrs(m) && string(old.Descriptors) == string(m.Descriptors) {
-			return &next, applyResult{}
-		}
-		next.Epoch++
-		m.Epoch = next.Epoch
-		next.setMember(m)
-		return &next, applyResult{changed: true}
+		return putMember(v, c)
 	case cmdSetMemberState:
 		old, ok := v.Member(c.ID)
 		if !ok || old.State == c.State {
 			return &next, applyResult{}
+		}
+		if c.Nonce != 0 && old.Nonce != 0 && c.Nonce != old.Nonce {
+			// Meant for another incarnation: an older one (the verdict came
+			// late) or a newer one not yet recorded (its own record will
+			// replace this one).
+			return &next, applyResult{Err: fmt.Errorf("%w: %v state %v for nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.State, c.Nonce, old.Nonce)}
 		}
 		next.Epoch++
 		old.State = c.State
@@ -140,6 +147,113 @@ func applyCommand(v *View, c command) (*View, applyResult) {
 		return &next, applyResult{changed: true}
 	}
 	return &next, applyResult{Err: fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)}
+}
+
+// putMember applies cmdPutMember. The command's nonce decides whose record
+// it is:
+//
+//   - no record yet: incarnation 1, the lowest free protocol id;
+//   - the table's nonce (or the table's is 0, unknown since a version 1
+//     snapshot, and this one is adopted): an update of the same incarnation,
+//     in a new epoch if the state, addresses, nonce or descriptors change;
+//   - one of the node's past nonces: stale, refused;
+//   - any other: a new process, so a new incarnation: Incarnation+1, a fresh
+//     protocol id, the old id quarantined, the new addresses and
+//     descriptors (never the old ones), state alive, one new epoch.
+func putMember(v *View, c command) (*View, applyResult) {
+	next := *v
+	m := c.Member.clone()
+	m.Incarnation, m.Proto, m.PastNonces = 0, 0, nil
+	old, ok := v.Member(m.ID)
+	switch {
+	case !ok:
+		m.Incarnation = 1
+		m.Proto = v.freeProto(ids.None)
+		if m.Proto == ids.None {
+			return &next, applyResult{Err: fmt.Errorf("%w: no id for the first incarnation of %v", ErrNoProtoIDs, m.ID)}
+		}
+	case old.Nonce == m.Nonce || old.Nonce == 0:
+		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
+		if c.KeepDescriptors {
+			m.Descriptors = old.Descriptors
+		}
+		if old.Nonce == m.Nonce && old.State == m.State && old.sameAddrs(m) && string(old.Descriptors) == string(m.Descriptors) {
+			return &next, applyResult{}
+		}
+	case slices.Contains(old.PastNonces, m.Nonce):
+		return &next, applyResult{Err: fmt.Errorf("%w: %v nonce %#x is of an incarnation before %d", ErrStaleIncarnation, m.ID, m.Nonce, old.Incarnation)}
+	default:
+		// A restart. The old incarnation departs and the new one joins in
+		// this one epoch.
+		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
+			Proto: old.Proto, LeftAt: v.Epoch + 1, Node: old.ID, Incarnation: old.Incarnation})
+		m.Proto = next.freeProto(old.Proto)
+		if m.Proto == ids.None {
+			// Nobody can take the node's place: the old incarnation still
+			// departs (its process is gone), and the new one is not
+			// admitted. Its id stays in its record, not in the quarantine.
+			next.quarantine = v.quarantine
+			if old.State != StateAlive {
+				return &next, applyResult{Err: fmt.Errorf("%w: %v cannot start incarnation %d", ErrNoProtoIDs, m.ID, old.Incarnation+1)}
+			}
+			next.Epoch++
+			old.State = StateFailed
+			old.Epoch = next.Epoch
+			next.setMember(old)
+			return &next, applyResult{changed: true, Err: fmt.Errorf("%w: %v cannot start incarnation %d; incarnation %d marked failed", ErrNoProtoIDs, m.ID, old.Incarnation+1, old.Incarnation)}
+		}
+		m.Incarnation = old.Incarnation + 1
+		m.PastNonces = append(slices.Clone(old.PastNonces), old.Nonce)
+		if len(m.PastNonces) > maxPastNonces {
+			m.PastNonces = m.PastNonces[len(m.PastNonces)-maxPastNonces:]
+		}
+	}
+	next.Epoch++
+	m.Epoch = next.Epoch
+	next.setMember(m)
+	return &next, applyResult{changed: true}
+}
+
+// freeProto returns the protocol id for a new incarnation: prefer if it is
+// free, else the lowest free one; ids.None if none is free. An id is free
+// when no member holds it and it is not quarantined.
+func (v *View) freeProto(prefer ids.NodeID) ids.NodeID {
+	var used [MaxProtoID + 1]bool
+	for _, m := range v.members {
+		if m.Proto <= MaxProtoID {
+			used[m.Proto] = true
+		}
+	}
+	for _, q := range v.quarantine {
+		if q.Proto <= MaxProtoID {
+			used[q.Proto] = true
+		}
+	}
+	if prefer != ids.None && prefer <= MaxProtoID && !used[prefer] {
+		return prefer
+	}
+	for p := ids.NodeID(1); p <= MaxProtoID; p++ {
+		if !used[p] {
+			return p
+		}
+	}
+	return ids.None
+}
+
+// recordEpoch appends the member set of v's epoch to the history, keeping
+// the last historyLen epochs.
+func (v *View) recordEpoch() {
+	rec := EpochRecord{Epoch: v.Epoch}
+	for _, m := range v.members {
+		if m.State == StateAlive {
+			rec.Members = append(rec.Members, ProtoMember{Node: m.ID, Incarnation: m.Incarnation, Proto: m.Proto, State: m.State})
+		}
+	}
+	h := v.history
+	if len(h) >= historyLen {
+		h = h[len(h)-historyLen+1:]
+	}
+	v.history = append(slices.Clone(h), rec)
 }
 
 // setMember replaces or inserts m in a copy of the member table and
@@ -168,24 +282,72 @@ func aliveOf(ms []Member) []ids.NodeID {
 
 // snapshotState is the serialized form of a View.
 type snapshotState struct {
-	Version    int          `json:"version"`
-	Epoch      ids.Epoch    `json:"epoch"`
-	Index      uint64       `json:"index"`
-	NextRegion ids.RegionID `json:"next_region"`
-	Members    []Member     `json:"members"`
-	Regions    []Region     `json:"regions"`
+	Version    int           `json:"version"`
+	Epoch      ids.Epoch     `json:"epoch"`
+	Index      uint64        `json:"index"`
+	NextRegion ids.RegionID  `json:"next_region"`
+	Members    []Member      `json:"members"`
+	Regions    []Region      `json:"regions"`
+	Quarantine []Quarantined `json:"quarantine,omitempty"` // version 2
+	History    []EpochRecord `json:"history,omitempty"`    // version 2
 }
 
-const snapshotVersion = 1
+// snapshotVersion 2 added incarnations: Member.Incarnation, Nonce, Proto
+// and PastNonces, Region.HomeIncarnations, the quarantine and the epoch
+// history. Version 1 still decodes (upgradeV1).
+const snapshotVersion = 2
 
 // maxSnapshotSize bounds what Restore reads.
 const maxSnapshotSize = 1 << 30
 
-func encodeSnapshot(v *View) ([]byte, error) {
-	return json.Marshal(snapshotState{
+func stateOf(v *View) snapshotState {
+	return snapshotState{
 		Version: snapshotVersion, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
-		Members: v.members, Regions: v.regions,
-	})
+		Members: v.members, Regions: v.regions, Quarantine: v.quarantine, History: v.history,
+	}
+}
+
+func encodeSnapshot(v *View) ([]byte, error) {
+	return json.Marshal(stateOf(v))
+}
+
+// upgradeV1 gives the records of a version 1 snapshot the fields of
+// version 2: every member is incarnation 1 with an unknown nonce (0: the
+// first one seen is adopted without a new incarnation) and its node id as
+// protocol id (node ids above MaxProtoID, which the engines never accepted,
+// get the lowest free ids); every home of a region is incarnation 1. The
+// quarantine is empty and the history holds the current epoch only,
+// rebuilt from the member table: earlier epochs were never recorded.
+func upgradeV1(s *snapshotState) {
+	if len(s.Quarantine) > 0 || len(s.History) > 0 {
+		// Not written by version 1; decodeSnapshot refuses it.
+		return
+	}
+	v := &View{Epoch: s.Epoch}
+	for i := range s.Members {
+		m := &s.Members[i]
+		m.Incarnation, m.Nonce, m.PastNonces = 1, 0, nil
+		m.Proto = ids.None
+		if m.ID <= MaxProtoID {
+			m.Proto = m.ID
+		}
+	}
+	v.members = s.Members
+	for i := range s.Members {
+		if s.Members[i].Proto == ids.None {
+			s.Members[i].Proto = v.freeProto(ids.None)
+		}
+	}
+	for i := range s.Regions {
+		s.Regions[i].HomeIncarnations = nil
+		for range s.Regions[i].Homes {
+			s.Regions[i].HomeIncarnations = append(s.Regions[i].HomeIncarnations, 1)
+		}
+	}
+	if s.Epoch > 0 {
+		v.recordEpoch()
+		s.History = v.history
+	}
 }
 
 // decodeSnapshot parses and validates a snapshot: sorted unique members and
@@ -195,8 +357,23 @@ func decodeSnapshot(b []byte) (*View, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
-	if s.Version != snapshotVersion {
+	switch s.Version {
+	case 1:
+		if len(s.Quarantine) > 0 || len(s.History) > 0 {
+			return nil, fmt.Errorf("%w: version 1 with a quarantine or a history", ErrBadSnapshot)
+		}
+		upgradeV1(&s)
+	case snapshotVersion:
+	default:
 		return nil, fmt.Errorf("%w: version %d", ErrBadSnapshot, s.Version)
+	}
+	protos := map[ids.NodeID]bool{}
+	takeProto := func(p ids.NodeID) error {
+		if p == ids.None || p > MaxProtoID || protos[p] {
+			return fmt.Errorf("%w: protocol id %v missing, out of range or given twice", ErrBadSnapshot, p)
+		}
+		protos[p] = true
+		return nil
 	}
 	for i, m := range s.Members {
 		if err := m.validate(); err != nil {
@@ -204,6 +381,28 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if i > 0 && s.Members[i-1].ID >= m.ID {
 			return nil, fmt.Errorf("%w: members out of order", ErrBadSnapshot)
+		}
+		if m.Incarnation == 0 {
+			return nil, fmt.Errorf("%w: member %v without incarnation", ErrBadSnapshot, m.ID)
+		}
+		if err := takeProto(m.Proto); err != nil {
+			return nil, err
+		}
+	}
+	for _, q := range s.Quarantine {
+		if err := takeProto(q.Proto); err != nil {
+			return nil, err
+		}
+		if q.LeftAt > s.Epoch {
+			return nil, fmt.Errorf("%w: protocol id %v left in epoch %v, after the snapshot's %v", ErrBadSnapshot, q.Proto, q.LeftAt, s.Epoch)
+		}
+	}
+	if len(s.History) > historyLen {
+		return nil, fmt.Errorf("%w: %d epochs of history, more than %d", ErrBadSnapshot, len(s.History), historyLen)
+	}
+	for i, h := range s.History {
+		if h.Epoch == 0 || h.Epoch > s.Epoch || (i > 0 && s.History[i-1].Epoch >= h.Epoch) {
+			return nil, fmt.Errorf("%w: history epoch %v", ErrBadSnapshot, h.Epoch)
 		}
 	}
 	seenID := map[ids.RegionID]bool{}
@@ -218,9 +417,13 @@ func decodeSnapshot(b []byte) (*View, error) {
 		if r.ID == 0 || seenID[r.ID] || (s.NextRegion != 0 && r.ID >= s.NextRegion) {
 			return nil, fmt.Errorf("%w: region id %v", ErrBadSnapshot, r.ID)
 		}
+		if len(r.HomeIncarnations) != len(r.Homes) {
+			return nil, fmt.Errorf("%w: region %q has %d homes and %d home incarnations", ErrBadSnapshot, r.Name, len(r.Homes), len(r.HomeIncarnations))
+		}
 		seenID[r.ID] = true
 	}
-	v := &View{Epoch: s.Epoch, Index: s.Index, nextRegion: s.NextRegion, members: s.Members, alive: aliveOf(s.Members)}
+	v := &View{Epoch: s.Epoch, Index: s.Index, nextRegion: s.NextRegion, members: s.Members, alive: aliveOf(s.Members),
+		quarantine: s.Quarantine, history: s.History}
 	v.setRegions(s.Regions)
 	return v, nil
 }

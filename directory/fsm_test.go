@@ -13,8 +13,9 @@ import (
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
+// member is node id's first process (nonce 100+id).
 func member(id ids.NodeID) *Member {
-	return &Member{ID: id, GRPCAddr: "127.0.0.1:1", VerbsAddr: "127.0.0.1:2", RaftAddr: "127.0.0.1:3", RPCAddr: "127.0.0.1:4", State: StateAlive}
+	return &Member{ID: id, GRPCAddr: "127.0.0.1:1", VerbsAddr: "127.0.0.1:2", RaftAddr: "127.0.0.1:3", RPCAddr: "127.0.0.1:4", State: StateAlive, Nonce: 100 + uint64(id)}
 }
 
 func seedCommands() []command {
@@ -25,6 +26,8 @@ func seedCommands() []command {
 		{Type: cmdPutMember, Member: member(1)},
 		{Type: cmdPutMember, Member: member(2), KeepDescriptors: true},
 		{Type: cmdSetMemberState, ID: 2, State: StateFailed},
+		{Type: cmdPutMember, Member: restartOf(2, 2)}, // incarnation 2, old id quarantined
+		createRegionCmd(RegionSpec{Name: "c", Size: 1 << 30}, time.Unix(3, 0)),
 	}
 }
 
@@ -41,14 +44,14 @@ func applyAll(t *testing.T, f *fsm, cmds []command) []applyResult {
 func TestFSMEpochRules(t *testing.T) {
 	f := newFSM(newNotifier())
 	res := applyAll(t, f, []command{
-		{Type: cmdPutMember, Member: member(1)},                                                                                // e1
-		{Type: cmdPutMember, Member: member(1), KeepDescriptors: true},                                                         // same: no epoch
-		createRegionCmd(RegionSpec{Name: "r", Size: 4096}, time.Unix(5, 0)),                                                    // regions do not bump
-		{Type: cmdPutMember, Member: member(2)},                                                                                // e2
-		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                                                                   // e3
-		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                                                                   // same: no epoch
-		{Type: cmdSetMemberState, ID: 9, State: StateFailed},                                                                   // unknown: no-op
-		{Type: cmdPutMember, Member: &Member{ID: 1, RaftAddr: "x", RPCAddr: "y", State: StateAlive, Descriptors: []byte("d")}}, // e4
+		{Type: cmdPutMember, Member: member(1)},                             // e1
+		{Type: cmdPutMember, Member: member(1), KeepDescriptors: true},      // same: no epoch
+		createRegionCmd(RegionSpec{Name: "r", Size: 4096}, time.Unix(5, 0)), // regions do not bump
+		{Type: cmdPutMember, Member: member(2)},                             // e2
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                // e3
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed},                // same: no epoch
+		{Type: cmdSetMemberState, ID: 9, State: StateFailed},                // unknown: no-op
+		{Type: cmdPutMember, Member: &Member{ID: 1, RaftAddr: "x", RPCAddr: "y", State: StateAlive, Descriptors: []byte("d"), Nonce: 101}}, // e4
 	})
 	want := []ids.Epoch{1, 1, 1, 2, 3, 3, 3, 4}
 	for i, r := range res {
@@ -92,10 +95,15 @@ func TestFSMBadCommandChangesNothing(t *testing.T) {
 }
 
 // TestSnapshotRoundTrip: Persist then Restore into a fresh FSM gives the
-// same view, and a replica fed the same commands agrees.
+// same view, and a replica fed the same commands agrees. The seed has a
+// restart: incarnations, the quarantine, the history and home
+// incarnations are in the snapshot.
 func TestSnapshotRoundTrip(t *testing.T) {
 	f := newFSM(newNotifier())
 	applyAll(t, f, seedCommands())
+	if v, _ := f.current(); len(v.Quarantine()) != 1 || len(v.History(0)) != 4 {
+		t.Fatalf("seed: quarantine %+v, history %+v", v.Quarantine(), v.History(0))
+	}
 	snap, err := f.Snapshot()
 	if err != nil {
 		t.Fatal(err)
@@ -227,7 +235,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	f.Add(encodeMeta(nodeMeta{ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Expect: 3}))
+	f.Add(encodeMeta(nodeMeta{ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Expect: 3, Nonce: 0x1234}))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)

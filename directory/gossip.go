@@ -27,6 +27,10 @@ type nodeMeta struct {
 	// HasState is set once the node holds Raft state: a cluster exists and
 	// nobody may bootstrap another one.
 	HasState bool `json:"state,omitempty"`
+	// Nonce is this process's incarnation nonce (Config.Nonce), never 0.
+	// Nodes of versions without it cannot gossip with this one: each side
+	// refuses the other's metadata.
+	Nonce uint64 `json:"nonce"`
 }
 
 func encodeMeta(m nodeMeta) []byte {
@@ -51,8 +55,8 @@ func decodeMeta(b []byte) (nodeMeta, error) {
 	if dec.More() {
 		return nodeMeta{}, fmt.Errorf("%w: trailing data", ErrBadMeta)
 	}
-	if m.ID == ids.None || m.RaftAddr == "" || m.RPCAddr == "" || m.Expect < 0 || m.Expect > 7 {
-		return nodeMeta{}, fmt.Errorf("%w: id %v raft %q rpc %q expect %d", ErrBadMeta, m.ID, m.RaftAddr, m.RPCAddr, m.Expect)
+	if m.ID == ids.None || m.RaftAddr == "" || m.RPCAddr == "" || m.Expect < 0 || m.Expect > 7 || m.Nonce == 0 {
+		return nodeMeta{}, fmt.Errorf("%w: id %v raft %q rpc %q expect %d nonce %#x", ErrBadMeta, m.ID, m.RaftAddr, m.RPCAddr, m.Expect, m.Nonce)
 	}
 	if err := m.member().validate(); err != nil {
 		return nodeMeta{}, fmt.Errorf("%w: %v", ErrBadMeta, err)
@@ -61,7 +65,7 @@ func decodeMeta(b []byte) (nodeMeta, error) {
 }
 
 func (m nodeMeta) member() Member {
-	return Member{ID: m.ID, GRPCAddr: m.GRPCAddr, VerbsAddr: m.VerbsAddr, RaftAddr: m.RaftAddr, RPCAddr: m.RPCAddr, State: StateAlive}
+	return Member{ID: m.ID, GRPCAddr: m.GRPCAddr, VerbsAddr: m.VerbsAddr, RaftAddr: m.RaftAddr, RPCAddr: m.RPCAddr, State: StateAlive, Nonce: m.Nonce}
 }
 
 func nodeName(id ids.NodeID) string { return strconv.FormatUint(uint64(id), 10) }

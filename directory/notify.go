@@ -25,6 +25,24 @@ func (c Change) Joined() []ids.NodeID { return minus(c.Cur.alive, c.Prev.alive) 
 // to their backups.
 func (c Change) Departed() []ids.NodeID { return minus(c.Prev.alive, c.Cur.alive) }
 
+// Restarted returns members alive in both Prev and Cur under different
+// incarnations: the process was replaced (its memory with it), though the
+// node id stayed alive. Neither Joined nor Departed lists them.
+func (c Change) Restarted() []ids.NodeID {
+	var out []ids.NodeID
+	for _, id := range c.Cur.alive {
+		if _, ok := slices.BinarySearch(c.Prev.alive, id); !ok {
+			continue
+		}
+		a, _ := c.Prev.Member(id)
+		b, _ := c.Cur.Member(id)
+		if a.Incarnation != b.Incarnation {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 func minus(a, b []ids.NodeID) []ids.NodeID {
 	var out []ids.NodeID
 	for _, x := range a {

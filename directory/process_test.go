@@ -56,6 +56,9 @@ type procConfig struct {
 	// Create lists regions the node creates (through the leader) before it
 	// reports ready.
 	Create []string
+	// Nonce is the process's incarnation nonce; 0 lets the directory draw
+	// one.
+	Nonce uint64
 }
 
 // runNodeProcess is the body of a child node process.
@@ -70,7 +73,7 @@ func runNodeProcess() {
 		timing = stock()
 	}
 	d, err := directory.Open(directory.Config{
-		NodeID: pc.ID, DataDir: pc.Dir, GossipAddr: pc.Gossip, RaftAddr: pc.Raft, RPCAddr: pc.RPC,
+		NodeID: pc.ID, DataDir: pc.Dir, Nonce: pc.Nonce, GossipAddr: pc.Gossip, RaftAddr: pc.Raft, RPCAddr: pc.RPC,
 		GRPCAddr: "127.0.0.1:1", VerbsAddr: "127.0.0.1:2",
 		Join: pc.Join, BootstrapExpect: pc.Expect, MaxVoters: pc.MaxVoters,
 		Timing: timing,
@@ -490,4 +493,139 @@ func TestProcessFiveNodes(t *testing.T) {
 		st := me.RaftStats()
 		return m.State == directory.StateFailed && len(st.Voters) == 5 && slices.Contains(st.Voters, 10)
 	})
+}
+
+// TestProcessRestartIsNewIncarnation: three node processes; one is killed
+// with SIGKILL and restarted from its data directory with a new nonce. The
+// others' views show it as the next incarnation under a new protocol id,
+// with the old id quarantined, all in one epoch; gossip about the dead
+// process never brings the old incarnation back. Once the restart is quick
+// (no wait for failure detection: the member may never be marked failed),
+// once after the member was marked failed.
+func TestProcessRestartIsNewIncarnation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	pc := newProcCluster(t)
+	var seed procConfig
+	for _, id := range []ids.NodeID{1, 2, 3} {
+		var join []string
+		if id > 1 {
+			join = []string{seed.Gossip}
+		}
+		cfg := pc.config(id, 3, 3, join)
+		cfg.Nonce = 0x1000 + uint64(id)
+		if id == 1 {
+			seed = cfg
+		}
+		pc.start(cfg)
+	}
+	ctx := ctxT(t)
+	view := func(id ids.NodeID) *directory.View {
+		v, err := directory.RemoteView(ctx, pc.procs[id].cfg.RPC)
+		if err != nil {
+			return nil
+		}
+		return v
+	}
+	waitFor(t, "3 alive members", func() bool {
+		v := view(1)
+		return v != nil && len(v.Alive()) == 3
+	})
+	protos := map[ids.NodeID]bool{}
+	for _, m := range view(1).Members() {
+		if m.Incarnation != 1 || m.Nonce != 0x1000+uint64(m.ID) || m.Proto == ids.None || protos[m.Proto] {
+			t.Fatalf("first incarnation of %v: %+v", m.ID, m)
+		}
+		protos[m.Proto] = true
+	}
+
+	for round, waitFailed := range []bool{false, true} {
+		// Kill a node other than the one observed from.
+		victim := ids.NodeID(2 + round)
+		old, _ := view(1).Member(victim)
+		pc.kill(victim)
+		if waitFailed {
+			waitFor(t, fmt.Sprintf("%v marked failed", victim), func() bool {
+				v := view(1)
+				if v == nil {
+					return false
+				}
+				m, _ := v.Member(victim)
+				return m.State == directory.StateFailed
+			})
+		}
+		cfg := pc.procs[victim].cfg
+		cfg.Nonce = 0x2000 + uint64(round)
+		pc.procs[victim].cfg = cfg
+		pc.restart(victim)
+
+		var v *directory.View
+		var m directory.Member
+		waitFor(t, fmt.Sprintf("%v alive as incarnation %d on every node", victim, old.Incarnation+1), func() bool {
+			for _, id := range []ids.NodeID{1, 2, 3} {
+				w := view(id)
+				if w == nil {
+					return false
+				}
+				x, _ := w.Member(victim)
+				if x.Incarnation != old.Incarnation+1 || x.State != directory.StateAlive {
+					return false
+				}
+				if id == 1 {
+					v, m = w, x
+				}
+			}
+			return true
+		})
+		if m.Nonce != cfg.Nonce || m.Proto == old.Proto || protos[m.Proto] || !slices.Contains(m.PastNonces, old.Nonce) {
+			t.Fatalf("round %d: restarted %v is %+v (was %+v)", round, victim, m, old)
+		}
+		protos[m.Proto] = true
+		// The old id is quarantined in the epoch of the restart, and that
+		// one epoch is where the new incarnation appears.
+		q := v.Quarantine()
+		if len(q) != round+1 || q[round] != (directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation}) {
+			t.Fatalf("round %d: quarantine %+v, want %v left in %v", round, q, old.Proto, m.Epoch)
+		}
+		if v.ProtoIDsLeft() != int(directory.MaxProtoID)-3-(round+1) {
+			t.Fatalf("round %d: %d protocol ids left", round, v.ProtoIDsLeft())
+		}
+		h := v.History(m.Epoch - 2)
+		if len(h) < 2 || h[1].Epoch != m.Epoch {
+			t.Fatalf("round %d: history around %v: %+v", round, m.Epoch, h)
+		}
+		for _, pm := range h[0].Members {
+			if pm.Node == victim && (pm.Incarnation != old.Incarnation || pm.Proto != old.Proto) {
+				t.Fatalf("round %d: epoch %v before the restart has %+v", round, h[0].Epoch, pm)
+			}
+		}
+		if i := slices.IndexFunc(h[1].Members, func(pm directory.ProtoMember) bool { return pm.Node == victim }); i < 0 ||
+			h[1].Members[i] != (directory.ProtoMember{Node: victim, Incarnation: m.Incarnation, Proto: m.Proto, State: directory.StateAlive}) {
+			t.Fatalf("round %d: epoch %v of the restart: %+v", round, m.Epoch, h[1].Members)
+		}
+		wasMember := slices.ContainsFunc(h[0].Members, func(pm directory.ProtoMember) bool { return pm.Node == victim })
+		t.Logf("round %d: %v restarted as incarnation %d, proto %v -> %v, in epoch %v (member until then: %v)",
+			round, victim, m.Incarnation, old.Proto, m.Proto, m.Epoch, wasMember)
+		if waitFailed {
+			for _, pm := range h[0].Members {
+				if pm.Node == victim {
+					t.Fatalf("round %d: %v still a member in %v after it was marked failed", round, victim, h[0].Epoch)
+				}
+			}
+		}
+		// Whatever gossip still says about the dead process, the record
+		// stays the new incarnation's: a few reconciliations later it has
+		// not moved.
+		time.Sleep(3 * time.Second)
+		for _, id := range []ids.NodeID{1, 2, 3} {
+			w := view(id)
+			if w == nil {
+				t.Fatalf("round %d: no view from %v", round, id)
+			}
+			if x, _ := w.Member(victim); x.Incarnation != m.Incarnation || x.Epoch != m.Epoch || x.State != directory.StateAlive {
+				t.Fatalf("round %d: %v's view of %v moved to %+v", round, id, victim, x)
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -159,11 +160,17 @@ func (d *Directory) maybeBootstrap() {
 // the member table and the Raft configuration are brought in line with it,
 // each change a replicated command in its own epoch:
 //
-//  1. an alive gossip member missing from the table, not alive there, or
-//     with other addresses is put alive;
+//  1. an alive gossip member missing from the table, not alive there, with
+//     other addresses or with another incarnation nonce is put alive. A new
+//     nonce is a restart, whether or not the old process was marked failed
+//     first (a quick restart may beat failure detection): the FSM makes it
+//     a new incarnation. Gossip that carries one of the node's past nonces
+//     is stale (this leader's gossip has not caught up) and is ignored;
 //  2. an alive table member that gossip reports dead is marked failed, one
 //     that left is marked left, and one gossip has not known for ReapAfter
-//     is marked failed;
+//     is marked failed. A verdict about a past incarnation counts as no
+//     news; one about an incarnation newer than the table's applies to the
+//     table's too (its process is gone);
 //  3. Raft: servers of failed or left members are removed; alive members
 //     missing from Raft are added, as voters while fewer than MaxVoters,
 //     as non-voters beyond; non-voters are promoted when voters are missing.
@@ -190,14 +197,34 @@ func (d *Directory) reconcile() {
 			continue
 		}
 		want := e.meta.member()
-		if m, ok := d.View().Member(id); ok && m.State == StateAlive && m.sameAddrs(want) {
+		m, ok := d.View().Member(id)
+		if ok && m.State == StateAlive && m.sameAddrs(want) && m.Nonce == want.Nonce {
 			continue
 		}
-		if _, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdPutMember, Member: &want, KeepDescriptors: true})); err != nil {
+		if ok && slices.Contains(m.PastNonces, want.Nonce) {
+			continue // stale gossip about an earlier incarnation
+		}
+		if d.noProto[id] == want.Nonce {
+			continue // refused for want of protocol ids; said once
+		}
+		res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdPutMember, Member: &want, KeepDescriptors: true}))
+		if err != nil {
 			d.log.Warn("directory: reconcile put member", "member", id.String(), "err", err)
 			return
 		}
-		d.log.Info("directory: member alive", "member", id.String(), "epoch", d.Epoch().String())
+		if res.Err != nil {
+			if errors.Is(res.Err, ErrNoProtoIDs) {
+				d.noProto[id] = want.Nonce
+			}
+			d.log.Warn("directory: reconcile put member refused", "member", id.String(), "err", res.Err)
+			continue
+		}
+		if now, _ := d.View().Member(id); ok && now.Incarnation != m.Incarnation {
+			d.log.Info("directory: member restarted", "member", id.String(), "incarnation", now.Incarnation,
+				"proto", now.Proto.String(), "old_proto", m.Proto.String(), "epoch", d.Epoch().String())
+		} else {
+			d.log.Info("directory: member alive", "member", id.String(), "incarnation", now.Incarnation, "epoch", d.Epoch().String())
+		}
 	}
 
 	now := time.Now()
@@ -207,6 +234,11 @@ func (d *Directory) reconcile() {
 			continue
 		}
 		e, known := gs[m.ID]
+		if known && m.Nonce != 0 && e.meta.Nonce != m.Nonce && slices.Contains(m.PastNonces, e.meta.Nonce) {
+			// Gossip's latest word is about an earlier incarnation: this
+			// one has not been heard of yet.
+			known = false
+		}
 		var to MemberState
 		switch {
 		case known && e.state == gossipAlive:
@@ -227,7 +259,7 @@ func (d *Directory) reconcile() {
 			}
 			to = StateFailed
 		}
-		if err := d.removeMember(ctx, m.ID, to); err != nil {
+		if err := d.removeMember(ctx, m.ID, m.Nonce, to); err != nil {
 			d.log.Warn("directory: reconcile remove member", "member", m.ID.String(), "err", err)
 			return
 		}
@@ -238,9 +270,15 @@ func (d *Directory) reconcile() {
 
 // removeMember marks a member left or failed (new epoch) and removes it
 // from the Raft configuration, unless that would remove the last voter.
-func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, st MemberState) error {
-	if _, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st})); err != nil {
+// A non-zero nonce limits the change to that incarnation: if another one
+// holds the node id by the time the command applies, nothing changes.
+func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint64, st MemberState) error {
+	res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st, Nonce: nonce}))
+	if err != nil {
 		return err
+	}
+	if errors.Is(res.Err, ErrStaleIncarnation) {
+		return nil // another incarnation holds the id: it stays
 	}
 	f := d.raft.GetConfiguration()
 	if err := f.Error(); err != nil {

@@ -30,6 +30,13 @@ var (
 	ErrBadFrame       = errors.New("directory: malformed rpc frame")
 	ErrBadMeta        = errors.New("directory: malformed gossip metadata")
 	ErrInvalidConfig  = errors.New("directory: invalid config")
+	// ErrStaleIncarnation: a member update carries the nonce of one of the
+	// node's earlier incarnations (a late message of a process that has
+	// restarted since); it changes nothing.
+	ErrStaleIncarnation = errors.New("directory: stale incarnation")
+	// ErrNoProtoIDs: every protocol id is taken or quarantined; a new
+	// incarnation cannot be admitted.
+	ErrNoProtoIDs = errors.New("directory: protocol ids exhausted")
 )
 
 // SpecError says which field of a RegionSpec is wrong and why. It matches
@@ -199,6 +206,21 @@ type Region struct {
 	// when members come and go (the engines do not move homes yet), so
 	// they can differ from Placement, which follows the alive members.
 	Homes []ids.NodeID `json:",omitempty"`
+	// HomeIncarnations[i] is the incarnation of Homes[i] when the region
+	// was created (same length as Homes). Until engines follow epochs, a
+	// node refuses the pages of a home whose incarnation has changed
+	// since: the restarted process does not have them.
+	HomeIncarnations []uint64 `json:",omitempty"`
+}
+
+// HomeIncarnation returns the incarnation that home h had when the region
+// was created, and false if h is not one of its homes.
+func (r Region) HomeIncarnation(h ids.NodeID) (uint64, bool) {
+	i, ok := slices.BinarySearch(r.Homes, h)
+	if !ok || i >= len(r.HomeIncarnations) {
+		return 0, false
+	}
+	return r.HomeIncarnations[i], true
 }
 
 // Pages is the number of pages of the region.
@@ -245,7 +267,24 @@ func (s MemberState) String() string {
 	return fmt.Sprintf("MemberState(%d)", uint8(s))
 }
 
-// Member is one node as the directory knows it.
+// MaxProtoID is the largest protocol id: coherence.MaxNodeID, the largest
+// node id the coherence word can name (the directory does not import the
+// protocol core; a test checks that the two agree).
+const MaxProtoID ids.NodeID = 1022
+
+// maxPastNonces bounds Member.PastNonces.
+const maxPastNonces = 64
+
+// Member is one node as the directory knows it: the node id and its
+// current incarnation.
+//
+// A node id is configured and stable across restarts; each process that
+// holds it is a new incarnation, told apart by its random Nonce. The first
+// record of a node id is incarnation 1; every record with another nonce
+// (a restart, whether or not the old process was ever marked failed) is the
+// next incarnation, with a fresh protocol id, in one command and one epoch.
+// The old incarnation's protocol id goes to the quarantine (View.Quarantine)
+// and is not given out again.
 type Member struct {
 	ID        ids.NodeID
 	GRPCAddr  string // the node's gRPC service
@@ -253,12 +292,35 @@ type Member struct {
 	RaftAddr  string // its Raft transport
 	RPCAddr   string // its directory forwarding port
 	State     MemberState
+	// Incarnation counts the processes that have held this node id, from 1.
+	// Assigned by the directory; ignored in a put.
+	Incarnation uint64 `json:",omitempty"`
+	// Nonce is the incarnation's random, non-zero nonce (the verbs
+	// transport's, passed in Config.Nonce). 0 only in a record restored
+	// from a version 1 snapshot: unknown, and the first nonce seen for it
+	// is adopted without a new incarnation.
+	Nonce uint64 `json:",omitempty"`
+	// Proto is the incarnation's protocol id, 1..MaxProtoID: the id the
+	// coherence protocol names it by. Unique among the members and the
+	// quarantined ids. Assigned by the directory; ignored in a put.
+	Proto ids.NodeID `json:",omitempty"`
+	// PastNonces are the nonces of the node's earlier incarnations (the
+	// last 64, oldest first): an update that carries one of them is stale
+	// and refused, so a late message of a dead process never makes a new
+	// incarnation. Assigned by the directory; ignored in a put.
+	PastNonces []uint64 `json:",omitempty"`
 	// Descriptors are the registered-memory descriptors peers need to reach
 	// the member's home pages. Opaque to the directory; set by the member
-	// itself with SetLocalMeta.
+	// itself with SetLocalMeta. A new incarnation never inherits them.
 	Descriptors []byte
 	// Epoch is the epoch in which this record last changed.
 	Epoch ids.Epoch
+}
+
+func (m Member) clone() Member {
+	m.Descriptors = slices.Clone(m.Descriptors)
+	m.PastNonces = slices.Clone(m.PastNonces)
+	return m
 }
 
 func (m Member) sameAddrs(o Member) bool {
@@ -280,8 +342,44 @@ func (m Member) validate() error {
 	if len(m.Descriptors) > maxDescriptors {
 		return fmt.Errorf("%w: %d bytes of descriptors exceed %d", ErrInvalidMember, len(m.Descriptors), maxDescriptors)
 	}
+	if len(m.PastNonces) > maxPastNonces {
+		return fmt.Errorf("%w: %d past nonces exceed %d", ErrInvalidMember, len(m.PastNonces), maxPastNonces)
+	}
 	return nil
 }
+
+// Quarantined is a protocol id that no incarnation holds any more and that
+// is not given out again (until the homes' scrubs can release it,
+// docs/failover.md §2: for now, never).
+type Quarantined struct {
+	Proto ids.NodeID
+	// LeftAt is the epoch of the command that retired the id: its
+	// incarnation is no member from this epoch on.
+	LeftAt ids.Epoch
+	// Node and Incarnation say whose id it was.
+	Node        ids.NodeID
+	Incarnation uint64
+}
+
+// ProtoMember is one coherence member of an epoch: an incarnation and its
+// protocol id.
+type ProtoMember struct {
+	Node        ids.NodeID
+	Incarnation uint64
+	Proto       ids.NodeID
+	State       MemberState
+}
+
+// EpochRecord is the member set of one epoch.
+type EpochRecord struct {
+	Epoch ids.Epoch
+	// Members are the epoch's coherence members (today: the alive ones),
+	// sorted by node id.
+	Members []ProtoMember
+}
+
+// historyLen is how many epochs a View keeps (View.History).
+const historyLen = 64
 
 const maxDescriptors = 64 << 10
 
@@ -306,6 +404,8 @@ type View struct {
 	regions    []Region             // sorted by Name
 	byID       map[ids.RegionID]int // index into regions
 	alive      []ids.NodeID
+	quarantine []Quarantined // in the order the ids were retired
+	history    []EpochRecord // the last historyLen epochs, oldest first; the last is Epoch's
 }
 
 // setRegions installs rs (sorted by name) and its id index.
@@ -321,7 +421,7 @@ func (v *View) setRegions(rs []Region) {
 func (v *View) Members() []Member {
 	out := slices.Clone(v.members)
 	for i := range out {
-		out[i].Descriptors = slices.Clone(out[i].Descriptors)
+		out[i] = out[i].clone()
 	}
 	return out
 }
@@ -332,9 +432,45 @@ func (v *View) Member(id ids.NodeID) (Member, bool) {
 	if !ok {
 		return Member{}, false
 	}
-	m := v.members[i]
-	m.Descriptors = slices.Clone(m.Descriptors)
-	return m, true
+	return v.members[i].clone(), true
+}
+
+// ByProto returns the member whose current incarnation holds protocol id
+// p, and false if none does (p is free or quarantined).
+func (v *View) ByProto(p ids.NodeID) (Member, bool) {
+	for _, m := range v.members {
+		if m.Proto == p {
+			return m.clone(), true
+		}
+	}
+	return Member{}, false
+}
+
+// Quarantine returns the retired protocol ids, in the order they were
+// retired (a copy).
+func (v *View) Quarantine() []Quarantined { return slices.Clone(v.quarantine) }
+
+// ProtoIDsLeft is how many protocol ids can still be given to new
+// incarnations: ids are not reused yet, so a cluster sees at most
+// MaxProtoID incarnations over its life.
+func (v *View) ProtoIDsLeft() int {
+	return int(MaxProtoID) - len(v.members) - len(v.quarantine)
+}
+
+// History returns the member sets of the epochs after `after`, oldest
+// first, as far as the view keeps them (the last 64 epochs; the last
+// record is the view's epoch). A caller that followed the epochs up to
+// `after` has missed some when the first record's epoch is not after+1.
+// The records are shared: do not modify them.
+func (v *View) History(after ids.Epoch) []EpochRecord {
+	i, _ := slices.BinarySearchFunc(v.history, after, func(r EpochRecord, e ids.Epoch) int {
+		switch {
+		case r.Epoch <= e:
+			return -1
+		}
+		return 1
+	})
+	return slices.Clone(v.history[i:])
 }
 
 // Alive returns the ids of alive members, sorted: the placement candidates.
