@@ -139,6 +139,10 @@ func (n *Node) Start() (err error) {
 		GossipAddr: n.addrs.Gossip, RaftAddr: n.addrs.Raft, RPCAddr: n.addrs.RPC,
 		GRPCAddr: published, VerbsAddr: n.addrs.Verbs,
 		Join: n.cfg.Join, BootstrapExpect: n.cfg.BootstrapExpect,
+		// The directory's incarnation of this node is the verbs
+		// transport's: peers reach this process only once the directory
+		// names it (ExpectNonce below).
+		Nonce:  n.verbs.Nonce(),
 		Timing: n.opts.Timing, Logger: n.opts.Logger,
 	})
 	if err != nil {
@@ -235,6 +239,7 @@ func (n *Node) follow(ctx context.Context) {
 	changes, cancel := n.dir.Subscribe()
 	defer cancel()
 	peers := map[ids.NodeID]string{}
+	nonces := map[ids.NodeID]uint64{}
 	regions := map[ids.RegionID]bool{}
 	for {
 		select {
@@ -251,20 +256,25 @@ func (n *Node) follow(ctx context.Context) {
 					continue
 				}
 				seen[m.ID] = true
-				if peers[m.ID] == m.VerbsAddr {
+				if peers[m.ID] == m.VerbsAddr && nonces[m.ID] == m.Nonce {
 					continue
 				}
 				if err := n.verbs.AddPeer(m.ID, m.VerbsAddr); err != nil {
 					n.log.Warn("verbs: add peer", "peer", m.ID, "addr", m.VerbsAddr, "err", err)
 					continue
 				}
-				peers[m.ID] = m.VerbsAddr
-				n.log.Info("verbs: peer", "peer", m.ID, "addr", m.VerbsAddr)
+				// Only the incarnation the directory names is reached: a
+				// restarted peer's new process is not, until its record
+				// (and its descriptors) say it is the member.
+				n.verbs.ExpectNonce(m.ID, m.Nonce)
+				peers[m.ID], nonces[m.ID] = m.VerbsAddr, m.Nonce
+				n.log.Info("verbs: peer", "peer", m.ID, "addr", m.VerbsAddr, "incarnation", m.Incarnation)
 			}
 			for id := range peers {
 				if !seen[id] {
 					n.verbs.RemovePeer(id)
 					delete(peers, id)
+					delete(nonces, id)
 					n.log.Info("verbs: peer gone", "peer", id)
 				}
 			}

@@ -207,6 +207,14 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 		es.remove(re)
 		changed = true
 	}
+	me, ok := v.Member(self)
+	if !ok || me.Nonce != 0 && me.Nonce != es.n.verbs.Nonce() {
+		// The directory's record of this node is not this process yet (a
+		// restart the leader has not recorded): which regions this
+		// incarnation may serve is not known until it is.
+		es.markDown(v)
+		return changed
+	}
 	for _, r := range v.Regions() {
 		es.mu.RLock()
 		_, have := es.byID[r.ID]
@@ -221,6 +229,12 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 			continue
 		case !slices.Contains(r.Homes, self):
 			es.refuse(r, fmt.Sprintf("its pages live on the members alive at its creation (%v), and this node joined later", r.Homes))
+			continue
+		}
+		if inc, ok := r.HomeIncarnation(self); ok && inc != 0 && inc != me.Incarnation {
+			es.refuse(r, fmt.Sprintf("this node restarted since the region was created (incarnation %d then, %d now): "+
+				"the pages it was home of were lost with its previous process, and homes do not move yet (docs/failover.md)",
+				inc, me.Incarnation))
 			continue
 		}
 		if err := es.add(r); err != nil {
@@ -267,7 +281,7 @@ func (es *engines) markDown(v *directory.View) {
 			if h == ids.NodeID(es.n.cfg.ID) {
 				continue
 			}
-			why := homeDown(v, h)
+			why := homeDown(v, re.region, h)
 			switch was := re.down[h]; {
 			case why == was:
 			case why == "":
@@ -283,12 +297,15 @@ func (es *engines) markDown(v *directory.View) {
 	}
 }
 
-// homeDown says why member h is down in v, or "" when it is not.
-func homeDown(v *directory.View, h ids.NodeID) string {
+// homeDown says why home h of region r is down in v, or "" when it is not.
+func homeDown(v *directory.View, r directory.Region, h ids.NodeID) string {
 	m, ok := v.Member(h)
+	inc, _ := r.HomeIncarnation(h)
 	switch {
 	case !ok:
 		return "is not a member"
+	case inc != 0 && m.Incarnation != inc:
+		return fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of were lost with its previous process", m.Incarnation, m.Epoch)
 	case m.State == directory.StateFailed:
 		return fmt.Sprintf("failed in epoch %d", m.Epoch)
 	case m.State == directory.StateLeft:

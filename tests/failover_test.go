@@ -112,4 +112,44 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	if out := c.mustCtl(t, 1, "get", region, offOf(1), "11"); !strings.Contains(out, "again-by-n2") {
 		t.Fatalf("n1 reads %q after n2's write", out)
 	}
+
+	// n3 restarts from its data directory: a new incarnation with empty
+	// memory. Nobody may read its empty memory as the region's data (that
+	// read zeros before incarnations existed): the pages it homed stay
+	// unavailable, named as lost with the previous process, and n3 itself
+	// does not serve the region.
+	victim.log.Reset()
+	victim.start(t)
+	c.waitHealthy(3)
+	for _, node := range []int{1, 2} {
+		eventually(t, fmt.Sprintf("n%d says the page homed at n3 was lost with its previous process", node), 60*time.Second, func() error {
+			out, errs, code := c.ctl(node, "get", region, untouched, "11")
+			if code == 0 {
+				t.Fatalf("n%d reads %q from the restarted n3's memory", node, out)
+			}
+			if !strings.Contains(errs, "unavailable") || !strings.Contains(errs, "restarted") {
+				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+			}
+			return nil
+		})
+	}
+	_, errs, code = c.ctl(3, "get", region, offOf(1), "11")
+	if code == 0 || !strings.Contains(errs, "restarted since the region was created") {
+		t.Fatalf("the restarted n3 on a region of its previous life: exit %d, %q", code, errs)
+	}
+	// Regions created after the restart are served everywhere.
+	c.createRegion(t, 3, "fo2", 4<<20)
+	c.mustCtl(t, 3, "put", "fo2", "8192", "new-life")
+	for _, node := range []int{1, 2} {
+		eventually(t, fmt.Sprintf("n%d reads fo2", node), 30*time.Second, func() error {
+			out, errs, code := c.ctl(node, "get", "fo2", "8192", "8")
+			if code != 0 {
+				return fmt.Errorf("exit %d: %s", code, errs)
+			}
+			if !strings.Contains(out, "new-life") {
+				t.Fatalf("n%d reads %q in fo2", node, out)
+			}
+			return nil
+		})
+	}
 }
