@@ -353,7 +353,10 @@ func encodeSnapshot(v *View) ([]byte, error) {
 // engines never accepted, until their first nonce); every home of a region
 // is incarnation 1. The quarantine is empty and the history holds the
 // current epoch only, rebuilt from the member table: earlier epochs were
-// never recorded.
+// never recorded. (So, for the first 64 epochs after an upgrade, replicas
+// that restored version 1 snapshots of different indices may keep
+// histories of different lengths; every record they both have is the
+// same.)
 func upgradeV1(s *snapshotState) {
 	if len(s.Quarantine) > 0 || len(s.History) > 0 {
 		// Not written by version 1; decodeSnapshot refuses it.
