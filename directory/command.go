@@ -100,9 +100,6 @@ func decodeCommand(b []byte) (command, error) {
 		if c.Member.State != StateAlive {
 			return command{}, fmt.Errorf("%w: put of a %v member", ErrInvalidMember, c.Member.State)
 		}
-		if c.Member.Nonce == 0 {
-			return command{}, fmt.Errorf("%w: put of %v without an incarnation nonce", ErrInvalidMember, c.Member.ID)
-		}
 	case cmdSetMemberState:
 		if c.ID == ids.None {
 			return command{}, fmt.Errorf("%w: zero id", ErrInvalidMember)

@@ -344,7 +344,9 @@ func TestLeaderFailure(t *testing.T) {
 }
 
 // TestRestartFromDataDir: a follower stops, the cluster moves on, the
-// follower restarts from its data directory and catches up.
+// follower restarts from its data directory and catches up, as its next
+// incarnation. A process that comes back with the first incarnation's
+// nonce is stale: its SetLocalMeta is refused, across the forwarding RPC.
 func TestRestartFromDataDir(t *testing.T) {
 	c := newCluster(t)
 	c.startN(3, 3, 3)
@@ -360,6 +362,11 @@ func TestRestartFromDataDir(t *testing.T) {
 			f = d.NodeID()
 		}
 	}
+	first, _ := l.View().Member(f)
+	firstNonce := c.node(f).Nonce()
+	if first.Incarnation != 1 || first.Nonce != firstNonce {
+		t.Fatalf("first incarnation of %v: %+v, nonce %#x", f, first, firstNonce)
+	}
 	c.stop(f)
 	if _, err := l.CreateRegion(ctx, spec("while-down")); err != nil {
 		t.Fatal(err)
@@ -373,6 +380,25 @@ func TestRestartFromDataDir(t *testing.T) {
 	c.waitMembers(1, 2, 3)
 	if _, err := d.CreateRegion(ctx, spec("after-restart")); err != nil {
 		t.Fatal(err)
+	}
+	if err := d.SetLocalMeta(ctx, []byte("second")); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := d.View().Member(f)
+	if second.Incarnation != 2 || second.Nonce != d.Nonce() || second.Proto == first.Proto || string(second.Descriptors) != "second" {
+		t.Fatalf("restarted %v: %+v (first %+v)", f, second, first)
+	}
+
+	c.stop(f)
+	stale := c.config(f, 3, 3, nil)
+	stale.Nonce = firstNonce
+	d = c.start(stale)
+	waitFor(t, "the stale process has a leader", func() bool { return d.RaftStats().Leader != ids.None })
+	if err := d.SetLocalMeta(ctx, []byte("stale")); !errors.Is(err, directory.ErrStaleIncarnation) {
+		t.Fatalf("SetLocalMeta with a past nonce: %v, want ErrStaleIncarnation", err)
+	}
+	if m, _ := c.leader().View().Member(f); m.Incarnation != 2 || string(m.Descriptors) != "second" {
+		t.Fatalf("a stale process changed the record: %+v", m)
 	}
 }
 

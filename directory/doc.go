@@ -5,14 +5,48 @@
 //   - the region table: name (unique), id (never reused), size, page size,
 //     shard size, number of backups, durability, creation time;
 //   - the member table: node id, addresses (gRPC, verbs, Raft, directory
-//     RPC), state (alive, left, failed) and the opaque registered-memory
+//     RPC), state (alive, left, failed), the current incarnation (its
+//     number, nonce and protocol id, below) and the opaque registered-memory
 //     descriptors each node publishes for its home pages;
 //   - the epoch, which grows by one with every change of the member table
-//     (and so of placement); and
+//     (and so of placement), and the member sets of the last 64 epochs
+//     (View.History), so that a reader that skipped epochs can replay them;
+//   - the quarantine of retired protocol ids; and
 //   - implicitly, placement: pages are grouped into shards of ShardSize
 //     bytes and each shard's home and backups are computed by rendezvous
 //     hashing (package placement) over the alive members. Placement is a pure
 //     function of a View, so every replica derives the same answer.
+//
+// # Incarnations and protocol ids
+//
+// A node id is configured and survives restarts; the process behind it
+// does not, nor does its memory. Each process is an incarnation of its
+// node id, told apart by a random non-zero nonce (Config.Nonce: the daemon
+// passes its verbs transport's, so that both layers name the same
+// incarnation) that travels in the gossip metadata and in every member
+// command. The FSM numbers incarnations from 1 and gives each one a
+// protocol id, 1..MaxProtoID (coherence.MaxNodeID): the name the coherence
+// protocol will use for it, lowest free first.
+//
+// A member put with a nonce the table has not seen for that node is a
+// restart: Incarnation+1, a fresh protocol id, the old one moved to the
+// quarantine, the new process's addresses and descriptors replacing the old
+// ones, state alive, all in one command and so one epoch (a departure and a
+// join at once). It does not matter whether the old process was marked
+// failed first: a restart quicker than failure detection is caught by the
+// nonce. A put or state change carrying one of the node's past nonces
+// (Member.PastNonces) is refused with ErrStaleIncarnation: a late
+// SetLocalMeta of a dead process, or gossip that has not caught up, cannot
+// bring an old incarnation back. Protocol ids are never reused yet (the
+// homes cannot prove that no word names a retired id: docs/failover.md §2),
+// so a cluster admits MaxProtoID incarnations over its life
+// (View.ProtoIDsLeft); past that a restart fails with ErrNoProtoIDs and the
+// old incarnation is marked failed.
+//
+// Until the engines follow epochs, a region records the incarnations of its
+// homes at creation (Region.HomeIncarnations), so that a node can refuse
+// the pages of a home that has restarted instead of reading its empty
+// memory.
 //
 // # Replication
 //
@@ -34,13 +68,13 @@
 // # Membership
 //
 // memberlist gossips each node's metadata (id, addresses, bootstrap-expect,
-// whether it holds Raft state) and detects failures. Its callbacks only
+// whether it holds Raft state, incarnation nonce) and detects failures. Its callbacks only
 // queue events. The node's run loop drains the queue and, on the Raft
 // leader, reconciles (reconcile.go): alive gossip members are put alive in
-// the member table and added to Raft (voters up to MaxVoters, non-voters
-// beyond, non-voters promoted when a voter goes); dead ones are marked
-// failed, departed ones left, and both are removed from Raft. Each table
-// change is one command, so one epoch.
+// the member table (a new nonce making a new incarnation) and added to Raft
+// (voters up to MaxVoters, non-voters beyond, non-voters promoted when a
+// voter goes); dead ones are marked failed, departed ones left, and both
+// are removed from Raft. Each table change is one command, so one epoch.
 //
 // Bootstrap follows Consul's bootstrap-expect: when BootstrapExpect servers
 // with that same setting are alive in gossip and none of them (nor this

@@ -152,10 +152,16 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 // putMember applies cmdPutMember. The command's nonce decides whose record
 // it is:
 //
-//   - no record yet: incarnation 1, the lowest free protocol id;
+//   - no record yet: incarnation 1, the lowest free protocol id (for a
+//     command without nonce, legacyProto);
+//   - no nonce (0): a command of a version before incarnations, replayed
+//     from an old log; it updates whichever incarnation holds the id, as it
+//     did then, and leaves the nonce alone (this version never proposes
+//     one: its gossip metadata and Config always have a nonce);
 //   - the table's nonce (or the table's is 0, unknown since a version 1
-//     snapshot, and this one is adopted): an update of the same incarnation,
-//     in a new epoch if the state, addresses, nonce or descriptors change;
+//     snapshot or log, and this one is adopted, with a protocol id if the
+//     record had none): an update of the same incarnation, in a new epoch
+//     if the state, addresses, nonce or descriptors change;
 //   - one of the node's past nonces: stale, refused;
 //   - any other: a new process, so a new incarnation: Incarnation+1, a fresh
 //     protocol id, the old id quarantined, the new addresses and
@@ -166,14 +172,26 @@ func putMember(v *View, c command) (*View, applyResult) {
 	m.Incarnation, m.Proto, m.PastNonces = 0, 0, nil
 	old, ok := v.Member(m.ID)
 	switch {
+	case !ok && m.Nonce == 0:
+		m.Incarnation = 1
+		m.Proto = v.legacyProto(m.ID)
 	case !ok:
 		m.Incarnation = 1
 		m.Proto = v.freeProto(ids.None)
 		if m.Proto == ids.None {
 			return &next, applyResult{Err: fmt.Errorf("%w: no id for the first incarnation of %v", ErrNoProtoIDs, m.ID)}
 		}
-	case old.Nonce == m.Nonce || old.Nonce == 0:
+	case m.Nonce == 0 || old.Nonce == m.Nonce || old.Nonce == 0:
+		if m.Nonce == 0 {
+			m.Nonce = old.Nonce
+		}
 		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
+		if m.Proto == ids.None && m.Nonce != 0 {
+			m.Proto = v.freeProto(ids.None)
+			if m.Proto == ids.None {
+				return &next, applyResult{Err: fmt.Errorf("%w: no id for %v", ErrNoProtoIDs, m.ID)}
+			}
+		}
 		if c.KeepDescriptors {
 			m.Descriptors = old.Descriptors
 		}
@@ -238,6 +256,23 @@ func (v *View) freeProto(prefer ids.NodeID) ids.NodeID {
 		}
 	}
 	return ids.None
+}
+
+// legacyProto is the protocol id of a record made before incarnations,
+// from a version 1 snapshot or a command of that version replayed from an
+// old log: its node id, or none (0) above MaxProtoID until the record's
+// first nonce. Both paths must give the same answer, whatever the log
+// index of the snapshot a replica restored: so it depends on the node id
+// alone (in that era every protocol id is its member's node id, and a node
+// id is free).
+func (v *View) legacyProto(id ids.NodeID) ids.NodeID {
+	if id > MaxProtoID {
+		return ids.None
+	}
+	if _, taken := v.ByProto(id); taken || slices.ContainsFunc(v.quarantine, func(q Quarantined) bool { return q.Proto == id }) {
+		return ids.None // not the legacy era; the first nonce gives an id
+	}
+	return id
 }
 
 // recordEpoch appends the member set of v's epoch to the history, keeping
@@ -314,10 +349,14 @@ func encodeSnapshot(v *View) ([]byte, error) {
 // upgradeV1 gives the records of a version 1 snapshot the fields of
 // version 2: every member is incarnation 1 with an unknown nonce (0: the
 // first one seen is adopted without a new incarnation) and its node id as
-// protocol id (node ids above MaxProtoID, which the engines never accepted,
-// get the lowest free ids); every home of a region is incarnation 1. The
-// quarantine is empty and the history holds the current epoch only,
-// rebuilt from the member table: earlier epochs were never recorded.
+// protocol id (legacyProto: none for node ids above MaxProtoID, which the
+// engines never accepted, until their first nonce); every home of a region
+// is incarnation 1. The quarantine is empty and the history holds the
+// current epoch only, rebuilt from the member table: earlier epochs were
+// never recorded. (So, for the first 64 epochs after an upgrade, replicas
+// that restored version 1 snapshots of different indices may keep
+// histories of different lengths; every record they both have is the
+// same.)
 func upgradeV1(s *snapshotState) {
 	if len(s.Quarantine) > 0 || len(s.History) > 0 {
 		// Not written by version 1; decodeSnapshot refuses it.
@@ -327,17 +366,9 @@ func upgradeV1(s *snapshotState) {
 	for i := range s.Members {
 		m := &s.Members[i]
 		m.Incarnation, m.Nonce, m.PastNonces = 1, 0, nil
-		m.Proto = ids.None
-		if m.ID <= MaxProtoID {
-			m.Proto = m.ID
-		}
+		m.Proto = v.legacyProto(m.ID)
 	}
 	v.members = s.Members
-	for i := range s.Members {
-		if s.Members[i].Proto == ids.None {
-			s.Members[i].Proto = v.freeProto(ids.None)
-		}
-	}
 	for i := range s.Regions {
 		s.Regions[i].HomeIncarnations = nil
 		for range s.Regions[i].Homes {
@@ -370,6 +401,8 @@ func decodeSnapshot(b []byte) (*View, error) {
 	protos := map[ids.NodeID]bool{}
 	takeProto := func(p ids.NodeID) error {
 		if p == ids.None || p > MaxProtoID || protos[p] {
+			// Every protocol id is given once, and only a record from
+			// before incarnations (no nonce yet) may have none.
 			return fmt.Errorf("%w: protocol id %v missing, out of range or given twice", ErrBadSnapshot, p)
 		}
 		protos[p] = true
@@ -384,6 +417,9 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if m.Incarnation == 0 {
 			return nil, fmt.Errorf("%w: member %v without incarnation", ErrBadSnapshot, m.ID)
+		}
+		if m.Proto == ids.None && m.Nonce == 0 {
+			continue // from before incarnations; an id comes with its first nonce
 		}
 		if err := takeProto(m.Proto); err != nil {
 			return nil, err

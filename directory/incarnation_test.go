@@ -183,11 +183,53 @@ func TestStaleNonceRefused(t *testing.T) {
 	if res := applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 1, State: StateFailed, Nonce: 301}})[0]; res.Err != nil || res.Epoch != before.Epoch+1 {
 		t.Fatalf("verdict about the current incarnation: %v %v", res.Epoch, res.Err)
 	}
-	// Commands without a nonce are malformed.
-	noNonce := member(3)
-	noNonce.Nonce = 0
-	if _, err := decodeCommand(encodeCommand(command{Type: cmdPutMember, Member: noNonce})); !errors.Is(err, ErrInvalidMember) {
-		t.Fatalf("put without nonce: %v", err)
+}
+
+// Commands without a nonce were written by the version before
+// incarnations and are replayed from old logs: they apply as they did, to
+// whichever incarnation holds the id, and the first nonce seen afterwards
+// is adopted.
+func TestLegacyCommandsWithoutNonce(t *testing.T) {
+	f := newFSM(newNotifier())
+	legacy := func(id ids.NodeID, desc string) *Member {
+		m := member(id)
+		m.Nonce, m.Descriptors = 0, []byte(desc)
+		return m
+	}
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: legacy(1, "a")},
+		{Type: cmdSetMemberState, ID: 1, State: StateFailed},
+		{Type: cmdPutMember, Member: legacy(1, "b")},
+	})
+	for i, r := range res {
+		if r.Err != nil || r.Epoch != ids.Epoch(i+1) {
+			t.Fatalf("legacy command %d: epoch %v err %v", i, r.Epoch, r.Err)
+		}
+	}
+	m, _ := viewOf(f).Member(1)
+	if m.Incarnation != 1 || m.Nonce != 0 || m.Proto != 1 || m.State != StateAlive || string(m.Descriptors) != "b" {
+		t.Fatalf("after legacy commands: %+v", m)
+	}
+	// Protocol ids of that era depend on the node id alone, as in the
+	// decode of a version 1 snapshot (TestSnapshotV1Decode), so a replica
+	// that restored such a snapshot and one that replayed the commands
+	// behind it agree.
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: legacy(1500, "x")}, {Type: cmdPutMember, Member: legacy(7, "y")}})
+	for id, p := range map[ids.NodeID]ids.NodeID{1: 1, 1500: ids.None, 7: 7} {
+		if m, _ := viewOf(f).Member(id); m.Proto != p {
+			t.Fatalf("legacy member %v: proto %v, want %v", id, m.Proto, p)
+		}
+	}
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: member(1), KeepDescriptors: true}})
+	m, _ = viewOf(f).Member(1)
+	if m.Incarnation != 1 || m.Nonce != 101 || string(m.Descriptors) != "b" {
+		t.Fatalf("first nonce after legacy commands: %+v", m)
+	}
+	// A legacy put now updates the current incarnation, keeping its nonce.
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(1, 2)}, {Type: cmdPutMember, Member: legacy(1, "c")}})
+	m, _ = viewOf(f).Member(1)
+	if m.Incarnation != 2 || m.Nonce != 201 || string(m.Descriptors) != "c" {
+		t.Fatalf("legacy put after a restart: %+v", m)
 	}
 }
 
@@ -263,9 +305,10 @@ func TestProtoIDsExhausted(t *testing.T) {
 }
 
 // A version 1 snapshot (written before incarnations) decodes with every
-// member incarnation 1 under its node id as protocol id, nonces unknown,
-// homes incarnation 1, no quarantine, and a history of the current epoch.
-// The first nonce seen for a member is adopted; the next one is a restart.
+// member incarnation 1 under its node id as protocol id (none above
+// MaxProtoID), nonces unknown, homes incarnation 1, no quarantine, and a
+// history of the current epoch. The first nonce seen for a member is
+// adopted (with a protocol id if it had none); the next one is a restart.
 func TestSnapshotV1Decode(t *testing.T) {
 	v1 := `{"version":1,"epoch":7,"index":40,"next_region":3,
 	 "members":[
@@ -280,7 +323,7 @@ func TestSnapshotV1Decode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantProto := map[ids.NodeID]ids.NodeID{1: 1, 2: 2, 3: 3, 2000: 4}
+	wantProto := map[ids.NodeID]ids.NodeID{1: 1, 2: 2, 3: 3, 2000: ids.None}
 	for _, m := range v.Members() {
 		if m.Incarnation != 1 || m.Nonce != 0 || m.Proto != wantProto[m.ID] || m.PastNonces != nil {
 			t.Errorf("member %v: %+v", m.ID, m)
@@ -293,7 +336,7 @@ func TestSnapshotV1Decode(t *testing.T) {
 		t.Errorf("quarantine %+v", q)
 	}
 	h := v.History(0)
-	if len(h) != 1 || h[0].Epoch != 7 || len(h[0].Members) != 3 || h[0].Members[2] != (ProtoMember{Node: 2000, Incarnation: 1, Proto: 4, State: StateAlive}) {
+	if len(h) != 1 || h[0].Epoch != 7 || len(h[0].Members) != 3 || h[0].Members[2] != (ProtoMember{Node: 2000, Incarnation: 1, State: StateAlive}) {
 		t.Errorf("history %+v", h)
 	}
 	ra, _ := v.Region("a")
@@ -325,8 +368,13 @@ func TestSnapshotV1Decode(t *testing.T) {
 	second.Nonce = 556
 	applyAll(t, f, []command{{Type: cmdPutMember, Member: &second, KeepDescriptors: true}})
 	m, _ = viewOf(f).Member(1)
-	if m.Incarnation != 2 || m.Proto != 5 || len(m.Descriptors) != 0 {
+	if m.Incarnation != 2 || m.Proto != 4 || len(m.Descriptors) != 0 {
 		t.Fatalf("second nonce of a v1 record: %+v", m)
+	}
+	big := &Member{ID: 2000, GRPCAddr: "d:1", VerbsAddr: "d:2", RaftAddr: "d:3", RPCAddr: "d:4", State: StateAlive, Nonce: 777}
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: big, KeepDescriptors: true}})
+	if m, _ = viewOf(f).Member(2000); m.Incarnation != 1 || m.Proto != 5 || m.Nonce != 777 {
+		t.Fatalf("first nonce of a v1 record without protocol id: %+v", m)
 	}
 
 	// Malformed version 2 input is refused.
@@ -336,6 +384,7 @@ func TestSnapshotV1Decode(t *testing.T) {
 		"proto quarantined":    `{"version":2,"epoch":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Proto":1}],"quarantine":[{"Proto":1,"LeftAt":1}]}`,
 		"proto out of range":   `{"version":2,"epoch":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Proto":1023}]}`,
 		"no incarnation":       `{"version":2,"epoch":1,"members":[{"ID":1,"State":1,"Proto":1}]}`,
+		"no proto with nonce":  `{"version":2,"epoch":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Nonce":5}]}`,
 		"history out of order": `{"version":2,"epoch":3,"history":[{"Epoch":2},{"Epoch":2}]}`,
 		"history ahead":        `{"version":2,"epoch":3,"history":[{"Epoch":4}]}`,
 		"homes mismatch":       `{"version":2,"epoch":1,"next_region":2,"regions":[{"ID":1,"Name":"a","Size":4096,"PageSize":4096,"ShardSize":2097152,"Backups":1,"Durability":1,"Homes":[1]}]}`,

@@ -259,7 +259,10 @@ func (d *Directory) reconcile() {
 			}
 			to = StateFailed
 		}
-		if err := d.removeMember(ctx, m.ID, m.Nonce, to); err != nil {
+		if err := d.removeMember(ctx, m.ID, m.Nonce, to); errors.Is(err, ErrStaleIncarnation) {
+			d.log.Info("directory: verdict about a replaced incarnation ignored", "member", m.ID.String(), "err", err)
+			continue
+		} else if err != nil {
 			d.log.Warn("directory: reconcile remove member", "member", m.ID.String(), "err", err)
 			return
 		}
@@ -271,14 +274,15 @@ func (d *Directory) reconcile() {
 // removeMember marks a member left or failed (new epoch) and removes it
 // from the Raft configuration, unless that would remove the last voter.
 // A non-zero nonce limits the change to that incarnation: if another one
-// holds the node id by the time the command applies, nothing changes.
+// holds the node id by the time the command applies, nothing changes and
+// the error is ErrStaleIncarnation.
 func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint64, st MemberState) error {
 	res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st, Nonce: nonce}))
 	if err != nil {
 		return err
 	}
 	if errors.Is(res.Err, ErrStaleIncarnation) {
-		return nil // another incarnation holds the id: it stays
+		return res.Err // another incarnation holds the id: it stays, in Raft too
 	}
 	f := d.raft.GetConfiguration()
 	if err := f.Error(); err != nil {

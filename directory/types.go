@@ -297,12 +297,15 @@ type Member struct {
 	Incarnation uint64 `json:",omitempty"`
 	// Nonce is the incarnation's random, non-zero nonce (the verbs
 	// transport's, passed in Config.Nonce). 0 only in a record restored
-	// from a version 1 snapshot: unknown, and the first nonce seen for it
-	// is adopted without a new incarnation.
+	// from a version 1 snapshot or created by a command of that version
+	// replayed from an old log: unknown, and the first nonce seen for it is
+	// adopted without a new incarnation.
 	Nonce uint64 `json:",omitempty"`
 	// Proto is the incarnation's protocol id, 1..MaxProtoID: the id the
 	// coherence protocol names it by. Unique among the members and the
-	// quarantined ids. Assigned by the directory; ignored in a put.
+	// quarantined ids. Assigned by the directory; ignored in a put. 0 (none
+	// yet) only for a record from before incarnations whose node id is
+	// above MaxProtoID, until its first nonce.
 	Proto ids.NodeID `json:",omitempty"`
 	// PastNonces are the nonces of the node's earlier incarnations (the
 	// last 64, oldest first): an update that carries one of them is stale
@@ -438,6 +441,9 @@ func (v *View) Member(id ids.NodeID) (Member, bool) {
 // ByProto returns the member whose current incarnation holds protocol id
 // p, and false if none does (p is free or quarantined).
 func (v *View) ByProto(p ids.NodeID) (Member, bool) {
+	if p == ids.None {
+		return Member{}, false
+	}
 	for _, m := range v.members {
 		if m.Proto == p {
 			return m.clone(), true
@@ -454,7 +460,13 @@ func (v *View) Quarantine() []Quarantined { return slices.Clone(v.quarantine) }
 // incarnations: ids are not reused yet, so a cluster sees at most
 // MaxProtoID incarnations over its life.
 func (v *View) ProtoIDsLeft() int {
-	return int(MaxProtoID) - len(v.members) - len(v.quarantine)
+	n := int(MaxProtoID) - len(v.quarantine)
+	for _, m := range v.members {
+		if m.Proto != ids.None {
+			n--
+		}
+	}
+	return n
 }
 
 // History returns the member sets of the epochs after `after`, oldest
