@@ -360,6 +360,30 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	return n.close(ctx, true)
 }
 
+// leaveReserve is the share of the leave's deadline kept for leaving the
+// directory after the drain.
+const leaveReserve = 3 * time.Second
+
+// drain ends every client's mapping (no store lands after it) and writes
+// back every page this node holds Modified, so that a graceful leave loses
+// none of what this node's clients wrote. The pages this node is home of
+// still leave with it: homes do not move yet (docs/failover.md).
+func (n *Node) drain(ctx context.Context) {
+	n.cache.Drain(fmt.Sprintf("dsmd on n%d is leaving the cluster", n.cfg.ID))
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(-leaveReserve))
+		defer cancel()
+	}
+	start := time.Now()
+	w, err := n.cache.FlushAll(ctx)
+	if err != nil {
+		n.log.Warn("drain: not every dirty page was written back; those are lost", "written", w, "err", err)
+		return
+	}
+	n.log.Info("drained: dirty pages written back", "pages", w, "took", time.Since(start).Round(time.Millisecond))
+}
+
 // Close stops the node without leaving: peers see it fail, and it can
 // restart from its data directory.
 func (n *Node) Close() error {
@@ -390,6 +414,9 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 			cancel()
 		} else if n.mln != nil {
 			n.mln.Close()
+		}
+		if leave && n.cache != nil {
+			n.drain(ctx)
 		}
 		if n.stop != nil {
 			n.stop()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -151,5 +152,54 @@ func TestHomeFailureIsLoud(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// TestSigtermWritesBack stops a node with SIGTERM right after it wrote
+// pages homed on the other nodes, without Sync: the drain writes them back
+// before the node leaves, so the survivors read them. A process mapping a
+// region there sees its mapping end with the reason.
+func TestSigtermWritesBack(t *testing.T) {
+	c := startClusterWith(t, 3, nil)
+	for i := 1; i <= 3; i++ {
+		c.waitHealthy(i)
+	}
+	const region = "drain"
+	c.createRegion(t, 1, region, 16<<20)
+	homes := c.homedPages(t, 1, region)
+	hold := c.startClient(t, 3, region, "hold")
+	if l := hold.next(t); l != "mapped" {
+		t.Fatalf("hold client says %q", l)
+	}
+	var offs []string
+	for _, h := range []uint32{1, 2} {
+		for k := uint64(0); k < 4; k++ {
+			off := strconv.FormatUint((homes[h]+k)*4096+8, 10)
+			offs = append(offs, off)
+			c.mustCtl(t, 3, "put", region, off, "by-n3-"+off)
+		}
+	}
+	victim := c.nodes[2]
+	if err := victim.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if l := hold.next(t); !strings.HasPrefix(l, "dead:") || !strings.Contains(l, "leaving") {
+		t.Errorf("the mapping on the leaving n3 says %q; want it dead because dsmd is leaving", l)
+	}
+	select {
+	case <-victim.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("n3 did not exit 30 s after SIGTERM")
+	}
+	if !strings.Contains(victim.logString(), "drained: dirty pages written back") {
+		t.Errorf("n3's log does not say it drained:\n%s", tail(victim.logString(), 2000))
+	}
+	for _, node := range []int{1, 2} {
+		for _, off := range offs {
+			out := c.mustCtl(t, node, "get", region, off, strconv.Itoa(len("by-n3-")+len(off)))
+			if !strings.Contains(out, "by-n3-"+off) {
+				t.Fatalf("n%d reads %q at %s after n3 left; want what n3 wrote", node, out, off)
+			}
+		}
 	}
 }

@@ -95,6 +95,7 @@ type Cache struct {
 
 	mu        sync.Mutex
 	closed    bool
+	draining  string // Drain's reason: no session is served any more
 	regions   map[ids.RegionID]*region
 	byName    map[string]*region
 	clients   map[*client]struct{}

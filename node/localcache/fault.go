@@ -61,7 +61,7 @@ func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
 	}
 	c.mu.Lock()
-	if c.closed {
+	if c.closed || c.draining != "" {
 		c.mu.Unlock()
 		cancel()
 		u.Close()

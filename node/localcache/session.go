@@ -182,9 +182,11 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 	}
 	c.mu.Lock()
 	r := c.byName[req.Name]
-	closed := c.closed
+	closed, draining := c.closed, c.draining
 	c.mu.Unlock()
 	switch {
+	case draining != "":
+		return nil, refuse(mapproto.CodeUnavailable, "%s", draining)
 	case closed:
 		return nil, refuse(mapproto.CodeUnavailable, "%v", ErrClosed)
 	case r == nil:
