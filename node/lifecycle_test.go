@@ -102,7 +102,10 @@ func TestRegionLifecycle(t *testing.T) {
 		waitFor(ctx, t, "the deleted region to leave n"+strconv.Itoa(i+1), func() bool {
 			_, eerr := tm.n.eng.get(ids.RegionID(rid))
 			_, cerr := tm.n.cache.Mappings(ids.RegionID(rid))
-			return errors.Is(eerr, engine.ErrUnknownRegion) && errors.Is(cerr, localcache.ErrUnknownRegion)
+			// The session ends before RemoveRegion detaches its client:
+			// wait for the count too.
+			return errors.Is(eerr, engine.ErrUnknownRegion) && errors.Is(cerr, localcache.ErrUnknownRegion) &&
+				tm.n.cache.Stats().Clients == 0
 		})
 		if st := tm.n.cache.Stats(); st.ResidentPages != 0 || st.DirtyPages != 0 || st.Clients != 0 {
 			t.Errorf("n%d after delete: %d pages held, %d dirty, %d clients; want none", i+1, st.ResidentPages, st.DirtyPages, st.Clients)
