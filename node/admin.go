@@ -484,11 +484,12 @@ const dsmPageSize = 4096
 
 func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*dsmpb.MembersResponse, error) {
 	v := s.n.dir.View()
-	resp := &dsmpb.MembersResponse{Epoch: uint64(v.Epoch)}
+	resp := &dsmpb.MembersResponse{Epoch: uint64(v.Epoch), ProtoIdsLeft: uint32(v.ProtoIDsLeft())}
 	for _, r := range s.n.members(v) {
 		pm := &dsmpb.Member{
 			NodeId: uint32(r.ID), Name: r.ID.String(), State: r.StatePB,
 			GossipAddr: r.GossipAddr, RaftAddr: r.RaftAddr, VerbsAddr: r.VerbsAddr, GrpcAddr: r.GRPCAddr,
+			Incarnation: r.Incarnation, ProtoId: uint32(r.Proto),
 		}
 		switch {
 		case r.ID == s.n.dir.NodeID():

@@ -134,6 +134,19 @@ func TestHomeFailureIsLoud(t *testing.T) {
 			return nil
 		})
 	}
+	var members struct {
+		Members []struct {
+			Node        uint32 `json:"node_id"`
+			Incarnation uint64 `json:"incarnation"`
+			ProtoID     uint32 `json:"proto_id"`
+		} `json:"members"`
+	}
+	c.ctlJSON(1, &members, "members")
+	for _, m := range members.Members {
+		if want := map[bool]uint64{true: 2, false: 1}[m.Node == 3]; m.Incarnation != want || m.ProtoID == 0 || m.Node == 3 && m.ProtoID == 3 {
+			t.Errorf("dsmctl members after n3's restart: n%d is incarnation %d, protocol id %d; want incarnation %d and a fresh id", m.Node, m.Incarnation, m.ProtoID, want)
+		}
+	}
 	_, errs, code = c.ctl(3, "get", region, offOf(1), "11")
 	if code == 0 || !strings.Contains(errs, "restarted since the region was created") {
 		t.Fatalf("the restarted n3 on a region of its previous life: exit %d, %q", code, errs)

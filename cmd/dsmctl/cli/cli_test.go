@@ -194,11 +194,13 @@ func TestJSON(t *testing.T) {
 	}
 
 	var members struct {
-		Epoch   uint64       `json:"epoch"`
-		Members []memberJSON `json:"members"`
+		Epoch        uint64       `json:"epoch"`
+		Members      []memberJSON `json:"members"`
+		ProtoIDsLeft uint32       `json:"proto_ids_left"`
 	}
 	decode(t, run(t, sock, runOpts{}, "members", "--json").ok(t).stdout, &members)
-	if len(members.Members) != 3 || members.Members[1].State != "alive" || members.Members[1].RaftAddr != "127.0.0.1:7502" {
+	if len(members.Members) != 3 || members.Members[1].State != "alive" || members.Members[1].RaftAddr != "127.0.0.1:7502" ||
+		members.Members[1].Incarnation != 2 || members.Members[1].ProtoID != 4 || members.ProtoIDsLeft != 1018 {
 		t.Errorf("members --json: %+v", members)
 	}
 

@@ -156,6 +156,10 @@ type memberJSON struct {
 	VerbsAddr  string `json:"verbs_addr"`
 	GRPCAddr   string `json:"grpc_addr"`
 	LastSeen   int64  `json:"last_seen_unix_nano"`
+	// Incarnation counts the processes that held the node id (a restart
+	// is the next one); ProtoID is the incarnation's protocol id.
+	Incarnation uint64 `json:"incarnation"`
+	ProtoID     uint32 `json:"proto_id"`
 }
 
 func (a *app) membersCmd() *cobra.Command {
@@ -177,23 +181,31 @@ func (a *app) membersCmd() *cobra.Command {
 			}
 			if a.json {
 				v := struct {
-					Epoch   uint64       `json:"epoch"`
-					Members []memberJSON `json:"members"`
-				}{Epoch: m.Epoch, Members: []memberJSON{}}
+					Epoch        uint64       `json:"epoch"`
+					Members      []memberJSON `json:"members"`
+					ProtoIDsLeft uint32       `json:"proto_ids_left"`
+				}{Epoch: m.Epoch, Members: []memberJSON{}, ProtoIDsLeft: m.ProtoIdsLeft}
 				for _, x := range m.Members {
 					v.Members = append(v.Members, memberJSON{x.NodeId, x.Name, memberState(x.State),
-						x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, x.LastSeenUnixNano})
+						x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, x.LastSeenUnixNano, x.Incarnation, x.ProtoId})
 				}
 				return a.printJSON(v)
 			}
 			col := a.color()
 			now := a.env.Now()
-			t := newTable("NODE", "NAME", "STATE", "GOSSIP", "RAFT", "VERBS", "GRPC", "LAST SEEN")
+			t := newTable("NODE", "NAME", "STATE", "INC", "PROTO", "GOSSIP", "RAFT", "VERBS", "GRPC", "LAST SEEN")
 			for _, x := range m.Members {
-				t.row(node(x.NodeId), x.Name, paint(col, stateColor(x.State), memberState(x.State)),
+				inc, proto := "-", "-"
+				if x.Incarnation != 0 {
+					inc = fmt.Sprint(x.Incarnation)
+				}
+				if x.ProtoId != 0 {
+					proto = fmt.Sprint(x.ProtoId)
+				}
+				t.row(node(x.NodeId), x.Name, paint(col, stateColor(x.State), memberState(x.State)), inc, proto,
 					x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, age(now, x.LastSeenUnixNano))
 			}
-			fmt.Fprintf(a.env.Stdout, "epoch %d · %d member%s\n\n", m.Epoch, len(m.Members), plural(len(m.Members)))
+			fmt.Fprintf(a.env.Stdout, "epoch %d · %d member%s · %d protocol ids left\n\n", m.Epoch, len(m.Members), plural(len(m.Members)), m.ProtoIdsLeft)
 			return t.write(a.env.Stdout)
 		},
 	}

@@ -108,14 +108,16 @@ func (f *fakeAdmin) Status(context.Context, *dsmpb.StatusRequest) (*dsmpb.Status
 const fakeNow = int64(1_800_000_000_000_000_000)
 
 func (f *fakeAdmin) Members(context.Context, *dsmpb.MembersRequest) (*dsmpb.MembersResponse, error) {
-	m := &dsmpb.MembersResponse{Epoch: 12}
+	m := &dsmpb.MembersResponse{Epoch: 12, ProtoIdsLeft: 1018}
 	for i := uint32(1); i <= 3; i++ {
 		m.Members = append(m.Members, &dsmpb.Member{NodeId: i, Name: fmt.Sprintf("host%d", i),
 			State: dsmpb.MemberState_MEMBER_STATE_ALIVE, GossipAddr: fmt.Sprintf("127.0.0.1:73%02d", i),
 			RaftAddr: fmt.Sprintf("127.0.0.1:75%02d", i), VerbsAddr: fmt.Sprintf("127.0.0.1:76%02d", i),
-			GrpcAddr: fmt.Sprintf("127.0.0.1:74%02d", i), LastSeenUnixNano: fakeNow - int64(i)*1_500_000_000})
+			GrpcAddr: fmt.Sprintf("127.0.0.1:74%02d", i), LastSeenUnixNano: fakeNow - int64(i)*1_500_000_000,
+			Incarnation: 1, ProtoId: i})
 	}
 	m.Members[2].LastSeenUnixNano = 0 // not reported, as dsmd does today
+	m.Members[1].Incarnation, m.Members[1].ProtoId = 2, 4 // restarted once
 	return m, nil
 }
 

@@ -492,8 +492,14 @@ type Member struct {
 	GrpcAddr   string                 `protobuf:"bytes,7,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
 	// Unix time of the last message from the member, in nanoseconds.
 	LastSeenUnixNano int64 `protobuf:"varint,8,opt,name=last_seen_unix_nano,json=lastSeenUnixNano,proto3" json:"last_seen_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The member's current incarnation: the count of the processes that
+	// have held its node id, from 1 (a restart is the next one).
+	Incarnation uint64 `protobuf:"varint,9,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// The incarnation's protocol id (what the coherence protocol names it
+	// by; never reused).
+	ProtoId       uint32 `protobuf:"varint,10,opt,name=proto_id,json=protoId,proto3" json:"proto_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
@@ -582,10 +588,27 @@ func (x *Member) GetLastSeenUnixNano() int64 {
 	return 0
 }
 
+func (x *Member) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *Member) GetProtoId() uint32 {
+	if x != nil {
+		return x.ProtoId
+	}
+	return 0
+}
+
 type MembersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Members       []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Epoch   uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Members []*Member              `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// Protocol ids left for new incarnations (each restart or join takes
+	// one; 1022 over the life of a cluster until ids are recycled).
+	ProtoIdsLeft  uint32 `protobuf:"varint,3,opt,name=proto_ids_left,json=protoIdsLeft,proto3" json:"proto_ids_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -632,6 +655,13 @@ func (x *MembersResponse) GetMembers() []*Member {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *MembersResponse) GetProtoIdsLeft() uint32 {
+	if x != nil {
+		return x.ProtoIdsLeft
+	}
+	return 0
 }
 
 type RaftRequest struct {
@@ -2334,7 +2364,7 @@ const file_admin_proto_rawDesc = "" +
 	"\x05nodes\x18\x06 \x03(\v2\x12.dsm.v1.NodeStatusR\x05nodes\x12&\n" +
 	"\x06health\x18\a \x01(\v2\x0e.dsm.v1.HealthR\x06health\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\"\x10\n" +
-	"\x0eMembersRequest\"\x89\x02\n" +
+	"\x0eMembersRequest\"\xc6\x02\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
@@ -2345,10 +2375,14 @@ const file_admin_proto_rawDesc = "" +
 	"\n" +
 	"verbs_addr\x18\x06 \x01(\tR\tverbsAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\a \x01(\tR\bgrpcAddr\x12-\n" +
-	"\x13last_seen_unix_nano\x18\b \x01(\x03R\x10lastSeenUnixNano\"Q\n" +
+	"\x13last_seen_unix_nano\x18\b \x01(\x03R\x10lastSeenUnixNano\x12 \n" +
+	"\vincarnation\x18\t \x01(\x04R\vincarnation\x12\x19\n" +
+	"\bproto_id\x18\n" +
+	" \x01(\rR\aprotoId\"w\n" +
 	"\x0fMembersResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12(\n" +
-	"\amembers\x18\x02 \x03(\v2\x0e.dsm.v1.MemberR\amembers\"\r\n" +
+	"\amembers\x18\x02 \x03(\v2\x0e.dsm.v1.MemberR\amembers\x12$\n" +
+	"\x0eproto_ids_left\x18\x03 \x01(\rR\fprotoIdsLeft\"\r\n" +
 	"\vRaftRequest\"\xd9\x01\n" +
 	"\n" +
 	"RaftServer\x12\x17\n" +

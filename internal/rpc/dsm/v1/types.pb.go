@@ -26,7 +26,12 @@
 //   UNAVAILABLE         the cluster cannot serve it now and a retry may
 //                       succeed: no Raft leader, the home of the page is
 //                       failing over, the node is shutting down, a peer is
-//                       unreachable. The message names the node.
+//                       unreachable. The message names the node. A page
+//                       that waits for a node that is down or unreachable
+//                       (its home, holder, reserver or a sharer) carries a
+//                       google.rpc.ErrorInfo detail: reason
+//                       PAGE_UNAVAILABLE, domain dsm.v1, metadata "page",
+//                       "node" (n3), "role" (home, holder, ...), "why".
 //   DEADLINE_EXCEEDED   the caller's deadline ran out (a coherence operation
 //                       stalled behind a failover, for instance).
 //   RESOURCE_EXHAUSTED  the page cache is full of pages that cannot be
