@@ -116,7 +116,7 @@ func (f *fakeAdmin) Members(context.Context, *dsmpb.MembersRequest) (*dsmpb.Memb
 			GrpcAddr: fmt.Sprintf("127.0.0.1:74%02d", i), LastSeenUnixNano: fakeNow - int64(i)*1_500_000_000,
 			Incarnation: 1, ProtoId: i})
 	}
-	m.Members[2].LastSeenUnixNano = 0 // not reported, as dsmd does today
+	m.Members[2].LastSeenUnixNano = 0                     // not reported, as dsmd does today
 	m.Members[1].Incarnation, m.Members[1].ProtoId = 2, 4 // restarted once
 	return m, nil
 }
