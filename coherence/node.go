@@ -106,9 +106,13 @@ const (
 	phRelease        // write-back and release of the tenure
 	phEvict          // removing the sharer unit after dropping an S copy
 	phPassTurn       // CAS handing our reservation back to the home
+	// phResolve: a batch of another phase (resolving) came back with an
+	// outcome that is not known (VerbsDone.Unknown); a READ of the word
+	// decides whether it took effect (resolve.go).
+	phResolve
 )
 
-var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn"}
+var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn", "resolve"}
 
 func (p phase) String() string { return phaseNames[p] }
 
@@ -133,6 +137,15 @@ type page struct {
 	inflight uint64 // outstanding batch, 0 = none
 	retryAt  uint64 // tick before which nothing is posted
 	attempts int
+
+	// phResolve: the phase whose batch had an unknown outcome, and that
+	// batch's verbs.
+	resolving phase
+	unknown   []Verb
+	// downgrade: a read miss whose coarse FAA had an unknown outcome took
+	// the tenure instead; once M is granted and the queue is served, the
+	// page is released to S (resolve.go).
+	downgrade bool
 
 	// phRead: invalidations seen while the read was in flight.
 	invSeen bool
@@ -376,6 +389,8 @@ func (n *Node) drive(p *page) {
 			n.postEvict(p)
 		case phPassTurn:
 			n.postPassTurn(p)
+		case phResolve:
+			p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
 		}
 	}
 }
@@ -438,6 +453,15 @@ func (n *Node) driveIdle(p *page) bool {
 		}
 		p.recall = false
 	}
+	if p.downgrade {
+		// The tenure was taken only to settle a coarse FAA of unknown
+		// outcome: back to S, whose CAS adds the unit exactly.
+		p.downgrade = false
+		if p.state == Modified {
+			n.startRelease(p, false)
+			return true
+		}
+	}
 	if p.granted {
 		// Reserved for us, but nothing left to do: hand the turn on.
 		p.ph = phPassTurn
@@ -467,8 +491,17 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return nil // a batch abandoned when the page's home moved
 	}
 	p.inflight = 0
+	if d.Err != nil && d.Unknown && changesWord(rec.verbs) {
+		// It may have executed: find out before anything else is
+		// posted (resolve.go).
+		p.resolving, p.unknown = p.ph, rec.verbs
+		p.ph = phResolve
+		p.retryAt = n.now + 1
+		return nil
+	}
 	if d.Err != nil || !resultsFit(rec.verbs, d.Results, n.cfg.PageSize) {
-		// Not executed: retry the same phase after a tick.
+		// Not executed (or only READs, which can run again): retry
+		// the same phase after a tick.
 		p.retryAt = n.now + 1
 		return nil
 	}
@@ -486,6 +519,8 @@ func (n *Node) stepDone(d VerbsDone) error {
 		n.evictDone(p, rec.verbs, d.Results)
 	case phPassTurn:
 		n.passTurnDone(p, d.Results)
+	case phResolve:
+		n.resolveDone(p, Word(binary.LittleEndian.Uint64(d.Results[0].Data)))
 	}
 	n.drive(p)
 	return nil
