@@ -81,6 +81,9 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	}
 	n.epoch = rc.Epoch
 	n.members = newMembers
+	// Probes of the old epoch are answered no more (an answer would be
+	// refused); their senders probe again in the new one.
+	clear(n.ackOwed)
 	for _, p := range n.order {
 		if departed && p.state == Shared && p.ph != phWaitAcks {
 			// A departed holder may have taken the tenure and died
@@ -195,7 +198,7 @@ func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
 func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}}
+	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}, to: n.cfg.ID, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: []Verb{v}})
 	h.inflight, h.op = id, op
 }
@@ -397,6 +400,24 @@ func (n *Node) epochAck(from ids.NodeID) {
 	for _, h := range n.homes {
 		n.driveHome(h)
 	}
+}
+
+// epochAckDue answers member to's MsgEpoch, which this node owes, once no
+// batch it posted to that member in an older epoch is unfinished. The
+// acknowledgement is a fence for earlier verbs: the member repairs or
+// rebuilds its words once every member acknowledged, and a verb of the old
+// epoch still in flight would land after that (a batch replayed after a
+// reconnection can follow a message sent on the new connection). A batch
+// is finished when its VerbsDone arrived: done, failed, or of unknown
+// outcome (which never executes later).
+func (n *Node) epochAckDue(to ids.NodeID) {
+	for _, rec := range n.batches {
+		if rec.to == to && rec.epoch < n.epoch {
+			return
+		}
+	}
+	delete(n.ackOwed, to)
+	n.send(MsgEpochAck, to, 0, 0, false)
 }
 
 // ---- home failover ----

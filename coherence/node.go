@@ -189,6 +189,11 @@ type batchRec struct {
 	page  ids.PageNo
 	home  bool // a home repair, not the client side
 	verbs []Verb
+	// to is the node the batch was posted to and epoch the epoch it was
+	// posted in: an epoch acknowledgement to that node waits for every
+	// batch of an older epoch (I11, docs/failover.md §8).
+	to    ids.NodeID
+	epoch ids.Epoch
 }
 
 // Node is the coherence state machine of one node. It is not safe for
@@ -207,6 +212,9 @@ type Node struct {
 	synced    bool
 	epochAcks map[ids.NodeID]bool
 	probeAt   uint64
+	// ackOwed: members whose MsgEpoch this node answers once the batches
+	// it posted to them in an older epoch are finished (epochAckDue).
+	ackOwed map[ids.NodeID]bool
 
 	pages   map[ids.PageNo]*page
 	order   []*page     // creation order, for deterministic iteration
@@ -233,6 +241,7 @@ func NewNode(cfg Config) (*Node, error) {
 		pages:   map[ids.PageNo]*page{},
 		batches: map[uint64]batchRec{},
 		homeIdx: map[ids.PageNo]*homeDuty{},
+		ackOwed: map[ids.NodeID]bool{},
 	}
 	for _, p := range cfg.HomedPages {
 		if n.homeIdx[p] == nil {
@@ -333,7 +342,7 @@ func (n *Node) stepRequest(r Request) error {
 func (n *Node) post(p *page, home bool, verbs ...Verb) uint64 {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: p.no, home: home, verbs: verbs}
+	n.batches[id] = batchRec{page: p.no, home: home, verbs: verbs, to: p.home, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: p.home, Verbs: verbs})
 	return id
 }
@@ -482,6 +491,9 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return fmt.Errorf("%w: #%d", ErrUnknownBatch, d.ID)
 	}
 	delete(n.batches, d.ID)
+	if n.ackOwed[rec.to] {
+		n.epochAckDue(rec.to)
+	}
 	if rec.home {
 		n.homeDone(rec, d)
 		return nil
@@ -553,7 +565,8 @@ func (n *Node) stepReceive(m Message) error {
 	}
 	switch m.Type {
 	case MsgEpoch:
-		n.send(MsgEpochAck, m.From, 0, 0, false)
+		n.ackOwed[m.From] = true
+		n.epochAckDue(m.From)
 		return nil
 	case MsgEpochAck:
 		n.epochAck(m.From)
