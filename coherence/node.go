@@ -191,7 +191,7 @@ type batchRec struct {
 	verbs []Verb
 	// to is the node the batch was posted to and epoch the epoch it was
 	// posted in: an epoch acknowledgement to that node waits for every
-	// batch of an older epoch (I11, docs/failover.md §8).
+	// batch of an older epoch (docs/failover.md §8).
 	to    ids.NodeID
 	epoch ids.Epoch
 }
