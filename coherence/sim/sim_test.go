@@ -24,7 +24,7 @@ var configs = []struct {
 	share int
 }{
 	{"small", Options{Nodes: 3, Pages: 2, Ops: 60, Linearizability: true}, 275},
-	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 300},
+	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 250},
 	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 275},
 	{"crash", Options{Nodes: 6, Pages: 2, Ops: 80, Faults: true, Evict: true, Crashes: 2}, 150},
 	{"home-crash", Options{Nodes: 5, Pages: 3, Ops: 80, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2}, 150},
@@ -40,6 +40,10 @@ var configs = []struct {
 	// in the coarse field), with crashes, a home crash and epochs learnt
 	// at different times.
 	{"unknown-outcome", Options{Nodes: 16, Pages: 3, Ops: 100, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 2, HomeCrashes: 1, AsyncReconfig: true}, 100},
+	// The same faults on one hot page with lazy homes: reservations
+	// passed and handed back with unknown outcomes, and the history
+	// checked for linearizability (no crashes).
+	{"unknown-hot", Options{Nodes: 8, Pages: 2, Ops: 80, Hot: true, Faults: true, UnknownOutcomes: true, Linearizability: true, LazyHomes: true}, 50},
 }
 
 func totalShare() int {
