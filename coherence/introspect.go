@@ -41,10 +41,12 @@ func (n *Node) Page(no ids.PageNo) PageInfo {
 	info := PageInfo{State: p.state, Version: p.copyVer, Data: p.data, Phase: p.ph.String(), Pending: len(p.queue),
 		Unit: p.unitCounted, UnitVersion: p.unitVer,
 		Tenure: p.state == Modified || p.releasing() || p.frozenM, Frozen: p.frozen}
-	for m := range p.awaiting {
-		info.Awaiting = append(info.Awaiting, m)
+	if len(p.awaiting) > 0 { // the simulator asks after every step
+		for m := range p.awaiting {
+			info.Awaiting = append(info.Awaiting, m)
+		}
+		slices.Sort(info.Awaiting)
 	}
-	slices.Sort(info.Awaiting)
 	return info
 }
 
