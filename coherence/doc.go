@@ -27,6 +27,11 @@
 // (RKey, Offset); a READ gets a buffer of Span.Len bytes; Compare and
 // Operand are copied. A batch must be posted as one rdma Post (its verbs
 // execute in order); a batch that fails did not execute and is retried.
+// A batch whose outcome is unknown (VerbsDone.Unknown: the transport lost
+// its answer; it may have executed, in part or in full, and never executes
+// later) is resolved instead: the node reads the word and judges from it
+// whether the batch took effect (resolve.go; docs/protocol.md, "Batches of
+// unknown outcome").
 //
 // # The home slot
 //
@@ -109,7 +114,9 @@
 // epoch at different times, so a home first asks every member whether it
 // is in the new epoch (MsgEpoch, repeated; a lagging member refuses until
 // it learns) and only when all have answered (MsgEpochAck) repairs the
-// words of its pages with a CAS: the departed holder's tenure ends and its unsynced data reverts to
+// words of its pages with a CAS. A member answers only once no batch it
+// posted to that home in an older epoch is unfinished, so no verb of the
+// old epoch lands after the repair. The repair: the departed holder's tenure ends and its unsynced data reverts to
 // the home copy, a departed reservation lapses, departed exact bits are
 // cleared, and the new tag is stamped. Coarse units of departed nodes stay
 // counted (an extra invalidation) until the next acquisition clears them.

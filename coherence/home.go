@@ -32,8 +32,11 @@ type homeDuty struct {
 	inflight uint64
 	op       homeOp
 	target   ids.NodeID // hPass: the node the reservation goes to
-	retryAt  uint64
-	pollAt   uint64
+	// passUnsure: an hPass to this node had an unknown outcome; the
+	// next word the duty learns says whether the reservation went out.
+	passUnsure ids.NodeID
+	retryAt    uint64
+	pollAt     uint64
 
 	// rebuilding: this node became the page's home after the old one
 	// failed; it collects every member's report, then writes the word.
@@ -78,6 +81,9 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	}
 	n.epoch = rc.Epoch
 	n.members = newMembers
+	// Probes of the old epoch are answered no more (an answer would be
+	// refused); their senders probe again in the new one.
+	clear(n.ackOwed)
 	for _, p := range n.order {
 		if departed && p.state == Shared && p.ph != phWaitAcks {
 			// A departed holder may have taken the tenure and died
@@ -192,7 +198,7 @@ func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
 func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}}
+	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}, to: n.cfg.ID, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: []Verb{v}})
 	h.inflight, h.op = id, op
 }
@@ -222,7 +228,7 @@ func (n *Node) driveHome(h *homeDuty) {
 			n.homeCAS(h, hRepair, n.repaired(h.guess))
 			return
 		}
-		if h.granted == ids.None && len(h.queue) == 0 {
+		if h.granted == ids.None && len(h.queue) == 0 && h.passUnsure == ids.None {
 			return
 		}
 		if !h.fresh {
@@ -286,8 +292,24 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	h.inflight = 0
 	op := h.op
 	if d.Err != nil || !resultsFit(rec.verbs, d.Results, n.cfg.PageSize) {
+		// A batch of unknown outcome needs no READ of its own here:
+		// hPoll is a READ; hRepair and hRebuild are posted again as
+		// they were, and a CAS posted again is idempotent: it finds
+		// its compare value (the first did not execute: nothing acted
+		// on the word since, or the word came back to that value, and
+		// the new value is again the right one, a function of the
+		// compare value and of what the home knows) or it fails and
+		// returns the word, which the duty then judges as a READ. Only
+		// hPass is settled by the next word the duty learns: its
+		// target is queued again at the head if the reservation did not
+		// go out, and granted if it did (a blind retry would give it a
+		// second turn later).
 		if op == hPass && h.target != ids.None {
-			h.queue = append([]ids.NodeID{h.target}, h.queue...)
+			if d.Unknown {
+				h.passUnsure = h.target
+			} else {
+				h.queue = append([]ids.NodeID{h.target}, h.queue...)
+			}
 		}
 		h.retryAt = n.now + 1
 		return
@@ -303,6 +325,16 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		w = Word(rec.verbs[0].Operand)
 	}
 	h.guess, h.fresh = w, true
+	if t := h.passUnsure; t != ids.None && op != hPass {
+		// w is the word now: only the home reserves a page for t.
+		h.passUnsure = ids.None
+		if w.Reserved() == t {
+			h.granted = t
+			n.sendGrant(h)
+		} else {
+			h.queue = append([]ids.NodeID{t}, h.queue...)
+		}
+	}
 	switch op {
 	case hRebuild:
 		if ok && h.rebuilding {
@@ -370,18 +402,38 @@ func (n *Node) epochAck(from ids.NodeID) {
 	}
 }
 
+// epochAckDue answers member to's MsgEpoch, which this node owes, once no
+// batch it posted to that member in an older epoch is unfinished. The
+// acknowledgement is a fence for earlier verbs: the member repairs or
+// rebuilds its words once every member acknowledged, and a verb of the old
+// epoch still in flight would land after that (a batch replayed after a
+// reconnection can follow a message sent on the new connection). A batch
+// is finished when its VerbsDone arrived: done, failed, or of unknown
+// outcome (which never executes later).
+func (n *Node) epochAckDue(to ids.NodeID) {
+	for _, rec := range n.batches {
+		if rec.to == to && rec.epoch < n.epoch {
+			return
+		}
+	}
+	delete(n.ackOwed, to)
+	n.send(MsgEpochAck, to, 0, 0, false)
+}
+
 // ---- home failover ----
 
 // freeze stops every transition of a page whose home moved, settles it in
 // a stable state (an unfinished release keeps the tenure and its data, an
 // unfinished acquisition is abandoned) and reports it to the new home.
 func (n *Node) freeze(p *page) {
-	switch p.ph {
-	case phRelease:
+	if p.releasing() {
 		// Did the release take effect at the old home? Only the new
 		// home can tell, from everyone's reports: claim the tenure,
-		// keep the data, map nothing writable meanwhile.
+		// keep the data, map nothing writable meanwhile. (So also for
+		// a release whose batch had an unknown outcome.)
 		p.frozenM = true
+	}
+	switch p.ph {
 	case phWaitAcks:
 		if p.state == Invalid {
 			p.data = nil
@@ -393,6 +445,10 @@ func (n *Node) freeze(p *page) {
 	p.awaiting = nil
 	p.needData = false
 	p.ph = phIdle
+	p.resolving, p.unknown = phIdle, nil
+	// A tenure taken to settle a coarse unit is not needed any more: the
+	// new home's word counts no unit the reports do not show.
+	p.downgrade = false
 	p.inflight = 0
 	p.unitCounted = false
 	p.granted = false

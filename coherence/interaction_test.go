@@ -28,6 +28,11 @@ import (
 //	drop [from=..] [to=..] [kind=..] [n=K]            lose them
 //	dup [from=..] [to=..] [n=K]                       duplicate messages
 //	complete [nX]                   report executed batches to their nodes
+//	complete nX outcome=unknown executed=true|false
+//	                                report nX's oldest batch as of unknown
+//	                                outcome: executed (an executed one, else
+//	                                the oldest in the network runs first) or
+//	                                lost unexecuted (the oldest in the network)
 //	tick [n=K]                      advance every clock
 //	crash nX                        kill a node
 //	reconfigure [async]             next epoch without the crashed nodes
@@ -152,6 +157,19 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 	case "dup":
 		s.Deliveries(filter(t, d), sim.Duplicate, intArg(t, d, "n", 0))
 	case "complete":
+		if d.HasArg("outcome") {
+			var outcome string
+			var executed bool
+			d.ScanArgs(t, "outcome", &outcome)
+			d.ScanArgs(t, "executed", &executed)
+			if outcome != "unknown" {
+				d.Fatalf(t, "outcome %q", outcome)
+			}
+			if _, err := s.CompleteUnknown(node(t, d), executed); err != nil {
+				return fmt.Sprintf("error: %v\n", err)
+			}
+			return ""
+		}
 		s.Complete(node(t, d))
 	case "tick":
 		for i := 0; i < intArg(t, d, "n", 1); i++ {

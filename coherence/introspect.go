@@ -43,11 +43,13 @@ func (n *Node) Page(no ids.PageNo) PageInfo {
 	}
 	info := PageInfo{State: p.state, Version: p.copyVer, Data: p.data, Phase: p.ph.String(), Pending: len(p.queue),
 		Unit: p.unitCounted, UnitVersion: p.unitVer,
-		Tenure: p.state == Modified || p.ph == phRelease || p.frozenM, Frozen: p.frozen, Word: p.guess}
-	for m := range p.awaiting {
-		info.Awaiting = append(info.Awaiting, m)
+		Tenure: p.state == Modified || p.releasing() || p.frozenM, Frozen: p.frozen, Word: p.guess}
+	if len(p.awaiting) > 0 { // the simulator asks after every step
+		for m := range p.awaiting {
+			info.Awaiting = append(info.Awaiting, m)
+		}
+		slices.Sort(info.Awaiting)
 	}
-	slices.Sort(info.Awaiting)
 	return info
 }
 
@@ -70,7 +72,7 @@ func (n *Node) Quiet() bool {
 		}
 	}
 	for _, h := range n.homes {
-		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding {
+		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding || h.passUnsure != ids.None {
 			return false
 		}
 	}
@@ -85,6 +87,9 @@ func (n *Node) Dump() string {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].no < ps[j].no })
 	for _, p := range ps {
 		fmt.Fprintf(&b, "%v %v: %v v=%d %v", n.cfg.ID, p.no, p.state, p.copyVer, p.ph)
+		if p.ph == phResolve {
+			fmt.Fprintf(&b, "(%v)", p.resolving)
+		}
 		if p.unitCounted {
 			fmt.Fprintf(&b, " unit@%d", p.unitVer)
 		}
@@ -102,6 +107,9 @@ func (n *Node) Dump() string {
 		}
 		if p.granted {
 			b.WriteString(" granted")
+		}
+		if p.downgrade {
+			b.WriteString(" downgrade")
 		}
 		if len(p.queue) > 0 {
 			fmt.Fprintf(&b, " queued=%d", len(p.queue))

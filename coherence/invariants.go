@@ -20,14 +20,18 @@ func (n *Node) checkInvariants() {
 				fail("a valid copy of the wrong size")
 			}
 		}
-		if p.state == Modified && (p.ph != phIdle && p.ph != phPassTurn || p.unitCounted) {
+		passing := p.ph == phPassTurn || p.ph == phResolve && p.resolving == phPassTurn
+		if p.state == Modified && (p.ph != phIdle && !passing || p.unitCounted) {
 			fail("M outside the idle phase, or with a counted sharer unit")
 		}
 		if p.ph == phWaitAcks && p.awaiting == nil {
 			fail("waiting for acks from nobody")
 		}
-		if (p.ph == phRelease || p.frozenM) && p.wbData == nil {
+		if (p.releasing() || p.frozenM) && p.wbData == nil {
 			fail("releasing without the data to write back")
+		}
+		if (p.ph == phResolve) != (p.unknown != nil) || p.ph == phResolve && !changesWord(p.unknown) {
+			fail("resolving without a batch of unknown outcome that changes the word")
 		}
 		if p.frozenM && !p.frozen {
 			fail("an interrupted release outside a freeze")

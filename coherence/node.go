@@ -106,9 +106,13 @@ const (
 	phRelease        // write-back and release of the tenure
 	phEvict          // removing the sharer unit after dropping an S copy
 	phPassTurn       // CAS handing our reservation back to the home
+	// phResolve: a batch of another phase (resolving) came back with an
+	// outcome that is not known (VerbsDone.Unknown); a READ of the word
+	// decides whether it took effect (resolve.go).
+	phResolve
 )
 
-var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn"}
+var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn", "resolve"}
 
 func (p phase) String() string { return phaseNames[p] }
 
@@ -133,6 +137,15 @@ type page struct {
 	inflight uint64 // outstanding batch, 0 = none
 	retryAt  uint64 // tick before which nothing is posted
 	attempts int
+
+	// phResolve: the phase whose batch had an unknown outcome, and that
+	// batch's verbs.
+	resolving phase
+	unknown   []Verb
+	// downgrade: a read miss whose coarse FAA had an unknown outcome took
+	// the tenure instead; once M is granted and the queue is served, the
+	// page is released to S (resolve.go).
+	downgrade bool
 
 	// phRead: invalidations seen while the read was in flight.
 	invSeen bool
@@ -176,6 +189,11 @@ type batchRec struct {
 	page  ids.PageNo
 	home  bool // a home repair, not the client side
 	verbs []Verb
+	// to is the node the batch was posted to and epoch the epoch it was
+	// posted in: an epoch acknowledgement to that node waits for every
+	// batch of an older epoch (docs/failover.md §8).
+	to    ids.NodeID
+	epoch ids.Epoch
 }
 
 // Node is the coherence state machine of one node. It is not safe for
@@ -194,6 +212,9 @@ type Node struct {
 	synced    bool
 	epochAcks map[ids.NodeID]bool
 	probeAt   uint64
+	// ackOwed: members whose MsgEpoch this node answers once the batches
+	// it posted to them in an older epoch are finished (epochAckDue).
+	ackOwed map[ids.NodeID]bool
 
 	pages   map[ids.PageNo]*page
 	order   []*page     // creation order, for deterministic iteration
@@ -220,6 +241,7 @@ func NewNode(cfg Config) (*Node, error) {
 		pages:   map[ids.PageNo]*page{},
 		batches: map[uint64]batchRec{},
 		homeIdx: map[ids.PageNo]*homeDuty{},
+		ackOwed: map[ids.NodeID]bool{},
 	}
 	for _, p := range cfg.HomedPages {
 		if n.homeIdx[p] == nil {
@@ -320,7 +342,7 @@ func (n *Node) stepRequest(r Request) error {
 func (n *Node) post(p *page, home bool, verbs ...Verb) uint64 {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: p.no, home: home, verbs: verbs}
+	n.batches[id] = batchRec{page: p.no, home: home, verbs: verbs, to: p.home, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: p.home, Verbs: verbs})
 	return id
 }
@@ -376,6 +398,8 @@ func (n *Node) drive(p *page) {
 			n.postEvict(p)
 		case phPassTurn:
 			n.postPassTurn(p)
+		case phResolve:
+			p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
 		}
 	}
 }
@@ -438,6 +462,15 @@ func (n *Node) driveIdle(p *page) bool {
 		}
 		p.recall = false
 	}
+	if p.downgrade {
+		// The tenure was taken only to settle a coarse FAA of unknown
+		// outcome: back to S, whose CAS adds the unit exactly.
+		p.downgrade = false
+		if p.state == Modified {
+			n.startRelease(p, false)
+			return true
+		}
+	}
 	if p.granted {
 		// Reserved for us, but nothing left to do: hand the turn on.
 		p.ph = phPassTurn
@@ -458,6 +491,9 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return fmt.Errorf("%w: #%d", ErrUnknownBatch, d.ID)
 	}
 	delete(n.batches, d.ID)
+	if n.ackOwed[rec.to] {
+		n.epochAckDue(rec.to)
+	}
 	if rec.home {
 		n.homeDone(rec, d)
 		return nil
@@ -467,8 +503,17 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return nil // a batch abandoned when the page's home moved
 	}
 	p.inflight = 0
+	if d.Err != nil && d.Unknown && changesWord(rec.verbs) {
+		// It may have executed: find out before anything else is
+		// posted (resolve.go).
+		p.resolving, p.unknown = p.ph, rec.verbs
+		p.ph = phResolve
+		p.retryAt = n.now + 1
+		return nil
+	}
 	if d.Err != nil || !resultsFit(rec.verbs, d.Results, n.cfg.PageSize) {
-		// Not executed: retry the same phase after a tick.
+		// Not executed (or only READs, which can run again): retry
+		// the same phase after a tick.
 		p.retryAt = n.now + 1
 		return nil
 	}
@@ -486,6 +531,8 @@ func (n *Node) stepDone(d VerbsDone) error {
 		n.evictDone(p, rec.verbs, d.Results)
 	case phPassTurn:
 		n.passTurnDone(p, d.Results)
+	case phResolve:
+		n.resolveDone(p, Word(binary.LittleEndian.Uint64(d.Results[0].Data)))
 	}
 	n.drive(p)
 	return nil
@@ -518,7 +565,8 @@ func (n *Node) stepReceive(m Message) error {
 	}
 	switch m.Type {
 	case MsgEpoch:
-		n.send(MsgEpochAck, m.From, 0, 0, false)
+		n.ackOwed[m.From] = true
+		n.epochAckDue(m.From)
 		return nil
 	case MsgEpochAck:
 		n.epochAck(m.From)

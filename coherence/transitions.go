@@ -135,16 +135,27 @@ func (n *Node) acquireDone(p *page, verbs []Verb, res []Result) {
 		return
 	}
 	// The tenure is ours.
-	old := w
+	var data []byte
+	if len(res) == 2 {
+		data = res[1].Data
+	}
+	n.acquired(p, w, Word(verbs[0].Operand), data)
+}
+
+// acquired starts tenure old.Version()+1, taken by a CAS that expected
+// old; cur is the word as last seen, data the page as read with the CAS
+// (nil when not read: it is read now unless the S copy is of old's
+// version). Every sharer old records is invalidated.
+func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 	if old.Reserved() == n.cfg.ID {
 		p.granted = false // the CAS handed the turn back
 	}
 	p.acqVer = old.Version() + 1
-	p.guess = Word(verbs[0].Operand)
+	p.guess = cur
 	p.unitCounted = false
 	switch {
-	case len(res) == 2:
-		p.data = slices.Clone(res[1].Data)
+	case data != nil:
+		p.data = slices.Clone(data)
 		p.needData = false
 	case p.state == Shared && p.copyVer == old.Version():
 		p.needData = false
@@ -202,6 +213,7 @@ func (n *Node) startRelease(p *page, write bool) {
 	// Write-protect first: no store may land after the copy that is
 	// written back. The tenure stays ours until the CAS releases it.
 	p.wbData = p.data
+	p.downgrade = false
 	if write {
 		// Going to I: unmap now, keep the bytes for the write-back.
 		p.state = Invalid
@@ -215,6 +227,13 @@ func (n *Node) startRelease(p *page, write bool) {
 	p.relWrite = write
 	p.wroteBack = false
 	n.postRelease(p)
+}
+
+// releasing reports whether the page is in a release, or in the
+// resolution of a release batch of unknown outcome: either way the node
+// may still hold the tenure, and wbData its only up-to-date data.
+func (p *page) releasing() bool {
+	return p.ph == phRelease || p.ph == phResolve && p.resolving == phRelease
 }
 
 func (n *Node) releaseTarget(g Word, write bool) Word {
@@ -245,31 +264,44 @@ func (n *Node) releaseDone(p *page, verbs []Verb, res []Result) {
 	}
 	w := Word(res[len(res)-1].Word)
 	if w == p.expect {
-		p.guess = n.releaseTarget(w, p.relWrite)
-		p.recall = false
-		p.ph = phIdle
-		p.wbData = nil
-		if !p.relWrite {
-			p.unitCounted = true
-			p.unitVer = p.copyVer
-		}
-		n.finishEvict(p)
+		n.released(p, n.releaseTarget(w, p.relWrite))
 		return
 	}
 	p.guess = w
 	if w.Holder() != n.cfg.ID || w.Version() != p.copyVer {
 		// The tenure was taken from us (we were declared gone): the
 		// data reverts to the home copy.
-		if p.state != Invalid {
-			p.state = Invalid
-			p.data = nil
-			n.effect(PageDrop, p)
-		}
-		p.wbData = nil
-		p.recall = false
-		p.ph = phIdle
-		n.finishEvict(p)
+		n.releaseLost(p)
 	}
+}
+
+// released ends a release whose CAS took effect; cur is the word as last
+// seen. A release to S added our unit at the tenure's version.
+func (n *Node) released(p *page, cur Word) {
+	p.guess = cur
+	p.recall = false
+	p.ph = phIdle
+	p.wbData = nil
+	if !p.relWrite {
+		p.unitCounted = true
+		p.unitVer = p.copyVer
+	}
+	n.finishEvict(p)
+}
+
+// releaseLost ends a release that cannot tell whether the copy is still
+// recorded: the tenure is over (taken from us, or released and followed by
+// a newer one); the copy is dropped.
+func (n *Node) releaseLost(p *page) {
+	if p.state != Invalid {
+		p.state = Invalid
+		p.data = nil
+		n.effect(PageDrop, p)
+	}
+	p.wbData = nil
+	p.recall = false
+	p.ph = phIdle
+	n.finishEvict(p)
 }
 
 func (n *Node) finishEvict(p *page) {

@@ -263,10 +263,18 @@ type Request struct {
 // VerbsDone reports the outcome of a Batch: Results[i] belongs to Verbs[i]
 // when Err is nil. A batch that failed (peer unreachable, dropped) did not
 // execute; the node retries it.
+//
+// Unknown marks a failure whose outcome is not known (the transport's
+// rdma.ErrOutcomeUnknown): the batch may have executed, or a prefix of it,
+// or nothing, and it will never execute later. The node does not post it
+// again blindly: it reads the word and judges from it whether the batch
+// took effect (docs/protocol.md, "Batches of unknown outcome"). Unknown
+// is meaningful only together with Err.
 type VerbsDone struct {
 	ID      uint64
 	Results []Result
 	Err     error
+	Unknown bool
 }
 
 // Receive delivers a message from a peer.

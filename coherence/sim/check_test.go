@@ -59,18 +59,27 @@ func TestChecksCatch(t *testing.T) {
 	for _, c := range []struct {
 		name, want string
 		plant      func(s *Sim)
+		busy       bool // checked as after any step, not only when quiet
 	}{
-		{"lost update", "lost update", func(s *Sim) { slotOf(s)[8] ^= 1 }},
+		{"phantom sharer bit", "does not believe", func(s *Sim) {
+			w := rdma.LoadWord(slotOf(s), 0)
+			rdma.StoreWord(slotOf(s), 0, w|1<<40)
+		}, true},
+		{"lost sharer bit", "believes its unit counted", func(s *Sim) {
+			w := rdma.LoadWord(slotOf(s), 0)
+			rdma.StoreWord(slotOf(s), 0, w&^(1<<42))
+		}, true},
+		{"lost update", "lost update", func(s *Sim) { slotOf(s)[8] ^= 1 }, false},
 		{"stray sharer bit", "bit of n1", func(s *Sim) {
 			w := rdma.LoadWord(slotOf(s), 0)
 			rdma.StoreWord(slotOf(s), 0, w|1<<40)
-		}},
-		{"stale copy", "copy of p0", func(s *Sim) { s.setRef(0, 0, 99) }},
+		}, false},
+		{"stale copy", "copy of p0", func(s *Sim) { s.setRef(0, 0, 99) }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := setup(t)
 			c.plant(s)
-			err := s.Check(true)
+			err := s.Check(!c.busy)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("planted %s: got %v, want a violation mentioning %q", c.name, err, c.want)
 			}

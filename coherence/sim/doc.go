@@ -14,7 +14,9 @@
 // node (completions are delayed and reordered independently of execution,
 // as on a real fabric), deliver a pending message, advance every node's
 // clock. During the workload phase it also drops batches and messages,
-// duplicates messages, and crashes nodes (homes too, with HomeCrashes),
+// duplicates messages, reports batches as of unknown outcome (with
+// UnknownOutcomes: all of the batch executed, a prefix, or none, and the
+// node learns nothing of it), and crashes nodes (homes too, with HomeCrashes),
 // each crash followed some steps later by the reconfiguration that removes
 // the node (and moves its pages). Then the faults and the new requests
 // stop and the run settles: every request must complete within
@@ -24,7 +26,9 @@
 //
 // After every step: at most one M copy of a page and no other valid copy
 // beside it; every valid copy equals the reference model (the latest
-// completed store). At every completion: loads, adds and CASes return what
+// completed store); the word agrees with what the nodes believe of it (a
+// node in M is its holder; a node that believes its sharer unit counted is
+// counted; no unit is counted that no node can account for: checkBeliefs). At every completion: loads, adds and CASes return what
 // the reference model says; no request waited through more than 2N+4
 // tenures of other nodes (fairness). When the run has settled: the home
 // word names the M holder, its sharer units match the nodes' own view of
@@ -40,7 +44,8 @@
 //
 // A failing seed is run again with tracing on; the returned *Violation
 // prints the seed, the configuration, the broken invariant and every step.
-// The methods of the driver (Request, Deliveries, Complete, Tick, Crash,
+// The methods of the driver (Request, Deliveries, Complete,
+// CompleteUnknown, Tick, Crash,
 // Reconfigure, Stabilize, Dump, Check) take one chosen step at a time; the
 // interaction tests of package coherence drive them from transcripts.
 package sim

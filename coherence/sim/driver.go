@@ -78,6 +78,47 @@ func (s *Sim) Complete(id ids.NodeID) int {
 	return count
 }
 
+// CompleteUnknown reports the oldest batch of node id to it as of unknown
+// outcome, and says which batch. executed=false: the oldest batch of id
+// still in the network is lost (it never executes). executed=true: the
+// oldest batch of id that executed and whose completion has not been
+// reported loses its answer; when there is none, the oldest batch of id in
+// the network executes first.
+func (s *Sim) CompleteUnknown(id ids.NodeID, executed bool) (uint64, error) {
+	s.step++
+	defer s.check(false)
+	if executed {
+		for i, d := range s.done {
+			if d.node == id && d.err == nil {
+				s.stats.Unknown++
+				s.stats.UnknownExecuted++
+				s.tracef("%v: the answer of batch#%d is lost", id, d.batch.ID)
+				s.done[i].err = errUnknown(d.batch.Home)
+				s.completeBatch(i)
+				return d.batch.ID, nil
+			}
+		}
+	}
+	for _, d := range s.net.Pending() {
+		if d.Kind != mem.BatchDelivery || d.From != id {
+			continue
+		}
+		k := 0
+		if executed {
+			k = len(d.Ops)
+		}
+		s.unknownOutcome(d, k)
+		i := len(s.done) - 1
+		if i < 0 || s.done[i].node != id {
+			return 0, fmt.Errorf("sim: the batch of %v left no completion", id)
+		}
+		b := s.done[i].batch.ID
+		s.completeBatch(i)
+		return b, nil
+	}
+	return 0, fmt.Errorf("sim: %v has no batch to complete", id)
+}
+
 // Stabilize delivers, completes and ticks, oldest first, until nothing is
 // in flight or maxSteps passed. It reports whether the cluster is quiet.
 func (s *Sim) Stabilize(maxSteps int) bool {

@@ -37,6 +37,13 @@ type Options struct {
 	// home copy as it was at the crash: every write-back is taken to be
 	// synced).
 	HomeCrashes int
+	// UnknownOutcomes makes the network (with Faults, during the
+	// workload phase) report some batches as of unknown outcome
+	// (rdma.ErrOutcomeUnknown): all of the batch executed, a prefix of it,
+	// or none. The completion carries made-up results of the right shape,
+	// which the state machine must ignore: only its resolution of the
+	// outcome (a READ of the word) may act on such a batch.
+	UnknownOutcomes bool
 	// AsyncReconfig hands a reconfiguration to the live nodes one by one,
 	// at random later steps, as a directory's replicas learn it, instead
 	// of to all of them in one step.
@@ -94,8 +101,8 @@ func (o *Options) norm() error {
 func (o Options) homes() int { return (o.Pages + 1) / 2 }
 
 func (o Options) String() string {
-	return fmt.Sprintf("nodes=%d pages=%d ops=%d hot=%t faults=%t crashes=%d home-crashes=%d async-reconfig=%t evict=%t mutex=%t lin=%t",
-		o.Nodes, o.Pages, o.Ops, o.Hot, o.Faults, o.Crashes, o.HomeCrashes, o.AsyncReconfig, o.Evict, o.Mutex, o.Linearizability)
+	return fmt.Sprintf("nodes=%d pages=%d ops=%d hot=%t faults=%t unknown=%t crashes=%d home-crashes=%d async-reconfig=%t evict=%t mutex=%t lin=%t",
+		o.Nodes, o.Pages, o.Ops, o.Hot, o.Faults, o.UnknownOutcomes, o.Crashes, o.HomeCrashes, o.AsyncReconfig, o.Evict, o.Mutex, o.Linearizability)
 }
 
 // Stats are figures of one run.
@@ -106,6 +113,9 @@ type Stats struct {
 	MaxLatency  int // most steps between a request and its completion
 	Messages    int // messages delivered
 	Batches     int // batches delivered
+	// Unknown counts the batches reported of unknown outcome, and
+	// UnknownExecuted those of them that executed (all or a prefix).
+	Unknown, UnknownExecuted int
 	// MaxOvertakes is the most exclusive tenures other nodes took on a
 	// page while one request on that page waited: the fairness figure.
 	MaxOvertakes int
@@ -166,7 +176,7 @@ type pendingDone struct {
 	node  ids.NodeID
 	batch coherence.Batch
 	ops   []rdma.Op
-	err   error
+	err   error // wraps rdma.ErrOutcomeUnknown for a batch of unknown outcome
 }
 
 type clientOp struct {
@@ -407,11 +417,23 @@ func (s *Sim) completeBatch(i int) {
 	if !n.alive {
 		return
 	}
-	ev := coherence.VerbsDone{ID: d.batch.ID, Err: d.err}
-	if d.err == nil {
+	ev := coherence.VerbsDone{ID: d.batch.ID, Err: d.err, Unknown: errors.Is(d.err, rdma.ErrOutcomeUnknown)}
+	switch {
+	case d.err == nil:
 		ev.Results = make([]coherence.Result, len(d.ops))
 		for k := range d.ops {
 			ev.Results[k] = coherence.Result{Word: d.ops[k].Result, Data: d.ops[k].Buf}
+		}
+	case ev.Unknown:
+		// Results that look real and are not: a state machine that
+		// read them would go wrong, and the checks would see it.
+		ev.Results = make([]coherence.Result, len(d.batch.Verbs))
+		for k, v := range d.batch.Verbs {
+			ev.Results[k].Word = s.rng.Uint64()
+			if v.Kind == coherence.VerbRead {
+				ev.Results[k].Data = make([]byte, v.Span.Len(s.Opts.PageSize))
+				s.rng.Read(ev.Results[k].Data)
+			}
 		}
 	}
 	s.tracef("%v completes batch#%d err=%v", n.id, d.batch.ID, d.err)
@@ -766,8 +788,8 @@ func (s *Sim) busy() bool {
 	return s.reconf >= 0 || len(s.lagging) > 0
 }
 
-// deliverOne delivers (or, with faults, drops or duplicates) the i-th
-// pending delivery.
+// deliverOne delivers (or, with faults, drops or duplicates, or executes
+// with an unknown outcome) the i-th pending delivery.
 func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 	if faults {
 		switch x := s.rng.Intn(100); {
@@ -778,6 +800,10 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 		case x < 6 && d.Kind == mem.MessageDelivery:
 			s.tracef("duplicate %v", d)
 			_ = s.net.Duplicate(d)
+		case x < 15 && d.Kind == mem.BatchDelivery && s.Opts.UnknownOutcomes:
+			// About one batch in eight: executed, in part or not at all.
+			s.unknownOutcome(d, s.rng.Intn(len(d.Ops)+1))
+			return
 		}
 	}
 	if d.Kind == mem.BatchDelivery {
@@ -785,6 +811,70 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 		s.tracef("execute %v", d)
 	}
 	_ = s.net.Deliver(d)
+}
+
+// errUnknown is the error of a batch of unknown outcome, as the tcp
+// transport reports it.
+func errUnknown(peer ids.NodeID) error {
+	return &rdma.PeerError{Peer: peer, Err: fmt.Errorf("sim: response lost: %w", rdma.ErrOutcomeUnknown)}
+}
+
+// unknownOutcome executes the first k ops of a pending batch (all, some or
+// none) and fails it with an unknown outcome: its node learns nothing of
+// what executed.
+func (s *Sim) unknownOutcome(d *mem.Delivery, k int) {
+	before := len(s.done)
+	s.stats.Unknown++
+	switch {
+	case k == len(d.Ops):
+		s.stats.Batches++
+		s.stats.UnknownExecuted++
+		s.tracef("execute %v, outcome unknown", d)
+		_ = s.net.Deliver(d)
+	case k > 0:
+		s.stats.UnknownExecuted++
+		s.tracef("execute %d of %v, outcome unknown", k, d)
+		s.executePrefix(d, k)
+		_ = s.net.Drop(d)
+	default:
+		s.tracef("lose %v, outcome unknown", d)
+		_ = s.net.Drop(d)
+	}
+	if len(s.done) == before+1 {
+		s.done[before].err = errUnknown(d.To)
+	}
+}
+
+// executePrefix runs the first k ops of a pending batch on the target's
+// memory, as a target that failed in the middle of the batch would; the
+// results are not kept (the answer is lost).
+func (s *Sim) executePrefix(d *mem.Delivery, k int) {
+	if !s.nodes[d.To].alive {
+		return
+	}
+	for _, op := range d.Ops[:k] {
+		var mem []byte
+		for _, sl := range s.slots {
+			if sl.home == d.To && sl.reg.Descriptor().RKey == op.RKey {
+				mem = sl.reg.Bytes()
+				break
+			}
+		}
+		if mem == nil {
+			s.fail("executePrefix: no slot with key %#x at %v", op.RKey, d.To)
+			return
+		}
+		switch op.Kind {
+		case rdma.OpWrite:
+			copy(mem[op.Offset:], op.Buf)
+		case rdma.OpCAS:
+			if rdma.LoadWord(mem, op.Offset) == op.Compare {
+				rdma.StoreWord(mem, op.Offset, op.Operand)
+			}
+		case rdma.OpFAA:
+			rdma.StoreWord(mem, op.Offset, rdma.LoadWord(mem, op.Offset)+op.Operand)
+		}
+	}
 }
 
 // randomStep takes one step. workload: new requests may be issued and
@@ -958,7 +1048,72 @@ func (s *Sim) check(quiescent bool) {
 		}
 		if quiescent {
 			s.checkWord(p, holder)
+		} else {
+			s.checkBeliefs(p)
 		}
+		if s.err != nil {
+			return
+		}
+	}
+}
+
+// checkBeliefs checks, at every step, what nodes believe of the word of p
+// against the word. A node that believes its sharer unit counted at the
+// word's version is counted: its exact bit is set, and the coarse count is
+// at least the number of such coarse nodes. A node in M is the word's
+// holder at its copy's version. And the word holds no unit that no node
+// can account for: an exact bit is set only for a believer, a node in the
+// middle of a transition of p (an FAA or a release CAS whose completion is
+// on its way, an eviction, a resolution) or a departed node; the coarse
+// count is at most the number of such coarse nodes.
+// A wrong resolution of a batch of unknown outcome breaks one of these at
+// once, where the check at the end of a run would see it only if no later
+// acquisition cleared the word. Left out: nodes evicting or resolving from
+// the lower bounds (their CAS may have executed), and pages frozen or moved
+// to a home some node has not learnt of (beliefs about another word).
+func (s *Sim) checkBeliefs(p ids.PageNo) {
+	sl := s.slots[p]
+	w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
+	_, moved := s.rc.Moved[p]
+	believers, unsure := 0, 0
+	for _, n := range s.nodes[1:] {
+		if !n.alive {
+			if n.id > coherence.ExactSharers {
+				unsure++
+			}
+			continue
+		}
+		if moved && slices.Contains(s.lagging, n.id) {
+			return
+		}
+		info := n.sm.Page(p)
+		if info.Frozen {
+			return
+		}
+		if info.State == coherence.Modified && (w.Holder() != n.id || w.Version() != info.Version) {
+			s.fail("%v holds %v in M at v%d but the word is %v", n.id, p, info.Version, w)
+			return
+		}
+		believes := info.Unit && info.UnitVersion == w.Version()
+		if info.Phase != "idle" && n.id > coherence.ExactSharers {
+			unsure++
+		}
+		if n.id <= coherence.ExactSharers && w.Exact()&(1<<(n.id-1)) != 0 && !believes && info.Phase == "idle" {
+			s.fail("word of %v is %v: the bit of %v is set, and it does not believe its unit counted", p, w, n.id)
+			return
+		}
+		if !believes || info.Phase == "evict" || info.Phase == "resolve" {
+			continue
+		}
+		if n.id > coherence.ExactSharers {
+			believers++
+		} else if w.Exact()&(1<<(n.id-1)) == 0 {
+			s.fail("%v believes its unit counted in %v at v%d, but the word is %v", n.id, p, info.UnitVersion, w)
+			return
+		}
+	}
+	if c := int(w.Coarse()); c < believers || c > believers+unsure {
+		s.fail("word of %v is %v: %d coarse nodes believe their unit counted, %d may have a unit in it", p, w, believers, unsure)
 	}
 }
 

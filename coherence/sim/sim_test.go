@@ -23,9 +23,9 @@ var configs = []struct {
 	opts  Options
 	share int
 }{
-	{"small", Options{Nodes: 3, Pages: 2, Ops: 60, Linearizability: true}, 300},
-	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 350},
-	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 300},
+	{"small", Options{Nodes: 3, Pages: 2, Ops: 60, Linearizability: true}, 275},
+	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 250},
+	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 275},
 	{"crash", Options{Nodes: 6, Pages: 2, Ops: 80, Faults: true, Evict: true, Crashes: 2}, 150},
 	{"home-crash", Options{Nodes: 5, Pages: 3, Ops: 80, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2}, 150},
 	{"async-reconfig", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 1, AsyncReconfig: true}, 150},
@@ -36,6 +36,14 @@ var configs = []struct {
 	{"wide-20", Options{Nodes: 20, Pages: 2, Ops: 100, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 1}, 150},
 	{"hot-64", Options{Nodes: 64, Pages: 1, Ops: 100, Hot: true, Faults: true, Crashes: 1}, 25},
 	{"wide-64", Options{Nodes: 64, Pages: 4, Ops: 120, Evict: true, Faults: true, Crashes: 3, HomeCrashes: 1}, 25},
+	// Batches of unknown outcome on every verb kind (nodes 15 and 16 count
+	// in the coarse field), with crashes, a home crash and epochs learnt
+	// at different times.
+	{"unknown-outcome", Options{Nodes: 16, Pages: 3, Ops: 100, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 2, HomeCrashes: 1, AsyncReconfig: true}, 100},
+	// The same faults on one hot page with lazy homes: reservations
+	// passed and handed back with unknown outcomes, and the history
+	// checked for linearizability (no crashes).
+	{"unknown-hot", Options{Nodes: 8, Pages: 2, Ops: 80, Hot: true, Faults: true, UnknownOutcomes: true, Linearizability: true, LazyHomes: true}, 50},
 }
 
 func totalShare() int {
@@ -47,7 +55,7 @@ func totalShare() int {
 }
 
 // TestSimSeeds runs the simulator over many seeds of every configuration:
-// the CI share by default (2,000 seeds; a quarter under the race
+// the CI share by default (2,100 seeds; a quarter under the race
 // detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
 // -workers. A failure prints the seed, the invariant and the trace, and
 // the command that reruns that seed alone.
@@ -102,6 +110,8 @@ func TestSimSeeds(t *testing.T) {
 						worst.CriticalSections += st.CriticalSections
 						worst.Crashes += st.Crashes
 						worst.HomeCrashes += st.HomeCrashes
+						worst.Unknown += st.Unknown
+						worst.UnknownExecuted += st.UnknownExecuted
 						mu.Unlock()
 					}
 				}()
@@ -116,8 +126,11 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && c.opts.Crashes > 0 && worst.Crashes == 0 || n >= 20 && c.opts.HomeCrashes > 0 && worst.HomeCrashes == 0 {
 				t.Fatalf("no crash happened in %d seeds of a configuration with crashes", n)
 			}
-			t.Logf("%d seeds in %v; worst: steps=%d settle=%d request latency=%d steps, overtaken by %d tenures; in all: %d critical sections, %d crashes (%d of homes)",
-				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes)
+			if n >= 20 && c.opts.UnknownOutcomes && (worst.UnknownExecuted == 0 || worst.UnknownExecuted == worst.Unknown) {
+				t.Fatalf("%d seeds with unknown outcomes had %d batches of unknown outcome, %d of them executed: not both kinds", n, worst.Unknown, worst.UnknownExecuted)
+			}
+			t.Logf("%d seeds in %v; worst: steps=%d settle=%d request latency=%d steps, overtaken by %d tenures; in all: %d critical sections, %d crashes (%d of homes), %d batches of unknown outcome (%d executed)",
+				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes, worst.Unknown, worst.UnknownExecuted)
 		})
 		total += n
 	}
@@ -126,7 +139,7 @@ func TestSimSeeds(t *testing.T) {
 
 func Example_options() {
 	fmt.Println(configs[0].opts)
-	// Output: nodes=3 pages=2 ops=60 hot=false faults=false crashes=0 home-crashes=0 async-reconfig=false evict=false mutex=false lin=true
+	// Output: nodes=3 pages=2 ops=60 hot=false faults=false unknown=false crashes=0 home-crashes=0 async-reconfig=false evict=false mutex=false lin=true
 }
 
 // TestSimRegressions reruns seeds that once broke an invariant, each in the

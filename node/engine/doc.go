@@ -72,6 +72,18 @@
 // state machine's copy. A call that returns its ctx's error may still take
 // effect later (the request stays queued in the protocol).
 //
+// # Nodes that are down
+//
+// SetDown names nodes the directory says are gone (failed, left, restarted
+// as another incarnation): calls on the pages they are home of fail at
+// once with an *UnavailableError, their batches are held back, and a call
+// waiting for them as holder, reserver or sharer, or for a home whose
+// batches have failed for Config.UnavailableAfter, fails after that bound.
+// A batch whose outcome the transport cannot know (rdma.ErrOutcomeUnknown)
+// is reported VerbsDone.Unknown; the state machine resolves it by reading
+// the word. An eviction the state machine took over and the caller then
+// gave up on returns localcache.ErrEvictPending: the engine keeps the data.
+//
 // # Not done yet
 //
 //   - One region per engine and one fixed home assignment; no
@@ -82,10 +94,8 @@
 //     copy, which the cache's data replaces at the next write-back. dsmd
 //     therefore does not use the engine's atomics: its atomics run on the
 //     cache's page (localcache.Access).
-//   - A failed batch is retried by the protocol as if it had not
-//     executed; rdma Post may have executed part of it (a ctx timeout, a
-//     broken connection). Batches are posted with the engine's context,
-//     without a per-batch deadline.
+//   - Batches are posted with the engine's context, without a per-batch
+//     deadline.
 //   - No metrics; a ReadMiss or WriteMiss copies the page once more than
 //     needed.
 package engine

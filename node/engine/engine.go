@@ -597,6 +597,10 @@ func (e *Engine) post(b coherence.Batch) {
 		if err == nil {
 			d.Err = e.cfg.Transport.Post(e.ctx, b.Home, ops)
 		}
+		// A batch whose answer was lost may have executed: the state
+		// machine resolves it by reading the word instead of posting it
+		// again.
+		d.Unknown = errors.Is(d.Err, rdma.ErrOutcomeUnknown)
 		if d.Err == nil {
 			d.Results = make([]coherence.Result, len(ops))
 			for i := range ops {
