@@ -65,7 +65,9 @@ var (
 	// dsmd and completes if the home comes back). Plain accesses through
 	// Bytes(), ReadAt and WriteAt keep waiting instead (the faulting thread
 	// cannot be handed an error); see the package documentation,
-	// "Failures".
+	// "Failures". Map fails with it when the dsmd reached does not serve
+	// the region (it restarted since the region was created, or joined
+	// later): map through another node.
 	ErrUnavailable = errors.New("dsm: page unavailable")
 )
 

@@ -87,6 +87,9 @@ func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
 	if err != nil {
 		return nil, rpcErr(op, name, err)
 	}
+	if why := info.GetNotServed(); why != "" {
+		return nil, newErr(op, name, noOffset, ErrUnavailable, errors.New(why))
+	}
 	want := ids.RegionID(info.GetRegion().GetId())
 	start := time.Now()
 	wait := 5 * time.Millisecond
@@ -120,6 +123,9 @@ func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
 				return nil, newErr(op, name, noOffset, ErrUnknownRegion, gerr)
 			}
 			return nil, rpcErr(op, name, gerr)
+		}
+		if why := info.GetNotServed(); why != "" {
+			return nil, newErr(op, name, noOffset, ErrUnavailable, errors.New(why))
 		}
 		want = ids.RegionID(info.GetRegion().GetId())
 		if time.Since(start) > mapLag {

@@ -681,7 +681,13 @@ func (s *clientServer) GetRegion(ctx context.Context, req *dsmpb.GetRegionReques
 	if err != nil {
 		return nil, err
 	}
-	return &dsmpb.GetRegionResponse{Region: regionPB(r)}, nil
+	resp := &dsmpb.GetRegionResponse{Region: regionPB(r)}
+	if s.n.eng != nil {
+		if why := s.n.eng.refusedRegion(r.ID); why != "" {
+			resp.NotServed = fmt.Sprintf("region %q is not served on n%d: %s", r.Name, s.n.cfg.ID, why)
+		}
+	}
+	return resp, nil
 }
 
 func (s *clientServer) Session(context.Context, *dsmpb.SessionRequest) (*dsmpb.SessionResponse, error) {

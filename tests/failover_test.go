@@ -151,6 +151,11 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	if code == 0 || !strings.Contains(errs, "restarted since the region was created") {
 		t.Fatalf("the restarted n3 on a region of its previous life: exit %d, %q", code, errs)
 	}
+	// Mapping it there fails at once, with the reason.
+	if out, err := c.client(3, region, "get-bytes", offOf(1), "11"); err == nil ||
+		!strings.Contains(err.Error(), "restarted since the region was created") || !strings.Contains(err.Error(), "unavailable") {
+		t.Fatalf("mapping the old region on the restarted n3: %q, %v", out, err)
+	}
 	// Regions created after the restart are served everywhere.
 	c.createRegion(t, 3, "fo2", 4<<20)
 	c.mustCtl(t, 3, "put", "fo2", "8192", "new-life")

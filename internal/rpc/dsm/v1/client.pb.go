@@ -493,8 +493,13 @@ func (x *GetRegionRequest) GetName() string {
 }
 
 type GetRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	// Why the node answering does not serve the region's pages (it joined
+	// after the region was created, or restarted since: the pages it was
+	// home of were lost with its previous process); empty when it does.
+	// Mapping the region through that node fails with this reason.
+	NotServed     string `protobuf:"bytes,2,opt,name=not_served,json=notServed,proto3" json:"not_served,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -534,6 +539,13 @@ func (x *GetRegionResponse) GetRegion() *Region {
 		return x.Region
 	}
 	return nil
+}
+
+func (x *GetRegionResponse) GetNotServed() string {
+	if x != nil {
+		return x.NotServed
+	}
+	return ""
 }
 
 type LoadRequest struct {
@@ -1099,9 +1111,11 @@ const file_client_proto_rawDesc = "" +
 	"\x13ListRegionsResponse\x12(\n" +
 	"\aregions\x18\x01 \x03(\v2\x0e.dsm.v1.RegionR\aregions\"&\n" +
 	"\x10GetRegionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\";\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
 	"\x11GetRegionResponse\x12&\n" +
-	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\"=\n" +
+	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x1d\n" +
+	"\n" +
+	"not_served\x18\x02 \x01(\tR\tnotServed\"=\n" +
 	"\vLoadRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\"$\n" +
