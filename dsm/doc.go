@@ -112,7 +112,26 @@
 // that work). Sync and dsmd's memory RPCs (dsmctl get, put and the
 // atomics there) fail with ErrUnavailable at once for such a page, naming
 // it and the node; a call that waits for a node that holds the page and
-// stopped answering fails after 10 s. Plain accesses through Bytes(),
-// ReadAt and WriteAt wait instead, as long as it takes: never with data
-// the region does not hold.
+// stopped answering fails after 10 s.
+//
+// An access through the mapping to such a page waits at most the fault
+// timeout given to Map (WithFaultTimeout, default DefaultFaultTimeout, 30
+// s; zero waits as long as it takes), plus about 100 ms, plus the engine's
+// own bound when the node is unreachable rather than known down (10 s).
+// Then dsmd gives up on it for this mapping, never with data the region
+// does not hold: ReadAt, WriteAt, Prefault and the atomics fail with
+// ErrUnavailable, whose message names the page and why ("page p513 of
+// region fo (r1) unavailable: its home n3 failed in epoch 7"), and a plain
+// load or store through Bytes() raises SIGBUS, which crashes the program
+// unless the goroutine has called debug.SetPanicOnFault(true): then it is
+// a run-time error panic to recover, as in the example above (use
+// Unavailable, not Err, to say why: the Region is alive). Every access to
+// that page then fails the same way at once, until dsmd serves the page
+// again (it keeps trying in the background); Region.Unavailable lists the
+// pages in that state and why. This needs Linux 6.6 (UFFDIO_POISON); on an
+// older kernel such an access waits as long as it takes, and dsmd logs
+// that once per mapping. A store to a page this machine holds read-only
+// (its home died after this machine read it) also waits as long as it
+// takes. Waiting for a page that other nodes are using is contention, not
+// unavailability, and never fails this way.
 package dsm
