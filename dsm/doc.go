@@ -89,13 +89,15 @@
 // Go crashes the program on such a fault ("unexpected fault address")
 // unless the faulting goroutine has called debug.SetPanicOnFault(true):
 // then the fault is a run-time error panic (its Addr method says where)
-// that the goroutine can recover. By then Err already says why:
+// that the goroutine can recover. By then Err already says why, and so
+// does FaultErr, which also explains a fault on an unavailable page of a
+// live Region (below):
 //
 //	func load(r *dsm.Region, off int) (v byte, err error) {
 //		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 //		defer func() {
 //			if p := recover(); p != nil {
-//				err = fmt.Errorf("%v: %w", p, r.Err())
+//				err = fmt.Errorf("%v: %w", p, r.FaultErr(int64(off)))
 //			}
 //		}()
 //		return r.Bytes()[off], nil
@@ -124,8 +126,8 @@
 // region fo (r1) unavailable: its home n3 failed in epoch 7"), and a plain
 // load or store through Bytes() raises SIGBUS, which crashes the program
 // unless the goroutine has called debug.SetPanicOnFault(true): then it is
-// a run-time error panic to recover, as in the example above (use
-// Unavailable, not Err, to say why: the Region is alive). Every access to
+// a run-time error panic to recover, as in the example above (FaultErr
+// then returns ErrUnavailable naming the page and why). Every access to
 // that page then fails the same way at once, until dsmd serves the page
 // again (it keeps trying in the background); Region.Unavailable lists the
 // pages in that state and why. This needs Linux 6.6 (UFFDIO_POISON); on an

@@ -217,7 +217,9 @@ type UnavailablePage struct {
 // Unavailable lists the pages of the mapping that accesses fail on now,
 // by page number: a fault on each waited longer than the fault timeout
 // for a page the cluster could not serve (WithFaultTimeout). A page leaves
-// the list once dsmd serves it again; then it is accessed as usual.
+// the list once dsmd serves it again; then it is accessed as usual. A
+// plain access may fault on a page an instant before it is listed (the
+// library learns of it from dsmd's message); FaultErr waits for that.
 func (r *Region) Unavailable() []UnavailablePage {
 	ps := r.m.Unavailable()
 	out := make([]UnavailablePage, len(ps))
@@ -225,6 +227,17 @@ func (r *Region) Unavailable() []UnavailablePage {
 		out[i] = UnavailablePage{Page: int64(p.Page), Offset: p.Offset, Why: p.Why}
 	}
 	return out
+}
+
+// FaultErr says why an access through Bytes() at off faulted (a panic
+// recovered by a goroutine that called debug.SetPanicOnFault(true)): Err's
+// error if the Region is dead; ErrUnavailable naming the page and why if
+// the page is unavailable (it waits, at most a few seconds, for dsmd's
+// reason when the fault came first). Call it only after such a fault: for
+// a page that is not unavailable it waits those seconds and then returns
+// an ErrUnavailable that says dsmd gave no reason.
+func (r *Region) FaultErr(off int64) error {
+	return mapErr("access", r.name, off, r.m.FaultErr(off))
 }
 
 // Done is closed when the mapping stops being served: dsmd went away, the

@@ -111,6 +111,9 @@ func TestFaultTimeout(t *testing.T) {
 	if len(u) != 1 || u[0].Page != 3 || u[0].Offset != 3*4096 || !strings.Contains(u[0].Why, "home n3") {
 		t.Fatalf("Unavailable() = %+v", u)
 	}
+	if err := r.FaultErr(off); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "home n3") {
+		t.Fatalf("FaultErr on the poisoned page: %v", err)
+	}
 	// Other pages work meanwhile.
 	if _, err := r.WriteAt([]byte("other"), 4*4096); err != nil {
 		t.Fatal(err)

@@ -410,6 +410,22 @@ func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
 	return m.pchanged, found
 }
 
+// FaultErr explains a fault of an access at off through Bytes() (a
+// recovered panic of a goroutine with debug.SetPanicOnFault): Err's error
+// if the mapping is no longer served; else a *PageError if dsmd poisoned
+// the page, waiting for dsmd's message if the library has not read it yet
+// (it is sent before the poison, but the thread can fault before the
+// library has read it); else, after a few seconds, an ErrPageUnavailable
+// that says dsmd gave no reason. Call it only for a fault: on a page that
+// is not poisoned it waits those seconds.
+func (m *Mapping) FaultErr(off int64) error {
+	if err := m.Err(); err != nil {
+		return err
+	}
+	lo := off / m.pageSize * m.pageSize
+	return m.unavailable(lo, lo+m.pageSize)
+}
+
 // PageStatus is a page that dsmd poisoned in a mapping, and why.
 type PageStatus struct {
 	Page   ids.PageNo
@@ -418,7 +434,9 @@ type PageStatus struct {
 }
 
 // Unavailable lists the pages poisoned in the mapping now (see
-// Options.FaultTimeout), by page number.
+// Options.FaultTimeout), by page number, as far as the library has read
+// dsmd's messages: a thread may fault on a page shortly before it is
+// listed (FaultErr waits for it).
 func (m *Mapping) Unavailable() []PageStatus {
 	m.pmu.Lock()
 	defer m.pmu.Unlock()
