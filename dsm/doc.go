@@ -132,8 +132,8 @@
 // again (it keeps trying in the background); Region.Unavailable lists the
 // pages in that state and why. This needs Linux 6.6 (UFFDIO_POISON); on an
 // older kernel such an access waits as long as it takes, and dsmd logs
-// that once per mapping. A store to a page this machine holds read-only
-// (its home died after this machine read it) also waits as long as it
-// takes. Waiting for a page that other nodes are using is contention, not
+// that once per mapping. The same holds for a store to a page this
+// process has mapped read-only (its home died after it was read here):
+// the store fails, and so do reads of that page from then on. Waiting for a page that other nodes are using is contention, not
 // unavailability, and never fails this way.
 package dsm

@@ -315,6 +315,9 @@ func (m *Mapping) monitor() {
 		case msg.Type == mapproto.TypeAvailable:
 			m.unpoison(msg.Page)
 			continue
+		case msg.Type == mapproto.TypePoison:
+			m.poisonMapped(msg.Page)
+			continue
 		default:
 			continue // nothing else is defined after the handshake; ignore
 		}
@@ -356,6 +359,36 @@ func (m *Mapping) unpoison(p ids.PageNo) {
 		delete(m.poisoned, p)
 		close(m.pchanged)
 		m.pchanged = make(chan struct{})
+	}
+}
+
+// poisonMapped poisons page p of this mapping itself, as dsmd asks when it
+// cannot (a write fault on a page mapped read-only here: UFFDIO_POISON
+// refuses a page-table entry that is not empty). madvise(MADV_DONTNEED)
+// drops the mapping but leaves a write-protect marker (the page was
+// write-protected), which POISON refuses too; clearing the protection of
+// the unmapped page removes it (DontWake); then POISON, with this
+// process's own copy of the userfaultfd, installs the marker and wakes
+// the faulting thread, which gets SIGBUS. dsmd maps nothing on the page
+// meanwhile. A write-protect marker that dsmd sets again in between (a
+// remote request on the page) is cleared again, a few times. If it does
+// not take, the faulting thread waits until the page is available again.
+func (m *Mapping) poisonMapped(p ids.PageNo) {
+	if int64(p) >= int64(len(m.b))/m.pageSize {
+		return
+	}
+	off := int64(p) * m.pageSize
+	addr, n := m.mp.Addr()+uint64(off), uint64(m.pageSize)
+	if err := unix.Madvise(m.b[off:off+m.pageSize], unix.MADV_DONTNEED); err != nil {
+		return
+	}
+	for range 10 {
+		if err := m.u.WriteProtect(addr, n, false, uffd.DontWake); err != nil {
+			return
+		}
+		if err := m.u.Poison(addr, n, 0); !errors.Is(err, unix.EEXIST) {
+			return
+		}
 	}
 }
 

@@ -36,8 +36,11 @@
 // and Word get EHWPOISON from their madvise and fail with a *PageError
 // (ErrPageUnavailable) that names the page and dsmd's reason. dsmd tells
 // the session first (mapproto Unavailable), so the reason is known when
-// the access fails; Unavailable lists those pages. The mapping stays
-// alive. When dsmd serves the page again it says so (Available), and the
+// the access fails; Unavailable lists those pages (FaultErr waits for the
+// reason after a recovered fault). The mapping stays alive. For a write
+// fault on a page mapped read-only here, which dsmd cannot poison, dsmd
+// asks (Poison) and the library poisons the page itself with its own
+// copy of the userfaultfd. When dsmd serves the page again it says so (Available), and the
 // monitor removes the marker with madvise(MADV_DONTNEED) of the page:
 // the next access faults and is served as usual.
 //

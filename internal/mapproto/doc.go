@@ -42,6 +42,13 @@
 //	                                         (UFFDIO_POISON of the page in the client:
 //	                                          the waiting thread gets SIGBUS)
 //	(records the page and why)
+//	                                 <-      Poison{Page}, only if the poison found the
+//	                                         page mapped (a write fault on a page the
+//	                                         client maps read-only)
+//	(MADV_DONTNEED of the page, clears the
+//	 write-protect marker that leaves,
+//	 UFFDIO_POISON with its own copy of
+//	 the userfaultfd)
 //	...                                      (the miss is retried in the background)
 //	                                 <-      Available{Page}
 //	(madvise MADV_DONTNEED of the page: the poison marker goes,

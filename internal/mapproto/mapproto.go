@@ -65,6 +65,11 @@ const (
 	// TypeAvailable says, after Unavailable for Page, that the page is
 	// served again: the client removes its poison marker (dsmd -> client).
 	TypeAvailable
+	// TypePoison asks, after Unavailable for Page, the client to poison
+	// the page itself: dsmd cannot, because the client maps the page (a
+	// write fault on a page it maps read-only), and only the client can
+	// drop that mapping (dsmd -> client).
+	TypePoison
 	typeEnd
 )
 
@@ -84,6 +89,8 @@ func (t Type) String() string {
 		return "unavailable"
 	case TypeAvailable:
 		return "available"
+	case TypePoison:
+		return "poison"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -125,6 +132,7 @@ func (c Code) String() string {
 //	Error:       Code, Text
 //	Unavailable: Page, Text
 //	Available:   Page
+//	Poison:      Page
 type Msg struct {
 	Type     Type
 	Name     string
@@ -158,6 +166,8 @@ func (m Msg) String() string {
 		return fmt.Sprintf("unavailable %s: %s", m.Page, m.Text)
 	case TypeAvailable:
 		return fmt.Sprintf("available %s", m.Page)
+	case TypePoison:
+		return fmt.Sprintf("poison %s", m.Page)
 	}
 	return m.Type.String()
 }
@@ -193,7 +203,7 @@ func Encode(m Msg) ([]byte, error) {
 	case TypeUnavailable:
 		b = le.AppendUint64(b, uint64(m.Page))
 		b = appendString(b, cutText(m.Text))
-	case TypeAvailable:
+	case TypeAvailable, TypePoison:
 		b = le.AppendUint64(b, uint64(m.Page))
 	default:
 		return nil, fmt.Errorf("%w: type %s", ErrMalformed, m.Type)
@@ -265,7 +275,7 @@ func Decode(b []byte) (Msg, error) {
 	case TypeUnavailable:
 		m.Page = ids.PageNo(d.u64())
 		m.Text = d.text()
-	case TypeAvailable:
+	case TypeAvailable, TypePoison:
 		m.Page = ids.PageNo(d.u64())
 	default:
 		return Msg{}, fmt.Errorf("%w: unknown type %d", ErrMalformed, b[1])

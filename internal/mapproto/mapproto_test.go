@@ -20,6 +20,7 @@ var samples = []Msg{
 	{Type: TypeError, Code: CodeUnknownRegion, Text: `no region "kv"`},
 	{Type: TypeUnavailable, Page: 513, Text: "page p513 of region fo (r1) unavailable: its home n3 failed in epoch 7"},
 	{Type: TypeAvailable, Page: 1<<52 - 1},
+	{Type: TypePoison, Page: 9},
 }
 
 // TestMapWithoutFaultTimeout: a Map as a client that predates FaultTimeout

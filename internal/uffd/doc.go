@@ -87,7 +87,9 @@
 //     punch of the memfd's page does not remove it, and the client's
 //     madvise(MADV_DONTNEED) of the page does (the next access faults as
 //     usual). POISON on a page that is mapped or already poisoned is
-//     EEXIST and changes nothing (TestPoison).
+//     EEXIST and changes nothing, and so is POISON over a write-protect
+//     marker (what MADV_DONTNEED leaves of a write-protected page), which
+//     clearing the protection of the unmapped page removes (TestPoison).
 //
 // These were measured with shmem transparent huge pages off
 // (/sys/kernel/mm/transparent_hugepage/shmem_enabled = never); with huge

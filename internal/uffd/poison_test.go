@@ -80,6 +80,23 @@ func TestPoison(t *testing.T) {
 	if got := c.do("read 0"); got != answer(0x5a) {
 		t.Fatalf("read of the mapped page after a refused poison: %q", got)
 	}
+	// A write-protected page that the client drops leaves a write-protect
+	// marker, which POISON refuses too; clearing the protection of the
+	// unmapped page removes it.
+	c.protect(0)
+	c.do("droppage 0")
+	if err := c.u.Poison(c.page(0), uint64(r.ps), 0); !errors.Is(err, unix.EEXIST) {
+		t.Fatalf("poisoning over a write-protect marker: %v, want EEXIST", err)
+	}
+	if err := c.u.WriteProtect(c.page(0), uint64(r.ps), false, DontWake); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.u.Poison(c.page(0), uint64(r.ps), 0); err != nil {
+		t.Fatalf("poisoning after the marker was cleared: %v", err)
+	}
+	if got := c.do("tryread 0"); got != "fault" {
+		t.Fatalf("load of the page poisoned after the drop: %q", got)
+	}
 }
 
 // TestPoisonUnsupported: without FeaturePoison negotiated, Poison says so

@@ -457,7 +457,8 @@ func (u *UFFD) Continue(start, length uint64, opt Opt) error {
 // page does not remove it on Linux 6.18); the next access then faults as
 // before.
 //
-// Unlike Copy, a page of the range that is already mapped (EEXIST) is not
+// Unlike Copy, a page of the range whose page-table entry is not empty
+// (EEXIST: mapped, poisoned already, or even a write-protect marker) is not
 // done: it stays as it is, and Poison fails with an *OpError whose errno
 // is EEXIST once the rest of the range is poisoned. EAGAIN is handled as
 // for Copy.

@@ -86,10 +86,12 @@
 // fail otherwise (ErrBusy and other contention) are never poisoned: the
 // fault waits, as the fairness of the protocol bounds them. Where the
 // client's userfaultfd lacks FeaturePoison (a kernel before 6.6) the
-// fault keeps waiting and this is logged once per client; a write fault on
-// a page the client has mapped read-only (an upgrade whose home is down)
-// cannot be poisoned either (UFFDIO_POISON needs an empty page-table
-// entry; the client is told Available again at once) and keeps waiting.
+// fault keeps waiting and this is logged once per client. A write fault on
+// a page the client maps read-only (an upgrade whose home is down) cannot
+// be poisoned from here, as UFFDIO_POISON needs an empty page-table entry:
+// dsmd sends Poison{page} after Unavailable, and the client drops its
+// mapping of the page, clears the write-protect marker that leaves, and
+// poisons the page with its own copy of the userfaultfd.
 //
 // # Lock order with the engine
 //

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/uffd"
@@ -285,8 +287,10 @@ const (
 // Where the client's userfaultfd lacks FeaturePoison (a kernel before 6.6)
 // the fault keeps waiting; that is logged once per client. A page mapped in
 // the client (a write to a page held Shared here, whose upgrade needs the
-// home) cannot be poisoned either (EEXIST): the client is told that it is
-// available after all, and the fault keeps waiting.
+// home) cannot be poisoned from here (EEXIST): the client is asked to
+// poison it itself (mapproto Poison). If the poison fails otherwise, the
+// client is told that the page is available after all, and the fault
+// keeps waiting.
 func (cl *client) poison(p ids.PageNo, why error) int {
 	c := cl.c
 	if cl.u.Features()&uffd.FeaturePoison == 0 {
@@ -305,6 +309,15 @@ func (cl *client) poison(p ids.PageNo, why error) int {
 		c.log.Warn("telling a client that a page is unavailable failed", "client", cl.id, "page", p, "err", err)
 	}
 	err := cl.u.Poison(cl.addr(p), uint64(cl.r.pageSize), 0)
+	if errors.Is(err, unix.EEXIST) {
+		// The client maps the page (read-only: this is a write fault on a
+		// page held Shared, whose upgrade needs the home). Only an empty
+		// page-table entry can be poisoned, and only the client can empty
+		// it: it poisons the page itself when asked (mapproto Poison).
+		// Nothing maps the page in it meanwhile (that is this worker's
+		// job).
+		err = cl.send(mapproto.Msg{Type: mapproto.TypePoison, Page: p})
+	}
 	switch {
 	case err == nil:
 		c.st.poisoned.Add(1)
@@ -335,6 +348,12 @@ func (cl *client) unpoison(p ids.PageNo, write bool) bool {
 			cl.c.log.Info("poisoned page available again", "client", cl.id, "region", cl.r.id, "page", p)
 			if err := cl.send(mapproto.Msg{Type: mapproto.TypeAvailable, Page: p}); err != nil {
 				cl.c.log.Warn("telling a client that a page is available failed", "client", cl.id, "page", p, "err", err)
+			}
+			// A thread whose fault was not poisoned after all (the client
+			// could not poison a page it mapped) retries; it faults again
+			// once the client has dropped the marker (or finds it).
+			if err := cl.u.Wake(cl.addr(p), uint64(cl.r.pageSize)); err != nil && clientGone(err) {
+				return false
 			}
 			return true
 		case cl.ctx.Err() != nil || clientGone(err):

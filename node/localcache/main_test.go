@@ -33,6 +33,7 @@ import (
 //	map NAME              map region NAME (one mapping per child)
 //	mapt NAME MS          map with a FaultTimeout of MS milliseconds
 //	tryload OFF           load through Bytes(), a fault recovered (SetPanicOnFault) -> ok VALUE, or fault
+//	trystore OFF VALUE    store through Bytes(), a fault recovered -> ok, or fault
 //	unavail               the pages poisoned now -> ok PAGE=WHY... (";"-separated)
 //	load OFF              plain 8-byte load through Bytes()   -> ok VALUE
 //	store OFF VALUE       plain 8-byte store through Bytes()
@@ -144,6 +145,8 @@ func clientMain(sock string) error {
 				m, err = c.MapWith(ctx, f[1], mapclient.Options{FaultTimeout: time.Duration(arg(2)) * time.Millisecond})
 			case "tryload":
 				reply = tryLoad(m.Bytes()[arg(1):])
+			case "trystore":
+				reply = tryStore(m.Bytes()[arg(1):], arg(2))
 			case "unavail":
 				var parts []string
 				for _, u := range m.Unavailable() {
@@ -253,6 +256,19 @@ func tryLoad(b []byte) (reply string) {
 		}
 	}()
 	return fmt.Sprintf("ok %x", binary.LittleEndian.Uint64(b))
+}
+
+// tryStore stores v as the 8-byte word at the start of b, answering
+// "fault" if the store faults.
+func tryStore(b []byte, v uint64) (reply string) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			reply = "fault"
+		}
+	}()
+	binary.LittleEndian.PutUint64(b, v)
+	return "ok"
 }
 
 // stuckHome is a MemHome whose misses of page 3 never end.

@@ -110,3 +110,39 @@ func TestFaultNotPoisonedOnContention(t *testing.T) {
 	}
 	d.quiesce(regionR)
 }
+
+// TestWriteToSharedPagePoisoned: a store to a page the client maps
+// read-only (held Shared here) whose upgrade fails with ErrUnavailable is
+// poisoned too: dsmd has the client drop its mapping of the page (Unmap),
+// then poisons it. The store faults, WriteAt fails with
+// ErrPageUnavailable, and once the upgrade succeeds the store goes through.
+func TestWriteToSharedPagePoisoned(t *testing.T) {
+	skipWithoutPoison(t)
+	d := newDaemon(t, 0)
+	d.home.Put(regionR, 9, le64(0x99))
+	a := startProc(t, "A", d.sock)
+	a.ok("mapt r %s", poisonTimeout)
+	if v := a.load(off(9)); v != 0x99 {
+		t.Fatalf("page 9 reads %#x", v)
+	}
+	if st := d.state(9); st != Shared {
+		t.Fatalf("page 9 is %s after a read, want Shared", st)
+	}
+	d.home.setFail(9, fmt.Errorf("test home: home n3 failed: %w", ErrUnavailable))
+	if got := a.do("trystore %x 1", off(9)); got != "fault" {
+		t.Fatalf("store to a Shared page whose home is down: %q, want a fault", got)
+	}
+	if got := a.do("writeat %x 02", off(9)); !strings.HasPrefix(got, "err unavail: ") || !strings.Contains(got, "n3") {
+		t.Fatalf("WriteAt to the poisoned page: %q", got)
+	}
+	if s := d.c.Stats(); s.Poisoned != 1 {
+		t.Fatalf("Stats.Poisoned = %d, want 1", s.Poisoned)
+	}
+	d.home.setFail(9, nil)
+	eventually(t, "the client forgets the poisoned page", func() bool { return a.ok("unavail") == "" })
+	a.store(off(9), 3)
+	if v := a.load(off(9)); v != 3 || d.state(9) != Modified {
+		t.Fatalf("page 9 reads %#x (%s) after the store", v, d.state(9))
+	}
+	d.quiesce(regionR)
+}
