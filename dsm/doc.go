@@ -89,13 +89,15 @@
 // Go crashes the program on such a fault ("unexpected fault address")
 // unless the faulting goroutine has called debug.SetPanicOnFault(true):
 // then the fault is a run-time error panic (its Addr method says where)
-// that the goroutine can recover. By then Err already says why:
+// that the goroutine can recover. By then Err already says why, and so
+// does FaultErr, which also explains a fault on an unavailable page of a
+// live Region (below):
 //
 //	func load(r *dsm.Region, off int) (v byte, err error) {
 //		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 //		defer func() {
 //			if p := recover(); p != nil {
-//				err = fmt.Errorf("%v: %w", p, r.Err())
+//				err = fmt.Errorf("%v: %w", p, r.FaultErr(int64(off)))
 //			}
 //		}()
 //		return r.Bytes()[off], nil
@@ -112,7 +114,26 @@
 // that work). Sync and dsmd's memory RPCs (dsmctl get, put and the
 // atomics there) fail with ErrUnavailable at once for such a page, naming
 // it and the node; a call that waits for a node that holds the page and
-// stopped answering fails after 10 s. Plain accesses through Bytes(),
-// ReadAt and WriteAt wait instead, as long as it takes: never with data
-// the region does not hold.
+// stopped answering fails after 10 s.
+//
+// An access through the mapping to such a page waits at most the fault
+// timeout given to Map (WithFaultTimeout, default DefaultFaultTimeout, 30
+// s; zero waits as long as it takes), plus about 100 ms, plus the engine's
+// own bound when the node is unreachable rather than known down (10 s).
+// Then dsmd gives up on it for this mapping, never with data the region
+// does not hold: ReadAt, WriteAt, Prefault and the atomics fail with
+// ErrUnavailable, whose message names the page and why ("page p513 of
+// region fo (r1) unavailable: its home n3 failed in epoch 7"), and a plain
+// load or store through Bytes() raises SIGBUS, which crashes the program
+// unless the goroutine has called debug.SetPanicOnFault(true): then it is
+// a run-time error panic to recover, as in the example above (FaultErr
+// then returns ErrUnavailable naming the page and why). Every access to
+// that page then fails the same way at once, until dsmd serves the page
+// again (it keeps trying in the background); Region.Unavailable lists the
+// pages in that state and why. This needs Linux 6.6 (UFFDIO_POISON); on an
+// older kernel such an access waits as long as it takes, and dsmd logs
+// that once per mapping. The same holds for a store to a page this
+// process has mapped read-only (its home died after it was read here):
+// the store fails, and so do reads of that page from then on. Waiting for a page that other nodes are using is contention, not
+// unavailability, and never fails this way.
 package dsm

@@ -62,12 +62,15 @@ var (
 	// by default): its home, or the node holding it. The message names the
 	// page, the node and its role. Sync fails with it when a page it must
 	// write back cannot reach its home (the write-back stays pending in
-	// dsmd and completes if the home comes back). Plain accesses through
-	// Bytes(), ReadAt and WriteAt keep waiting instead (the faulting thread
-	// cannot be handed an error); see the package documentation,
-	// "Failures". Map fails with it when the dsmd reached does not serve
-	// the region (it restarted since the region was created, or joined
-	// later): map through another node.
+	// dsmd and completes if the home comes back). ReadAt, WriteAt,
+	// Prefault and the atomics of a mapped Region fail with it once a
+	// fault on such a page has waited the mapping's fault timeout
+	// (WithFaultTimeout), and on that page until it is served again
+	// (Region.Unavailable); a plain access through Bytes() gets SIGBUS
+	// instead. See the package documentation, "Failures". Map fails with
+	// it when the dsmd reached does not serve the region (it restarted
+	// since the region was created, or joined later): map through another
+	// node.
 	ErrUnavailable = errors.New("dsm: page unavailable")
 )
 
@@ -208,6 +211,7 @@ func mapErr(op, region string, off int64, err error) error {
 		{mapclient.ErrRegionDeleted, ErrRegionDeleted},
 		{mapclient.ErrUnknownRegion, ErrUnknownRegion},
 		{mapclient.ErrOutOfRange, ErrOutOfRange},
+		{mapclient.ErrPageUnavailable, ErrUnavailable},
 	} {
 		if !errors.Is(err, k.from) {
 			continue

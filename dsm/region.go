@@ -60,6 +60,30 @@ func (c *Client) mapClient(ctx context.Context) (*mapclient.Client, error) {
 	return mc, nil
 }
 
+// DefaultFaultTimeout is how long an access to a page of a mapped region
+// waits for a page the cluster cannot serve before it fails, unless Map is
+// given WithFaultTimeout.
+const DefaultFaultTimeout = 30 * time.Second
+
+// MapOption is an option of Map.
+type MapOption func(*mapSpec)
+
+type mapSpec struct {
+	faultTimeout time.Duration
+}
+
+// WithFaultTimeout bounds how long an access to the mapping (a plain load
+// or store through Bytes(), ReadAt, WriteAt, Prefault, the atomics) waits
+// for a page that the cluster cannot serve now, because its home is down
+// or unreachable (default DefaultFaultTimeout). After d it fails: ReadAt
+// and the others with ErrUnavailable, a plain access with SIGBUS (see the
+// package documentation, "Failures"). Zero or negative: wait as long as it
+// takes. Waiting for a page that other nodes are using (contention) never
+// fails this way.
+func WithFaultTimeout(d time.Duration) MapOption {
+	return func(s *mapSpec) { s.faultTimeout = d }
+}
+
 // Map maps the region name into this process. ctx bounds the handshake
 // with dsmd. An unknown name is ErrUnknownRegion; a dsmd without a page
 // cache gives ErrNoMappings; a dsmd that cannot be reached gives
@@ -68,8 +92,12 @@ func (c *Client) mapClient(ctx context.Context) (*mapclient.Client, error) {
 // always of the region the directory names now: right after a region was
 // deleted and created again under the same name, Map waits (within ctx)
 // until this dsmd serves the new one.
-func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
+func (c *Client) Map(ctx context.Context, name string, opts ...MapOption) (*Region, error) {
 	const op = "map"
+	spec := mapSpec{faultTimeout: DefaultFaultTimeout}
+	for _, o := range opts {
+		o(&spec)
+	}
 	if c.isClosed() {
 		return nil, newErr(op, name, noOffset, ErrClosed, nil)
 	}
@@ -95,7 +123,7 @@ func (c *Client) Map(ctx context.Context, name string) (*Region, error) {
 	wait := 5 * time.Millisecond
 	var m *mapclient.Mapping
 	for {
-		m, err = mc.Map(ctx, name)
+		m, err = mc.MapWith(ctx, name, mapclient.Options{FaultTimeout: spec.faultTimeout})
 		switch {
 		case err == nil && (want == 0 || m.Region() == want):
 		case err == nil:
@@ -168,6 +196,12 @@ func (r *Region) PageSize() int64 { return r.m.PageSize() }
 // it too. Use ReadAt and WriteAt (or Prefault first) for bulk or unknown
 // ranges.
 //
+// An access to a page that the cluster cannot serve (its home is down)
+// waits at most the mapping's fault timeout (WithFaultTimeout), then
+// raises SIGBUS, as does every access to that page until it is served
+// again (Unavailable lists such pages); see the package documentation,
+// "Failures".
+//
 // Once the Region is dead (Done is closed: dsmd went away, the region was
 // deleted, or Close) the memory is inaccessible: every access, including
 // one that was waiting for dsmd at that moment, raises SIGSEGV instead of
@@ -177,6 +211,40 @@ func (r *Region) PageSize() int64 { return r.m.PageSize() }
 // a panic that the goroutine can recover; see the package documentation.
 // After Close the memory is unmapped.
 func (r *Region) Bytes() []byte { return r.m.Bytes() }
+
+// UnavailablePage is a page of a mapped Region that accesses fail on, and
+// why (see WithFaultTimeout).
+type UnavailablePage struct {
+	Page   int64  // the page's number (Offset / PageSize())
+	Offset int64  // of its first byte
+	Why    string // dsmd's reason, naming the page, the node and its role
+}
+
+// Unavailable lists the pages of the mapping that accesses fail on now,
+// by page number: a fault on each waited longer than the fault timeout
+// for a page the cluster could not serve (WithFaultTimeout). A page leaves
+// the list once dsmd serves it again; then it is accessed as usual. A
+// plain access may fault on a page an instant before it is listed (the
+// library learns of it from dsmd's message); FaultErr waits for that.
+func (r *Region) Unavailable() []UnavailablePage {
+	ps := r.m.Unavailable()
+	out := make([]UnavailablePage, len(ps))
+	for i, p := range ps {
+		out[i] = UnavailablePage{Page: int64(p.Page), Offset: p.Offset, Why: p.Why}
+	}
+	return out
+}
+
+// FaultErr says why an access through Bytes() at off faulted (a panic
+// recovered by a goroutine that called debug.SetPanicOnFault(true)): Err's
+// error if the Region is dead; ErrUnavailable naming the page and why if
+// the page is unavailable (it waits, at most a few seconds, for dsmd's
+// reason when the fault came first). Call it only after such a fault: for
+// a page that is not unavailable it waits those seconds and then returns
+// an ErrUnavailable that says dsmd gave no reason.
+func (r *Region) FaultErr(off int64) error {
+	return mapErr("access", r.name, off, r.m.FaultErr(off))
+}
 
 // Done is closed when the mapping stops being served: dsmd went away, the
 // region was deleted, or Close.
@@ -193,7 +261,9 @@ func (r *Region) Err() error {
 // are faulted in from a syscall, so a miss waits there, not in a load.
 // Reading past the end returns the bytes before it and io.EOF. If dsmd goes
 // away meanwhile it returns the bytes copied before that and an error that
-// matches ErrDaemonUnavailable, never bytes dsmd did not serve.
+// matches ErrDaemonUnavailable, never bytes dsmd did not serve. A page the
+// cluster cannot serve fails it with ErrUnavailable after the fault
+// timeout (WithFaultTimeout), naming the page and why.
 func (r *Region) ReadAt(p []byte, off int64) (int, error) {
 	n, err := r.m.ReadAt(p, off)
 	if err == nil || err == io.EOF {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,11 +109,38 @@ type Mapping struct {
 	// for munmap, so the memory never goes away under a copy.
 	mu       sync.RWMutex
 	unmapped bool
+
+	// pmu guards poisoned and pchanged.
+	pmu sync.Mutex
+	// poisoned holds the pages dsmd poisoned in this mapping (mapproto
+	// Unavailable), with why, until dsmd says they are served again
+	// (Available) and the marker is gone.
+	poisoned map[ids.PageNo]string
+	// pchanged is closed (and replaced) whenever poisoned changes.
+	pchanged chan struct{}
 }
 
-// Map maps the region name and hands its faults to dsmd. ctx bounds the
-// handshake only.
+// Options tune MapWith.
+type Options struct {
+	// FaultTimeout, when positive, asks dsmd to give up on a fault of this
+	// mapping that waits longer than that for a page the cluster cannot
+	// serve (its home is down or unreachable): the page is poisoned in
+	// this process, so a plain access gets SIGBUS and ReadAt, WriteAt,
+	// Populate and Word fail with ErrPageUnavailable, until dsmd serves it
+	// again. Zero or negative: faults wait as long as it takes. It needs
+	// a dsmd that knows it (an older one refuses the Map as a bad
+	// request).
+	FaultTimeout time.Duration
+}
+
+// Map maps the region name and hands its faults to dsmd, with faults that
+// wait as long as it takes. ctx bounds the handshake only.
 func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
+	return c.MapWith(ctx, name, Options{})
+}
+
+// MapWith is Map with options.
+func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mapping, error) {
 	c.mu.Lock()
 	isClosed := c.closed
 	c.mu.Unlock()
@@ -123,7 +151,7 @@ func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := handshake(ctx, conn, name)
+	m, err := handshake(ctx, conn, name, opts)
 	if err != nil {
 		conn.Close()
 		if cerr := ctx.Err(); cerr != nil {
@@ -144,7 +172,7 @@ func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
 	return m, nil
 }
 
-func handshake(ctx context.Context, conn *net.UnixConn, name string) (m *Mapping, err error) {
+func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Options) (m *Mapping, err error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(DefaultTimeout)
@@ -153,7 +181,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string) (m *Mapping
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name})
+	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name, FaultTimeout: opts.FaultTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +219,9 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string) (m *Mapping
 	if err := mp.DontFork(); err != nil {
 		return nil, err
 	}
-	u, err := uffd.Open(uffd.Options{})
+	// FeaturePoison, where the kernel has it (Linux 6.6), lets dsmd fail a
+	// fault that waits too long (Options.FaultTimeout).
+	u, err := uffd.Open(uffd.Options{Optional: uffd.DefaultOptional | uffd.FeaturePoison})
 	if err != nil {
 		return nil, err
 	}
@@ -222,6 +252,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string) (m *Mapping
 		name: name, region: reply.Region, pageSize: ps,
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
+		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
 	}, nil
 }
 
@@ -256,9 +287,10 @@ func closeFDs(fds []int) {
 }
 
 // monitor waits for the end of the session. After the handshake dsmd
-// sends at most one message, Error{CodeUnknownRegion} when the region is
-// deleted, and then closes the session; any other end (end of stream, an
-// error, another message) means that dsmd went away.
+// sends Unavailable and Available about poisoned pages (see poison), and
+// at most one Error, Error{CodeUnknownRegion} when the region is deleted,
+// before it closes the session; any other end (end of stream, an error,
+// another Error) means that dsmd went away.
 func (m *Mapping) monitor() {
 	defer close(m.mon)
 	buf := make([]byte, mapproto.MaxMsg)
@@ -277,11 +309,176 @@ func (m *Mapping) monitor() {
 			m.end(deleted, fmt.Errorf("%w: %s", ErrRegionDeleted, msg.Text))
 		case msg.Type == mapproto.TypeError:
 			m.end(dead, fmt.Errorf("%w: %s: %s", ErrDaemonGone, msg.Code, msg.Text))
+		case msg.Type == mapproto.TypeUnavailable:
+			m.poison(msg.Page, msg.Text)
+			continue
+		case msg.Type == mapproto.TypeAvailable:
+			m.unpoison(msg.Page)
+			continue
+		case msg.Type == mapproto.TypePoison:
+			m.poisonMapped(msg.Page)
+			continue
 		default:
 			continue // nothing else is defined after the handshake; ignore
 		}
 		return
 	}
+}
+
+// poison records that dsmd poisoned page p of the mapping (it is about
+// to, or did): accesses to it fail until unpoison.
+func (m *Mapping) poison(p ids.PageNo, why string) {
+	if int64(p) >= int64(len(m.b))/m.pageSize {
+		return
+	}
+	if why == "" {
+		why = "dsmd gave no reason"
+	}
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	m.poisoned[p] = why
+	close(m.pchanged)
+	m.pchanged = make(chan struct{})
+}
+
+// unpoison removes the poison markers of page p, which dsmd serves again:
+// madvise(MADV_DONTNEED) of the page in this process drops them (and the
+// page's mapping, which the next access faults back in from dsmd), then
+// the record goes. The monitor calls it, so Close has not unmapped yet.
+func (m *Mapping) unpoison(p ids.PageNo) {
+	if int64(p) >= int64(len(m.b))/m.pageSize {
+		return
+	}
+	off := int64(p) * m.pageSize
+	// An error leaves the marker: the page stays poisoned for this
+	// mapping (accesses fail as before); nothing better can be done.
+	_ = unix.Madvise(m.b[off:off+m.pageSize], unix.MADV_DONTNEED)
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	if _, ok := m.poisoned[p]; ok {
+		delete(m.poisoned, p)
+		close(m.pchanged)
+		m.pchanged = make(chan struct{})
+	}
+}
+
+// poisonMapped poisons page p of this mapping itself, as dsmd asks when it
+// cannot (a write fault on a page mapped read-only here: UFFDIO_POISON
+// refuses a page-table entry that is not empty). madvise(MADV_DONTNEED)
+// drops the mapping but leaves a write-protect marker (the page was
+// write-protected), which POISON refuses too; clearing the protection of
+// the unmapped page removes it (DontWake); then POISON, with this
+// process's own copy of the userfaultfd, installs the marker and wakes
+// the faulting thread, which gets SIGBUS. dsmd maps nothing on the page
+// meanwhile. A write-protect marker that dsmd sets again in between (a
+// remote request on the page) is cleared again, a few times. If it does
+// not take, the faulting thread waits until the page is available again.
+func (m *Mapping) poisonMapped(p ids.PageNo) {
+	if int64(p) >= int64(len(m.b))/m.pageSize {
+		return
+	}
+	off := int64(p) * m.pageSize
+	addr, n := m.mp.Addr()+uint64(off), uint64(m.pageSize)
+	if err := unix.Madvise(m.b[off:off+m.pageSize], unix.MADV_DONTNEED); err != nil {
+		return
+	}
+	for range 10 {
+		if err := m.u.WriteProtect(addr, n, false, uffd.DontWake); err != nil {
+			return
+		}
+		if err := m.u.Poison(addr, n, 0); !errors.Is(err, unix.EEXIST) {
+			return
+		}
+	}
+}
+
+// notifyWait bounds how long an access that found a poisoned page waits
+// for dsmd's message saying why (dsmd sends it before it poisons, so it is
+// normally there already).
+const notifyWait = 5 * time.Second
+
+// unavailable is the error of an access to [lo, hi) that hit a poison
+// marker: a *PageError naming the first poisoned page of the range and
+// dsmd's reason, waiting for dsmd's message if it has not been read yet.
+func (m *Mapping) unavailable(lo, hi int64) error {
+	t := time.NewTimer(notifyWait)
+	defer t.Stop()
+	for {
+		changed, err := m.lookupPoisoned(lo, hi)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-m.done:
+			if err := m.Err(); err != nil {
+				return err
+			}
+		case <-t.C:
+			return fmt.Errorf("%w: a page in [%#x, %#x) is poisoned and dsmd did not say why", ErrPageUnavailable, lo, hi)
+		}
+	}
+}
+
+// poisonedIn is the *PageError of the first page of [lo, hi) known to be
+// poisoned, or nil.
+func (m *Mapping) poisonedIn(lo, hi int64) error {
+	_, err := m.lookupPoisoned(lo, hi)
+	return err
+}
+
+func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	var found *PageError
+	for p, why := range m.poisoned {
+		po := int64(p) * m.pageSize
+		if po < hi && po+m.pageSize > lo && (found == nil || p < found.Page) {
+			found = &PageError{Page: p, Offset: po, Why: why}
+		}
+	}
+	if found == nil {
+		return m.pchanged, nil
+	}
+	return m.pchanged, found
+}
+
+// FaultErr explains a fault of an access at off through Bytes() (a
+// recovered panic of a goroutine with debug.SetPanicOnFault): Err's error
+// if the mapping is no longer served; else a *PageError if dsmd poisoned
+// the page, waiting for dsmd's message if the library has not read it yet
+// (it is sent before the poison, but the thread can fault before the
+// library has read it); else, after a few seconds, an ErrPageUnavailable
+// that says dsmd gave no reason. Call it only for a fault: on a page that
+// is not poisoned it waits those seconds.
+func (m *Mapping) FaultErr(off int64) error {
+	if err := m.Err(); err != nil {
+		return err
+	}
+	lo := off / m.pageSize * m.pageSize
+	return m.unavailable(lo, lo+m.pageSize)
+}
+
+// PageStatus is a page that dsmd poisoned in a mapping, and why.
+type PageStatus struct {
+	Page   ids.PageNo
+	Offset int64 // of its first byte
+	Why    string
+}
+
+// Unavailable lists the pages poisoned in the mapping now (see
+// Options.FaultTimeout), by page number, as far as the library has read
+// dsmd's messages: a thread may fault on a page shortly before it is
+// listed (FaultErr waits for it).
+func (m *Mapping) Unavailable() []PageStatus {
+	m.pmu.Lock()
+	defer m.pmu.Unlock()
+	out := make([]PageStatus, 0, len(m.poisoned))
+	for p, why := range m.poisoned {
+		out = append(out, PageStatus{Page: p, Offset: int64(p) * m.pageSize, Why: why})
+	}
+	slices.SortFunc(out, func(a, b PageStatus) int { return int(a.Page - b.Page) })
+	return out
 }
 
 // end leaves the live state for to (dead, deleted or closed), once: it
@@ -414,6 +611,9 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 			return done, serr
 		}
 		if err != nil {
+			if perr := m.poisonedIn(start, end); perr != nil {
+				return done, perr
+			}
 			return done, fmt.Errorf("mapclient: copy at %d: %w", start, err)
 		}
 		done += n

@@ -25,6 +25,25 @@
 //     a seccomp filter refuses those calls, the copy is a memmove, and such
 //     a page then blocks the thread in a load, as a plain access does.
 //
+// # Unavailable pages
+//
+// With Options.FaultTimeout (MapWith), a fault that waits longer than that
+// for a page the cluster cannot serve (its home is down or unreachable) is
+// poisoned by dsmd in this process (UFFDIO_POISON; the userfaultfd is
+// opened with FeaturePoison where the kernel has it, Linux 6.6): a plain
+// load or store through Bytes() gets SIGBUS (a panic where the goroutine
+// has debug.SetPanicOnFault, else a crash), and ReadAt, WriteAt, Populate
+// and Word get EHWPOISON from their madvise and fail with a *PageError
+// (ErrPageUnavailable) that names the page and dsmd's reason. dsmd tells
+// the session first (mapproto Unavailable), so the reason is known when
+// the access fails; Unavailable lists those pages (FaultErr waits for the
+// reason after a recovered fault). The mapping stays alive. For a write
+// fault on a page mapped read-only here, which dsmd cannot poison, dsmd
+// asks (Poison) and the library poisons the page itself with its own
+// copy of the userfaultfd. When dsmd serves the page again it says so (Available), and the
+// monitor removes the marker with madvise(MADV_DONTNEED) of the page:
+// the next access faults and is served as usual.
+//
 // # When the session ends
 //
 // The mapping watches its session socket. dsmd ends a session in two ways:

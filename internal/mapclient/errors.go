@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/mapproto"
 )
 
@@ -29,7 +30,28 @@ var (
 	ErrOutOfRange = errors.New("mapclient: offset out of range")
 	// ErrProtocol: dsmd answered something this library does not expect.
 	ErrProtocol = errors.New("mapclient: protocol error")
+	// ErrPageUnavailable: an access hit a page that dsmd poisoned in this
+	// mapping because a fault on it waited longer than
+	// Options.FaultTimeout for a page the cluster cannot serve now. The
+	// mapping stays alive; the page works again once dsmd serves it. The
+	// error is a *PageError when dsmd said which page and why.
+	ErrPageUnavailable = errors.New("mapclient: page unavailable")
 )
+
+// PageError is an access to a page that dsmd poisoned. It matches
+// ErrPageUnavailable.
+type PageError struct {
+	Page   ids.PageNo
+	Offset int64  // of the page's first byte
+	Why    string // dsmd's reason (the engine's error)
+}
+
+func (e *PageError) Error() string {
+	return fmt.Sprintf("%v: %s at offset %#x: %s", ErrPageUnavailable, e.Page, e.Offset, e.Why)
+}
+
+// Unwrap makes the error match ErrPageUnavailable.
+func (e *PageError) Unwrap() error { return ErrPageUnavailable }
 
 // ServerError is a refusal from dsmd. It matches ErrUnknownRegion or
 // ErrUnavailable with errors.Is where its code says so.

@@ -3,10 +3,13 @@
 package mapclient
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Populate faults [off, off+length) in from a syscall (madvise
@@ -49,6 +52,10 @@ func (m *Mapping) populate(off, length int64, write bool) error {
 		if serr := m.Err(); serr != nil {
 			return serr
 		}
+		if errors.Is(err, unix.EHWPOISON) {
+			// A poison marker: dsmd gave up on a page (FaultTimeout).
+			return m.unavailable(lo, off+length)
+		}
 		return err
 	}
 	return nil
@@ -86,6 +93,10 @@ func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
 		if r := recover(); r != nil {
 			if serr := m.Err(); serr != nil {
 				err = serr
+				return
+			}
+			if perr := m.poisonedIn(off, off+8); perr != nil {
+				err = perr
 				return
 			}
 			err = fmt.Errorf("mapclient: fault on the word at %d: %v", off, r)

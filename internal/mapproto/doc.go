@@ -21,7 +21,8 @@
 // for dsmd it means the client is gone; for the client, that dsmd is gone
 // (or dropped it), and the mapping must not be trusted any more.
 //
-// After Registered, dsmd sends nothing, except when the region is deleted:
+// After Registered, dsmd sends nothing, except when the region is deleted
+// (and, below, when a page is unavailable):
 //
 //	client                                   dsmd
 //	                                 <-      Error{CodeUnknownRegion, "region \"NAME\" (rN) was deleted"}
@@ -31,6 +32,38 @@
 // The client then treats the mapping as gone because of the deletion (its
 // memory no longer holds the region's data), not because dsmd went away.
 // A client that does not know this message sees only the end of stream.
+//
+// A client whose Map carried a FaultTimeout also gets, for a page whose
+// fault waited longer than that for a page the cluster cannot serve (its
+// home is down or unreachable), and in this order:
+//
+//	client                                   dsmd
+//	                                 <-      Unavailable{Page, Text}
+//	                                         (UFFDIO_POISON of the page in the client:
+//	                                          the waiting thread gets SIGBUS)
+//	(records the page and why)
+//	                                 <-      Poison{Page}, only if the poison found the
+//	                                         page mapped (a write fault on a page the
+//	                                         client maps read-only)
+//	(MADV_DONTNEED of the page, clears the
+//	 write-protect marker that leaves,
+//	 UFFDIO_POISON with its own copy of
+//	 the userfaultfd)
+//	...                                      (the miss is retried in the background)
+//	                                 <-      Available{Page}
+//	(madvise MADV_DONTNEED of the page: the poison marker goes,
+//	 the next access faults as usual)
+//
+// # Compatibility
+//
+// FaultTimeout is an optional trailing field of Map (milliseconds; absent
+// means wait forever, and an explicit 0 is refused so the encoding stays
+// canonical). A dsmd of this version accepts the Map of an older client and
+// never sends it Unavailable or Available (that client set no FaultTimeout);
+// an older dsmd refuses a Map that carries one (CodeBadRequest: trailing
+// bytes), so a client that sets FaultTimeout needs a dsmd of this version.
+// Version stays 1: the old form is still valid, and a new version byte
+// would have cut old clients off too.
 //
 // # Encoding
 //

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -37,7 +38,10 @@ type Type uint8
 // Message types.
 const (
 	// TypeMap asks to map the region Name (client -> dsmd). Size, when not
-	// zero, must equal the region's size.
+	// zero, must equal the region's size. FaultTimeout, when not zero, asks
+	// dsmd to poison a fault of this mapping that waits longer than that for
+	// an unavailable page, and says that the client understands Unavailable
+	// and Available.
 	TypeMap Type = 1 + iota
 	// TypeMapped answers Map with the region's id, size and page size; the
 	// region's memfd travels with it (dsmd -> client).
@@ -52,6 +56,20 @@ const (
 	// CodeUnknownRegion, says that the region was deleted; dsmd closes the
 	// session after sending it (dsmd -> client).
 	TypeError
+	// TypeUnavailable says, after Registered, that a fault on Page waited
+	// longer than the mapping's FaultTimeout for a page the cluster cannot
+	// serve now, and why (Text); dsmd is about to poison the page in the
+	// client (dsmd -> client). Sent only to a client whose Map carried a
+	// FaultTimeout.
+	TypeUnavailable
+	// TypeAvailable says, after Unavailable for Page, that the page is
+	// served again: the client removes its poison marker (dsmd -> client).
+	TypeAvailable
+	// TypePoison asks, after Unavailable for Page, the client to poison
+	// the page itself: dsmd cannot, because the client maps the page (a
+	// write fault on a page it maps read-only), and only the client can
+	// drop that mapping (dsmd -> client).
+	TypePoison
 	typeEnd
 )
 
@@ -67,6 +85,12 @@ func (t Type) String() string {
 		return "registered"
 	case TypeError:
 		return "error"
+	case TypeUnavailable:
+		return "unavailable"
+	case TypeAvailable:
+		return "available"
+	case TypePoison:
+		return "poison"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -101,11 +125,14 @@ func (c Code) String() string {
 
 // Msg is one message. Which fields are meaningful depends on Type:
 //
-//	Map:        Name, Size
-//	Mapped:     Region, Size, PageSize
-//	Register:   Addr, Len
-//	Registered: -
-//	Error:      Code, Text
+//	Map:         Name, Size, FaultTimeout
+//	Mapped:      Region, Size, PageSize
+//	Register:    Addr, Len
+//	Registered:  -
+//	Error:       Code, Text
+//	Unavailable: Page, Text
+//	Available:   Page
+//	Poison:      Page
 type Msg struct {
 	Type     Type
 	Name     string
@@ -116,11 +143,18 @@ type Msg struct {
 	Len      uint64
 	Code     Code
 	Text     string
+	// FaultTimeout is whole milliseconds on the wire: Encode rounds a
+	// fraction up. Zero (or negative) is not sent: the fault waits forever.
+	FaultTimeout time.Duration
+	Page         ids.PageNo
 }
 
 func (m Msg) String() string {
 	switch m.Type {
 	case TypeMap:
+		if m.FaultTimeout > 0 {
+			return fmt.Sprintf("map %q size=%d fault-timeout=%v", m.Name, m.Size, m.FaultTimeout)
+		}
 		return fmt.Sprintf("map %q size=%d", m.Name, m.Size)
 	case TypeMapped:
 		return fmt.Sprintf("mapped %s size=%d page=%d", m.Region, m.Size, m.PageSize)
@@ -128,6 +162,12 @@ func (m Msg) String() string {
 		return fmt.Sprintf("register [%#x, +%#x)", m.Addr, m.Len)
 	case TypeError:
 		return fmt.Sprintf("error %s: %s", m.Code, m.Text)
+	case TypeUnavailable:
+		return fmt.Sprintf("unavailable %s: %s", m.Page, m.Text)
+	case TypeAvailable:
+		return fmt.Sprintf("available %s", m.Page)
+	case TypePoison:
+		return fmt.Sprintf("poison %s", m.Page)
 	}
 	return m.Type.String()
 }
@@ -146,6 +186,9 @@ func Encode(m Msg) ([]byte, error) {
 		}
 		b = appendString(b, m.Name)
 		b = le.AppendUint64(b, m.Size)
+		if m.FaultTimeout > 0 {
+			b = le.AppendUint64(b, uint64((m.FaultTimeout+time.Millisecond-1)/time.Millisecond))
+		}
 	case TypeMapped:
 		b = le.AppendUint32(b, uint32(m.Region))
 		b = le.AppendUint64(b, m.Size)
@@ -155,20 +198,33 @@ func Encode(m Msg) ([]byte, error) {
 		b = le.AppendUint64(b, m.Len)
 	case TypeRegistered:
 	case TypeError:
-		text := m.Text
-		if len(text) > MaxText {
-			text = text[:MaxText]
-		}
-		if !utf8.ValidString(text) {
-			text = "(invalid UTF-8)"
-		}
 		b = le.AppendUint16(b, uint16(m.Code))
-		b = appendString(b, text)
+		b = appendString(b, cutText(m.Text))
+	case TypeUnavailable:
+		b = le.AppendUint64(b, uint64(m.Page))
+		b = appendString(b, cutText(m.Text))
+	case TypeAvailable, TypePoison:
+		b = le.AppendUint64(b, uint64(m.Page))
 	default:
 		return nil, fmt.Errorf("%w: type %s", ErrMalformed, m.Type)
 	}
 	return b, nil
 }
+
+// cutText makes text sendable: at most MaxText bytes, valid UTF-8.
+func cutText(text string) string {
+	if len(text) > MaxText {
+		text = text[:MaxText]
+	}
+	if !utf8.ValidString(text) {
+		text = "(invalid UTF-8)"
+	}
+	return text
+}
+
+// maxTimeoutMS is the largest FaultTimeout on the wire that a
+// time.Duration holds.
+const maxTimeoutMS = uint64(1<<63-1) / uint64(time.Millisecond)
 
 func appendString(b []byte, s string) []byte {
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
@@ -193,6 +249,18 @@ func Decode(b []byte) (Msg, error) {
 		if d.err == nil && (len(m.Name) == 0 || len(m.Name) > MaxName) {
 			d.fail("region name of %d bytes", len(m.Name))
 		}
+		// FaultTimeout is optional: a client that predates it sends none.
+		if d.err == nil && len(d.b) != 0 {
+			switch ms := d.u64(); {
+			case d.err != nil:
+			case ms == 0:
+				d.fail("fault timeout 0 is sent as no fault timeout")
+			case ms > maxTimeoutMS:
+				d.fail("fault timeout of %d ms", ms)
+			default:
+				m.FaultTimeout = time.Duration(ms) * time.Millisecond
+			}
+		}
 	case TypeMapped:
 		m.Region = ids.RegionID(d.u32())
 		m.Size = d.u64()
@@ -203,10 +271,12 @@ func Decode(b []byte) (Msg, error) {
 	case TypeRegistered:
 	case TypeError:
 		m.Code = Code(d.u16())
-		m.Text = d.str()
-		if d.err == nil && len(m.Text) > MaxText {
-			d.fail("error text of %d bytes", len(m.Text))
-		}
+		m.Text = d.text()
+	case TypeUnavailable:
+		m.Page = ids.PageNo(d.u64())
+		m.Text = d.text()
+	case TypeAvailable, TypePoison:
+		m.Page = ids.PageNo(d.u64())
 	default:
 		return Msg{}, fmt.Errorf("%w: unknown type %d", ErrMalformed, b[1])
 	}
@@ -264,6 +334,15 @@ func (d *decoder) u64() uint64 {
 		return binary.LittleEndian.Uint64(v)
 	}
 	return 0
+}
+
+// text reads a string of at most MaxText bytes.
+func (d *decoder) text() string {
+	s := d.str()
+	if d.err == nil && len(s) > MaxText {
+		d.fail("text of %d bytes", len(s))
+	}
+	return s
 }
 
 func (d *decoder) str() string {

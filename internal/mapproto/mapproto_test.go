@@ -2,18 +2,50 @@ package mapproto
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 var samples = []Msg{
 	{Type: TypeMap, Name: "kv", Size: 1 << 40},
 	{Type: TypeMap, Name: strings.Repeat("n", MaxName)},
+	{Type: TypeMap, Name: "kv", FaultTimeout: 30 * time.Second},
+	{Type: TypeMap, Name: "kv", Size: 4096, FaultTimeout: time.Millisecond},
 	{Type: TypeMapped, Region: 7, Size: 1 << 20, PageSize: 4096},
 	{Type: TypeRegister, Addr: 0x7f0000000000, Len: 1 << 20},
 	{Type: TypeRegistered},
 	{Type: TypeError, Code: CodeUnknownRegion, Text: `no region "kv"`},
+	{Type: TypeUnavailable, Page: 513, Text: "page p513 of region fo (r1) unavailable: its home n3 failed in epoch 7"},
+	{Type: TypeAvailable, Page: 1<<52 - 1},
+	{Type: TypePoison, Page: 9},
+}
+
+// TestMapWithoutFaultTimeout: a Map as a client that predates FaultTimeout
+// sends it (name and size only) still decodes, and a Map without one
+// encodes as such a client's does.
+func TestMapWithoutFaultTimeout(t *testing.T) {
+	old := []byte{Version, byte(TypeMap), 2, 0, 'k', 'v', 0, 0x10, 0, 0, 0, 0, 0, 0}
+	m, err := Decode(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Msg{Type: TypeMap, Name: "kv", Size: 4096}); m != want {
+		t.Fatalf("decoded %+v, want %+v", m, want)
+	}
+	for _, ft := range []time.Duration{0, -time.Second} {
+		b, err := Encode(Msg{Type: TypeMap, Name: "kv", Size: 4096, FaultTimeout: ft})
+		if err != nil || !bytes.Equal(b, old) {
+			t.Fatalf("Map with FaultTimeout %v encodes as %x (%v), want %x", ft, b, err, old)
+		}
+	}
+	// A fraction of a millisecond is rounded up, never to "wait forever".
+	b, _ := Encode(Msg{Type: TypeMap, Name: "kv", FaultTimeout: time.Microsecond})
+	if m, err := Decode(b); err != nil || m.FaultTimeout != time.Millisecond {
+		t.Fatalf("FaultTimeout 1us decodes as %v (%v)", m.FaultTimeout, err)
+	}
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -69,6 +101,11 @@ func TestDecodeRefuses(t *testing.T) {
 		"empty name":     {Version, byte(TypeMap), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 		"name too short": {Version, byte(TypeMap), 9, 0, 'a'},
 		"bad utf8":       {Version, byte(TypeMap), 1, 0, 0xff, 0, 0, 0, 0, 0, 0, 0, 0},
+		"zero timeout":   {Version, byte(TypeMap), 1, 0, 'a', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+		"short timeout":  {Version, byte(TypeMap), 1, 0, 'a', 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0},
+		"huge timeout":   binary.LittleEndian.AppendUint64([]byte{Version, byte(TypeMap), 1, 0, 'a', 0, 0, 0, 0, 0, 0, 0, 0}, 1<<63),
+		"short page":     {Version, byte(TypeAvailable), 1, 0, 0},
+		"no text":        {Version, byte(TypeUnavailable), 1, 0, 0, 0, 0, 0, 0, 0},
 	}
 	for name, b := range cases {
 		if _, err := Decode(b); !errors.Is(err, ErrMalformed) {

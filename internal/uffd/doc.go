@@ -80,6 +80,16 @@
 //     blocks in the syscall until dsmd resolves them.
 //   - Two clients with the page writable in both share it with no fault and
 //     no message: each sees the other's stores.
+//   - POISON (Linux 6.6, FeaturePoison requested by the client) on a
+//     waiting fault wakes it with SIGBUS; MADV_POPULATE_READ/WRITE fails
+//     with EHWPOISON (errno 133). The marker stays in the client's page
+//     table: later accesses fail the same way with no fault message, a
+//     punch of the memfd's page does not remove it, and the client's
+//     madvise(MADV_DONTNEED) of the page does (the next access faults as
+//     usual). POISON on a page that is mapped or already poisoned is
+//     EEXIST and changes nothing, and so is POISON over a write-protect
+//     marker (what MADV_DONTNEED leaves of a write-protected page), which
+//     clearing the protection of the unmapped page removes (TestPoison).
 //
 // These were measured with shmem transparent huge pages off
 // (/sys/kernel/mm/transparent_hugepage/shmem_enabled = never); with huge

@@ -3,11 +3,14 @@
 package uffd
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -44,6 +47,11 @@ func TestMain(m *testing.M) {
 //	sweep N        load the first byte of pages 0..N-1 (hex N)
 //	drop           madvise(MADV_DONTNEED) the whole mapping: PTEs go, the
 //	               memfd keeps its pages
+//	droppage P     madvise(MADV_DONTNEED) page P only
+//	tryread P      as read, but a fault (SIGBUS, SIGSEGV) is recovered
+//	               (debug.SetPanicOnFault) and answered "fault"
+//	trypop P       as popread, but a failed madvise is answered
+//	               "failed errno=N" (N in decimal)
 //	exit
 //
 // It never reads its own userfaultfd: every fault is resolved by the parent.
@@ -74,7 +82,7 @@ func child(modeArg string) error {
 	if err := mp.DontFork(); err != nil {
 		return err
 	}
-	u, err := Open(Options{})
+	u, err := Open(Options{Optional: DefaultOptional | FeaturePoison})
 	if err != nil {
 		return err
 	}
@@ -140,6 +148,23 @@ func child(modeArg string) error {
 			if err := unix.Madvise(b, unix.MADV_DONTNEED); err != nil {
 				reply = "err " + err.Error()
 			}
+		case "droppage":
+			if err := unix.Madvise(b[p:p+ps], unix.MADV_DONTNEED); err != nil {
+				reply = "err " + err.Error()
+			}
+		case "tryread":
+			reply = tryRead(b[p : p+ps])
+		case "trypop":
+			if err := mp.PopulateRead(int64(p), int64(ps)); err != nil {
+				var errno syscall.Errno
+				if !errors.As(err, &errno) {
+					reply = "err " + err.Error()
+					break
+				}
+				reply = fmt.Sprintf("failed errno=%d", int(errno))
+				break
+			}
+			reply = fmt.Sprintf("ok %02x %02x", b[p], b[p+ps-1])
 		default:
 			reply = "err unknown command " + f[0]
 		}
@@ -147,6 +172,18 @@ func child(modeArg string) error {
 			return err
 		}
 	}
+}
+
+// tryRead loads the first and last byte of page, answering "fault" if
+// the load faults.
+func tryRead(page []byte) (reply string) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			reply = "fault"
+		}
+	}()
+	return fmt.Sprintf("ok %02x %02x", page[0], page[len(page)-1])
 }
 
 // socketpair returns a connected pair of seqpacket sockets, one end wrapped

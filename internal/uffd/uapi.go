@@ -84,6 +84,11 @@ type (
 		mode   uint64
 		mapped int64 // out: bytes mapped, or a negative errno
 	}
+	uffdioPoison struct {
+		rng     uffdioRange
+		mode    uint64
+		updated int64 // out: bytes poisoned, or a negative errno
+	}
 )
 
 // The request codes. UNREGISTER and WAKE are _IOR although the kernel only
@@ -97,6 +102,7 @@ var (
 	reqZeroPage     = iowr(nrZeroPage, unsafe.Sizeof(uffdioZeroPage{}))
 	reqWriteProtect = iowr(nrWriteProtect, unsafe.Sizeof(uffdioWriteProtect{}))
 	reqContinue     = iowr(nrContinue, unsafe.Sizeof(uffdioContinue{}))
+	reqPoison       = iowr(nrPoison, unsafe.Sizeof(uffdioPoison{}))
 	// USERFAULTFD_IOC_NEW on /dev/userfaultfd: _IO(0xAA, 0x00).
 	reqDevNew = ioc(iocNone, uffdioType, 0x00, 0)
 )
@@ -119,6 +125,7 @@ const (
 	writeProtectModeDontWake = 1 << 1
 	continueModeDontWake     = 1 << 0
 	continueModeWP           = 1 << 1
+	poisonModeDontWake       = 1 << 0
 )
 
 // msgSize is sizeof(struct uffd_msg): the kernel writes whole messages only.

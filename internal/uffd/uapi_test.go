@@ -22,6 +22,7 @@ func TestRequestCodes(t *testing.T) {
 		{"UFFDIO_ZEROPAGE", reqZeroPage, 0xc020aa04},
 		{"UFFDIO_WRITEPROTECT", reqWriteProtect, 0xc018aa06},
 		{"UFFDIO_CONTINUE", reqContinue, 0xc020aa07},
+		{"UFFDIO_POISON", reqPoison, 0xc020aa08},
 		{"USERFAULTFD_IOC_NEW", reqDevNew, 0xaa00},
 	} {
 		if tc.got != tc.want {
@@ -42,6 +43,7 @@ func TestStructSizes(t *testing.T) {
 		{"uffdio_zeropage", unsafe.Sizeof(uffdioZeroPage{}), 32},
 		{"uffdio_writeprotect", unsafe.Sizeof(uffdioWriteProtect{}), 24},
 		{"uffdio_continue", unsafe.Sizeof(uffdioContinue{}), 32},
+		{"uffdio_poison", unsafe.Sizeof(uffdioPoison{}), 32},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("sizeof(struct %s) = %d, want %d", tc.name, tc.got, tc.want)

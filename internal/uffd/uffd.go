@@ -445,6 +445,54 @@ func (u *UFFD) Continue(start, length uint64, opt Opt) error {
 	return u.wakeSkipped(start, length, skipped, opt)
 }
 
+// Poison resolves the faults in the range by installing poison markers
+// (UFFDIO_POISON, Linux 6.6; FeaturePoison must have been negotiated by the
+// descriptor's creator, else ErrUnsupported): the faulting threads are
+// woken (unless DontWake) and get SIGBUS, as does every later access to
+// the range, until the marker is removed. MADV_POPULATE_READ/WRITE over a
+// marker fails (EHWPOISON on Linux 6.18). Nothing is allocated, nothing is
+// written into the file, and nothing else is reported for the range: the
+// marker lives in the registered process's page table only. That process
+// removes it with madvise(MADV_DONTNEED) on the range (punching the file's
+// page does not remove it on Linux 6.18); the next access then faults as
+// before.
+//
+// Unlike Copy, a page of the range whose page-table entry is not empty
+// (EEXIST: mapped, poisoned already, or even a write-protect marker) is not
+// done: it stays as it is, and Poison fails with an *OpError whose errno
+// is EEXIST once the rest of the range is poisoned. EAGAIN is handled as
+// for Copy.
+func (u *UFFD) Poison(start, length uint64, opt Opt) error {
+	if err := u.checkRange("poison", start, length); err != nil {
+		return err
+	}
+	if u.features&FeaturePoison == 0 {
+		return &OpError{Op: "poison", Start: start, Len: length, Errno: unix.EINVAL, Err: ErrUnsupported}
+	}
+	if opt&MapWP != 0 {
+		return &OpError{Op: "poison", Start: start, Len: length, Errno: unix.EINVAL}
+	}
+	var mode uint64
+	if opt&DontWake != 0 {
+		mode |= poisonModeDontWake
+	}
+	present := false
+	for off := uint64(0); off < length; {
+		arg := &uffdioPoison{rng: uffdioRange{start + off, length - off}, mode: mode}
+		errno := u.ioctlErrno(reqPoison, unsafe.Pointer(arg))
+		next, err := u.step("poison", start, length, off, arg.updated, errno)
+		if err != nil {
+			return err
+		}
+		present = present || errno == unix.EEXIST
+		off = next
+	}
+	if present {
+		return opError("poison", start, length, unix.EEXIST)
+	}
+	return nil
+}
+
 // WriteProtect sets (on) or clears write protection of the range's PTEs; the
 // range must be registered with ModeWP. Clearing wakes the threads blocked on
 // WP faults in the range unless DontWake. Setting it on a page with no PTE

@@ -42,8 +42,8 @@ var (
 	ErrBusy = errors.New("localcache: page busy with a remote request")
 	// ErrUnavailable: the Coherence engine gave up on a page because a node
 	// it waits for is down or unreachable. Access and Flush return it
-	// instead of retrying; a client's fault keeps waiting (the faulting
-	// thread cannot be given an error).
+	// instead of retrying; a client's fault keeps waiting, until its
+	// FaultTimeout, when it is poisoned (see the package doc).
 	ErrUnavailable = errors.New("localcache: page unavailable")
 	// ErrEvictPending: Coherence.Evict failed after the engine took the
 	// eviction over: the write-back completes later (or never, if the

@@ -47,6 +47,19 @@ type testHome struct {
 	// held fails with errBusy instead of waiting.
 	remote *sync.Mutex
 	busy   int
+	// fail makes the misses of a page fail with that error, at once.
+	fail map[ids.PageNo]error
+}
+
+// setFail makes the misses of page p fail with err (nil: succeed again).
+func (h *testHome) setFail(p ids.PageNo, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil {
+		delete(h.fail, p)
+		return
+	}
+	h.fail[p] = err
 }
 
 var errBusy = fmt.Errorf("test home: busy with a remote request: %w", ErrBusy)
@@ -67,7 +80,8 @@ func (h *testHome) enter() (done func(), err error) {
 }
 
 func newTestHome() *testHome {
-	return &testHome{perPage: map[ids.PageNo]int{}, gates: map[ids.PageNo]chan struct{}{}, entered: make(chan ids.PageNo, 16)}
+	return &testHome{perPage: map[ids.PageNo]int{}, gates: map[ids.PageNo]chan struct{}{}, entered: make(chan ids.PageNo, 16),
+		fail: map[ids.PageNo]error{}}
 }
 
 // gate makes misses of page p wait until the returned function is called.
@@ -82,6 +96,10 @@ func (h *testHome) gate(p ids.PageNo) (open func()) {
 
 func (h *testHome) wait(ctx context.Context, p ids.PageNo) error {
 	h.mu.Lock()
+	if err := h.fail[p]; err != nil {
+		h.mu.Unlock()
+		return err
+	}
 	h.perPage[p]++
 	ch := h.gates[p]
 	honour := h.honourCtx

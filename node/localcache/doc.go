@@ -57,7 +57,41 @@
 // A miss that fails is retried with backoff while the faulting thread stays
 // blocked; the worker gives up only when the client goes away or the Cache
 // closes (its context is then cancelled: a Coherence implementation should
-// honour it, or Close waits for the call).
+// honour it, or Close waits for the call), or when the fault is poisoned.
+//
+// # Poisoned faults (the no-hang bound)
+//
+// A client that set a FaultTimeout in its Map (the dsm library's default
+// is 30 s) does not wait forever for a page the cluster cannot serve. When
+// a miss for one of its faults fails with an error matching ErrUnavailable
+// (the engine gave up: the home is down, or unreachable for its bound) and
+// the fault has waited at least FaultTimeout, the worker
+//
+//  1. sends the session Unavailable{page, the engine's error text}
+//     (package mapproto), then
+//  2. resolves the fault with UFFDIO_POISON in that client only: its
+//     faulting threads get SIGBUS, its MADV_POPULATE_* calls EHWPOISON, and
+//     so does every later access of that client to the page, with no fault
+//     message; other clients and the memfd are untouched;
+//  3. retries the miss in the background every retryMax (100 ms) without
+//     mapping anything, and once it succeeds sends Available{page}: the
+//     client removes its marker (MADV_DONTNEED of the page in its own
+//     mapping; a punch of the memfd would not), and its next access faults
+//     and is served as usual.
+//
+// So a fault on an unavailable page ends within FaultTimeout, plus one
+// retry interval (retryMax), plus the duration of the miss in flight at
+// that moment (the engine bounds a miss on an unreachable home by its
+// UnavailableAfter; one on a home known down fails at once). Misses that
+// fail otherwise (ErrBusy and other contention) are never poisoned: the
+// fault waits, as the fairness of the protocol bounds them. Where the
+// client's userfaultfd lacks FeaturePoison (a kernel before 6.6) the
+// fault keeps waiting and this is logged once per client. A write fault on
+// a page the client maps read-only (an upgrade whose home is down) cannot
+// be poisoned from here, as UFFDIO_POISON needs an empty page-table entry:
+// dsmd sends Poison{page} after Unavailable, and the client drops its
+// mapping of the page, clears the write-protect marker that leaves, and
+// poisons the page with its own copy of the userfaultfd.
 //
 // # Lock order with the engine
 //
@@ -72,8 +106,9 @@
 // # Sessions and client death
 //
 // Listen serves sessions on a Unix SOCK_SEQPACKET socket: Map (the memfd
-// goes back), Register (the userfaultfd comes in), then nothing until the
-// end of stream. The client is detached when its socket reaches end of
+// goes back), Register (the userfaultfd comes in), then nothing from the
+// client until the end of stream (dsmd may send Unavailable and Available,
+// above). The client is detached when its socket reaches end of
 // stream, when its process exits (pidfd, so a forked child holding the
 // socket does not keep a dead client attached), or when reading its
 // userfaultfd fails. Detaching removes it from the write-protect set, cancels

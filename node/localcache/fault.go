@@ -11,7 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/uffd"
 )
 
@@ -27,6 +30,15 @@ type client struct {
 	pid    int           // the peer process, for logs (0 if unknown)
 	ctx    context.Context
 	cancel context.CancelFunc
+	// faultTimeout is how long a fault may wait for an unavailable page
+	// before it is poisoned (see poison); 0 waits forever. It is the
+	// session's Map.FaultTimeout, so it is set only for a client that
+	// understands Unavailable and Available.
+	faultTimeout time.Duration
+	// sendMu serializes the messages sent on conn after the handshake.
+	sendMu sync.Mutex
+	// noPoisonLogged: the kernel's lack of UFFDIO_POISON was logged.
+	noPoisonLogged atomic.Bool
 
 	mu       sync.Mutex
 	inflight map[ids.PageNo]*pending // pages being resolved for this client
@@ -53,12 +65,18 @@ func clientGone(err error) bool {
 }
 
 // attach starts serving the faults of a client's mapping [base,
-// base+r.size), registered with u. The Cache owns u from here on.
-func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64, pid int) (*client, error) {
+// base+r.size), registered with u. The Cache owns u from here on. A fault
+// that waits longer than faultTimeout (0: forever) for an unavailable page
+// is poisoned; that needs conn.
+func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64, pid int, faultTimeout time.Duration) (*client, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
+	if conn == nil {
+		faultTimeout = 0
+	}
 	cl := &client{
 		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
+		faultTimeout: max(faultTimeout, 0),
 	}
 	c.mu.Lock()
 	if c.closed || c.draining != "" {
@@ -183,25 +201,38 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	defer cl.c.wg.Done()
 	defer cl.c.st.faultsInFlight.Add(-1)
 	wait := retryMin
+	since := time.Now() // when the oldest fault not answered yet was read
 	for {
-		err := cl.c.resolve(cl.ctx, cl, p, write)
+		err := cl.c.resolve(cl.ctx, cl, p, write, true)
 		var missErr *missError
 		switch {
 		case err == nil:
-			wait = retryMin
 			cl.c.makeRoom(cl.c.ctx)
 		case cl.ctx.Err() != nil || clientGone(err):
 			cl.finish(p)
 			return
 		case errors.As(err, &missErr):
+			poisoned := poisonNot
+			if cl.faultTimeout > 0 && errors.Is(err, ErrUnavailable) && time.Since(since) >= cl.faultTimeout {
+				poisoned = cl.poison(p, err)
+			}
+			if poisoned == poisonGone {
+				cl.finish(p)
+				return
+			}
+			if poisoned == poisonDone {
+				// The faulting threads have their SIGBUS. The miss goes
+				// on in the background until the page is served again.
+				if !cl.unpoison(p, write) {
+					cl.finish(p)
+					return
+				}
+				break
+			}
 			// The engine refused or failed: wait, then try again; the
 			// faulting thread stays blocked meanwhile.
 			cl.c.log.Debug("miss failed; retrying", "client", cl.id, "page", p, "err", err)
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-cl.ctx.Done():
-				t.Stop()
+			if !cl.sleep(wait) {
 				cl.finish(p)
 				return
 			}
@@ -210,6 +241,7 @@ func (cl *client) work(p ids.PageNo, write bool) {
 		default:
 			cl.c.log.Warn("fault not resolved", "client", cl.id, "region", cl.r.id, "page", p, "err", err)
 		}
+		wait = retryMin
 		cl.mu.Lock()
 		pd := cl.inflight[p]
 		if !pd.again {
@@ -220,7 +252,131 @@ func (cl *client) work(p ids.PageNo, write bool) {
 		write = pd.write
 		pd.again, pd.write = false, false
 		cl.mu.Unlock()
+		since = time.Now()
 	}
+}
+
+// sleep waits d, or less if the client goes away (then it is false).
+func (cl *client) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-cl.ctx.Done():
+		return false
+	}
+}
+
+// Outcomes of poison.
+const (
+	poisonDone = 1 + iota // the page is poisoned in the client
+	poisonNot             // it is not: the fault keeps waiting
+	poisonGone            // the client is gone
+)
+
+// poison gives up on a fault of the client on page p that has waited longer
+// than the client's FaultTimeout and whose last miss failed with
+// ErrUnavailable (why): it tells the client which page and why
+// (mapproto Unavailable), then resolves the fault with UFFDIO_POISON, so the
+// faulting threads get SIGBUS (a MADV_POPULATE_* gets EHWPOISON) and so
+// does every later access of the client to the page until it removes the
+// marker. The message goes first so that the client knows why by the time
+// a thread fails.
+//
+// Where the client's userfaultfd lacks FeaturePoison (a kernel before 6.6)
+// the fault keeps waiting; that is logged once per client. A page mapped in
+// the client (a write to a page held Shared here, whose upgrade needs the
+// home) cannot be poisoned from here (EEXIST): the client is asked to
+// poison it itself (mapproto Poison). If the poison fails otherwise, the
+// client is told that the page is available after all, and the fault
+// keeps waiting.
+func (cl *client) poison(p ids.PageNo, why error) int {
+	c := cl.c
+	if cl.u.Features()&uffd.FeaturePoison == 0 {
+		if cl.noPoisonLogged.CompareAndSwap(false, true) {
+			c.log.Warn("a fault waits past its timeout for an unavailable page, and this kernel cannot poison it (UFFDIO_POISON needs Linux 6.6); it keeps waiting",
+				"client", cl.id, "pid", cl.pid, "region", cl.r.id, "page", p, "err", why)
+		}
+		return poisonNot
+	}
+	text := why.Error()
+	var missErr *missError
+	if errors.As(why, &missErr) {
+		text = missErr.err.Error()
+	}
+	if err := cl.send(mapproto.Msg{Type: mapproto.TypeUnavailable, Page: p, Text: text}); err != nil {
+		c.log.Warn("telling a client that a page is unavailable failed", "client", cl.id, "page", p, "err", err)
+	}
+	err := cl.u.Poison(cl.addr(p), uint64(cl.r.pageSize), 0)
+	if errors.Is(err, unix.EEXIST) {
+		// The client maps the page (read-only: this is a write fault on a
+		// page held Shared, whose upgrade needs the home). Only an empty
+		// page-table entry can be poisoned, and only the client can empty
+		// it: it poisons the page itself when asked (mapproto Poison).
+		// Nothing maps the page in it meanwhile (that is this worker's
+		// job).
+		err = cl.send(mapproto.Msg{Type: mapproto.TypePoison, Page: p})
+	}
+	switch {
+	case err == nil:
+		c.st.poisoned.Add(1)
+		c.log.Info("fault poisoned: page unavailable", "client", cl.id, "pid", cl.pid, "region", cl.r.id, "page", p,
+			"timeout", cl.faultTimeout, "err", why)
+		return poisonDone
+	case clientGone(err):
+		return poisonGone
+	}
+	c.log.Warn("poisoning a fault failed; it keeps waiting", "client", cl.id, "region", cl.r.id, "page", p, "err", err)
+	cl.send(mapproto.Msg{Type: mapproto.TypeAvailable, Page: p})
+	return poisonNot
+}
+
+// unpoison retries the miss of a page poisoned in the client, every
+// retryMax, until it succeeds; then it tells the client that the page is
+// available again (mapproto Available), and the client removes its poison
+// marker. It is false if the client went away first.
+func (cl *client) unpoison(p ids.PageNo, write bool) bool {
+	for {
+		if !cl.sleep(retryMax) {
+			return false
+		}
+		err := cl.c.resolve(cl.ctx, cl, p, write, false)
+		switch {
+		case err == nil:
+			cl.c.st.unpoisoned.Add(1)
+			cl.c.log.Info("poisoned page available again", "client", cl.id, "region", cl.r.id, "page", p)
+			if err := cl.send(mapproto.Msg{Type: mapproto.TypeAvailable, Page: p}); err != nil {
+				cl.c.log.Warn("telling a client that a page is available failed", "client", cl.id, "page", p, "err", err)
+			}
+			// A thread whose fault was not poisoned after all (the client
+			// could not poison a page it mapped) retries; it faults again
+			// once the client has dropped the marker (or finds it).
+			if err := cl.u.Wake(cl.addr(p), uint64(cl.r.pageSize)); err != nil && clientGone(err) {
+				return false
+			}
+			return true
+		case cl.ctx.Err() != nil || clientGone(err):
+			return false
+		}
+		cl.c.log.Debug("miss of a poisoned page failed; retrying", "client", cl.id, "page", p, "err", err)
+	}
+}
+
+// send writes one message on the client's session.
+func (cl *client) send(m mapproto.Msg) error {
+	if cl.conn == nil {
+		return errors.New("localcache: client without a session")
+	}
+	b, err := mapproto.Encode(m)
+	if err != nil {
+		return err
+	}
+	cl.sendMu.Lock()
+	defer cl.sendMu.Unlock()
+	cl.conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_, err = cl.conn.Write(b)
+	return err
 }
 
 func (cl *client) finish(p ids.PageNo) {
@@ -237,9 +393,10 @@ func (e *missError) Unwrap() error { return e.err }
 
 // resolve serves one fault of cl on page p: it brings the local state up to
 // what the access needs (Shared for a read, Modified for a write) through
-// the Coherence engine, then maps the page in the client with the matching
-// protection and wakes the faulting threads. It is idempotent.
-func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write bool) error {
+// the Coherence engine, then, if mapIt, maps the page in the client with
+// the matching protection and wakes the faulting threads. It is
+// idempotent.
+func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, mapIt bool) error {
 	r := cl.r
 	pg, err := r.acquire(ctx, p)
 	if err != nil {
@@ -254,6 +411,9 @@ func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write boo
 			}
 		} else {
 			c.st.localResolves.Add(1)
+		}
+		if !mapIt {
+			return nil
 		}
 		err := c.mapInto(cl, pg, write)
 		if errors.Is(err, uffd.ErrNotCached) && attempt == 0 {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,6 +31,10 @@ import (
 // KIND being gone, closed, range or other). Offsets and values are hex.
 //
 //	map NAME              map region NAME (one mapping per child)
+//	mapt NAME MS          map with a FaultTimeout of MS milliseconds
+//	tryload OFF           load through Bytes(), a fault recovered (SetPanicOnFault) -> ok VALUE, or fault
+//	trystore OFF VALUE    store through Bytes(), a fault recovered -> ok, or fault
+//	unavail               the pages poisoned now -> ok PAGE=WHY... (";"-separated)
 //	load OFF              plain 8-byte load through Bytes()   -> ok VALUE
 //	store OFF VALUE       plain 8-byte store through Bytes()
 //	readat OFF N          ReadAt of N bytes                    -> ok HEXBYTES
@@ -128,7 +133,7 @@ func clientMain(sock string) error {
 		}
 		reply := "ok"
 		var err error
-		if f[0] != "map" && f[0] != "exit" && m == nil {
+		if f[0] != "map" && f[0] != "mapt" && f[0] != "exit" && m == nil {
 			err = errors.New("not mapped")
 		} else {
 			switch f[0] {
@@ -136,6 +141,18 @@ func clientMain(sock string) error {
 				return nil
 			case "map":
 				m, err = c.Map(ctx, f[1])
+			case "mapt":
+				m, err = c.MapWith(ctx, f[1], mapclient.Options{FaultTimeout: time.Duration(arg(2)) * time.Millisecond})
+			case "tryload":
+				reply = tryLoad(m.Bytes()[arg(1):])
+			case "trystore":
+				reply = tryStore(m.Bytes()[arg(1):], arg(2))
+			case "unavail":
+				var parts []string
+				for _, u := range m.Unavailable() {
+					parts = append(parts, fmt.Sprintf("%x=%s", uint64(u.Page), u.Why))
+				}
+				reply = strings.TrimSpace("ok " + strings.Join(parts, ";"))
 			case "load":
 				v := binary.LittleEndian.Uint64(m.Bytes()[arg(1):])
 				reply = fmt.Sprintf("ok %x", v)
@@ -218,6 +235,8 @@ func clientMain(sock string) error {
 				kind = "closed"
 			case errors.Is(err, mapclient.ErrOutOfRange):
 				kind = "range"
+			case errors.Is(err, mapclient.ErrPageUnavailable):
+				kind = "unavail"
 			}
 			reply = fmt.Sprintf("err %s: %v", kind, err)
 		}
@@ -225,6 +244,31 @@ func clientMain(sock string) error {
 		out.Flush()
 	}
 	return in.Err()
+}
+
+// tryLoad loads the 8-byte word at the start of b, answering "fault" if
+// the load faults (a poisoned page raises SIGBUS).
+func tryLoad(b []byte) (reply string) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			reply = "fault"
+		}
+	}()
+	return fmt.Sprintf("ok %x", binary.LittleEndian.Uint64(b))
+}
+
+// tryStore stores v as the 8-byte word at the start of b, answering
+// "fault" if the store faults.
+func tryStore(b []byte, v uint64) (reply string) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			reply = "fault"
+		}
+	}()
+	binary.LittleEndian.PutUint64(b, v)
+	return "ok"
 }
 
 // stuckHome is a MemHome whose misses of page 3 never end.

@@ -35,6 +35,10 @@ type Stats struct {
 	Clients, FaultsInFlight int64
 	// SessionErrors: sessions refused or ended by a protocol error.
 	SessionErrors uint64
+	// Poisoned: faults given up on after the client's FaultTimeout (the
+	// page was unavailable) and resolved with UFFDIO_POISON; Unpoisoned:
+	// those pages served again later (the client was told).
+	Poisoned, Unpoisoned uint64
 }
 
 // Faults is the number of fault messages read, all kinds.
@@ -46,7 +50,7 @@ type counters struct {
 	missErrors, localResolves, installs      atomic.Uint64
 	invalidations, downgrades                atomic.Uint64
 	evictions, writebacks, evictErrors       atomic.Uint64
-	sessionErrors                            atomic.Uint64
+	sessionErrors, poisoned, unpoisoned      atomic.Uint64
 	resident, dirty, clients, faultsInFlight atomic.Int64
 }
 
@@ -63,5 +67,6 @@ func (c *Cache) Stats() Stats {
 		ResidentPages: s.resident.Load(), DirtyPages: s.dirty.Load(),
 		Clients: s.clients.Load(), FaultsInFlight: s.faultsInFlight.Load(),
 		SessionErrors: s.sessionErrors.Load(),
+		Poisoned:      s.poisoned.Load(), Unpoisoned: s.unpoisoned.Load(),
 	}
 }

@@ -107,9 +107,9 @@ type peer struct {
 	addr string
 	// nonce is the incarnation this node may reach (ExpectNonce); 0: any.
 	nonce uint64
-	out  *outSession
-	conn *conn        // nil until the first use, or after a failure
-	dial *dialAttempt // the connection attempt in progress, if any
+	out   *outSession
+	conn  *conn        // nil until the first use, or after a failure
+	dial  *dialAttempt // the connection attempt in progress, if any
 }
 
 // dialAttempt is one connection attempt that every caller needing the

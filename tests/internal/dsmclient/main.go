@@ -6,7 +6,9 @@
 //
 // Usage:
 //
-//	dsmclient [-addr SOCK] [-region R] [-id N] [-timeout D] COMMAND ARGS...
+//	dsmclient [-addr SOCK] [-region R] [-id N] [-timeout D] [-fault-timeout D] COMMAND ARGS...
+//
+// -fault-timeout, when given, is the mapping's dsm.WithFaultTimeout.
 //
 // Commands (offsets, lengths and counts are numbers in Go syntax: 4096 or
 // 0x1000):
@@ -29,6 +31,11 @@
 //	                         and load it back; prints "ok"
 //	read-u64 OFF...          load the uint64 at each OFF through Bytes();
 //	                         prints the values on one line, space-separated
+//	read-at OFF LEN          ReadAt of LEN bytes; prints hex
+//	try-get-bytes OFF LEN    as get-bytes, but a fault (SIGBUS on a page
+//	                         that is unavailable) is recovered
+//	                         (debug.SetPanicOnFault): prints "fault: " and
+//	                         what Region.FaultErr says of it
 //	fault-loop OFF LEN       print "started", then write every page of
 //	                         [OFF, OFF+LEN) through Bytes(), over and over,
 //	                         until killed
@@ -60,6 +67,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,6 +95,9 @@ type Event struct {
 	Return  int64 `json:"return"`
 }
 
+// mapOpts are the options of the mapping (from the flags).
+var mapOpts []dsm.MapOption
+
 // errUsage marks errors in the command line.
 var errUsage = errors.New("usage")
 
@@ -108,9 +119,11 @@ func main() {
 	region := fs.String("region", "r", "region name")
 	id := fs.Int("id", 0, "client id written in history events")
 	timeout := fs.Duration("timeout", 60*time.Second, "bound of the whole run")
+	faultTimeout := fs.Duration("fault-timeout", dsm.DefaultFaultTimeout, "the mapping's fault timeout (dsm.WithFaultTimeout)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
+	mapOpts = []dsm.MapOption{dsm.WithFaultTimeout(*faultTimeout)}
 	if fs.NArg() == 0 {
 		fmt.Fprintln(os.Stderr, "dsmclient: no command")
 		os.Exit(2)
@@ -149,7 +162,7 @@ func run(ctx context.Context, addr, region string, id int, args []string) error 
 		fmt.Fprintln(cl.out, "ok")
 		return nil
 	}
-	r, err := c.Map(ctx, region)
+	r, err := c.Map(ctx, region, mapOpts...)
 	if err != nil {
 		return err
 	}
@@ -199,6 +212,24 @@ func (cl *client) hold(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// tryGet loads n bytes at off through Bytes(), recovering a fault: the
+// answer is then "fault: " and what FaultErr says of it.
+func (cl *client) tryGet(off, n int64) (s string, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if rerr := cl.r.Err(); rerr != nil {
+				s, err = "", fmt.Errorf("%v: %w", p, rerr)
+				return
+			}
+			s = fmt.Sprintf("fault: %v: %v", p, cl.r.FaultErr(off))
+		}
+	}()
+	p := make([]byte, n)
+	copy(p, cl.r.Bytes()[off:])
+	return hex.EncodeToString(p), nil
 }
 
 // repl answers one command per line of in until EOF.
@@ -264,6 +295,28 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 		}
 		copy(b[off:], p)
 		return "ok", cl.r.Err()
+	case "read-at":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("read-at OFF LEN")
+		}
+		if err := cl.span(v[0], v[1]); err != nil {
+			return "", err
+		}
+		p := make([]byte, v[1])
+		if _, err := cl.r.ReadAt(p, v[0]); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(p), nil
+	case "try-get-bytes":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("try-get-bytes OFF LEN")
+		}
+		if err := cl.span(v[0], v[1]); err != nil {
+			return "", err
+		}
+		return cl.tryGet(v[0], v[1])
 	case "get-bytes":
 		v, err := ints(args)
 		if err != nil || len(v) != 2 {
