@@ -134,6 +134,7 @@
 // older kernel such an access waits as long as it takes, and dsmd logs
 // that once per mapping. The same holds for a store to a page this
 // process has mapped read-only (its home died after it was read here):
-// the store fails, and so do reads of that page from then on. Waiting for a page that other nodes are using is contention, not
-// unavailability, and never fails this way.
+// the store fails, and so do reads of that page from then on. Waiting for
+// a page that other nodes are using is contention, not unavailability, and
+// never fails this way.
 package dsm
