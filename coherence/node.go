@@ -183,16 +183,20 @@ type batchRec struct {
 type Node struct {
 	cfg     Config
 	epoch   ids.Epoch
-	members []ids.NodeID // sorted
-	gone    map[ids.NodeID]bool
+	members []ids.NodeID              // sorted; the authority on who may be named in a word
 	moved   map[ids.PageNo]ids.NodeID // pages whose home changed
 	now     uint64
 
 	// synced: every member has acknowledged the current epoch (MsgEpoch),
 	// so no member still trusts what a departure invalidated; a home
-	// repairs its words only then. epochAcks: who has.
+	// repairs its words only then. Every node is unsynced after a
+	// departure, not only a node with duties: a duty created later
+	// (MsgStamp, MsgEnqueue) must not repair before every member has the
+	// epoch. epochAcks: who has. probing: the probes are out (the node
+	// has a duty); a node without duties sends none until it starts one.
 	synced    bool
 	epochAcks map[ids.NodeID]bool
+	probing   bool
 	probeAt   uint64
 
 	pages   map[ids.PageNo]*page
@@ -214,7 +218,6 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg:     cfg,
 		epoch:   cfg.Epoch,
 		members: sortedIDs(cfg.Members),
-		gone:    map[ids.NodeID]bool{},
 		moved:   map[ids.PageNo]ids.NodeID{},
 		synced:  true,
 		pages:   map[ids.PageNo]*page{},
@@ -523,6 +526,10 @@ func (n *Node) stepReceive(m Message) error {
 	case MsgEpochAck:
 		n.epochAck(m.From)
 		return nil
+	case MsgStamp:
+		// The home side only: no client page is created for it.
+		n.stamp(m.Page)
+		return nil
 	}
 	p := n.page(m.Page)
 	switch m.Type {
@@ -597,7 +604,7 @@ func (n *Node) stepTick() {
 			n.report(p)
 		}
 	}
-	if !n.synced && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
+	if !n.synced && n.probing && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.probe()
 	}
 	for _, h := range n.homes {
