@@ -46,13 +46,15 @@ type Config struct {
 	// HomeOf names the home of a page. It must be a pure function of the
 	// page (placement changes arrive as a new Node).
 	HomeOf func(ids.PageNo) ids.NodeID
-	// HomedPages are the pages this node is home for: on a
-	// reconfiguration it repairs their words (releases what departed
-	// members held and stamps the new epoch tag). A home that does not
-	// list a page (a sparse region: the list would be too long) creates
-	// that page's duty the first time a starving node queues for it;
-	// a reconfiguration repairs only the duties the node has, so a caller
-	// that reconfigures must list every page whose word may be in use.
+	// HomedPages are the pages this node is home for: after a departure
+	// it repairs their words eagerly (releases what departed members held
+	// and stamps the new epoch tag). A home that does not list a page (a
+	// sparse region: the list would be too long) creates that page's duty
+	// the first time a starving node queues for it (MsgEnqueue) or a node
+	// finds its word naming a departed holder or reserver (MsgStamp), and
+	// repairs it then. Words of pages nobody lists are used as they are
+	// (the trust rule), whatever their tag: the zero word of a home slot
+	// never touched is valid in every epoch.
 	HomedPages []ids.PageNo
 	// RetransmitTicks is how long an invalidation waits for its
 	// acknowledgement before it is sent again (default 4).
