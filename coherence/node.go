@@ -196,6 +196,9 @@ type Node struct {
 	// (MsgStamp, MsgEnqueue) must not repair before every member has the
 	// epoch. epochAcks: who has. probing: the probes are out (the node
 	// has a duty); a node without duties sends none until it starts one.
+	// A node starts synced: its caller starts it in an epoch that every
+	// member has reached (a node that joins while others lag behind a
+	// departure is the business of joins, not built yet).
 	synced    bool
 	epochAcks map[ids.NodeID]bool
 	probing   bool
