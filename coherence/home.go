@@ -94,6 +94,12 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			p.data = nil
 			n.effect(PageDrop, p)
 		}
+		if departed && p.ph == phRead && p.inflight != 0 {
+			// The same holds for a read in flight: its READ may have
+			// executed before a departed acquirer's CAS (the tag used
+			// to reject it). Done again once it completes.
+			p.readStale = true
+		}
 	}
 	movedPages := make([]ids.PageNo, 0, len(rc.Moved))
 	for no := range rc.Moved {

@@ -139,6 +139,11 @@ type page struct {
 	// phRead: invalidations seen while the read was in flight.
 	invSeen bool
 	invMax  uint16
+	// phRead: a departure was learnt while the read was in flight. Its
+	// result may predate the CAS of a departed acquirer that died before
+	// its invalidation arrived; the copy would escape the drop of Shared
+	// copies that the departure makes, so the read is done again.
+	readStale bool
 
 	// phAcquire / phWaitAcks
 	expect   Word // CAS expected value of the attempt in flight

@@ -21,6 +21,7 @@ func (n *Node) startRead(p *page) {
 
 func (n *Node) postRead(p *page) {
 	p.invSeen = false
+	p.readStale = false
 	slot := Verb{Kind: VerbRead, Page: p.no, Span: SpanSlot}
 	if p.unitCounted {
 		p.inflight = n.post(p, false, slot)
@@ -43,8 +44,9 @@ func (n *Node) readDone(p *page, res []Result) {
 		p.unitCounted = false
 	}
 	// The trust rule: no holder validates the data whatever the tag (the
-	// unit rule and the version make the data current, not the tag).
-	if p.unitCounted && w.Holder() == ids.None {
+	// unit rule and the version make the data current, not the tag), but
+	// only from a READ that the node posted knowing every departure.
+	if p.unitCounted && w.Holder() == ids.None && !p.readStale {
 		p.state = Shared
 		p.data = slices.Clone(slot[8:])
 		p.copyVer = p.unitVer
@@ -57,6 +59,9 @@ func (n *Node) readDone(p *page, res []Result) {
 		return
 	}
 	p.attempts++
+	if p.readStale {
+		return // read again, in the new epoch, at once
+	}
 	if !p.unitCounted && w.Holder() == ids.None && p.attempts < 4 {
 		return // raced with an acquisition: add the unit again at once
 	}

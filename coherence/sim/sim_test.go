@@ -156,6 +156,14 @@ func TestSimRegressions(t *testing.T) {
 		// reconfiguration kept the copy of the downgrade in flight: a
 		// stale S copy outlived a later store.
 		{"wide-20", 3104303, "reconfiguration during a downgrade"},
+		// The trust rule at first let a READ of the slot that executed
+		// before a departed acquirer's CAS (the acquirer died before its
+		// invalidation arrived) install a copy after the reconfiguration
+		// had dropped every Shared copy; the tag used to reject it. A
+		// later writer did not invalidate that copy.
+		{"crash", 16338, "read in flight across a departure"},
+		{"async-reconfig", 2110, "read in flight across a departure"},
+		{"lazy-home-crash", 6895, "read in flight across a departure"},
 	} {
 		t.Run(fmt.Sprintf("%s/%d", tc.config, tc.seed), func(t *testing.T) {
 			for _, c := range configs {
