@@ -356,7 +356,9 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	case hRebuild:
 		if ok && h.rebuilding {
 			h.rebuilding = false
-			h.pending = false
+			// Rebuilt for the epoch it was computed in: a departure
+			// learnt while the CAS was in flight still needs a repair.
+			h.pending = h.guess != n.repaired(h.guess)
 			h.rebuilt = w
 			h.rebuiltVer = w.Version()
 			for _, m := range n.members {
