@@ -103,23 +103,45 @@
 // # Epochs and departures
 //
 // Every message carries the sender's epoch and a receiver in another epoch
-// refuses it (ErrStaleEpoch); the sender retransmits in the new epoch. The
-// word carries the epoch's tag: CAS expects it, FAA results are checked
-// against it, and a node refuses a word of another tag and retries.
-// Reconfigure installs a new epoch: members that left are gone for good.
-// Every node stops waiting for acknowledgements from them and drops its S
-// copies (a departed acquirer may have cleared sharer units and died before
-// its invalidations arrived), the copy of a downgrade in flight included:
-// its release may have executed before that acquisition. Nodes learn a new
-// epoch at different times, so a home first asks every member whether it
-// is in the new epoch (MsgEpoch, repeated; a lagging member refuses until
-// it learns) and only when all have answered (MsgEpochAck) repairs the
-// words of its pages with a CAS. A member answers only once no batch it
-// posted to that home in an older epoch is unfinished, so no verb of the
-// old epoch lands after the repair. The repair: the departed holder's tenure ends and its unsynced data reverts to
-// the home copy, a departed reservation lapses, departed exact bits are
-// cleared, and the new tag is stamped. Coarse units of departed nodes stay
-// counted (an extra invalidation) until the next acquisition clears them.
+// refuses it (ErrStaleEpoch); the sender retransmits in the new epoch.
+// Reconfigure installs a new epoch: the member list is the authority on
+// who may be named in a word. Every node stops waiting for acknowledgements
+// from non-members and, when someone departed, drops its S copies (a
+// departed acquirer may have cleared sharer units and died before its
+// invalidations arrived), the copy of a downgrade in flight included: its
+// release may have executed before that acquisition. Nodes learn a new
+// epoch at different times, so after a departure a node repairs a word
+// only once it has asked every member whether it is in the new epoch
+// (MsgEpoch, repeated; a lagging member refuses until it learns) and all
+// have answered (MsgEpochAck). Every node is bound by this, not only a
+// node with duties then: a duty it starts later waits too (it sends its
+// probes when it has a duty). A member answers only once no batch it
+// posted to the prober in an older epoch is unfinished, so no verb of the
+// old epoch lands after the repair. The repair is a CAS: a departed holder's
+// tenure ends and its unsynced data reverts to the home copy, a departed
+// reservation lapses, exact bits of non-members are cleared, and the tag
+// is stamped. Coarse units of departed nodes stay counted (an extra
+// invalidation) until the next acquisition clears them.
+//
+// The trust rule: the word's tag (the epoch modulo 16) does not decide
+// whether a word may be used. A READ of the slot whose word has no holder
+// validates the data whatever its tag; a word with no holder and no
+// reservation but the node's own is acquirable whatever its tag; a holder
+// that is a member is recalled whatever the tag. Every CAS a node makes
+// (acquire, release, evict, pass the turn, the home's repairs and passes)
+// writes its own epoch's tag. A word that names a holder or a reserver
+// that is not a member is never used: the node sends MsgStamp to the
+// page's home and backs off; the home starts a duty for the page if it has
+// none (as for MsgEnqueue) and repairs the word once synced. So a home
+// needs no list of its pages (Config.HomedPages) and no sweep after a
+// departure: untouched words (zero, from any epoch) are used as they are
+// and stamped by their first CAS, and words naming departed nodes are
+// repaired when a node finds them. The argument: only a repair removes a
+// departed holder or reserver from a word, and a repair happens only when
+// every member has the epoch and has dropped what the departure made
+// untrustworthy; every other change of a word is a CAS or FAA by a member
+// that the unit rule and the version already account for, whatever the
+// tag. An epoch without a departure needs no probe and no repair.
 //
 // # Home failure
 //
@@ -177,7 +199,8 @@
 //
 //   - single writer: never an M copy while another valid copy exists;
 //   - every valid copy equals the latest completed store;
-//   - when quiet: the word's holder is the M node, the word's sharer units
+//   - when quiet: the word's holder is the M node (or, with lazy homes, a
+//     departed node that nobody has found yet), the word's sharer units
 //     are exactly the nodes whose unit is counted, and with no holder the
 //     home copy is the latest data.
 package coherence

@@ -68,11 +68,6 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			return fmt.Errorf("%w: %v moves to %v, not a member", ErrBadConfig, no, h)
 		}
 	}
-	for _, m := range n.members {
-		if _, ok := slices.BinarySearch(newMembers, m); !ok {
-			n.gone[m] = true
-		}
-	}
 	departed := false
 	for _, m := range n.members {
 		if _, ok := slices.BinarySearch(newMembers, m); !ok {
@@ -84,6 +79,11 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// Probes of the old epoch are answered no more (an answer would be
 	// refused); their senders probe again in the new one.
 	clear(n.ackOwed)
+	if departed || !n.synced {
+		n.synced = false
+		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
+		n.probing = false
+	}
 	for _, p := range n.order {
 		if departed && p.state == Shared && p.ph != phWaitAcks {
 			// A departed holder may have taken the tenure and died
@@ -99,6 +99,12 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			p.state = Invalid
 			p.data = nil
 			n.effect(PageDrop, p)
+		}
+		if departed && p.ph == phRead && p.inflight != 0 {
+			// The same holds for a read in flight: its READ may have
+			// executed before a departed acquirer's CAS (the tag used
+			// to reject it). Done again once it completes.
+			p.readStale = true
 		}
 	}
 	movedPages := make([]ids.PageNo, 0, len(rc.Moved))
@@ -120,7 +126,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	for _, p := range n.order {
 		if p.ph == phWaitAcks {
 			for m := range p.awaiting {
-				if n.gone[m] {
+				if !n.isMember(m) {
 					delete(p.awaiting, m)
 				}
 			}
@@ -131,14 +137,21 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		p.retryAt = n.now
 		n.drive(p)
 	}
+	// An epoch with a departure repairs only once every member has it,
+	// on every node, not only a node with duties: a duty created later
+	// (MsgStamp, MsgEnqueue) must not repair before that either. A node
+	// sends its probes when it has a duty (now or when one starts). An
+	// epoch without a departure needs no probe and no repair: by the
+	// trust rule a word is not judged by its tag, and the next CAS stamps
+	// it. A probe under way starts again in the new epoch.
 	if len(n.homes) > 0 {
-		n.synced = false
-		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
-		n.probe()
+		n.startProbe()
 	}
 	for _, h := range n.homes {
-		h.queue = slices.DeleteFunc(h.queue, func(id ids.NodeID) bool { return n.gone[id] })
-		h.pending = true
+		h.queue = slices.DeleteFunc(h.queue, func(id ids.NodeID) bool { return !n.isMember(id) })
+		if departed {
+			h.pending = true
+		}
 		if h.rebuilding {
 			for id := range h.reports {
 				if !n.isMember(id) {
@@ -152,24 +165,38 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	return nil
 }
 
-// repaired is w after the departure of the gone nodes, in the current
-// epoch: a gone holder's tenure ends (its unsynced data reverts to the home
-// copy), a gone reservation lapses, gone exact sharers are removed. Coarse
-// units of gone nodes stay counted until the next acquisition clears them;
-// an extra unit only costs an extra invalidation.
+// repaired is w in the current epoch without what non-members left in
+// it: a departed holder's tenure ends (its unsynced data reverts to the
+// home copy), a departed reservation lapses, departed exact sharers are
+// removed. The member list is the authority, not a record of departures
+// seen: a word may name a node that departed before this node joined.
+// Coarse units of departed nodes stay counted until the next acquisition
+// clears them; an extra unit only costs an extra invalidation.
 func (n *Node) repaired(w Word) Word {
-	if n.gone[w.Holder()] {
+	if h := w.Holder(); h != ids.None && !n.isMember(h) {
 		w = w.withHolder(ids.None)
 	}
-	if n.gone[w.Reserved()] {
+	if r := w.Reserved(); r != ids.None && r != HomeTurn && !n.isMember(r) {
 		w = w.withResv(ids.None)
 	}
 	for id := ids.NodeID(1); id <= ExactSharers; id++ {
-		if n.gone[id] && w.hasExactBit(id) {
+		if w.hasExactBit(id) && !n.isMember(id) {
 			w -= Word(unit(id))
 		}
 	}
 	return w.withTag(n.tag())
+}
+
+// namesDeparted reports whether w names a holder or a reserver that is not
+// a member: only the page's home may repair it (MsgStamp), after every
+// member has the epoch. Departed sharer bits need no repair (sharersOf
+// lists members only).
+func (n *Node) namesDeparted(w Word) bool {
+	if h := w.Holder(); h != ids.None && !n.isMember(h) {
+		return true
+	}
+	r := w.Reserved()
+	return r != ids.None && r != HomeTurn && !n.isMember(r)
 }
 
 func (n *Node) duty(no ids.PageNo) *homeDuty { return n.homeIdx[no] }
@@ -177,17 +204,36 @@ func (n *Node) duty(no ids.PageNo) *homeDuty { return n.homeIdx[no] }
 func (n *Node) addDuty(h *homeDuty) {
 	n.homes = append(n.homes, h)
 	n.homeIdx[h.no] = h
+	n.startProbe()
+}
+
+// lazyDuty returns the duty of page no, starting it if this node is the
+// page's home and HomedPages left the page out. The guess is only a guess
+// (the word is read, or a CAS fails, before it is trusted).
+func (n *Node) lazyDuty(no ids.PageNo) *homeDuty {
+	h := n.duty(no)
+	if h == nil && n.homeOf(no) == n.cfg.ID {
+		h = &homeDuty{no: no, guess: InitialWord(n.epoch)}
+		n.addDuty(h)
+	}
+	return h
+}
+
+// stamp marks page no's word for repair (at its home): a node found it
+// naming a departed holder or reserver. The repair waits until every
+// member has the epoch (synced), as after a reconfiguration.
+func (n *Node) stamp(no ids.PageNo) {
+	h := n.lazyDuty(no)
+	if h == nil || h.pending || h.rebuilding {
+		return
+	}
+	h.pending = true
+	n.driveHome(h)
 }
 
 // enqueue queues node id for the reservation of page no (at its home).
 func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
-	h := n.duty(no)
-	if h == nil && n.homeOf(no) == n.cfg.ID {
-		// A page HomedPages left out: its duty starts now. The guess is
-		// only a guess (the word is read before it is trusted).
-		h = &homeDuty{no: no, guess: InitialWord(n.epoch)}
-		n.addDuty(h)
-	}
+	h := n.lazyDuty(no)
 	if h == nil || id == h.granted || slices.Contains(h.queue, id) || !n.isMember(id) {
 		return
 	}
@@ -241,7 +287,10 @@ func (n *Node) driveHome(h *homeDuty) {
 		}
 		h.fresh = false
 		w := h.guess
-		if w.Tag() != n.tag() {
+		if n.namesDeparted(w) {
+			// A word of another tag needs nothing (the trust rule; the
+			// CAS that passes the reservation stamps it), one that names
+			// a departed holder or reserver a repair.
 			h.pending = true
 			continue
 		}
@@ -261,7 +310,7 @@ func (n *Node) driveHome(h *homeDuty) {
 				return
 			}
 			h.target = next
-			n.homeCAS(h, hPass, w.withResv(next))
+			n.homeCAS(h, hPass, w.withResv(next).withTag(n.tag()))
 			return
 		case r == h.granted:
 			if n.now-h.grantAt >= uint64(2*n.cfg.RetransmitTicks) {
@@ -339,7 +388,9 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	case hRebuild:
 		if ok && h.rebuilding {
 			h.rebuilding = false
-			h.pending = false
+			// Rebuilt for the epoch it was computed in: a departure
+			// learnt while the CAS was in flight still needs a repair.
+			h.pending = h.guess != n.repaired(h.guess)
 			h.rebuilt = w
 			h.rebuiltVer = w.Version()
 			for _, m := range n.members {
@@ -376,6 +427,17 @@ func (n *Node) granted(p *page) {
 
 // ---- epoch synchronisation ----
 
+// startProbe starts asking the members whether they are in the epoch,
+// unless every member has acknowledged it or the probes are out already.
+func (n *Node) startProbe() {
+	if n.synced || n.probing {
+		return
+	}
+	n.probing = true
+	n.probe()
+	n.epochAck(n.cfg.ID) // a cluster of one is synced at once
+}
+
 // probe asks every member that has not acknowledged the epoch yet.
 func (n *Node) probe() {
 	n.probeAt = n.now
@@ -397,6 +459,7 @@ func (n *Node) epochAck(from ids.NodeID) {
 		}
 	}
 	n.synced = true
+	n.probing = false
 	for _, h := range n.homes {
 		n.driveHome(h)
 	}

@@ -98,3 +98,79 @@ func TestLazyHomeDuty(t *testing.T) {
 		t.Fatal("a non-home created a duty")
 	}
 }
+
+// TestStampWaitsForProbe: a home with no duties learns a departure and
+// sends no probe; a stamp request then starts the page's duty, and the
+// repair waits until every member has acknowledged the epoch.
+func TestStampWaitsForProbe(t *testing.T) {
+	n := newTestNode(t, 1, 3) // home of every page, HomedPages empty
+	if err := n.Step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if rd := n.Ready(); len(rd.Messages) != 0 || len(rd.Batches) != 0 {
+		t.Fatalf("a node without duties acted on the departure: %+v", rd)
+	}
+	if err := n.Step(Receive{Msg: Message{Type: MsgStamp, From: 2, To: 1, Epoch: 2, Page: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	rd := n.Ready()
+	if len(rd.Batches) != 0 || len(rd.Messages) != 1 || rd.Messages[0].Type != MsgEpoch || rd.Messages[0].To != 2 {
+		t.Fatalf("after the stamp request: %+v, want only the probe of n2", rd)
+	}
+	if n.duty(9) == nil || !n.duty(9).pending {
+		t.Fatal("the stamp request left no pending duty")
+	}
+	if err := n.Step(Receive{Msg: Message{Type: MsgEpochAck, From: 2, To: 1, Epoch: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	rd = n.Ready()
+	if len(rd.Batches) != 1 || rd.Batches[0].Verbs[0].Kind != VerbCAS || Word(rd.Batches[0].Verbs[0].Operand).Tag() != 2 {
+		t.Fatalf("after the probe: %+v, want the repair CAS", rd)
+	}
+}
+
+// TestRebuildAcrossDeparture: a new home's rebuild CAS is in flight when
+// it learns another departure; the rebuilt word was computed for the
+// previous epoch, so the departure's repair still follows.
+func TestRebuildAcrossDeparture(t *testing.T) {
+	n, err := NewNode(Config{ID: 1, PageSize: testPageSize, Epoch: 1, Members: []ids.NodeID{1, 2, 3},
+		HomeOf: func(ids.PageNo) ids.NodeID { return 3 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2}, Moved: map[ids.PageNo]ids.NodeID{9: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	n.Ready()
+	if err := n.Step(Receive{Msg: Message{Type: MsgReport, From: 2, To: 1, Epoch: 2, Page: 9, State: Shared, Version: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	rd := n.Ready()
+	if len(rd.Batches) != 1 || rd.Batches[0].Verbs[0].Kind != VerbCAS {
+		t.Fatalf("with every report: %+v, want the rebuild CAS", rd)
+	}
+	b := rd.Batches[0]
+	if w := Word(b.Verbs[0].Operand); !w.hasExactBit(2) || w.Tag() != 2 {
+		t.Fatalf("rebuilt word %v, want n2's unit, tag 2", w)
+	}
+	if err := n.Step(Reconfigure{Epoch: 3, Members: []ids.NodeID{1}}); err != nil {
+		t.Fatal(err)
+	}
+	n.Ready()
+	if err := n.Step(VerbsDone{ID: b.ID, Results: []Result{{Word: b.Verbs[0].Compare}}}); err != nil {
+		t.Fatal(err)
+	}
+	rd = n.Ready()
+	var repair *Verb
+	for _, bb := range rd.Batches {
+		if v := bb.Verbs[0]; v.Kind == VerbCAS && v.Page == 9 {
+			repair = &v
+		}
+	}
+	if repair == nil {
+		t.Fatalf("after the rebuild: %+v, want the repair of the departure of n2", rd)
+	}
+	if w := Word(repair.Operand); w.hasExactBit(2) || w.Tag() != 3 {
+		t.Fatalf("repair writes %v, want n2's bit cleared, tag 3", w)
+	}
+}

@@ -76,7 +76,7 @@ func (n *Node) Quiet() bool {
 			return false
 		}
 	}
-	return n.synced
+	return n.synced || !n.probing
 }
 
 // Dump is a one-line-per-page description of the node's state, stable for

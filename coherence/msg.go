@@ -41,6 +41,11 @@ const (
 	// MsgEpochAck answers MsgEpoch: the sender is in Epoch and has
 	// dropped what the departure made untrustworthy.
 	MsgEpochAck
+	// MsgStamp asks the home of Page to repair its word: the sender found
+	// it naming a holder or a reserver that is not a member. The home
+	// repairs it once every member is in the epoch (repeated by the sender
+	// on every blocked attempt; the home ignores duplicates).
+	MsgStamp
 )
 
 func (t MsgType) String() string {
@@ -65,6 +70,8 @@ func (t MsgType) String() string {
 		return "epoch"
 	case MsgEpochAck:
 		return "epoch-ack"
+	case MsgStamp:
+		return "stamp"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
 }
@@ -114,7 +121,7 @@ const (
 	flagShared   = 2
 	flagModified = 4
 	knownFlags   = flagWrite | flagShared | flagModified
-	maxMsgType_  = MsgEpochAck
+	maxMsgType_  = MsgStamp
 )
 
 // Marshal encodes m.

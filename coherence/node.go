@@ -46,13 +46,15 @@ type Config struct {
 	// HomeOf names the home of a page. It must be a pure function of the
 	// page (placement changes arrive as a new Node).
 	HomeOf func(ids.PageNo) ids.NodeID
-	// HomedPages are the pages this node is home for: on a
-	// reconfiguration it repairs their words (releases what departed
-	// members held and stamps the new epoch tag). A home that does not
-	// list a page (a sparse region: the list would be too long) creates
-	// that page's duty the first time a starving node queues for it;
-	// a reconfiguration repairs only the duties the node has, so a caller
-	// that reconfigures must list every page whose word may be in use.
+	// HomedPages are the pages this node is home for: after a departure
+	// it repairs their words eagerly (releases what departed members held
+	// and stamps the new epoch tag). A home that does not list a page (a
+	// sparse region: the list would be too long) creates that page's duty
+	// the first time a starving node queues for it (MsgEnqueue) or a node
+	// finds its word naming a departed holder or reserver (MsgStamp), and
+	// repairs it then. Words of pages nobody lists are used as they are
+	// (the trust rule), whatever their tag: the zero word of a home slot
+	// never touched is valid in every epoch.
 	HomedPages []ids.PageNo
 	// RetransmitTicks is how long an invalidation waits for its
 	// acknowledgement before it is sent again (default 4).
@@ -150,6 +152,11 @@ type page struct {
 	// phRead: invalidations seen while the read was in flight.
 	invSeen bool
 	invMax  uint16
+	// phRead: a departure was learnt while the read was in flight. Its
+	// result may predate the CAS of a departed acquirer that died before
+	// its invalidation arrived; the copy would escape the drop of Shared
+	// copies that the departure makes, so the read is done again.
+	readStale bool
 
 	// phAcquire / phWaitAcks
 	expect   Word // CAS expected value of the attempt in flight
@@ -201,16 +208,23 @@ type batchRec struct {
 type Node struct {
 	cfg     Config
 	epoch   ids.Epoch
-	members []ids.NodeID // sorted
-	gone    map[ids.NodeID]bool
+	members []ids.NodeID              // sorted; the authority on who may be named in a word
 	moved   map[ids.PageNo]ids.NodeID // pages whose home changed
 	now     uint64
 
 	// synced: every member has acknowledged the current epoch (MsgEpoch),
 	// so no member still trusts what a departure invalidated; a home
-	// repairs its words only then. epochAcks: who has.
+	// repairs its words only then. Every node is unsynced after a
+	// departure, not only a node with duties: a duty created later
+	// (MsgStamp, MsgEnqueue) must not repair before every member has the
+	// epoch. epochAcks: who has. probing: the probes are out (the node
+	// has a duty); a node without duties sends none until it starts one.
+	// A node starts synced: its caller starts it in an epoch that every
+	// member has reached (a node that joins while others lag behind a
+	// departure is the business of joins, not built yet).
 	synced    bool
 	epochAcks map[ids.NodeID]bool
+	probing   bool
 	probeAt   uint64
 	// ackOwed: members whose MsgEpoch this node answers once the batches
 	// it posted to them in an older epoch are finished (epochAckDue).
@@ -235,7 +249,6 @@ func NewNode(cfg Config) (*Node, error) {
 		cfg:     cfg,
 		epoch:   cfg.Epoch,
 		members: sortedIDs(cfg.Members),
-		gone:    map[ids.NodeID]bool{},
 		moved:   map[ids.PageNo]ids.NodeID{},
 		synced:  true,
 		pages:   map[ids.PageNo]*page{},
@@ -571,6 +584,10 @@ func (n *Node) stepReceive(m Message) error {
 	case MsgEpochAck:
 		n.epochAck(m.From)
 		return nil
+	case MsgStamp:
+		// The home side only: no client page is created for it.
+		n.stamp(m.Page)
+		return nil
 	}
 	p := n.page(m.Page)
 	switch m.Type {
@@ -645,7 +662,7 @@ func (n *Node) stepTick() {
 			n.report(p)
 		}
 	}
-	if !n.synced && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
+	if !n.synced && n.probing && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.probe()
 	}
 	for _, h := range n.homes {

@@ -21,6 +21,7 @@ func (n *Node) startRead(p *page) {
 
 func (n *Node) postRead(p *page) {
 	p.invSeen = false
+	p.readStale = false
 	slot := Verb{Kind: VerbRead, Page: p.no, Span: SpanSlot}
 	if p.unitCounted {
 		p.inflight = n.post(p, false, slot)
@@ -42,7 +43,10 @@ func (n *Node) readDone(p *page, res []Result) {
 		// An acquisition after our unit was added cleared it.
 		p.unitCounted = false
 	}
-	if p.unitCounted && w.Tag() == n.tag() && w.Holder() == ids.None {
+	// The trust rule: no holder validates the data whatever the tag (the
+	// unit rule and the version make the data current, not the tag), but
+	// only from a READ that the node posted knowing every departure.
+	if p.unitCounted && w.Holder() == ids.None && !p.readStale {
 		p.state = Shared
 		p.data = slices.Clone(slot[8:])
 		p.copyVer = p.unitVer
@@ -55,17 +59,29 @@ func (n *Node) readDone(p *page, res []Result) {
 		return
 	}
 	p.attempts++
-	if !p.unitCounted && w.Holder() == ids.None && w.Tag() == n.tag() && p.attempts < 4 {
+	if p.readStale {
+		return // read again, in the new epoch, at once
+	}
+	if !p.unitCounted && w.Holder() == ids.None && p.attempts < 4 {
 		return // raced with an acquisition: add the unit again at once
 	}
 	n.blocked(p, w, false)
 }
 
 // blocked handles an attempt that found the page held or reserved: recall
-// the holder, reserve the page when starving, back off.
+// a holder that is a member (whatever the word's tag), ask the home to
+// repair a word that names a departed holder or reserver, reserve the page
+// when starving, back off.
 func (n *Node) blocked(p *page, w Word, write bool) {
-	if h := w.Holder(); h != ids.None && h != n.cfg.ID && w.Tag() == n.tag() {
+	if h := w.Holder(); h != ids.None && h != n.cfg.ID && n.isMember(h) {
 		n.send(MsgRecall, h, p.no, w.Version(), write)
+	}
+	if n.namesDeparted(w) {
+		if p.home == n.cfg.ID {
+			n.stamp(p.no)
+		} else {
+			n.send(MsgStamp, p.home, p.no, 0, false)
+		}
 	}
 	if p.attempts >= n.cfg.StarveAttempts && w.Reserved() != n.cfg.ID {
 		// Starving: queue for the reservation at the home (again on
@@ -87,8 +103,11 @@ func (n *Node) startAcquire(p *page) {
 	n.postAcquire(p)
 }
 
+// acquirable reports whether this node may CAS itself in as the holder:
+// no holder, and no reservation other than its own, whatever the tag (the
+// CAS stamps the node's own tag).
 func (n *Node) acquirable(w Word) bool {
-	return w.Tag() == n.tag() && w.Holder() == ids.None && (w.Reserved() == ids.None || w.Reserved() == n.cfg.ID)
+	return w.Holder() == ids.None && (w.Reserved() == ids.None || w.Reserved() == n.cfg.ID)
 }
 
 func (n *Node) postAcquire(p *page) {
@@ -98,7 +117,7 @@ func (n *Node) postAcquire(p *page) {
 		p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
 		return
 	}
-	next := g.withHolder(n.cfg.ID).withVersion(g.Version() + 1).withoutSharers()
+	next := g.withHolder(n.cfg.ID).withVersion(g.Version() + 1).withoutSharers().withTag(n.tag())
 	if g.Reserved() == n.cfg.ID {
 		next = next.withResv(HomeTurn) // our turn is used: the home passes it on
 	}
@@ -237,7 +256,7 @@ func (p *page) releasing() bool {
 }
 
 func (n *Node) releaseTarget(g Word, write bool) Word {
-	next := g.withHolder(ids.None)
+	next := g.withHolder(ids.None).withTag(n.tag())
 	if !write {
 		next += Word(unit(n.cfg.ID))
 	}
@@ -325,6 +344,9 @@ func (n *Node) evictCASOK(p *page) bool {
 	return g.Coarse() > 0
 }
 
+// evictTarget is g without this node's unit, stamped with its tag.
+func (n *Node) evictTarget(g Word) Word { return (g - Word(unit(n.cfg.ID))).withTag(n.tag()) }
+
 func (n *Node) postEvict(p *page) {
 	if !p.unitCounted {
 		p.ph = phIdle
@@ -338,7 +360,7 @@ func (n *Node) postEvict(p *page) {
 	}
 	g := p.guess
 	p.expect = g
-	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(g - Word(unit(n.cfg.ID)))})
+	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(n.evictTarget(g))})
 }
 
 func (n *Node) evictDone(p *page, verbs []Verb, res []Result) {
@@ -349,7 +371,7 @@ func (n *Node) evictDone(p *page, verbs []Verb, res []Result) {
 		w = Word(res[0].Word)
 	}
 	if verbs[0].Kind == VerbCAS && w == p.expect {
-		p.guess = w - Word(unit(n.cfg.ID))
+		p.guess = n.evictTarget(w)
 		p.unitCounted = false
 	} else {
 		p.guess = w
@@ -372,13 +394,13 @@ func (n *Node) postPassTurn(p *page) {
 		g = g.withResv(n.cfg.ID)
 	}
 	p.expect = g
-	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(g.withResv(HomeTurn))})
+	p.inflight = n.post(p, false, Verb{Kind: VerbCAS, Page: p.no, Span: SpanWord, Compare: uint64(g), Operand: uint64(g.withResv(HomeTurn).withTag(n.tag()))})
 }
 
 func (n *Node) passTurnDone(p *page, res []Result) {
 	w := Word(res[0].Word)
 	if w == p.expect {
-		p.guess = w.withResv(HomeTurn)
+		p.guess = w.withResv(HomeTurn).withTag(n.tag())
 	} else {
 		p.guess = w
 		if w.Reserved() == n.cfg.ID {

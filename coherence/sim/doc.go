@@ -18,7 +18,11 @@
 // UnknownOutcomes: all of the batch executed, a prefix, or none, and the
 // node learns nothing of it), and crashes nodes (homes too, with HomeCrashes),
 // each crash followed some steps later by the reconfiguration that removes
-// the node (and moves its pages). Then the faults and the new requests
+// the node (and moves its pages), and with EmptyEpochs reconfigurations
+// that change nothing. With LazyHomes the state machines list no home
+// pages and the home slots start zero (never touched), as dsmd's do: the
+// trust rule and MsgStamp are all that makes them usable after a
+// departure. Then the faults and the new requests
 // stop and the run settles: every request must complete within
 // SettleSteps.
 //

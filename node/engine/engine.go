@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -58,9 +59,11 @@ type Config struct {
 	Name string
 	// PageSize in bytes: a positive multiple of 8.
 	PageSize int
-	// Epoch and Members are the configuration. Epoch must be a positive
-	// multiple of 16: home memory is zero until a page is first touched,
-	// and the zero word is coherence.InitialWord of exactly those epochs.
+	// Epoch and Members are the initial configuration; Reconfigure
+	// changes them. Epoch is any positive epoch: home memory is zero until
+	// a page is first touched, and by the trust rule of package coherence
+	// the zero word (no holder, no reservation) is valid in every epoch
+	// and stamped by its first CAS.
 	Epoch   ids.Epoch
 	Members []ids.NodeID
 	// HomeOf names the home of every page of the region (a pure
@@ -100,9 +103,10 @@ type Engine struct {
 	peerMu sync.Mutex
 	peers  map[ids.NodeID]rdma.Descriptor
 
-	reqCh  chan submit
-	doneCh chan posted
-	recvCh chan coherence.Message
+	reqCh    chan submit
+	doneCh   chan posted
+	recvCh   chan coherence.Message
+	reconfCh chan coherence.Reconfigure
 	// effectCh returns the cache's answers to drops and downgrades.
 	effectCh chan *effectJob
 	stop     chan struct{}
@@ -191,8 +195,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Transport == nil || cfg.HomeOf == nil || cfg.NumPages <= 0 {
 		return nil, fmt.Errorf("%w: transport, HomeOf and NumPages are required", ErrBadConfig)
 	}
-	if cfg.Epoch == 0 || cfg.Epoch%16 != 0 {
-		return nil, fmt.Errorf("%w: epoch %d is not a positive multiple of 16", ErrBadConfig, cfg.Epoch)
+	if cfg.Epoch == 0 {
+		return nil, fmt.Errorf("%w: epoch 0", ErrBadConfig)
 	}
 	if cfg.PageSize <= 0 || cfg.PageSize%8 != 0 {
 		return nil, fmt.Errorf("%w: page size %d", ErrBadConfig, cfg.PageSize)
@@ -219,7 +223,8 @@ func New(cfg Config) (*Engine, error) {
 			return cfg.HomeOf(p)
 		},
 		// Homes start a page's duty when it is first needed (sparse
-		// regions); no Reconfigure is fed in.
+		// regions): a starving node queues for it, or a node finds its
+		// word naming a departed node after a Reconfigure.
 		HomedPages: nil,
 	})
 	if err != nil {
@@ -228,15 +233,16 @@ func New(cfg Config) (*Engine, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &Engine{
 		cfg: cfg, sm: sm, log: log,
-		reqCh:   make(chan submit),
-		doneCh:  make(chan posted),
-		down:    map[ids.NodeID]string{},
-		availCh: make(chan struct{}, 1),
-		unreach: map[ids.NodeID]unreachable{},
-		parked:  map[ids.NodeID][]coherence.Batch{},
-		recvCh:  make(chan coherence.Message, 256),
-		stop:    make(chan struct{}),
-		ctx:     ctx, cancel: cancel,
+		reqCh:    make(chan submit),
+		doneCh:   make(chan posted),
+		down:     map[ids.NodeID]string{},
+		availCh:  make(chan struct{}, 1),
+		unreach:  map[ids.NodeID]unreachable{},
+		parked:   map[ids.NodeID][]coherence.Batch{},
+		recvCh:   make(chan coherence.Message, 256),
+		reconfCh: make(chan coherence.Reconfigure),
+		stop:     make(chan struct{}),
+		ctx:      ctx, cancel: cancel,
 		peers:    map[ids.NodeID]rdma.Descriptor{},
 		waiters:  map[uint64]*waiter{},
 		wb:       map[ids.PageNo][]byte{},
@@ -337,6 +343,22 @@ func (e *Engine) Deliver(from ids.NodeID, b []byte) {
 	}
 }
 
+// Reconfigure hands the engine a new configuration: the epoch and the
+// members (the nodes absent from the list departed; pages homed on a
+// departed node are not moved, that needs Reconfigure.Moved or the sparse
+// rebuild, neither fed by the engine). It waits until the loop has taken
+// it (after Start) or the engine is closed; the loop steps it and applies
+// what it asks (dropping Shared copies after a departure). A refused
+// configuration (an epoch not after the current one, a bad member id) is
+// logged and changes nothing.
+func (e *Engine) Reconfigure(epoch ids.Epoch, members []ids.NodeID) {
+	rc := coherence.Reconfigure{Epoch: epoch, Members: slices.Clone(members)}
+	select {
+	case e.reconfCh <- rc:
+	case <-e.stop:
+	}
+}
+
 // ---- the loop: sole owner of the state machine ----
 
 func (e *Engine) loop() {
@@ -393,6 +415,10 @@ func (e *Engine) loop() {
 		case m := <-e.recvCh:
 			if err := e.sm.Step(coherence.Receive{Msg: m}); err != nil {
 				e.log.Debug("message refused", "msg", m, "err", err)
+			}
+		case rc := <-e.reconfCh:
+			if err := e.sm.Step(rc); err != nil {
+				e.log.Warn("reconfiguration refused", "epoch", rc.Epoch, "err", err)
 			}
 		case j := <-e.effectCh:
 			e.effectDone(j)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/localcache"
 	"github.com/dsmkit/dsm/rdma"
 	"github.com/dsmkit/dsm/rdma/fault"
 	"github.com/dsmkit/dsm/rdma/mem"
@@ -455,13 +456,96 @@ func TestBadConfig(t *testing.T) {
 		"other id":      func(c *Config) { c.ID = 2 },
 		"bad page size": func(c *Config) { c.PageSize = 12 },
 		"epoch zero":    func(c *Config) { c.Epoch = 0 },
-		"epoch tag 1":   func(c *Config) { c.Epoch = 17 },
 	} {
 		c := base
 		mod(&c)
 		if e, err := New(c); err == nil {
 			_ = e.Close()
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// Any positive epoch will do: the zero word of an untouched slot is valid
+// in every epoch (the trust rule), and the first CAS stamps it.
+func TestAnyEpoch(t *testing.T) {
+	net := mem.NewNetwork()
+	ep, err := net.Endpoint(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ep.Close()
+	e, err := New(Config{ID: 1, Region: 1, NumPages: 1, PageSize: 64, Epoch: 17, Members: []ids.NodeID{1},
+		HomeOf: func(ids.PageNo) ids.NodeID { return 1 }, Transport: ep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.Start(nil)
+	ctx := testCtx(t)
+	if old, err := e.Add(ctx, 0, 8, 5); err != nil || old != 0 {
+		t.Fatalf("Add in epoch 17: %d, %v", old, err)
+	}
+	if w := coherence.Word(rdma.LoadWord(e.mem, 0)); w.Tag() != 1 || w.Holder() != 1 {
+		t.Fatalf("word after the first CAS in epoch 17: %v, want holder n1, tag 1", w)
+	}
+}
+
+// A node departs holding a page Modified (and another one's sharer bit):
+// once the survivors are reconfigured without it, they read and write its
+// pages again. The departed holder's unsynced data is lost: the page
+// reverts to the home copy. The words naming it are repaired lazily, by
+// their homes, when a survivor finds them (MsgStamp).
+func TestReconfigureAfterDeparture(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	n1, n2, n3 := nodes[1], nodes[2], nodes[3]
+	rng := rand.New(rand.NewPCG(5, 6))
+	// Page 0 is homed on n1, page 1 on n2 (page 2, homed on n3, is out of
+	// scope: its home leaves with n3).
+	synced := randomPage(rng)
+	if err := n3.pages.Write(ctx, n3.e, testRegion, 1, testPageSize, 0, synced); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n1.pages.Read(ctx, n1.e, testRegion, 1, testPageSize); err != nil || !bytes.Equal(got, synced) {
+		t.Fatalf("n1 read of p1: %x, %v", got, err) // the read recall wrote p1 back
+	}
+	for _, p := range []ids.PageNo{0, 1} {
+		if err := n3.pages.Write(ctx, n3.e, testRegion, p, testPageSize, 0, randomPage(rng)); err != nil {
+			t.Fatal(err)
+		}
+		if st := n3.pages.State(testRegion, p); st != localcache.Modified {
+			t.Fatalf("n3 holds %v in %v, want Modified", p, st)
+		}
+	}
+	if err := n3.e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = n3.ep.Close()
+	for _, n := range []*testNode{n1, n2} {
+		n.e.Reconfigure(17, []ids.NodeID{1, 2})
+	}
+	want := map[ids.PageNo][]byte{0: make([]byte, testPageSize), 1: synced}
+	for _, p := range []ids.PageNo{0, 1} {
+		for _, n := range []*testNode{n2, n1} {
+			got, err := n.pages.Read(ctx, n.e, testRegion, p, testPageSize)
+			if err != nil {
+				t.Fatalf("read %v after the departure: %v", p, err)
+			}
+			if !bytes.Equal(got, want[p]) {
+				t.Fatalf("read %v after the departure: %x, want the home copy %x", p, got, want[p])
+			}
+		}
+		for i, n := range []*testNode{n1, n2} {
+			b := randomPage(rng)
+			if err := n.pages.Write(ctx, n.e, testRegion, p, testPageSize, 0, b); err != nil {
+				t.Fatalf("write %v after the departure: %v", p, err)
+			}
+			other := []*testNode{n2, n1}[i]
+			got, err := other.pages.Read(ctx, other.e, testRegion, p, testPageSize)
+			if err != nil || !bytes.Equal(got, b) {
+				t.Fatalf("read %v back: %x, %v; wrote %x", p, got, err, b)
+			}
 		}
 	}
 }
