@@ -20,9 +20,9 @@ import (
 	"github.com/dsmkit/dsm/rdma"
 )
 
-// coherenceEpoch is the epoch every engine runs the protocol in: homes are
-// fixed for a region's life (no Reconfigure is fed in yet), and an epoch
-// with tag 0 makes untouched home memory (zeros) hold the initial word.
+// coherenceEpoch is the protocol epoch every engine starts in. Homes are
+// fixed for a region's life (they do not move yet); each home that
+// departs for good adds one (engines.departures).
 const coherenceEpoch ids.Epoch = 16
 
 // engineTick is the protocol clock of the engines.
@@ -55,6 +55,9 @@ type regionEngine struct {
 	peers map[ids.NodeID]rdma.Descriptor
 	// down are the homes set down in the engine, and why (under es.mu).
 	down map[ids.NodeID]string
+	// departed are the homes the engine was told departed for good (a
+	// Reconfigure without them; under es.mu).
+	departed int
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -281,7 +284,7 @@ func (es *engines) markDown(v *directory.View) {
 			if h == ids.NodeID(es.n.cfg.ID) {
 				continue
 			}
-			why := homeDown(v, re.region, h)
+			why, _ := homeDown(v, re.region, h)
 			switch was := re.down[h]; {
 			case why == was:
 			case why == "":
@@ -294,24 +297,60 @@ func (es *engines) markDown(v *directory.View) {
 				es.log.Warn("home down: its pages of the region fail until it is back", "region", re.region.Name, "home", h, "why", why)
 			}
 		}
+		es.departures(v, re)
 	}
 }
 
-// homeDown says why home h of region r is down in v, or "" when it is not.
-func homeDown(v *directory.View, r directory.Region, h ids.NodeID) string {
+// departures tells the engine of a region which of its homes departed for
+// good: restarted as another incarnation, or left. Their words at the other
+// homes are repaired by the protocol (a departed holder's tenure ends: its
+// unsynced stores are lost, the home copy stands; its reservations lapse),
+// so pages they held or queued for are served again; the pages they were
+// home of stay unavailable. A member that failed is not departed: it may be
+// alive behind a partition with a Modified copy, and nothing fences it yet
+// (docs/failover.md, leases), so its pages wait (and fail after
+// engine.DefaultUnavailableAfter) until it comes back or is replaced.
+//
+// Departures only grow, and every node computes them from the same member
+// table, so the protocol epoch coherenceEpoch + (number departed) names
+// the same member set on every node, whichever views it skipped.
+func (es *engines) departures(v *directory.View, re *regionEngine) {
+	self := ids.NodeID(es.n.cfg.ID)
+	var members, gone []ids.NodeID
+	for _, h := range re.region.Homes {
+		if _, departed := homeDown(v, re.region, h); departed && h != self {
+			gone = append(gone, h)
+			continue
+		}
+		members = append(members, h)
+	}
+	if len(gone) <= re.departed {
+		return
+	}
+	re.departed = len(gone)
+	epoch := coherenceEpoch + ids.Epoch(len(gone))
+	es.log.Info("region members: departed homes are out of the protocol", "region", re.region.Name,
+		"departed", gone, "members", members, "protocol_epoch", epoch)
+	re.e.Reconfigure(epoch, members)
+}
+
+// homeDown says why home h of region r is down in v ("" when it is not),
+// and whether it departed for good: its incarnation of the region's
+// creation is gone (restarted, or left).
+func homeDown(v *directory.View, r directory.Region, h ids.NodeID) (why string, departed bool) {
 	m, ok := v.Member(h)
 	inc, _ := r.HomeIncarnation(h)
 	switch {
 	case !ok:
-		return "is not a member"
+		return "is not a member", true
 	case inc != 0 && m.Incarnation != inc:
-		return fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of were lost with its previous process", m.Incarnation, m.Epoch)
+		return fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of were lost with its previous process", m.Incarnation, m.Epoch), true
 	case m.State == directory.StateFailed:
-		return fmt.Sprintf("failed in epoch %d", m.Epoch)
+		return fmt.Sprintf("failed in epoch %d", m.Epoch), false
 	case m.State == directory.StateLeft:
-		return fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
+		return fmt.Sprintf("left the cluster in epoch %d", m.Epoch), true
 	}
-	return ""
+	return "", false
 }
 
 // add starts the engine of region r and adds the region to the page cache.

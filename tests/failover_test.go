@@ -59,6 +59,15 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		}
 	}
 
+	// A page homed at n1, written back there ("v1"), then taken Modified
+	// by n3 without Sync.
+	held := strconv.FormatUint((homes[1]+2)*4096, 10)
+	c.mustCtl(t, 1, "put", region, held, "v1-by-n1")
+	if out := c.mustCtl(t, 2, "get", region, held, "8"); !strings.Contains(out, "v1-by-n1") {
+		t.Fatalf("n2 reads %q", out)
+	}
+	c.mustCtl(t, 3, "put", region, held, "v3-unsynced")
+
 	victim := c.nodes[2]
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -114,6 +123,14 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		t.Fatalf("n1 reads %q after n2's write", out)
 	}
 
+	// The page n3 held Modified waits for n3, which may only be cut off
+	// (failed is not gone): after the engine's bound it fails, naming n3
+	// as its holder.
+	_, errs, code = c.ctl(2, "--timeout", "30s", "get", region, held, "8")
+	if code == 0 || !strings.Contains(errs, "unavailable") || !strings.Contains(errs, "holder n3") {
+		t.Fatalf("n2's read of the page the dead n3 held Modified: exit %d, %q", code, errs)
+	}
+
 	// n3 restarts from its data directory: a new incarnation with empty
 	// memory. Nobody may read its empty memory as the region's data (that
 	// read zeros before incarnations existed): the pages it homed stay
@@ -151,6 +168,24 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	if code == 0 || !strings.Contains(errs, "restarted since the region was created") {
 		t.Fatalf("the restarted n3 on a region of its previous life: exit %d, %q", code, errs)
 	}
+	// Its previous incarnation departed for good: n1 repairs the word of
+	// the page it held, so the page is served again with the last data
+	// written back (n3's unsynced store died with it), and can be written.
+	eventually(t, "n2 reads the page the old n3 held, as last written back", 60*time.Second, func() error {
+		out, errs, code := c.ctl(2, "get", region, held, "8")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		if !strings.Contains(out, "v1-by-n1") {
+			t.Fatalf("n2 reads %q at the page the old n3 held; want the last write-back, v1-by-n1", out)
+		}
+		return nil
+	})
+	c.mustCtl(t, 1, "put", region, held, "v2-by-n1")
+	if out := c.mustCtl(t, 2, "get", region, held, "8"); !strings.Contains(out, "v2-by-n1") {
+		t.Fatalf("n2 reads %q after n1's write", out)
+	}
+
 	// Mapping it there fails at once, with the reason.
 	if out, err := c.client(3, region, "get-bytes", offOf(1), "11"); err == nil ||
 		!strings.Contains(err.Error(), "restarted since the region was created") || !strings.Contains(err.Error(), "unavailable") {
