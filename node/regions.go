@@ -28,9 +28,8 @@ const coherenceEpoch ids.Epoch = 16
 // engineTick is the protocol clock of the engines.
 const engineTick = 2 * time.Millisecond
 
-// ErrNotServed reports a region this node does not serve: it joined the
-// cluster after the region was created, and the region's pages are placed
-// on the members alive at its creation only.
+// ErrNotServed reports a region this node does not serve: one recorded
+// without homes, or whose engine did not start.
 var ErrNotServed = errors.New("node: region not served on this node")
 
 // engines runs one coherence engine per region and is the page cache's
@@ -43,6 +42,8 @@ type engines struct {
 	mu      sync.RWMutex
 	byID    map[ids.RegionID]*regionEngine
 	refused map[ids.RegionID]string // why a region is not served here
+	// pv maps protocol ids to nodes, as of the last view.
+	pv protoView
 
 	missLat *histogram
 }
@@ -51,13 +52,13 @@ type regionEngine struct {
 	e        *engine.Engine
 	region   directory.Region
 	pageSize int
-	// peers are the descriptors given to the engine, to skip repeats.
+	// peers are the descriptors given to the engine by protocol id, to
+	// skip repeats.
 	peers map[ids.NodeID]rdma.Descriptor
 	// down are the homes set down in the engine, and why (under es.mu).
 	down map[ids.NodeID]string
-	// departed are the homes the engine was told departed for good (a
-	// Reconfigure without them; under es.mu).
-	departed int
+	// epoch is the protocol epoch the engine was last given (under es.mu).
+	epoch ids.Epoch
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -164,6 +165,16 @@ func (es *engines) deliver(from ids.NodeID, b []byte) {
 
 func (es *engines) sender(r ids.RegionID) func(ctx context.Context, to ids.NodeID, msg []byte) error {
 	return func(ctx context.Context, to ids.NodeID, msg []byte) error {
+		// to is a protocol id: only a current incarnation is sent to (a
+		// departed one's node may run a new process now).
+		pm := es.pv.p.Load()
+		if pm == nil {
+			return fmt.Errorf("node: no protocol ids known yet")
+		}
+		in, ok := pm.byProto[to]
+		if !ok || in.departed {
+			return fmt.Errorf("node: protocol id %v is no member", to)
+		}
 		b := make([]byte, msgHeader+len(msg))
 		binary.LittleEndian.PutUint32(b, uint32(r))
 		copy(b[msgHeader:], msg)
@@ -178,7 +189,7 @@ func (es *engines) sender(r ids.RegionID) func(ctx context.Context, to ids.NodeI
 				st.recallsSent.Add(1)
 			}
 		}
-		return es.n.verbs.Send(ctx, to, b)
+		return es.n.verbs.Send(ctx, in.node, b)
 	}
 }
 
@@ -211,13 +222,14 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 		changed = true
 	}
 	me, ok := v.Member(self)
-	if !ok || me.Nonce != 0 && me.Nonce != es.n.verbs.Nonce() {
+	if !ok || me.Proto == ids.None || me.Nonce != 0 && me.Nonce != es.n.verbs.Nonce() {
 		// The directory's record of this node is not this process yet (a
-		// restart the leader has not recorded): which regions this
-		// incarnation may serve is not known until it is.
-		es.markDown(v)
+		// restart the leader has not recorded): this incarnation has no
+		// protocol id to take part with until it is.
 		return changed
 	}
+	pm := newProtoMap(v)
+	es.pv.p.Store(pm)
 	for _, r := range v.Regions() {
 		es.mu.RLock()
 		_, have := es.byID[r.ID]
@@ -226,29 +238,19 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 		if have || refused {
 			continue
 		}
-		switch {
-		case len(r.Homes) == 0:
+		if len(r.Homes) == 0 {
 			es.refuse(r, "the region was created by a dsmd that recorded no home set; delete and re-create it")
 			continue
-		case !slices.Contains(r.Homes, self):
-			es.refuse(r, fmt.Sprintf("its pages live on the members alive at its creation (%v), and this node joined later", r.Homes))
-			continue
 		}
-		if inc, ok := r.HomeIncarnation(self); ok && inc != 0 && inc != me.Incarnation {
-			es.refuse(r, fmt.Sprintf("this node restarted since the region was created (incarnation %d then, %d now): "+
-				"the pages it was home of were lost with its previous process, and homes do not move yet (docs/failover.md)",
-				inc, me.Incarnation))
-			continue
-		}
-		if err := es.add(r); err != nil {
+		if err := es.add(r, pm, me.Proto); err != nil {
 			es.refuse(r, fmt.Sprintf("its engine did not start: %v", err))
 			continue
 		}
 		changed = true
 	}
-	es.markDown(v)
+	es.follow(pm, me.Proto)
 	for _, m := range v.Members() {
-		if m.ID == self || len(m.Descriptors) == 0 {
+		if m.ID == self || m.Proto == ids.None || len(m.Descriptors) == 0 || m.State == directory.StateLeft {
 			continue
 		}
 		descs, err := decodeDescriptors(m.ID, m.Descriptors)
@@ -259,107 +261,79 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 		es.mu.Lock()
 		for r, d := range descs {
 			re := es.byID[r]
-			if re == nil || re.peers[m.ID] == d {
+			if re == nil || re.peers[m.Proto] == d {
 				continue
 			}
-			re.peers[m.ID] = d
-			re.e.SetPeer(m.ID, d)
+			re.peers[m.Proto] = d
+			re.e.SetPeer(m.Proto, d)
 		}
 		es.mu.Unlock()
 	}
 	return changed
 }
 
-// markDown tells every engine which of its region's homes are down in v:
-// failed or left. Calls on the pages they are home of then fail at once
-// with engine.ErrUnavailable instead of waiting for an answer that cannot
-// come (the pages are lost until the data plane moves homes; see
-// docs/failover.md), and calls waiting for them as holders fail after
-// engine.DefaultUnavailableAfter.
-func (es *engines) markDown(v *directory.View) {
+// follow hands every engine the protocol's member set of the view (a
+// Reconfigure when it changed: departed incarnations leave the protocol,
+// their words are repaired by the homes, and new ones join), and tells it
+// which incarnations are down: departed (restarted, left) or failed. Calls
+// on the pages a down incarnation is home of fail at once with
+// engine.ErrUnavailable instead of waiting for an answer that cannot come
+// (the pages of a departed home are lost until homes move: see
+// docs/failover.md), and calls waiting for one as holder or sharer fail
+// after engine.DefaultUnavailableAfter. A failed incarnation stays a
+// member: it may be alive behind a partition with a Modified copy, and
+// nothing fences it yet (leases), so its words are not repaired.
+func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
-		for _, h := range re.region.Homes {
-			if h == ids.NodeID(es.n.cfg.ID) {
+		if member && pm.epoch > re.epoch {
+			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
+			re.e.Reconfigure(pm.epoch, pm.members)
+			re.epoch = pm.epoch
+		}
+		for p, in := range pm.byProto {
+			if p == self {
 				continue
 			}
-			why, _ := homeDown(v, re.region, h)
-			switch was := re.down[h]; {
+			why := ""
+			if in.departed || in.failed {
+				why = in.why
+			}
+			switch was := re.down[p]; {
 			case why == was:
 			case why == "":
-				delete(re.down, h)
-				re.e.SetUp(h)
-				es.log.Info("home up again", "region", re.region.Name, "home", h)
+				delete(re.down, p)
+				re.e.SetUp(p)
+				es.log.Info("member up again", "region", re.region.Name, "node", in.node, "proto", p)
 			default:
-				re.down[h] = why
-				re.e.SetDown(h, why)
-				es.log.Warn("home down: its pages of the region fail until it is back", "region", re.region.Name, "home", h, "why", why)
+				re.down[p] = why
+				re.e.SetDown(p, why)
+				es.log.Warn("member down: pages it is home of fail until it is back", "region", re.region.Name,
+					"node", in.node, "proto", p, "why", why)
 			}
 		}
-		es.departures(v, re)
 	}
 }
 
-// departures tells the engine of a region which of its homes departed for
-// good: restarted as another incarnation, or left. Their words at the other
-// homes are repaired by the protocol (a departed holder's tenure ends: its
-// unsynced stores are lost, the home copy stands; its reservations lapse),
-// so pages they held or queued for are served again; the pages they were
-// home of stay unavailable. A member that failed is not departed: it may be
-// alive behind a partition with a Modified copy, and nothing fences it yet
-// (docs/failover.md, leases), so its pages wait (and fail after
-// engine.DefaultUnavailableAfter) until it comes back or is replaced.
-//
-// Departures only grow, and every node computes them from the same member
-// table, so the protocol epoch coherenceEpoch + (number departed) names
-// the same member set on every node, whichever views it skipped.
-func (es *engines) departures(v *directory.View, re *regionEngine) {
-	self := ids.NodeID(es.n.cfg.ID)
-	var members, gone []ids.NodeID
-	for _, h := range re.region.Homes {
-		if _, departed := homeDown(v, re.region, h); departed && h != self {
-			gone = append(gone, h)
-			continue
-		}
-		members = append(members, h)
+// add starts the engine of region r, under this incarnation's protocol id
+// self with the members of pm, and adds the region to the page cache.
+func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error {
+	homes, err := pm.homeProtos(r)
+	if err != nil {
+		return err
 	}
-	if len(gone) <= re.departed {
-		return
+	protoOfHome := make(map[ids.NodeID]ids.NodeID, len(homes))
+	for i, h := range r.Homes {
+		protoOfHome[h] = homes[i]
 	}
-	re.departed = len(gone)
-	epoch := coherenceEpoch + ids.Epoch(len(gone))
-	es.log.Info("region members: departed homes are out of the protocol", "region", re.region.Name,
-		"departed", gone, "members", members, "protocol_epoch", epoch)
-	re.e.Reconfigure(epoch, members)
-}
-
-// homeDown says why home h of region r is down in v ("" when it is not),
-// and whether it departed for good: its incarnation of the region's
-// creation is gone (restarted, or left).
-func homeDown(v *directory.View, r directory.Region, h ids.NodeID) (why string, departed bool) {
-	m, ok := v.Member(h)
-	inc, _ := r.HomeIncarnation(h)
-	switch {
-	case !ok:
-		return "is not a member", true
-	case inc != 0 && m.Incarnation != inc:
-		return fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of were lost with its previous process", m.Incarnation, m.Epoch), true
-	case m.State == directory.StateFailed:
-		return fmt.Sprintf("failed in epoch %d", m.Epoch), false
-	case m.State == directory.StateLeft:
-		return fmt.Sprintf("left the cluster in epoch %d", m.Epoch), true
-	}
-	return "", false
-}
-
-// add starts the engine of region r and adds the region to the page cache.
-func (es *engines) add(r directory.Region) error {
-	homes := slices.Clone(r.Homes)
+	nodes := slices.Clone(r.Homes)
 	e, err := engine.New(engine.Config{
-		ID: ids.NodeID(es.n.cfg.ID), Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
-		Epoch: coherenceEpoch, Members: homes,
-		HomeOf:    func(p ids.PageNo) ids.NodeID { return placement.Home(r.ShardOf(p), homes) },
+		ID: self, Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
+		Epoch: pm.epoch, Members: pm.members,
+		HomeOf:    func(p ids.PageNo) ids.NodeID { return protoOfHome[placement.Home(r.ShardOf(p), nodes)] },
+		NodeOf:    es.pv.nodeOf,
 		Transport: es.n.verbs,
 		Send:      es.sender(r.ID),
 		Pages:     cachePages{n: es.n, pageSize: int(r.PageSize)},
@@ -370,7 +344,7 @@ func (es *engines) add(r directory.Region) error {
 		return err
 	}
 	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
-		down: map[ids.NodeID]string{}}
+		down: map[ids.NodeID]string{}, epoch: pm.epoch}
 	es.mu.Lock()
 	es.byID[r.ID] = re
 	es.mu.Unlock()
@@ -385,7 +359,7 @@ func (es *engines) add(r directory.Region) error {
 		es.mu.Unlock()
 		return errors.Join(fmt.Errorf("page cache: %w", err), e.Close())
 	}
-	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", homes)
+	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", r.Homes, "home_protos", homes, "proto", self)
 	return nil
 }
 

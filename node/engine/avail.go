@@ -28,12 +28,14 @@ type UnavailableError struct {
 	// Name is the region's name when the engine was given one.
 	Name string
 	Page ids.PageNo
-	// Node is the node the page waits for; Role is what it is to the page:
+	// Node is the node the page waits for (Proto, its protocol id: one
+	// incarnation of Node); Role is what it is to the page:
 	// "home" (it keeps the page's word and data), "holder" (it holds the
 	// page's tenure, Modified), "reserver" (the page is reserved for it)
 	// or "sharer" (its acknowledgement of an invalidation is awaited).
-	Node ids.NodeID
-	Role string
+	Node  ids.NodeID
+	Proto ids.NodeID
+	Role  string
 	// Why says what is wrong with Node, as a verb phrase: "failed in
 	// epoch 41", "is unreachable: <the transport's error>".
 	Why string
@@ -58,7 +60,7 @@ func (e *UnavailableError) Error() string {
 // Unwrap makes the error match ErrUnavailable.
 func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
-// SetDown tells the engine that node id is down (why, a verb phrase for
+// SetDown tells the engine that node id (a protocol id) is down (why, a verb phrase for
 // errors: "failed in epoch 41"): calls on the pages it is home of
 // fail at once with an *UnavailableError, batches to it are held back
 // instead of retried, and a call that waits for it as the page's holder,
@@ -112,8 +114,12 @@ func (e *Engine) downWhy(id ids.NodeID) string {
 // waited, or nil while the page may still be served. atStart: the call is
 // being submitted (only a down home fails it then).
 func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *UnavailableError {
-	ue := func(node ids.NodeID, role, why string) *UnavailableError {
-		return &UnavailableError{Region: e.cfg.Region, Name: e.cfg.Name, Page: p, Node: node, Role: role, Why: why,
+	ue := func(proto ids.NodeID, role, why string) *UnavailableError {
+		node, ok := e.cfg.NodeOf(proto)
+		if !ok {
+			node = proto
+		}
+		return &UnavailableError{Region: e.cfg.Region, Name: e.cfg.Name, Page: p, Node: node, Proto: proto, Role: role, Why: why,
 			Epoch: e.sm.Epoch(), Waited: waited}
 	}
 	home := e.homeOf(p)

@@ -73,6 +73,12 @@ type Config struct {
 	// Transport is this node's endpoint. The caller closes it after the
 	// engine.
 	Transport rdma.Transport
+	// NodeOf maps a protocol id (ID, Members, HomeOf, the ids of
+	// messages) to the transport's node id, for every id it was ever
+	// given, and reports false for an id it does not know. nil: the
+	// identity (protocol ids are node ids). dsmd gives each process
+	// incarnation a protocol id of its own (docs/failover.md).
+	NodeOf func(ids.NodeID) (ids.NodeID, bool)
 	// Send, when set, carries the engine's messages instead of
 	// Transport.Send, and the engine does not install a message handler:
 	// the caller routes what arrives to Deliver (dsmd runs one engine per
@@ -201,8 +207,11 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.PageSize <= 0 || cfg.PageSize%8 != 0 {
 		return nil, fmt.Errorf("%w: page size %d", ErrBadConfig, cfg.PageSize)
 	}
-	if cfg.Transport.LocalID() != cfg.ID {
-		return nil, fmt.Errorf("%w: transport is %v, engine %v", ErrBadConfig, cfg.Transport.LocalID(), cfg.ID)
+	if cfg.NodeOf == nil {
+		cfg.NodeOf = func(id ids.NodeID) (ids.NodeID, bool) { return id, true }
+	}
+	if n, ok := cfg.NodeOf(cfg.ID); !ok || cfg.Transport.LocalID() != n {
+		return nil, fmt.Errorf("%w: transport is %v, engine %v (node %v)", ErrBadConfig, cfg.Transport.LocalID(), cfg.ID, n)
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Millisecond
@@ -333,7 +342,7 @@ func (e *Engine) Deliver(from ids.NodeID, b []byte) {
 		e.log.Warn("undecodable message", "from", from, "err", err)
 		return
 	}
-	if m.From != from {
+	if n, ok := e.cfg.NodeOf(m.From); !ok || n != from {
 		e.log.Warn("message with a forged sender", "from", from, "claims", m.From)
 		return
 	}
@@ -600,11 +609,15 @@ func (e *Engine) complete(c coherence.Completion) {
 
 // send queues a message; a lost one is retransmitted by the protocol.
 func (e *Engine) send(m coherence.Message) {
-	send := e.cfg.Transport.Send
+	var err error
 	if e.cfg.Send != nil {
-		send = e.cfg.Send
+		err = e.cfg.Send(e.ctx, m.To, m.Marshal())
+	} else if to, ok := e.cfg.NodeOf(m.To); ok {
+		err = e.cfg.Transport.Send(e.ctx, to, m.Marshal())
+	} else {
+		err = fmt.Errorf("engine: no node for protocol id %v", m.To)
 	}
-	if err := send(e.ctx, m.To, m.Marshal()); err != nil {
+	if err != nil {
 		e.log.Debug("send", "msg", m, "err", err)
 	}
 }
@@ -621,7 +634,11 @@ func (e *Engine) post(b coherence.Batch) {
 		defer e.wg.Done()
 		d := coherence.VerbsDone{ID: b.ID, Err: err}
 		if err == nil {
-			d.Err = e.cfg.Transport.Post(e.ctx, b.Home, ops)
+			if to, ok := e.cfg.NodeOf(b.Home); ok {
+				d.Err = e.cfg.Transport.Post(e.ctx, to, ops)
+			} else {
+				d.Err = fmt.Errorf("%w: no node for protocol id %v", ErrNoHome, b.Home)
+			}
 		}
 		// A batch whose answer was lost may have executed: the state
 		// machine resolves it by reading the word instead of posting it
