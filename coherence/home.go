@@ -79,11 +79,18 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// Probes of the old epoch are answered no more (an answer would be
 	// refused); their senders probe again in the new one.
 	clear(n.ackOwed)
-	if departed || !n.synced {
+	if departed {
+		// Acknowledgements count from this epoch on. Without a
+		// departure, those of the epochs since the last one still do:
+		// a member that acknowledged any of them has dropped what that
+		// departure made untrustworthy (under a stream of epochs the
+		// probe would otherwise start over at each and a repair wait
+		// for a quiet spell).
 		n.synced = false
 		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
 		n.probing = false
 	}
+	reprobe := n.probing // probes of an earlier epoch, refused from now on
 	for _, p := range n.order {
 		if departed && p.state == Shared && p.ph != phWaitAcks {
 			// A departed holder may have taken the tenure and died
@@ -143,8 +150,13 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// sends its probes when it has a duty (now or when one starts). An
 	// epoch without a departure needs no probe and no repair: by the
 	// trust rule a word is not judged by its tag, and the next CAS stamps
-	// it. A probe under way starts again in the new epoch.
-	if len(n.homes) > 0 {
+	// it. A probe under way asks again, in the new epoch, the members
+	// that have not acknowledged.
+	switch {
+	case n.synced:
+	case reprobe:
+		n.probe()
+	case len(n.homes) > 0:
 		n.startProbe()
 	}
 	for _, h := range n.homes {

@@ -174,3 +174,31 @@ func TestRebuildAcrossDeparture(t *testing.T) {
 		t.Fatalf("repair writes %v, want n2's bit cleared, tag 3", w)
 	}
 }
+
+// TestAcksAcrossEmptyEpochs: an acknowledgement of any epoch since the
+// last departure keeps counting when epochs without a departure follow;
+// the probe asks only the members still missing, in the new epoch.
+func TestAcksAcrossEmptyEpochs(t *testing.T) {
+	n := newTestNode(t, 1, 4)
+	step := func(ev Event) Ready {
+		t.Helper()
+		if err := n.Step(ev); err != nil {
+			t.Fatal(err)
+		}
+		return n.Ready()
+	}
+	step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2, 3}})
+	rd := step(Receive{Msg: Message{Type: MsgStamp, From: 2, To: 1, Epoch: 2, Page: 9}})
+	if len(rd.Messages) != 2 {
+		t.Fatalf("probes: %+v, want n2 and n3", rd.Messages)
+	}
+	step(Receive{Msg: Message{Type: MsgEpochAck, From: 2, To: 1, Epoch: 2}})
+	rd = step(Reconfigure{Epoch: 3, Members: []ids.NodeID{1, 2, 3}})
+	if len(rd.Messages) != 1 || rd.Messages[0].Type != MsgEpoch || rd.Messages[0].To != 3 || rd.Messages[0].Epoch != 3 {
+		t.Fatalf("after an empty epoch: %+v, want one probe, of n3 in e3", rd.Messages)
+	}
+	rd = step(Receive{Msg: Message{Type: MsgEpochAck, From: 3, To: 1, Epoch: 3}})
+	if len(rd.Batches) != 1 || Word(rd.Batches[0].Verbs[0].Operand).Tag() != 3 {
+		t.Fatalf("with every member past the departure: %+v, want the repair CAS", rd)
+	}
+}
