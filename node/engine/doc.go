@@ -86,8 +86,9 @@
 //
 // # Not done yet
 //
-//   - One region per engine and one fixed home assignment; no
-//     Reconfigure (epochs, departures, home moves) is fed in.
+//   - One region per engine and one fixed home assignment: Reconfigure
+//     changes the members and the epoch, never HomeOf (homes do not
+//     move yet).
 //   - Mixing the engine's atomics and mapped access on one page is not
 //     coherent locally: while the cache holds a page Modified its data is
 //     the truth, and an atomic on that page works on the state machine's
