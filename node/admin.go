@@ -291,9 +291,44 @@ func placementHealth(v *directory.View) (short, homeless []string) {
 	return short, homeless
 }
 
+// homesHealth names the regions whose homes (the incarnations recorded at
+// their creation: homes do not move yet) are gone or down: the pages they
+// are home of fail with PAGE_UNAVAILABLE. A home that restarted or left
+// took its pages with it; one that failed may come back with them.
+func homesHealth(v *directory.View) []string {
+	var out []string
+	for _, r := range v.Regions() {
+		var lost, down []string
+		for _, h := range r.Homes {
+			inc, _ := r.HomeIncarnation(h)
+			m, ok := v.Member(h)
+			switch {
+			case !ok:
+				lost = append(lost, h.String()+" (not a member)")
+			case inc != 0 && m.Incarnation != inc:
+				lost = append(lost, fmt.Sprintf("%v (restarted: incarnation %d, the region's was %d)", h, m.Incarnation, inc))
+			case m.State == directory.StateLeft:
+				lost = append(lost, h.String()+" (left)")
+			case m.State == directory.StateFailed:
+				down = append(down, h.String())
+			}
+		}
+		if len(lost) > 0 {
+			out = append(out, fmt.Sprintf("region %q lost the pages homed at %s: they fail as unavailable (homes do not move yet)",
+				r.Name, strings.Join(lost, ", ")))
+		}
+		if len(down) > 0 {
+			out = append(out, fmt.Sprintf("region %q: the pages homed at %s are unavailable while it is down", r.Name, strings.Join(down, ", ")))
+		}
+	}
+	return out
+}
+
 // shardCounter counts, per node, the shards it is home for over every
-// region of a view. The count is exact (a rendezvous score per shard and
-// alive member: about 0.5 s for the 16M shards of MaxTotalSize in 2 MiB
+// region of a view: the homes the engines use (the region's home set at
+// the incarnations of its creation; homes do not move yet), not the
+// placement over the members alive now. The count is exact (a rendezvous
+// score per shard and home: about 0.5 s for the 16M shards of MaxTotalSize in 2 MiB
 // shards over 3 members, measured on a 2-core VM), so it is kept for the
 // last view asked about: views are immutable and change only with the
 // directory.
@@ -310,11 +345,21 @@ func (sc *shardCounter) count(v *directory.View) map[ids.NodeID]uint32 {
 		return sc.homes
 	}
 	homes := map[ids.NodeID]uint32{}
-	alive := v.Alive()
-	if len(alive) > 0 {
-		for _, r := range v.Regions() {
-			for i := uint64(0); i < r.Shards(); i++ {
-				homes[placement.Home(placement.Shard{Region: r.ID, Index: i}, alive)]++
+	for _, r := range v.Regions() {
+		if len(r.Homes) == 0 {
+			continue
+		}
+		// The engines' homes: the incarnations recorded at the region's
+		// creation. A shard whose home restarted or left is nobody's.
+		live := map[ids.NodeID]bool{}
+		for _, h := range r.Homes {
+			inc, _ := r.HomeIncarnation(h)
+			m, ok := v.Member(h)
+			live[h] = ok && (inc == 0 || m.Incarnation == inc) && m.State != directory.StateLeft
+		}
+		for i := uint64(0); i < r.Shards(); i++ {
+			if h := placement.Home(placement.Shard{Region: r.ID, Index: i}, r.Homes); live[h] {
+				homes[h]++
 			}
 		}
 	}
@@ -362,6 +407,7 @@ func (n *Node) judge(v *directory.View, rs directory.RaftStats, rows []memberRow
 	for _, r := range homeless {
 		bad = append(bad, fmt.Sprintf("region %q has a shard with no live home", r))
 	}
+	warn = append(warn, homesHealth(v)...)
 	warn = append(warn, short...)
 	switch {
 	case len(bad) > 0:

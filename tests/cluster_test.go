@@ -274,6 +274,32 @@ func (c *cluster) waitHealthy(i int) {
 	})
 }
 
+// waitAllAlive waits until dsmctl status on node i answers with every
+// member alive, whatever its health verdict (a restart that lost a
+// region's pages leaves the cluster degraded).
+func (c *cluster) waitAllAlive(i int) {
+	c.t.Helper()
+	eventually(c.t, fmt.Sprintf("dsmctl status on n%d shows every member alive", i), 60*time.Second, func() error {
+		out, errs, code := c.ctl(i, "status", "--json")
+		if code != 0 && code != 3 && code != 4 {
+			return fmt.Errorf("exit %d: %s%s", code, out, errs)
+		}
+		var st statusJSON
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return err
+		}
+		if len(st.Nodes) != len(c.nodes) {
+			return fmt.Errorf("%d members, want %d", len(st.Nodes), len(c.nodes))
+		}
+		for _, n := range st.Nodes {
+			if n.State != "alive" {
+				return fmt.Errorf("n%d is %s", n.Node, n.State)
+			}
+		}
+		return nil
+	})
+}
+
 func TestClusterThroughDsmctl(t *testing.T) {
 	c := startCluster(t, 3)
 	c.waitHealthy(1)

@@ -139,7 +139,7 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	// region as a member that is home of nothing.
 	victim.log.Reset()
 	victim.start(t)
-	c.waitHealthy(3)
+	c.waitAllAlive(3)
 	for _, node := range []int{1, 2, 3} {
 		eventually(t, fmt.Sprintf("n%d says the page homed at n3 was lost with its previous process", node), 60*time.Second, func() error {
 			out, errs, code := c.ctl(node, "get", region, untouched, "11")
@@ -183,6 +183,11 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		t.Fatalf("n2 reads %q after n1's write", out)
 	}
 
+	// dsmctl status says what was lost, and exits 3 (degraded).
+	out, _, code := c.ctl(1, "status")
+	if code != 3 || !strings.Contains(out, `region "fo" lost the pages homed at n3 (restarted`) {
+		t.Errorf("dsmctl status after n3's restart: exit %d, want 3 and the lost pages named:\n%s", code, out)
+	}
 	// The new n3 reads and writes the region's other pages, through dsmctl
 	// and through a mapping; n1 and n2 see its writes.
 	if out := c.mustCtl(t, 3, "get", region, held, "8"); !strings.Contains(out, "v2-by-n1") {
