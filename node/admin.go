@@ -617,13 +617,24 @@ func (s *adminServer) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoReque
 	end := min(total, first+limit)
 	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch), ShardCount: total, NextShard: end}
 	pps := r.PagesPerShard()
+	lost := map[ids.NodeID]bool{}
+	for _, h := range r.Homes {
+		inc, _ := r.HomeIncarnation(h)
+		m, ok := v.Member(h)
+		lost[h] = !ok || inc != 0 && m.Incarnation != inc || m.State == directory.StateLeft
+	}
 	for i := first; i < end; i++ {
-		p, err := v.ShardPlacement(placement.Shard{Region: r.ID, Index: i}, r.Backups)
+		shard := placement.Shard{Region: r.ID, Index: i}
+		p, err := v.ShardPlacement(shard, r.Backups)
 		if err != nil {
 			return nil, statusError(err)
 		}
+		home := p.Home
+		if len(r.Homes) > 0 {
+			home = placement.Home(shard, r.Homes)
+		}
 		fp := i * pps
-		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: fp, PageCount: min(pps, r.Pages()-fp), Home: uint32(p.Home)}
+		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: fp, PageCount: min(pps, r.Pages()-fp), Home: uint32(home), HomeLost: lost[home]}
 		for _, b := range p.Backups {
 			sh.Backups = append(sh.Backups, uint32(b))
 		}

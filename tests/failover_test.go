@@ -188,6 +188,18 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	if code != 3 || !strings.Contains(out, `region "fo" lost the pages homed at n3 (restarted`) {
 		t.Errorf("dsmctl status after n3's restart: exit %d, want 3 and the lost pages named:\n%s", code, out)
 	}
+	var info struct {
+		Shards []struct {
+			Home     uint32 `json:"home"`
+			HomeLost bool   `json:"home_lost"`
+		} `json:"shards"`
+	}
+	c.ctlJSON(2, &info, "region", "info", region, "--shards", "0:")
+	for i, sh := range info.Shards {
+		if sh.HomeLost != (sh.Home == 3) {
+			t.Errorf("region info after n3's restart: shard %d homed at n%d, lost %t", i, sh.Home, sh.HomeLost)
+		}
+	}
 	// The new n3 reads and writes the region's other pages, through dsmctl
 	// and through a mapping; n1 and n2 see its writes.
 	if out := c.mustCtl(t, 3, "get", region, held, "8"); !strings.Contains(out, "v2-by-n1") {

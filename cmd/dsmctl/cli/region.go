@@ -231,6 +231,9 @@ type shardJSON struct {
 	PageCount uint64   `json:"page_count"`
 	Home      uint32   `json:"home"`
 	Backups   []uint32 `json:"backups"`
+	// HomeLost: the home restarted or left since the region was created;
+	// the shard's pages are lost (they fail as unavailable).
+	HomeLost bool `json:"home_lost"`
 }
 
 type homeJSON struct {
@@ -239,6 +242,9 @@ type homeJSON struct {
 	Pages        uint64 `json:"pages"`
 	BackupShards int    `json:"backup_shards"`
 	BackupPages  uint64 `json:"backup_pages"`
+	// Lost: the node's incarnation of the region's creation is gone, and
+	// with it the pages of its home shards.
+	Lost bool `json:"lost"`
 }
 
 // regionInfoJSON is the output of region info --json.
@@ -331,6 +337,7 @@ func homes(shards []*dsmpb.Shard) []homeJSON {
 		h := get(s.Home)
 		h.Shards++
 		h.Pages += s.PageCount
+		h.Lost = h.Lost || s.HomeLost
 		for _, b := range s.Backups {
 			h := get(b)
 			h.BackupShards++
@@ -403,7 +410,7 @@ they cover the listed shards only, and say so.`,
 				Shards: []shardJSON{}, NextShard: next}
 			for _, s := range shards {
 				v.Shards = append(v.Shards, shardJSON{s.Index, s.FirstPage, s.PageCount, s.Home,
-					append([]uint32{}, s.Backups...)})
+					append([]uint32{}, s.Backups...), s.HomeLost})
 			}
 			all := shards
 			switch {
@@ -451,7 +458,11 @@ func (a *app) renderRegionInfo(v regionInfoJSON, first uint64) error {
 	}
 	t := newTable("NODE", "HOME SHARDS", "HOME PAGES", "BACKUP SHARDS", "BACKUP PAGES")
 	for _, h := range v.Homes {
-		t.row(node(h.Node), h.Shards, h.Pages, h.BackupShards, h.BackupPages)
+		name := node(h.Node)
+		if h.Lost {
+			name += " (lost: restarted or left; its home pages fail as unavailable)"
+		}
+		t.row(name, h.Shards, h.Pages, h.BackupShards, h.BackupPages)
 	}
 	t.write(&w)
 	w.WriteByte('\n')

@@ -1040,12 +1040,19 @@ func (x *RegionInfoRequest) GetMaxShards() uint32 {
 
 // Shard is a contiguous run of pages placed on one home with its backups.
 type Shard struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	FirstPage     uint64                 `protobuf:"varint,2,opt,name=first_page,json=firstPage,proto3" json:"first_page,omitempty"`
-	PageCount     uint64                 `protobuf:"varint,3,opt,name=page_count,json=pageCount,proto3" json:"page_count,omitempty"`
-	Home          uint32                 `protobuf:"varint,4,opt,name=home,proto3" json:"home,omitempty"`
-	Backups       []uint32               `protobuf:"varint,5,rep,packed,name=backups,proto3" json:"backups,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Index     uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	FirstPage uint64                 `protobuf:"varint,2,opt,name=first_page,json=firstPage,proto3" json:"first_page,omitempty"`
+	PageCount uint64                 `protobuf:"varint,3,opt,name=page_count,json=pageCount,proto3" json:"page_count,omitempty"`
+	// The node whose engine keeps the shard's pages: the region's home set
+	// at its creation (homes do not move yet).
+	Home uint32 `protobuf:"varint,4,opt,name=home,proto3" json:"home,omitempty"`
+	// The placement's backups over the members alive now (backup copies
+	// are not kept yet: docs/failover.md).
+	Backups []uint32 `protobuf:"varint,5,rep,packed,name=backups,proto3" json:"backups,omitempty"`
+	// The home's incarnation of the region's creation is gone (restarted or
+	// left): the shard's pages are lost and fail as unavailable.
+	HomeLost      bool `protobuf:"varint,6,opt,name=home_lost,json=homeLost,proto3" json:"home_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1113,6 +1120,13 @@ func (x *Shard) GetBackups() []uint32 {
 		return x.Backups
 	}
 	return nil
+}
+
+func (x *Shard) GetHomeLost() bool {
+	if x != nil {
+		return x.HomeLost
+	}
+	return false
 }
 
 type RegionInfoResponse struct {
@@ -2418,7 +2432,7 @@ const file_admin_proto_rawDesc = "" +
 	"\vfirst_shard\x18\x02 \x01(\x04R\n" +
 	"firstShard\x12\x1d\n" +
 	"\n" +
-	"max_shards\x18\x03 \x01(\rR\tmaxShards\"\x89\x01\n" +
+	"max_shards\x18\x03 \x01(\rR\tmaxShards\"\xa6\x01\n" +
 	"\x05Shard\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x1d\n" +
 	"\n" +
@@ -2426,7 +2440,8 @@ const file_admin_proto_rawDesc = "" +
 	"\n" +
 	"page_count\x18\x03 \x01(\x04R\tpageCount\x12\x12\n" +
 	"\x04home\x18\x04 \x01(\rR\x04home\x12\x18\n" +
-	"\abackups\x18\x05 \x03(\rR\abackups\"\xb9\x01\n" +
+	"\abackups\x18\x05 \x03(\rR\abackups\x12\x1b\n" +
+	"\thome_lost\x18\x06 \x01(\bR\bhomeLost\"\xb9\x01\n" +
 	"\x12RegionInfoResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12%\n" +
