@@ -20,9 +20,8 @@ import (
 	"github.com/dsmkit/dsm/rdma"
 )
 
-// coherenceEpoch is the protocol epoch every engine starts in. Homes are
-// fixed for a region's life (they do not move yet); each home that
-// departs for good adds one (engines.departures).
+// coherenceEpoch is the protocol epoch before any member: protoMap adds
+// one per protocol id given out and one per id departed.
 const coherenceEpoch ids.Epoch = 16
 
 // engineTick is the protocol clock of the engines.

@@ -342,7 +342,13 @@ func (e *Engine) Deliver(from ids.NodeID, b []byte) {
 		e.log.Warn("undecodable message", "from", from, "err", err)
 		return
 	}
-	if n, ok := e.cfg.NodeOf(m.From); !ok || n != from {
+	switch n, ok := e.cfg.NodeOf(m.From); {
+	case !ok:
+		// A member this node does not know yet (it lags the directory):
+		// the sender retransmits.
+		e.log.Debug("message from an unknown protocol id", "from", from, "claims", m.From)
+		return
+	case n != from:
 		e.log.Warn("message with a forged sender", "from", from, "claims", m.From)
 		return
 	}
