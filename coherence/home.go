@@ -144,7 +144,13 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// epoch without a departure needs no probe and no repair: by the
 	// trust rule a word is not judged by its tag, and the next CAS stamps
 	// it. A probe under way starts again in the new epoch.
-	if len(n.homes) > 0 {
+	//
+	// A joining node probes whether or not it has duties: its pages wait
+	// for every member of its current epoch (docs/protocol.md, "Members
+	// that join"). Members added by this epoch change nothing here: a
+	// node that was a member before acts as before (its own id is a
+	// member's in every epoch a member can be in).
+	if len(n.homes) > 0 || n.joining {
 		n.startProbe()
 	}
 	for _, h := range n.homes {
@@ -460,6 +466,15 @@ func (n *Node) epochAck(from ids.NodeID) {
 	}
 	n.synced = true
 	n.probing = false
+	if n.joining {
+		// Every member is in this epoch or a later one (members never
+		// go back), and this node is a member until it departs: from
+		// now on no member takes its id for a departed node's.
+		n.joining = false
+		for _, p := range n.order {
+			n.drive(p)
+		}
+	}
 	for _, h := range n.homes {
 		n.driveHome(h)
 	}
