@@ -25,7 +25,7 @@ var configs = []struct {
 }{
 	{"small", Options{Nodes: 3, Pages: 2, Ops: 60, Linearizability: true}, 100},
 	{"small-faults", Options{Nodes: 4, Pages: 2, Ops: 60, Faults: true, Evict: true, Linearizability: true}, 125},
-	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 150},
+	{"evict", Options{Nodes: 5, Pages: 3, Ops: 80, Evict: true, Linearizability: true}, 125},
 	{"crash", Options{Nodes: 6, Pages: 2, Ops: 80, Faults: true, Evict: true, Crashes: 2}, 150},
 	{"home-crash", Options{Nodes: 5, Pages: 3, Ops: 80, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2}, 150},
 	{"async-reconfig", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 1, AsyncReconfig: true}, 150},
@@ -62,6 +62,9 @@ var configs = []struct {
 	// times: nodes skip epochs, joiners are created while a page is
 	// rebuilt, crash before they are synced.
 	{"join-async", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 1, Joins: 2, AsyncReconfig: true}, 75},
+	// Mutex clients among which nodes join: a joiner takes the lock like
+	// any member (mutual exclusion and the counter are checked).
+	{"join-mutex", Options{Nodes: 5, Pages: 1, Ops: 60, Mutex: true, Faults: true, Joins: 2, AsyncReconfig: true, LazyHomes: true}, 25},
 	// Restarts: a crash, then the crashed id departs and a new id joins
 	// in the same epoch (lazy homes, a mutex-free random workload).
 	{"restart-join", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, Restarts: 2, Joins: 1, AsyncReconfig: true, LazyHomes: true}, 75},
