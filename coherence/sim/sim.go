@@ -48,6 +48,11 @@ type Options struct {
 	// at random later steps, as a directory's replicas learn it, instead
 	// of to all of them in one step.
 	AsyncReconfig bool
+	// LearnOdds: with AsyncReconfig, a step hands the epoch to one
+	// lagging node with probability 1/LearnOdds (default 8). Larger odds
+	// keep nodes in old epochs for longer, next to nodes that act in the
+	// new one.
+	LearnOdds int
 	// Evict lets clients evict pages.
 	Evict bool
 	// Mutex makes every client run lock / increment / unlock on a
@@ -108,6 +113,9 @@ func (o *Options) norm() error {
 	if o.Epoch == 0 {
 		o.Epoch = 1
 	}
+	if o.LearnOdds == 0 {
+		o.LearnOdds = 8
+	}
 	if o.HomeCrashes > 0 {
 		o.Crashes = min(o.Crashes, o.Nodes-2)
 		o.HomeCrashes = min(o.HomeCrashes, o.Crashes)
@@ -133,6 +141,9 @@ func (o Options) String() string {
 	}
 	if o.EmptyEpochs > 0 {
 		s += fmt.Sprintf(" empty-epochs=%d", o.EmptyEpochs)
+	}
+	if o.LearnOdds != 8 && o.LearnOdds != 0 {
+		s += fmt.Sprintf(" learn-odds=%d", o.LearnOdds)
 	}
 	if o.Joins > 0 {
 		s += fmt.Sprintf(" joins=%d", o.Joins)
@@ -1018,7 +1029,7 @@ func (s *Sim) randomStep(workload bool) {
 		}
 		s.reconf--
 	}
-	if len(s.lagging) > 0 && s.rng.Intn(8) == 0 {
+	if len(s.lagging) > 0 && s.rng.Intn(s.Opts.LearnOdds) == 0 {
 		s.reconfigureOne(s.rng.Intn(len(s.lagging)))
 		return
 	}

@@ -54,20 +54,23 @@ var configs = []struct {
 	// than twice) and 2 crashes between the requests.
 	// Members that join (docs/protocol.md, "Members that join"): nodes
 	// created mid-run as new members, with the current epoch and members,
-	// which every other node learns at a different time. A joiner reads,
+	// which every other node learns at a different time (slowly: LearnOdds
+	// 32, so that nodes in the old epoch meet a joiner's acts; with 8, a
+	// joiner that waited only for the homes' acknowledgements failed 4
+	// seeds in 15,000, with 32, 81 in 9,000). A joiner reads,
 	// writes, runs atomics and evicts like any member; homes stay among
 	// the first nodes. join: lazy homes, no crash, linearizability.
-	{"join", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Joins: 3, AsyncReconfig: true, LazyHomes: true, Linearizability: true}, 75},
+	{"join", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Joins: 3, AsyncReconfig: true, LazyHomes: true, Linearizability: true, LearnOdds: 32}, 75},
 	// Joins with crashes (one of a home) and epochs learnt at different
 	// times: nodes skip epochs, joiners are created while a page is
 	// rebuilt, crash before they are synced.
-	{"join-async", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 1, Joins: 2, AsyncReconfig: true}, 75},
+	{"join-async", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 1, Joins: 2, AsyncReconfig: true, LearnOdds: 32}, 75},
 	// Mutex clients among which nodes join: a joiner takes the lock like
 	// any member (mutual exclusion and the counter are checked).
-	{"join-mutex", Options{Nodes: 5, Pages: 1, Ops: 60, Mutex: true, Faults: true, Joins: 2, AsyncReconfig: true, LazyHomes: true}, 25},
+	{"join-mutex", Options{Nodes: 5, Pages: 1, Ops: 60, Mutex: true, Faults: true, Joins: 2, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 25},
 	// Restarts: a crash, then the crashed id departs and a new id joins
 	// in the same epoch (lazy homes, a mutex-free random workload).
-	{"restart-join", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, Restarts: 2, Joins: 1, AsyncReconfig: true, LazyHomes: true}, 75},
+	{"restart-join", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, Restarts: 2, Joins: 1, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 75},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
 
