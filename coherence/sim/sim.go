@@ -248,6 +248,9 @@ type simNode struct {
 	ep     *mem.Endpoint
 	alive  bool
 	client *clientOp
+	// joining: the node joined and waits for every member's
+	// acknowledgement of its epoch (coherence.Node.Joining).
+	joining bool
 	// mutex client
 	mstate int // 0 idle, 1 locking, 2 to load the counter, 3 to store it, 4 to unlock
 	mval   uint64
@@ -397,6 +400,17 @@ func (s *Sim) Err() error { return s.err }
 // ---- executing what nodes ask ----
 
 func (s *Sim) apply(n *simNode) {
+	if n.joining && !n.sm.Joining() {
+		// The joiner may act from now on: the fairness bound counts
+		// the tenures its request waits through from here. Before, it
+		// waited for the epoch to reach every member, which the
+		// directory bounds, not the reservation queue.
+		n.joining = false
+		s.tracef("%v: every member has acknowledged its epoch", n.id)
+		if n.client != nil {
+			n.client.grants = s.grants[n.client.req.Page]
+		}
+	}
 	rd := n.sm.Ready()
 	for _, b := range rd.Batches {
 		s.tracef("%v posts %v", n.id, b)
@@ -843,7 +857,7 @@ func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
 	if err != nil {
 		return err
 	}
-	n := &simNode{id: id, sm: sm, ep: ep, alive: true}
+	n := &simNode{id: id, sm: sm, ep: ep, alive: true, joining: sm.Joining()}
 	ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
 	s.nodes = append(s.nodes, n)
 	s.tracef("%v joins in %v", id, s.epoch)
