@@ -123,6 +123,14 @@
 // is stamped. Coarse units of departed nodes stay counted (an extra
 // invalidation) until the next acquisition clears them.
 //
+// Members that join: a member list loses departed ids and gains new ones,
+// and a departed id never comes back. A node new to the protocol is
+// created in the epoch that added it with Config.Joining: it probes that
+// epoch at once and posts no verb and sends no request until every member
+// has acknowledged it, since a member still in an older epoch would take
+// its id, found in a word, for a departed node's (the trust rule below).
+// Members that were there before change nothing when members are added.
+//
 // The trust rule: the word's tag (the epoch modulo 16) does not decide
 // whether a word may be used. A READ of the slot whose word has no holder
 // validates the data whatever its tag; a word with no holder and no

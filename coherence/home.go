@@ -152,11 +152,17 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// trust rule a word is not judged by its tag, and the next CAS stamps
 	// it. A probe under way asks again, in the new epoch, the members
 	// that have not acknowledged.
+	//
+	// A joining node probes whether or not it has duties: its pages wait
+	// for every member of its current epoch (docs/protocol.md, "Members
+	// that join"). Members added by this epoch change nothing here: a
+	// node that was a member before acts as before (its own id is a
+	// member's in every epoch a member can be in).
 	switch {
 	case n.synced:
 	case reprobe:
 		n.probe()
-	case len(n.homes) > 0:
+	case len(n.homes) > 0 || n.joining:
 		n.startProbe()
 	}
 	for _, h := range n.homes {
@@ -472,6 +478,15 @@ func (n *Node) epochAck(from ids.NodeID) {
 	}
 	n.synced = true
 	n.probing = false
+	if n.joining {
+		// Every member is in this epoch or a later one (members never
+		// go back), and this node is a member until it departs: from
+		// now on no member takes its id for a departed node's.
+		n.joining = false
+		for _, p := range n.order {
+			n.drive(p)
+		}
+	}
 	for _, h := range n.homes {
 		n.driveHome(h)
 	}

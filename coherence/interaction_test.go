@@ -41,6 +41,9 @@ import (
 //	reconfigure [async]             next epoch without the crashed nodes
 //	                                (async: nobody learns it until learn nX)
 //	learn nX                        hand the pending epoch to a node
+//	join nX [async]                 next epoch with nX added (the next new id), created in
+//	                                that epoch as a joining member (async: nobody else learns
+//	                                it until learn nY)
 //	stabilize [max=K]               run until nothing is in flight (at most K steps)
 //	pending | dump | check          inspect
 func TestInteraction(t *testing.T) {
@@ -188,6 +191,10 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 			s.ReconfigureAsync()
 		} else {
 			s.Reconfigure()
+		}
+	case "join":
+		if err := s.Join(node(t, d), d.HasArg("async")); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
 		}
 	case "learn":
 		if err := s.Learn(node(t, d)); err != nil {

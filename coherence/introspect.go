@@ -63,6 +63,11 @@ func (n *Node) Copy(no ids.PageNo) (State, []byte) {
 	return p.state, p.data
 }
 
+// Joining reports whether the node joined (Config.Joining) and still waits
+// for every member's acknowledgement of its epoch: its requests queue and
+// nothing is posted meanwhile.
+func (n *Node) Joining() bool { return n.joining }
+
 // Quiet reports whether the node has nothing in progress: no queued
 // request, no batch in flight, no transition under way, no home repair.
 func (n *Node) Quiet() bool {

@@ -43,9 +43,26 @@ type Config struct {
 	// Epoch and Members are the initial configuration.
 	Epoch   ids.Epoch
 	Members []ids.NodeID
+	// Joining says that this node is new to the protocol: it was a member
+	// of no epoch before Epoch (a node that joined the cluster after the
+	// region was created, or a restarted node under its new protocol id).
+	// Members may still be in an older epoch, in which its id names a
+	// node that is not a member (by the trust rule: a departed one), so
+	// it posts nothing and sends no request until every member has
+	// acknowledged an epoch it is a member of (docs/protocol.md, "Members
+	// that join"). A node that was a member from the region's first epoch
+	// leaves it false.
+	Joining bool
 	// HomeOf names the home of a page. It must be a pure function of the
 	// page (placement changes arrive as a new Node).
 	HomeOf func(ids.PageNo) ids.NodeID
+	// Moved are the pages whose home is no longer HomeOf's, with their
+	// current home (a joining node is created after the moves of earlier
+	// epochs). The node freezes them and reports to their home, which
+	// answers with MsgRebuilt (at once when its rebuild is over), as
+	// after Reconfigure.Moved. A node is not created as the new home of
+	// a page.
+	Moved map[ids.PageNo]ids.NodeID
 	// HomedPages are the pages this node is home for: after a departure
 	// it repairs their words eagerly (releases what departed members held
 	// and stamps the new epoch tag). A home that does not list a page (a
@@ -79,6 +96,11 @@ func (c *Config) validate() error {
 	}
 	if c.HomeOf == nil {
 		return fmt.Errorf("%w: no HomeOf", ErrBadConfig)
+	}
+	for no, h := range c.Moved {
+		if h == ids.None || h == c.ID {
+			return fmt.Errorf("%w: %v moved to %v", ErrBadConfig, no, h)
+		}
 	}
 	for _, m := range c.Members {
 		if m == ids.None || m > MaxNodeID {
@@ -219,9 +241,8 @@ type Node struct {
 	// (MsgStamp, MsgEnqueue) must not repair before every member has the
 	// epoch. epochAcks: who has. probing: the probes are out (the node
 	// has a duty); a node without duties sends none until it starts one.
-	// A node starts synced: its caller starts it in an epoch that every
-	// member has reached (a node that joins while others lag behind a
-	// departure is the business of joins, not built yet).
+	// A node starts synced, unless it joins (Config.Joining): then it
+	// probes at once.
 	synced    bool
 	epochAcks map[ids.NodeID]bool
 	probing   bool
@@ -229,6 +250,12 @@ type Node struct {
 	// ackOwed: members whose MsgEpoch this node answers once the batches
 	// it posted to them in an older epoch are finished (epochAckDue).
 	ackOwed map[ids.NodeID]bool
+	// joining: this node is new to the protocol and no epoch it is a
+	// member of has been acknowledged by every member yet. Until then
+	// its pages post no verb and send no message (drive does nothing):
+	// a member still in an older epoch would take its id, found in a
+	// word, for a departed node's. Cleared for good when synced.
+	joining bool
 
 	pages   map[ids.PageNo]*page
 	order   []*page     // creation order, for deterministic iteration
@@ -256,10 +283,26 @@ func NewNode(cfg Config) (*Node, error) {
 		homeIdx: map[ids.PageNo]*homeDuty{},
 		ackOwed: map[ids.NodeID]bool{},
 	}
+	if cfg.Joining {
+		n.synced, n.joining = false, true
+		n.epochAcks = map[ids.NodeID]bool{cfg.ID: true}
+	}
 	for _, p := range cfg.HomedPages {
 		if n.homeIdx[p] == nil {
 			n.addDuty(&homeDuty{no: p, guess: InitialWord(cfg.Epoch)})
 		}
+	}
+	moved := make([]ids.PageNo, 0, len(cfg.Moved))
+	for no, h := range cfg.Moved {
+		n.moved[no] = h
+		moved = append(moved, no)
+	}
+	slices.Sort(moved)
+	for _, no := range moved {
+		n.freeze(n.page(no))
+	}
+	if n.joining {
+		n.startProbe()
 	}
 	return n, nil
 }
@@ -386,7 +429,7 @@ func (n *Node) backoff(p *page) {
 
 // drive makes every step the page can make now.
 func (n *Node) drive(p *page) {
-	for !p.frozen && p.inflight == 0 && n.now >= p.retryAt {
+	for !n.joining && !p.frozen && p.inflight == 0 && n.now >= p.retryAt {
 		switch p.ph {
 		case phIdle:
 			if !n.driveIdle(p) {

@@ -285,7 +285,10 @@ type Tick struct{}
 
 // Reconfigure installs a new configuration: the epoch and the members.
 // Members absent from the new list are gone: the node stops waiting for
-// them, and a home releases what they held in the words it keeps.
+// them, and a home releases what they held in the words it keeps. Members
+// new to the list joined: nothing changes for a node that was a member
+// before; the joiner itself, created with Config.Joining, acts once every
+// member has acknowledged its epoch. A departed id never comes back.
 type Reconfigure struct {
 	Epoch   ids.Epoch
 	Members []ids.NodeID

@@ -22,7 +22,13 @@
 // that change nothing. With LazyHomes the state machines list no home
 // pages and the home slots start zero (never touched), as dsmd's do: the
 // trust rule and MsgStamp are all that makes them usable after a
-// departure. Then the faults and the new requests
+// departure. With Joins, nodes join mid-run: each is created as a new
+// member (coherence.Config.Joining) in an epoch of its own, with ids after
+// 1..N, while the others learn that epoch at their own pace (with
+// AsyncReconfig: possibly skipping it); with Restarts, some crashes are
+// restarts, whose reconfiguration also adds a new id that takes the crashed
+// node's place as a client. Joiners are clients like the others, never
+// homes. Then the faults and the new requests
 // stop and the run settles: every request must complete within
 // SettleSteps.
 //
@@ -50,6 +56,6 @@
 // prints the seed, the configuration, the broken invariant and every step.
 // The methods of the driver (Request, Deliveries, Complete,
 // CompleteUnknown, Tick, Crash,
-// Reconfigure, Stabilize, Dump, Check) take one chosen step at a time; the
+// Reconfigure, Join, Learn, Stabilize, Dump, Check) take one chosen step at a time; the
 // interaction tests of package coherence drive them from transcripts.
 package sim

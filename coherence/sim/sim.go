@@ -48,6 +48,11 @@ type Options struct {
 	// at random later steps, as a directory's replicas learn it, instead
 	// of to all of them in one step.
 	AsyncReconfig bool
+	// LearnOdds: with AsyncReconfig, a step hands the epoch to one
+	// lagging node with probability 1/LearnOdds (default 8). Larger odds
+	// keep nodes in old epochs for longer, next to nodes that act in the
+	// new one.
+	LearnOdds int
 	// Evict lets clients evict pages.
 	Evict bool
 	// Mutex makes every client run lock / increment / unlock on a
@@ -62,6 +67,18 @@ type Options struct {
 	// multiples of 16). A reconfiguration repairs only the duties a home
 	// has; other words are used by the trust rule and stamped on demand.
 	LazyHomes bool
+	// Joins is the number of nodes that join during the workload, each
+	// in an epoch of its own that adds it (members only, not homes: a
+	// joiner is created as dsmd creates an engine for a new member, with
+	// the current epoch and members, Config.Joining). Their ids follow
+	// 1..Nodes. With AsyncReconfig a join may come while nodes still lag
+	// behind an earlier epoch (they skip one).
+	Joins int
+	// Restarts is the number of the Crashes that are restarts: the
+	// reconfiguration that removes the crashed id also adds a new id (a
+	// new incarnation), which takes the crashed node's place as a client;
+	// the crashed id never comes back.
+	Restarts int
 	// Epoch is the first epoch (default 1).
 	Epoch ids.Epoch
 	// EmptyEpochs is the number of reconfigurations that change nothing
@@ -78,8 +95,8 @@ type Options struct {
 }
 
 func (o *Options) norm() error {
-	if o.Nodes < 2 || o.Nodes > coherence.MaxNodeID {
-		return fmt.Errorf("sim: %d nodes", o.Nodes)
+	if o.Nodes < 2 || o.Nodes+o.Joins+o.Restarts > coherence.MaxNodeID {
+		return fmt.Errorf("sim: %d nodes, %d joins, %d restarts", o.Nodes, o.Joins, o.Restarts)
 	}
 	if o.Pages < 1 || o.Pages > o.Nodes {
 		return fmt.Errorf("sim: %d pages for %d nodes", o.Pages, o.Nodes)
@@ -96,12 +113,16 @@ func (o *Options) norm() error {
 	if o.Epoch == 0 {
 		o.Epoch = 1
 	}
+	if o.LearnOdds == 0 {
+		o.LearnOdds = 8
+	}
 	if o.HomeCrashes > 0 {
 		o.Crashes = min(o.Crashes, o.Nodes-2)
 		o.HomeCrashes = min(o.HomeCrashes, o.Crashes)
 	} else if o.Crashes > o.Nodes-o.homes()-1 {
 		o.Crashes = max(0, o.Nodes-o.homes()-1)
 	}
+	o.Restarts = min(o.Restarts, o.Crashes)
 	return nil
 }
 
@@ -120,6 +141,15 @@ func (o Options) String() string {
 	}
 	if o.EmptyEpochs > 0 {
 		s += fmt.Sprintf(" empty-epochs=%d", o.EmptyEpochs)
+	}
+	if o.LearnOdds != 8 && o.LearnOdds != 0 {
+		s += fmt.Sprintf(" learn-odds=%d", o.LearnOdds)
+	}
+	if o.Joins > 0 {
+		s += fmt.Sprintf(" joins=%d", o.Joins)
+	}
+	if o.Restarts > 0 {
+		s += fmt.Sprintf(" restarts=%d", o.Restarts)
 	}
 	return s
 }
@@ -147,6 +177,9 @@ type Stats struct {
 	// Stamps counts the MsgStamp messages sent: words found naming a
 	// departed holder or reserver.
 	Stamps int
+	// Joins counts the nodes that joined (restarts included), and
+	// JoinerOps the requests that joiners completed.
+	Joins, JoinerOps int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -215,6 +248,9 @@ type simNode struct {
 	ep     *mem.Endpoint
 	alive  bool
 	client *clientOp
+	// joining: the node joined and waits for every member's
+	// acknowledgement of its epoch (coherence.Node.Joining).
+	joining bool
 	// mutex client
 	mstate int // 0 idle, 1 locking, 2 to load the counter, 3 to store it, 4 to unlock
 	mval   uint64
@@ -246,7 +282,11 @@ type Sim struct {
 	issued      int
 	crashes     int
 	homeCrashes int
-	empties     int                   // empty epochs so far
+	empties     int // empty epochs so far
+	joins       int // joins so far (not counting restarts)
+	restarts    int // crashes that are restarts, so far
+	toJoin      int // new ids the pending reconfiguration adds
+	homeOf      func(ids.PageNo) ids.NodeID
 	moving      map[ids.PageNo][]byte // pages whose home crashed -> backup data
 	reconf      int                   // steps until the pending reconfiguration; -1 none
 	rc          coherence.Reconfigure // the latest reconfiguration
@@ -285,6 +325,7 @@ func New(seed int64, o Options) (*Sim, error) {
 		}
 		return ids.NodeID(int(p)%o.homes() + 1)
 	}
+	s.homeOf = homeOf
 	s.nodes = make([]*simNode, o.Nodes+1)
 	slotLen := 8 + o.PageSize
 	// Odd seeds start the versions just below the 16-bit wrap.
@@ -359,6 +400,17 @@ func (s *Sim) Err() error { return s.err }
 // ---- executing what nodes ask ----
 
 func (s *Sim) apply(n *simNode) {
+	if n.joining && !n.sm.Joining() {
+		// The joiner may act from now on: the fairness bound counts
+		// the tenures its request waits through from here. Before, it
+		// waited for the epoch to reach every member, which the
+		// directory bounds, not the reservation queue.
+		n.joining = false
+		s.tracef("%v: every member has acknowledged its epoch", n.id)
+		if n.client != nil {
+			n.client.grants = s.grants[n.client.req.Page]
+		}
+	}
 	rd := n.sm.Ready()
 	for _, b := range rd.Batches {
 		s.tracef("%v posts %v", n.id, b)
@@ -495,9 +547,12 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 	if lat := s.step - co.call; lat > s.stats.MaxLatency {
 		s.stats.MaxLatency = lat
 	}
+	if int(n.id) > s.Opts.Nodes {
+		s.stats.JoinerOps++
+	}
 	if ov := s.grants[co.req.Page] - co.grants - 1; ov > s.stats.MaxOvertakes {
 		s.stats.MaxOvertakes = ov
-		if bound := 2*s.Opts.Nodes + 4; ov > bound {
+		if bound := 2*(len(s.nodes)-1) + 4; ov > bound {
 			s.fail("fairness: %v's %v on %v waited through %d tenures of other nodes (bound %d)", n.id, co.req.Op, co.req.Page, ov, bound)
 		}
 	}
@@ -709,13 +764,22 @@ func (s *Sim) Reconfigure() {
 	s.check(false)
 }
 
-func (s *Sim) reconfigure(async bool) {
+func (s *Sim) reconfigure(async bool) { s.reconfigureJoin(async, 0) }
+
+// reconfigureJoin moves to the next epoch, without the nodes that crashed
+// and with joins new nodes (ids after the last), which are created in the
+// new epoch; the others learn it at once, or one by one (async).
+func (s *Sim) reconfigureJoin(async bool, joins int) {
 	s.epoch++
 	var members []ids.NodeID
 	for _, n := range s.nodes[1:] {
 		if n.alive {
 			members = append(members, n.id)
 		}
+	}
+	first := ids.NodeID(len(s.nodes))
+	for k := 0; k < joins; k++ {
+		members = append(members, first+ids.NodeID(k))
 	}
 	s.tracef("reconfigure %v members=%d", s.epoch, len(members))
 	var moved map[ids.PageNo]ids.NodeID
@@ -726,8 +790,11 @@ func (s *Sim) reconfigure(async bool) {
 			pages = append(pages, p)
 		}
 		slices.Sort(pages)
+		// Homes stay among the nodes of the first epoch (the same
+		// list as members when nobody joined).
+		cand := slices.DeleteFunc(slices.Clone(members), func(id ids.NodeID) bool { return int(id) > s.Opts.Nodes })
 		for _, p := range pages {
-			home := members[s.rng.Intn(len(members))]
+			home := cand[s.rng.Intn(len(cand))]
 			buf := make([]byte, 8+s.Opts.PageSize)
 			reg, err := s.nodes[home].ep.Register(buf, rdma.AccessAll)
 			if err != nil {
@@ -749,11 +816,66 @@ func (s *Sim) reconfigure(async bool) {
 			s.lagging = append(s.lagging, n.id)
 		}
 	}
+	for k := 0; k < joins; k++ {
+		if err := s.addJoiner(first+ids.NodeID(k), members); err != nil {
+			s.fail("join %v: %v", first+ids.NodeID(k), err)
+			return
+		}
+	}
 	if !async {
 		for len(s.lagging) > 0 {
 			s.reconfigureOne(0)
 		}
 	}
+}
+
+// addJoiner creates node id as a new member in the current epoch: a state
+// machine started with Config.Joining, the epoch's members, and the pages
+// whose home moved so far (it asks their new homes whether they are
+// rebuilt).
+func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
+	if int(id) != len(s.nodes) {
+		return fmt.Errorf("sim: the next new id is n%d", len(s.nodes))
+	}
+	ep, err := s.net.Endpoint(id)
+	if err != nil {
+		return err
+	}
+	var moved map[ids.PageNo]ids.NodeID
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		if h := s.slots[p].home; h != s.homeOf(p) {
+			if moved == nil {
+				moved = map[ids.PageNo]ids.NodeID{}
+			}
+			moved[p] = h
+		}
+	}
+	sm, err := coherence.NewNode(coherence.Config{
+		ID: id, PageSize: s.Opts.PageSize, Epoch: s.epoch, Members: members,
+		HomeOf: s.homeOf, Moved: moved, Joining: true,
+	})
+	if err != nil {
+		return err
+	}
+	n := &simNode{id: id, sm: sm, ep: ep, alive: true, joining: sm.Joining()}
+	ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
+	s.nodes = append(s.nodes, n)
+	s.tracef("%v joins in %v", id, s.epoch)
+	s.apply(n)
+	return nil
+}
+
+// Join moves to the next epoch with node id (the next new id) added as a
+// joining member: it is created in the new epoch; the others learn it at
+// once, or only when Learn hands it over (async).
+func (s *Sim) Join(id ids.NodeID, async bool) error {
+	if int(id) != len(s.nodes) {
+		return fmt.Errorf("sim: the next new id is n%d", len(s.nodes))
+	}
+	s.step++
+	s.reconfigureJoin(async, 1)
+	s.check(false)
+	return s.err
 }
 
 // ReconfigureAsync moves to the next epoch like Reconfigure, but no node
@@ -914,12 +1036,14 @@ func (s *Sim) randomStep(workload bool) {
 	if s.reconf >= 0 {
 		if s.reconf == 0 {
 			s.reconf = -1
-			s.reconfigure(s.Opts.AsyncReconfig)
+			joins := s.toJoin
+			s.toJoin = 0
+			s.reconfigureJoin(s.Opts.AsyncReconfig, joins)
 			return
 		}
 		s.reconf--
 	}
-	if len(s.lagging) > 0 && s.rng.Intn(8) == 0 {
+	if len(s.lagging) > 0 && s.rng.Intn(s.Opts.LearnOdds) == 0 {
 		s.reconfigureOne(s.rng.Intn(len(s.lagging)))
 		return
 	}
@@ -977,9 +1101,23 @@ func (s *Sim) randomStep(workload bool) {
 				}
 			}
 			_ = s.crash(victim)
+			if s.restarts < s.Opts.Restarts {
+				// A restart: the reconfiguration that removes the
+				// victim adds its new incarnation under a new id.
+				s.restarts++
+				s.toJoin++
+			}
 			s.reconf = 5 + s.rng.Intn(60)
 			return
 		}
+	case workload && x < 22 && s.joins < s.Opts.Joins && s.reconf < 0 && (len(s.lagging) == 0 || len(s.rc.Moved) == 0) && s.rng.Intn(2) == 0:
+		// A join, in an epoch of its own; with AsyncReconfig possibly
+		// while nodes lag behind the last epoch (they skip it), unless
+		// that epoch moved pages: a node skips no move (dsmd's follow
+		// feeds every epoch with a move in order).
+		s.joins++
+		s.reconfigureJoin(s.Opts.AsyncReconfig, 1)
+		return
 	case x < 30 && (len(pending) < 4*s.Opts.Nodes || s.rng.Intn(10) == 0):
 		// Time passes slowly while much is in flight: the network is
 		// much faster than a tick.
@@ -1028,6 +1166,7 @@ func (s *Sim) run() (Stats, error) {
 	s.stats.SettleSteps = s.step - start
 	s.stats.Steps = s.step
 	s.stats.Crashes, s.stats.HomeCrashes = s.crashes, s.homeCrashes
+	s.stats.Joins = len(s.nodes) - 1 - s.Opts.Nodes
 	if s.err == nil {
 		s.check(true)
 	}
@@ -1187,7 +1326,7 @@ func (s *Sim) checkWord(p ids.PageNo, holder ids.NodeID) {
 		// last epoch's tag, unless a lagging node's CAS, posted before it
 		// learnt the epoch, executed after the repair (the trust rule
 		// allows it: the tag is advisory).
-		if s.Opts.EmptyEpochs == 0 && !s.Opts.AsyncReconfig && w.Tag() != uint8(s.epoch&15) {
+		if s.Opts.EmptyEpochs == 0 && s.Opts.Joins == 0 && !s.Opts.AsyncReconfig && w.Tag() != uint8(s.epoch&15) {
 			s.fail("word of %v is %v, in epoch %v", p, w, s.epoch)
 			return
 		}
