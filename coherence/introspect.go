@@ -68,6 +68,9 @@ func (n *Node) Copy(no ids.PageNo) (State, []byte) {
 // nothing is posted meanwhile.
 func (n *Node) Joining() bool { return n.joining }
 
+// Members is the node's current member list, sorted.
+func (n *Node) Members() []ids.NodeID { return slices.Clone(n.members) }
+
 // Quiet reports whether the node has nothing in progress: no queued
 // request, no batch in flight, no transition under way, no home repair.
 func (n *Node) Quiet() bool {

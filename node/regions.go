@@ -328,9 +328,19 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		protoOfHome[h] = homes[i]
 	}
 	nodes := slices.Clone(r.Homes)
+	// A node that was a home at the region's creation, in this
+	// incarnation, took part from the region's first epoch. Any other
+	// (joined later, restarted since, or not alive then) is new to the
+	// protocol: it acts once every member knows it (coherence.Config.Joining).
+	joining := true
+	if inc, ok := r.HomeIncarnation(ids.NodeID(es.n.cfg.ID)); ok {
+		if me, found := pm.byProto[self]; found && (inc == 0 || inc == me.inc) {
+			joining = false
+		}
+	}
 	e, err := engine.New(engine.Config{
 		ID: self, Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
-		Epoch: pm.epoch, Members: pm.members,
+		Epoch: pm.epoch, Members: pm.members, Joining: joining,
 		HomeOf:    func(p ids.PageNo) ids.NodeID { return protoOfHome[placement.Home(r.ShardOf(p), nodes)] },
 		NodeOf:    es.pv.nodeOf,
 		Transport: es.n.verbs,

@@ -150,6 +150,22 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 			return ue(id, "sharer", why)
 		}
 	}
+	if e.sm.Joining() {
+		// This node acts once every member acknowledged its epoch: a
+		// member that is down holds it back.
+		e.availMu.Lock()
+		downs := make([]ids.NodeID, 0, len(e.down))
+		for id := range e.down {
+			downs = append(downs, id)
+		}
+		e.availMu.Unlock()
+		slices.Sort(downs)
+		for _, id := range downs {
+			if slices.Contains(e.sm.Members(), id) {
+				return ue(id, "member", e.downWhy(id)+", and this node, new to the region's protocol, waits for every member's acknowledgement before it acts")
+			}
+		}
+	}
 	return nil
 }
 

@@ -66,6 +66,11 @@ type Config struct {
 	// and stamped by its first CAS.
 	Epoch   ids.Epoch
 	Members []ids.NodeID
+	// Joining: this node is new to the region's protocol
+	// (coherence.Config.Joining): it acts once every member has
+	// acknowledged its epoch. A call that waits on that for a member set
+	// down fails after UnavailableAfter.
+	Joining bool
 	// HomeOf names the home of every page of the region (a pure
 	// function). Every home keeps the slot of page p at offset
 	// SlotOffset(p, PageSize) of its registration.
@@ -224,7 +229,7 @@ func New(cfg Config) (*Engine, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	sm, err := coherence.NewNode(coherence.Config{
-		ID: cfg.ID, PageSize: cfg.PageSize, Epoch: cfg.Epoch, Members: cfg.Members,
+		ID: cfg.ID, PageSize: cfg.PageSize, Epoch: cfg.Epoch, Members: cfg.Members, Joining: cfg.Joining,
 		HomeOf: func(p ids.PageNo) ids.NodeID {
 			if int64(p) >= int64(cfg.NumPages) {
 				return ids.None
