@@ -9,7 +9,23 @@ import (
 	"time"
 )
 
-// homedShards returns, from `region info`, the first page of a shard homed
+// threeNodesWithRegion starts a healthy three-node cluster with a 16 MiB
+// region and returns it with the first page of a shard homed at each node.
+func threeNodesWithRegion(t *testing.T, region string) (*dsmCluster, map[uint32]uint64) {
+	t.Helper()
+	c := startClusterWith(t, 3, nil)
+	for i := 1; i <= 3; i++ {
+		c.waitHealthy(i)
+	}
+	c.createRegion(t, 1, region, 16<<20)
+	homes := c.homedPages(t, 1, region)
+	if len(homes) != 3 {
+		t.Fatalf("the shards of %s are homed at %v; want every node", region, homes)
+	}
+	return c, homes
+}
+
+// homedPages returns, from `region info`, the first page of a shard homed
 // at each node.
 func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint32]uint64 {
 	t.Helper()
@@ -38,16 +54,8 @@ func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint3
 // The pages of the dead home are not served again: moving homes and
 // backups are not built yet (docs/failover.md).
 func TestHomeFailureIsLoud(t *testing.T) {
-	c := startClusterWith(t, 3, nil)
-	for i := 1; i <= 3; i++ {
-		c.waitHealthy(i)
-	}
 	const region = "fo"
-	c.createRegion(t, 1, region, 16<<20)
-	homes := c.homedPages(t, 1, region)
-	if len(homes) != 3 {
-		t.Fatalf("the shards of %s are homed at %v; want every node", region, homes)
-	}
+	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(home uint32) string { return strconv.FormatUint(homes[home]*4096, 10) }
 	for h := uint32(1); h <= 3; h++ {
 		c.mustCtl(t, 1, "put", region, offOf(h), fmt.Sprintf("homed-at-n%d", h))
@@ -236,13 +244,8 @@ func TestHomeFailureIsLoud(t *testing.T) {
 // before the node leaves, so the survivors read them. A process mapping a
 // region there sees its mapping end with the reason.
 func TestSigtermWritesBack(t *testing.T) {
-	c := startClusterWith(t, 3, nil)
-	for i := 1; i <= 3; i++ {
-		c.waitHealthy(i)
-	}
 	const region = "drain"
-	c.createRegion(t, 1, region, 16<<20)
-	homes := c.homedPages(t, 1, region)
+	c, homes := threeNodesWithRegion(t, region)
 	hold := c.startClient(t, 3, region, "hold")
 	if l := hold.next(t); l != "mapped" {
 		t.Fatalf("hold client says %q", l)

@@ -19,16 +19,8 @@ import (
 // Region.Unavailable. Pages homed at the survivors are read as usual. The
 // only thing timed is that nothing hangs (clientHang).
 func TestUnavailablePageFails(t *testing.T) {
-	c := startClusterWith(t, 3, nil)
-	for i := 1; i <= 3; i++ {
-		c.waitHealthy(i)
-	}
 	const region = "un"
-	c.createRegion(t, 1, region, 16<<20)
-	homes := c.homedPages(t, 1, region)
-	if len(homes) != 3 {
-		t.Fatalf("the shards of %s are homed at %v; want every node", region, homes)
-	}
+	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(page uint64) string { return strconv.FormatUint(page*4096, 10) }
 	c.mustCtl(t, 1, "put", region, offOf(homes[1]), "homed-at-n1")
 

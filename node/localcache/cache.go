@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/mapproto"
@@ -669,17 +668,7 @@ func (c *Cache) RemoveRegion(ctx context.Context, rid ids.RegionID, reason strin
 	if reason == "" {
 		reason = fmt.Sprintf("region %q (%s) was removed", r.name, r.id)
 	}
-	msg, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnknownRegion, Text: reason})
-	for _, cl := range cls {
-		if cl.conn != nil {
-			if err == nil {
-				cl.conn.SetWriteDeadline(time.Now().Add(time.Second))
-				cl.conn.Write(msg)
-			}
-			cl.conn.Close()
-		}
-		c.detach(cl)
-	}
+	c.endSessions(cls, mapproto.CodeUnknownRegion, reason)
 	select {
 	case <-r.drained:
 	case <-ctx.Done():

@@ -32,7 +32,14 @@ func (c *Cache) Drain(reason string) {
 		cls = append(cls, cl)
 	}
 	c.mu.Unlock()
-	msg, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: mapproto.CodeUnavailable, Text: reason})
+	c.endSessions(cls, mapproto.CodeUnavailable, reason)
+}
+
+// endSessions tells each client why its session ends (an Error of code
+// with reason, written with a one-second deadline), closes its socket and
+// stops serving it.
+func (c *Cache) endSessions(cls []*client, code mapproto.Code, reason string) {
+	msg, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeError, Code: code, Text: reason})
 	for _, cl := range cls {
 		if cl.conn != nil {
 			if err == nil {
