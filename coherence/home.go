@@ -539,8 +539,13 @@ func (n *Node) report(p *page) {
 	if p.frozenM {
 		m.State = Modified
 	}
-	if m.State != Invalid {
+	switch {
+	case m.State != Invalid:
 		m.Version = p.copyVer
+	case p.held:
+		// Evidence for the rebuild: a release claimed at this
+		// version or an older one had taken effect.
+		m.Held, m.Version = true, p.heldVer
 	}
 	if p.home == n.cfg.ID {
 		n.gotReport(m)
@@ -575,16 +580,19 @@ func (n *Node) gotReport(m Message) {
 }
 
 // rebuiltWord is the word the reports describe. The M reporter of the
-// newest tenure is the holder, unless a reporter holds a copy of that
-// tenure or a newer one: then the tenure had been released (its write-back
-// is in the backup copy) and only the completion of the release was lost
-// with the old home. Otherwise the S reporters of the newest version are
-// the sharers.
+// newest tenure is the holder, unless another reporter holds a copy of
+// that tenure or a newer one, or held one before (an Invalid report with
+// Held): then the tenure had been released (its write-back is in the
+// backup copy) and only the completion of the release was lost with the
+// old home, or the release's outcome was unknown and not yet resolved;
+// a later tenure may even have written back newer data since. Otherwise
+// the S reporters of the newest version are the sharers. The word's
+// version is the newest any report shows.
 func (n *Node) rebuiltWord(h *homeDuty) Word {
 	w := InitialWord(n.epoch)
 	var holder ids.NodeID
-	var mVer, sVer uint16
-	sFound := false
+	var mVer, sVer, hVer uint16
+	sFound, hFound := false, false
 	for _, m := range n.members {
 		r, ok := h.reports[m]
 		switch {
@@ -593,15 +601,24 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 			holder, mVer = m, r.Version
 		case r.State == Shared && (!sFound || newer(r.Version, sVer)):
 			sVer, sFound = r.Version, true
+		case r.State == Invalid && r.Held && (!hFound || newer(r.Version, hVer)):
+			hVer, hFound = r.Version, true
 		}
 	}
-	if holder != ids.None && (!sFound || newer(mVer, sVer)) {
+	if holder != ids.None && (!sFound || newer(mVer, sVer)) && (!hFound || newer(mVer, hVer)) {
 		return w.withHolder(holder).withVersion(mVer)
 	}
-	if !sFound {
-		return w.withVersion(mVer)
+	ver := mVer
+	if sFound && (holder == ids.None || !newer(mVer, sVer)) {
+		ver = sVer
 	}
-	w = w.withVersion(sVer)
+	if hFound && (holder == ids.None && !sFound || newer(hVer, ver)) {
+		ver = hVer
+	}
+	w = w.withVersion(ver)
+	if !sFound || sVer != ver {
+		return w
+	}
 	for _, m := range n.members {
 		if r, ok := h.reports[m]; ok && r.State == Shared && r.Version == sVer {
 			w += Word(unit(m))
@@ -637,6 +654,9 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 	}
 	p.frozen = false
 	p.unitCounted, p.unitVer = counted, ver
+	// Versions start again from the rebuilt word's, which is at least
+	// every version reported: what was held before counts no more.
+	p.held = false
 	if p.frozenM {
 		// An interrupted release: the tenure is ours again, or it had
 		// ended and the copy cannot stay.
@@ -663,6 +683,9 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 		p.state = Invalid
 		p.data = nil
 		n.effect(PageDrop, p)
+	}
+	if p.state != Invalid {
+		p.noteHeld(p.copyVer)
 	}
 	p.guess = InitialWord(n.epoch).withVersion(ver)
 	n.drive(p)

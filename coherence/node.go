@@ -135,6 +135,14 @@ type page struct {
 
 	guess Word // the last word observed
 
+	// held: this node has held a copy (S or M) or taken a tenure of the
+	// page since its word was last rebuilt, the newest at heldVer. An
+	// Invalid page reports it to a new home (MsgReport.Held): a tenure
+	// claimed by an interrupted release that another node held a copy
+	// of, or a newer tenure, had been released.
+	held    bool
+	heldVer uint16
+
 	ph       phase
 	inflight uint64 // outstanding batch, 0 = none
 	retryAt  uint64 // tick before which nothing is posted

@@ -50,6 +50,7 @@ func (n *Node) readDone(p *page, res []Result) {
 		p.state = Shared
 		p.data = slices.Clone(slot[8:])
 		p.copyVer = p.unitVer
+		p.noteHeld(p.copyVer)
 		n.effect(PageInstallShared, p)
 		p.attempts = 0
 		if w.Reserved() == n.cfg.ID {
@@ -170,6 +171,7 @@ func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 		p.granted = false // the CAS handed the turn back
 	}
 	p.acqVer = old.Version() + 1
+	p.noteHeld(p.acqVer)
 	p.guess = cur
 	p.unitCounted = false
 	switch {
@@ -190,6 +192,11 @@ func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 	p.invEvery = n.cfg.RetransmitTicks
 	n.sendInvalidations(p)
 }
+
+// noteHeld records that this node holds a copy or a tenure of version v:
+// the newest it has held, since the node's copies and tenures of a page
+// follow one another.
+func (p *page) noteHeld(v uint16) { p.held, p.heldVer = true, v }
 
 // sharersOf lists the members the word may record as sharers, other than
 // this node: the exact bits, and every member above ExactSharers when the
