@@ -157,16 +157,17 @@
 // writes the rebuilt word with a CAS and tells every node (MsgRebuilt,
 // saying whether it is the holder or its unit is counted). The M claimant
 // of the newest tenure becomes the holder, unless another node holds a
-// copy of that tenure or a newer one, or held one since the last rebuild
-// (an Invalid report says which it held last: MsgReport.Held): a reader
+// copy of that tenure or a newer one, or knows since the last rebuild that
+// it ended (an Invalid report says the newest tenure it knows ended,
+// MsgReport.Ended: from copies held, tenures taken, words read): a reader
 // only installs a copy of a tenure once that tenure has been released, and
 // a newer tenure begins only after it, so the claimant's release had taken
 // effect (its write-back, or a later one, is in the backup) and it drops
 // its copy. A release whose outcome was unknown and still unresolved may
 // be followed by any number of tenures: an Invalid report is often the
 // only trace of them. Else the S reporters of the newest version become
-// the sharers. A node drops an S
-// copy the word does not record, and resumes. Unsynced data of an M holder
+// the sharers. A node drops an S copy the word does not record, and
+// resumes. Unsynced data of an M holder
 // survives the home's failure; the home copy reverts to the backup.
 //
 // # Contention

@@ -542,10 +542,10 @@ func (n *Node) report(p *page) {
 	switch {
 	case m.State != Invalid:
 		m.Version = p.copyVer
-	case p.held:
+	case p.ended:
 		// Evidence for the rebuild: a release claimed at this
 		// version or an older one had taken effect.
-		m.Held, m.Version = true, p.heldVer
+		m.Ended, m.Version = true, p.endedVer
 	}
 	if p.home == n.cfg.ID {
 		n.gotReport(m)
@@ -581,13 +581,14 @@ func (n *Node) gotReport(m Message) {
 
 // rebuiltWord is the word the reports describe. The M reporter of the
 // newest tenure is the holder, unless another reporter holds a copy of
-// that tenure or a newer one, or held one before (an Invalid report with
-// Held): then the tenure had been released (its write-back is in the
-// backup copy) and only the completion of the release was lost with the
-// old home, or the release's outcome was unknown and not yet resolved;
-// a later tenure may even have written back newer data since. Otherwise
-// the S reporters of the newest version are the sharers. The word's
-// version is the newest any report shows.
+// that tenure or a newer one, or knows that it ended (an Invalid report
+// with Ended: since the last rebuild it held a copy of that tenure, took
+// a later one, or read a word that showed it over). Then the tenure had
+// been released (its write-back, or a later one, is in the backup copy):
+// only the completion of the release was lost with the old home, or the
+// release's outcome was unknown and not yet resolved, and other tenures
+// may have followed it. Otherwise the S reporters of the newest version
+// are the sharers. The word's version is the newest any report shows.
 func (n *Node) rebuiltWord(h *homeDuty) Word {
 	w := InitialWord(n.epoch)
 	var holder ids.NodeID
@@ -601,7 +602,7 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 			holder, mVer = m, r.Version
 		case r.State == Shared && (!sFound || newer(r.Version, sVer)):
 			sVer, sFound = r.Version, true
-		case r.State == Invalid && r.Held && (!hFound || newer(r.Version, hVer)):
+		case r.State == Invalid && r.Ended && (!hFound || newer(r.Version, hVer)):
 			hVer, hFound = r.Version, true
 		}
 	}
@@ -655,8 +656,8 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 	p.frozen = false
 	p.unitCounted, p.unitVer = counted, ver
 	// Versions start again from the rebuilt word's, which is at least
-	// every version reported: what was held before counts no more.
-	p.held = false
+	// every version reported: what ended before counts no more.
+	p.ended = false
 	if p.frozenM {
 		// An interrupted release: the tenure is ours again, or it had
 		// ended and the copy cannot stay.
@@ -684,8 +685,8 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 		p.data = nil
 		n.effect(PageDrop, p)
 	}
-	if p.state != Invalid {
-		p.noteHeld(p.copyVer)
+	if p.state == Shared {
+		p.noteEnded(p.copyVer)
 	}
 	p.guess = InitialWord(n.epoch).withVersion(ver)
 	n.drive(p)

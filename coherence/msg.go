@@ -88,12 +88,12 @@ type Message struct {
 	Version uint16
 	Write   bool  // MsgRecall: the requester wants to write
 	State   State // MsgReport: the sender's state; MsgRebuilt: Shared if the receiver's unit is counted, Modified if it is the holder
-	// Held (MsgReport of an Invalid page only): the sender held a copy
-	// or a tenure of the page before, the newest at Version. The new
-	// home judges a claim of an interrupted release by it: a copy of the
-	// claimed tenure or a newer one, held by another node, means the
-	// release had taken effect.
-	Held bool
+	// Ended (MsgReport of an Invalid page only): Version is the newest
+	// tenure the sender knows to have ended (from a copy it held, a
+	// tenure it took, a word it read). The new home judges the claim of
+	// an interrupted release by it: another node that knows the claimed
+	// tenure ended proves that the release had taken effect.
+	Ended bool
 }
 
 func (m Message) String() string {
@@ -110,8 +110,8 @@ func (m Message) String() string {
 	}
 	if m.Type == MsgReport {
 		s += " " + m.State.String()
-		if m.Held {
-			s += " held"
+		if m.Ended {
+			s += " ended"
 		}
 	}
 	return s
@@ -129,8 +129,8 @@ const (
 	flagWrite    = 1
 	flagShared   = 2
 	flagModified = 4
-	flagHeld     = 8 // MsgReport with no state flag: Version is the newest copy held before
-	knownFlags   = flagWrite | flagShared | flagModified | flagHeld
+	flagEnded    = 8 // MsgReport with no state flag: Version is the newest tenure known ended
+	knownFlags   = flagWrite | flagShared | flagModified | flagEnded
 	maxMsgType_  = MsgStamp
 )
 
@@ -148,8 +148,8 @@ func (m Message) Marshal() []byte {
 	case Modified:
 		b[2] |= flagModified
 	}
-	if m.Held {
-		b[2] |= flagHeld
+	if m.Ended {
+		b[2] |= flagEnded
 	}
 	binary.LittleEndian.PutUint32(b[4:], uint32(m.From))
 	binary.LittleEndian.PutUint32(b[8:], uint32(m.To))
@@ -190,10 +190,10 @@ func Unmarshal(b []byte) (Message, error) {
 	case st != 0:
 		return m, fmt.Errorf("%w: both state flags", ErrBadMessage)
 	}
-	if b[2]&flagHeld != 0 && (m.Type != MsgReport || m.State != Invalid) {
-		return m, fmt.Errorf("%w: held flag on %v %v", ErrBadMessage, m.Type, m.State)
+	if b[2]&flagEnded != 0 && (m.Type != MsgReport || m.State != Invalid) {
+		return m, fmt.Errorf("%w: ended flag on %v %v", ErrBadMessage, m.Type, m.State)
 	}
-	m.Held = b[2]&flagHeld != 0
+	m.Ended = b[2]&flagEnded != 0
 	from := binary.LittleEndian.Uint32(b[4:])
 	to := binary.LittleEndian.Uint32(b[8:])
 	if from == 0 || from > MaxNodeID || to == 0 || to > MaxNodeID || from == to {
