@@ -167,8 +167,8 @@
 // be followed by any number of tenures: an Invalid report is often the
 // only trace of them. Else the S reporters of the newest version become
 // the sharers. A node drops an S copy the word does not record, and
-// resumes. Unsynced data of an M holder
-// survives the home's failure; the home copy reverts to the backup.
+// resumes. Unsynced data of an M holder survives the home's failure; the
+// home copy reverts to the backup.
 //
 // # Contention
 //
