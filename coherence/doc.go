@@ -164,13 +164,19 @@
 // silent ones with MsgQuery). With every member's report the new home
 // writes the rebuilt word with a CAS and tells every node (MsgRebuilt,
 // saying whether it is the holder or its unit is counted). The M claimant
-// of the newest tenure becomes the holder, unless some node holds a copy
-// of that tenure or a newer one: a reader only installs a copy of a tenure
-// once that tenure has been released, so the claimant's release had taken
-// effect (its write-back is in the backup) and it drops its copy. Else the
-// S reporters of the newest version become the sharers. A node drops an S
-// copy the word does not record, and resumes. Unsynced data of an M holder
-// survives the home's failure; the home copy reverts to the backup.
+// of the newest tenure becomes the holder, unless another node holds a
+// copy of that tenure or a newer one, or knows since the last rebuild that
+// it ended (an Invalid report says the newest tenure it knows ended,
+// MsgReport.Ended: from copies held, tenures taken, words read): a reader
+// only installs a copy of a tenure once that tenure has been released, and
+// a newer tenure begins only after it, so the claimant's release had taken
+// effect (its write-back, or a later one, is in the backup) and it drops
+// its copy. A release whose outcome was unknown and still unresolved may
+// be followed by any number of tenures: an Invalid report is often the
+// only trace of them. Else the S reporters of the newest version become
+// the sharers. A node drops an S copy the word does not record, and
+// resumes. Unsynced data of an M holder survives the home's failure; the
+// home copy reverts to the backup.
 //
 // # Contention
 //

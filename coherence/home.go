@@ -554,8 +554,13 @@ func (n *Node) report(p *page) {
 	if p.frozenM {
 		m.State = Modified
 	}
-	if m.State != Invalid {
+	switch {
+	case m.State != Invalid:
 		m.Version = p.copyVer
+	case p.ended:
+		// Evidence for the rebuild: a release claimed at this
+		// version or an older one had taken effect.
+		m.Ended, m.Version = true, p.endedVer
 	}
 	if p.home == n.cfg.ID {
 		n.gotReport(m)
@@ -590,16 +595,20 @@ func (n *Node) gotReport(m Message) {
 }
 
 // rebuiltWord is the word the reports describe. The M reporter of the
-// newest tenure is the holder, unless a reporter holds a copy of that
-// tenure or a newer one: then the tenure had been released (its write-back
-// is in the backup copy) and only the completion of the release was lost
-// with the old home. Otherwise the S reporters of the newest version are
-// the sharers.
+// newest tenure is the holder, unless another reporter holds a copy of
+// that tenure or a newer one, or knows that it ended (an Invalid report
+// with Ended: since the last rebuild it held a copy of that tenure, took
+// a later one, or read a word that showed it over). Then the tenure had
+// been released (its write-back, or a later one, is in the backup copy):
+// only the completion of the release was lost with the old home, or the
+// release's outcome was unknown and not yet resolved, and other tenures
+// may have followed it. Otherwise the S reporters of the newest version
+// are the sharers. The word's version is the newest any report shows.
 func (n *Node) rebuiltWord(h *homeDuty) Word {
 	w := InitialWord(n.epoch)
 	var holder ids.NodeID
-	var mVer, sVer uint16
-	sFound := false
+	var mVer, sVer, hVer uint16
+	sFound, hFound := false, false
 	for _, m := range n.members {
 		r, ok := h.reports[m]
 		switch {
@@ -608,15 +617,24 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 			holder, mVer = m, r.Version
 		case r.State == Shared && (!sFound || newer(r.Version, sVer)):
 			sVer, sFound = r.Version, true
+		case r.State == Invalid && r.Ended && (!hFound || newer(r.Version, hVer)):
+			hVer, hFound = r.Version, true
 		}
 	}
-	if holder != ids.None && (!sFound || newer(mVer, sVer)) {
+	if holder != ids.None && (!sFound || newer(mVer, sVer)) && (!hFound || newer(mVer, hVer)) {
 		return w.withHolder(holder).withVersion(mVer)
 	}
-	if !sFound {
-		return w.withVersion(mVer)
+	ver := mVer
+	if sFound && (holder == ids.None || !newer(mVer, sVer)) {
+		ver = sVer
 	}
-	w = w.withVersion(sVer)
+	if hFound && (holder == ids.None && !sFound || newer(hVer, ver)) {
+		ver = hVer
+	}
+	w = w.withVersion(ver)
+	if !sFound || sVer != ver {
+		return w
+	}
 	for _, m := range n.members {
 		if r, ok := h.reports[m]; ok && r.State == Shared && r.Version == sVer {
 			w += Word(unit(m))
@@ -652,6 +670,9 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 	}
 	p.frozen = false
 	p.unitCounted, p.unitVer = counted, ver
+	// Versions start again from the rebuilt word's, which is at least
+	// every version reported: what ended before counts no more.
+	p.ended = false
 	if p.frozenM {
 		// An interrupted release: the tenure is ours again, or it had
 		// ended and the copy cannot stay.
@@ -678,6 +699,9 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 		p.state = Invalid
 		p.data = nil
 		n.effect(PageDrop, p)
+	}
+	if p.state == Shared {
+		p.noteEnded(p.copyVer)
 	}
 	p.guess = InitialWord(n.epoch).withVersion(ver)
 	n.drive(p)

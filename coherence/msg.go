@@ -88,6 +88,12 @@ type Message struct {
 	Version uint16
 	Write   bool  // MsgRecall: the requester wants to write
 	State   State // MsgReport: the sender's state; MsgRebuilt: Shared if the receiver's unit is counted, Modified if it is the holder
+	// Ended (MsgReport of an Invalid page only): Version is the newest
+	// tenure the sender knows to have ended (from a copy it held, a
+	// tenure it took, a word it read). The new home judges the claim of
+	// an interrupted release by it: another node that knows the claimed
+	// tenure ended proves that the release had taken effect.
+	Ended bool
 }
 
 func (m Message) String() string {
@@ -104,6 +110,9 @@ func (m Message) String() string {
 	}
 	if m.Type == MsgReport {
 		s += " " + m.State.String()
+		if m.Ended {
+			s += " ended"
+		}
 	}
 	return s
 }
@@ -120,7 +129,8 @@ const (
 	flagWrite    = 1
 	flagShared   = 2
 	flagModified = 4
-	knownFlags   = flagWrite | flagShared | flagModified
+	flagEnded    = 8 // MsgReport with no state flag: Version is the newest tenure known ended
+	knownFlags   = flagWrite | flagShared | flagModified | flagEnded
 	maxMsgType_  = MsgStamp
 )
 
@@ -137,6 +147,9 @@ func (m Message) Marshal() []byte {
 		b[2] |= flagShared
 	case Modified:
 		b[2] |= flagModified
+	}
+	if m.Ended {
+		b[2] |= flagEnded
 	}
 	binary.LittleEndian.PutUint32(b[4:], uint32(m.From))
 	binary.LittleEndian.PutUint32(b[8:], uint32(m.To))
@@ -177,6 +190,10 @@ func Unmarshal(b []byte) (Message, error) {
 	case st != 0:
 		return m, fmt.Errorf("%w: both state flags", ErrBadMessage)
 	}
+	if b[2]&flagEnded != 0 && (m.Type != MsgReport || m.State != Invalid) {
+		return m, fmt.Errorf("%w: ended flag on %v %v", ErrBadMessage, m.Type, m.State)
+	}
+	m.Ended = b[2]&flagEnded != 0
 	from := binary.LittleEndian.Uint32(b[4:])
 	to := binary.LittleEndian.Uint32(b[8:])
 	if from == 0 || from > MaxNodeID || to == 0 || to > MaxNodeID || from == to {

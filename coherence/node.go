@@ -157,6 +157,15 @@ type page struct {
 
 	guess Word // the last word observed
 
+	// ended: since the page's word was last rebuilt, this node learnt
+	// that tenure endedVer (the newest such) had ended: it held a copy
+	// of it, took a later tenure, or read a word that showed it over.
+	// An Invalid page reports it to a new home (MsgReport.Ended): a
+	// tenure claimed by an interrupted release that another node knows
+	// to have ended had been released.
+	ended    bool
+	endedVer uint16
+
 	ph       phase
 	inflight uint64 // outstanding batch, 0 = none
 	retryAt  uint64 // tick before which nothing is posted
@@ -573,6 +582,7 @@ func (n *Node) stepDone(d VerbsDone) error {
 		p.retryAt = n.now + 1
 		return nil
 	}
+	p.noteWords(rec.verbs, d.Results)
 	switch p.ph {
 	case phRead:
 		n.readDone(p, d.Results)

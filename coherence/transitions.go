@@ -50,6 +50,7 @@ func (n *Node) readDone(p *page, res []Result) {
 		p.state = Shared
 		p.data = slices.Clone(slot[8:])
 		p.copyVer = p.unitVer
+		p.noteEnded(p.copyVer)
 		n.effect(PageInstallShared, p)
 		p.attempts = 0
 		if w.Reserved() == n.cfg.ID {
@@ -170,6 +171,7 @@ func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 		p.granted = false // the CAS handed the turn back
 	}
 	p.acqVer = old.Version() + 1
+	p.noteEnded(old.Version())
 	p.guess = cur
 	p.unitCounted = false
 	switch {
@@ -189,6 +191,41 @@ func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 	p.attempts = 0
 	p.invEvery = n.cfg.RetransmitTicks
 	n.sendInvalidations(p)
+}
+
+// noteEnded records that tenure v of the page has ended (a copy of it
+// was installed: only a released tenure is read; a later tenure was
+// taken; a word showed it without a holder, or a later version), keeping
+// the newest.
+func (p *page) noteEnded(v uint16) {
+	if !p.ended || newer(v, p.endedVer) {
+		p.ended, p.endedVer = true, v
+	}
+}
+
+// noteWords notes the tenures ended that the words in the results of a
+// batch of the page's client side show: the old word returned by a CAS or
+// FAA, the word at the head of a READ of the word or the slot. A word
+// without a holder at version v shows tenure v over; one with a holder,
+// tenure v-1 (a version moves only by an acquisition, which needs the
+// word without a holder).
+func (p *page) noteWords(verbs []Verb, res []Result) {
+	for i, v := range verbs {
+		var w Word
+		switch {
+		case v.Kind == VerbCAS || v.Kind == VerbFAA:
+			w = Word(res[i].Word)
+		case v.Kind == VerbRead && (v.Span == SpanWord || v.Span == SpanSlot):
+			w = Word(binary.LittleEndian.Uint64(res[i].Data))
+		default:
+			continue
+		}
+		if w.Holder() == ids.None {
+			p.noteEnded(w.Version())
+		} else {
+			p.noteEnded(w.Version() - 1)
+		}
+	}
 }
 
 // sharersOf lists the members the word may record as sharers, other than
