@@ -12,7 +12,7 @@ SEEDS       ?= 100000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
-.PHONY: chaos soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: chaos failover soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -76,6 +76,13 @@ chaos: DURATION = 60s
 chaos: FAULTS ?= all
 chaos: ## SEEDS schedules of DURATION on real dsmd clusters in network namespaces under a seeded nemesis (FAULTS: all or a list); needs root; exit 0 only without violations (runs in tests/chaos/out/)
 	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults $(FAULTS) -out $(CURDIR)/tests/chaos/out
+
+failover: ROUNDS = 5
+failover: SEEDS = 1
+failover: DURATION = 45s
+failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of a home, SIGTERM, poisoned faults), then SEEDS chaos schedules of DURATION under kill, leave, join and pause (needs root)
+	$(GO) test ./tests -run '^(TestHomeFailureIsLoud|TestSigtermWritesBack|TestUnavailablePageFails)$$' -count=$(ROUNDS) -timeout 0 -v
+	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults kill,leave,join,pause -out $(CURDIR)/tests/chaos/out
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -71,6 +71,8 @@ type checker struct {
 	ops      []*Op
 	faults   []Fault
 	losses   []int64 // when a dsmd died without writing back, sorted
+	// lossesOf are the same per node.
+	lossesOf map[int][]int64
 	tEnd     int64
 	deadline time.Duration
 	dir      string // where visualizations go
@@ -78,14 +80,19 @@ type checker struct {
 }
 
 func newChecker(ops []*Op, faults []Fault, events []event, tEnd int64, deadline time.Duration, dir string) *checker {
-	c := &checker{ops: ops, faults: faults, tEnd: tEnd, deadline: deadline, dir: dir, v: &Verdict{}}
+	c := &checker{ops: ops, faults: faults, tEnd: tEnd, deadline: deadline, dir: dir, v: &Verdict{},
+		lossesOf: map[int][]int64{}}
 	for _, e := range events {
 		if e.What == evLoss {
 			c.losses = append(c.losses, e.T)
+			c.lossesOf[e.Node] = append(c.lossesOf[e.Node], e.T)
 			c.markUnacked(e.Node, e.T)
 		}
 	}
 	sort.Slice(c.losses, func(i, j int) bool { return c.losses[i] < c.losses[j] })
+	for _, ls := range c.lossesOf {
+		sort.Slice(ls, func(i, j int) bool { return ls[i] < ls[j] })
+	}
 	return c
 }
 
@@ -110,6 +117,14 @@ func (c *checker) markUnacked(node int, t int64) {
 func (c *checker) lossBetween(a, b int64) bool {
 	i := sort.Search(len(c.losses), func(i int) bool { return c.losses[i] > a })
 	return i < len(c.losses) && c.losses[i] <= b
+}
+
+// nodeLossBetween says whether node's dsmd died without writing back in
+// (a, b].
+func (c *checker) nodeLossBetween(node int, a, b int64) bool {
+	ls := c.lossesOf[node]
+	i := sort.Search(len(ls), func(i int) bool { return ls[i] > a })
+	return i < len(ls) && ls[i] <= b
 }
 
 // segment numbers the stretches between losses: operations in one
@@ -425,7 +440,10 @@ func (c *checker) syncedAt() func(node int, t int64) int64 {
 	return func(node int, t int64) int64 {
 		best := int64(0)
 		for _, s := range by[node] {
-			if s.Call > t && (best == 0 || s.Return < best) {
+			// A Sync covers the node's writes of its dsmd's present life
+			// only: one that died in between took them with it (and the
+			// client mapped the region anew).
+			if s.Call > t && (best == 0 || s.Return < best) && !c.nodeLossBetween(node, t, s.Call) {
 				best = s.Return
 			}
 		}

@@ -19,7 +19,7 @@ func checkersOf(t *testing.T, ops []*Op, losses ...int64) *Verdict {
 	t.Helper()
 	var events []event
 	for _, l := range losses {
-		events = append(events, event{T: l * 1e6, What: evLoss})
+		events = append(events, event{T: l * 1e6, What: evLoss, Node: 1})
 	}
 	c := newChecker(ops, nil, events, 1e12, 10*time.Second, t.TempDir())
 	return c.check()
@@ -108,6 +108,7 @@ func TestPages(t *testing.T) {
 		{"unsynced write lost with its holder", []*Op{write(100, 1, 2), read(pageZero, 0, 5, 6)}, []int64{3}, 0, 0},
 		{"synced write lost", []*Op{write(100, 1, 2), sync(1, 3, 4), read(pageZero, 0, 7, 8)}, []int64{5}, 0, 1},
 		{"a sync on another node does not count", []*Op{write(100, 1, 2), sync(2, 3, 4), read(pageZero, 0, 7, 8)}, []int64{5}, 0, 0},
+		{"a sync after the writer's dsmd died does not cover its writes", []*Op{write(100, 1, 2), op("w", 1, opMap, 0, 4, 4), sync(1, 5, 6), read(pageZero, 0, 7, 8)}, []int64{3}, 0, 0},
 		{"a seq nobody wrote", []*Op{write(100, 1, 2), read(pageOK, 300, 3, 4)}, nil, 1, 0},
 		{"a seq read before its write started", []*Op{read(pageOK, 300, 1, 2), write(300, 3, 4)}, nil, 1, 0},
 		{"torn with nothing in flight", []*Op{write(100, 1, 2), read(pageTorn, 100, 3, 4)}, nil, 1, 0},
