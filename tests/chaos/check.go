@@ -68,9 +68,9 @@ const recoveryWindow = 5 * time.Second
 
 // checker holds what every check needs.
 type checker struct {
-	ops      []*Op
-	faults   []Fault
-	losses   []int64 // when a dsmd died without writing back, sorted
+	ops    []*Op
+	faults []Fault
+	losses []int64 // when a dsmd died without writing back, sorted
 	// lossesOf are the same per node.
 	lossesOf map[int][]int64
 	tEnd     int64
