@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -56,14 +57,19 @@ func testLogger(t testing.TB) *slog.Logger {
 }
 
 type cluster struct {
-	t     testing.TB
+	t testing.TB
+	// base holds the nodes' data directories. It is made before the
+	// cleanup that closes the nodes is registered, so it is removed after
+	// they are closed (cleanups run last registered first): a node still
+	// running must not find its Raft log deleted under it.
+	base  string
 	mu    sync.Mutex
 	cfgs  map[ids.NodeID]directory.Config
 	nodes map[ids.NodeID]*directory.Directory
 }
 
 func newCluster(t testing.TB) *cluster {
-	c := &cluster{t: t, cfgs: map[ids.NodeID]directory.Config{}, nodes: map[ids.NodeID]*directory.Directory{}}
+	c := &cluster{t: t, base: t.TempDir(), cfgs: map[ids.NodeID]directory.Config{}, nodes: map[ids.NodeID]*directory.Directory{}}
 	t.Cleanup(func() {
 		for _, d := range c.live() {
 			d.Close()
@@ -81,7 +87,7 @@ func (c *cluster) config(id ids.NodeID, expect, maxVoters int, join []string) di
 		return cfg
 	}
 	cfg := directory.Config{
-		NodeID: id, DataDir: c.t.TempDir(),
+		NodeID: id, DataDir: filepath.Join(c.base, id.String()),
 		GossipAddr: freeAddr(c.t), RaftAddr: freeAddr(c.t), RPCAddr: freeAddr(c.t),
 		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7000+id), VerbsAddr: fmt.Sprintf("127.0.0.1:%d", 8000+id),
 		Join: join, BootstrapExpect: expect, MaxVoters: maxVoters,
