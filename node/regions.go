@@ -284,12 +284,21 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 // nothing fences it yet (leases), so its words are not repaired.
 func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	es.mu.Lock()
-	defer es.mu.Unlock()
+	// Reconfigure waits for the engine's loop, which may be busy sending
+	// to a slow peer: it is called after es.mu is released, so that misses
+	// of other regions go on meanwhile.
+	var reconf []*regionEngine
+	defer func() {
+		es.mu.Unlock()
+		for _, re := range reconf {
+			re.e.Reconfigure(pm.epoch, pm.members)
+		}
+	}()
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
 		if member && pm.epoch > re.epoch {
 			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
-			re.e.Reconfigure(pm.epoch, pm.members)
+			reconf = append(reconf, re)
 			re.epoch = pm.epoch
 		}
 		for p, in := range pm.byProto {
