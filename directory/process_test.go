@@ -406,8 +406,9 @@ func TestProcessCluster(t *testing.T) {
 }
 
 // startProcs starts n node processes that bootstrap together and returns
-// the first one's configuration (the seed).
-func (pc *procCluster) startProcs(n, maxVoters int) procConfig {
+// the first one's configuration (the seed); adjust, when given, changes
+// each configuration before its process starts.
+func (pc *procCluster) startProcs(n, maxVoters int, adjust ...func(*procConfig)) procConfig {
 	var seed procConfig
 	for i := 1; i <= n; i++ {
 		id := ids.NodeID(i)
@@ -416,6 +417,9 @@ func (pc *procCluster) startProcs(n, maxVoters int) procConfig {
 			join = []string{seed.Gossip}
 		}
 		cfg := pc.config(id, n, maxVoters, join)
+		for _, f := range adjust {
+			f(&cfg)
+		}
 		if id == 1 {
 			seed = cfg
 		}
@@ -507,19 +511,7 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 		t.Skip("multi-process test")
 	}
 	pc := newProcCluster(t)
-	var seed procConfig
-	for _, id := range []ids.NodeID{1, 2, 3} {
-		var join []string
-		if id > 1 {
-			join = []string{seed.Gossip}
-		}
-		cfg := pc.config(id, 3, 3, join)
-		cfg.Nonce = 0x1000 + uint64(id)
-		if id == 1 {
-			seed = cfg
-		}
-		pc.start(cfg)
-	}
+	pc.startProcs(3, 3, func(c *procConfig) { c.Nonce = 0x1000 + uint64(c.ID) })
 	ctx := ctxT(t)
 	view := func(id ids.NodeID) *directory.View {
 		v, err := directory.RemoteView(ctx, pc.procs[id].cfg.RPC)

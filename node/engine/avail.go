@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -153,16 +154,9 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 	if e.sm.Joining() {
 		// This node acts once every member acknowledged its epoch: a
 		// member that is down holds it back.
-		e.availMu.Lock()
-		downs := make([]ids.NodeID, 0, len(e.down))
-		for id := range e.down {
-			downs = append(downs, id)
-		}
-		e.availMu.Unlock()
-		slices.Sort(downs)
-		for _, id := range downs {
-			if slices.Contains(e.sm.Members(), id) {
-				return ue(id, "member", e.downWhy(id)+", and this node, new to the region's protocol, waits for every member's acknowledgement before it acts")
+		for _, id := range e.sm.Members() {
+			if why := e.downWhy(id); why != "" && id != e.cfg.ID {
+				return ue(id, "member", why+", and this node, new to the region's protocol, waits for every member's acknowledgement before it acts")
 			}
 		}
 	}
@@ -205,12 +199,7 @@ func (e *Engine) sweep(now time.Time) {
 			e.post(b)
 		}
 	}
-	ids := make([]uint64, 0, len(e.waiters))
-	for id := range e.waiters {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
+	for _, id := range slices.Sorted(maps.Keys(e.waiters)) {
 		w := e.waiters[id]
 		if err := e.unavailable(w.page, now.Sub(w.start), false); err != nil {
 			e.failWaiter(id, w, err)
