@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/testports"
 )
 
 // testTiming is LANTiming with faster reconciliation, so tests converge
@@ -26,28 +25,8 @@ func testTiming() directory.Timing {
 }
 
 // freeAddr returns a loopback address whose port is free for TCP and UDP
-// (memberlist binds both). Ports come from below the kernel's ephemeral
-// range, so that no outgoing connection of any process takes one while a
-// node that owns it is down for a restart.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	for range 200 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		pc, err := net.ListenPacket("udp", addr)
-		ln.Close()
-		if err != nil {
-			continue
-		}
-		pc.Close()
-		return addr
-	}
-	t.Fatal("no free port")
-	return ""
-}
+// (gossip binds both) and given to no other test process.
+func freeAddr(t testing.TB) string { return testports.Addr(t) }
 
 func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("DIRECTORY_TEST_LOG") != "" {

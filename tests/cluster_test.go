@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dsmkit/dsm/internal/testports"
 )
 
 // The binaries built by TestMain.
@@ -48,27 +48,8 @@ func run(m *testing.M) int {
 }
 
 // freeAddr returns a loopback address whose port is free for TCP and UDP
-// (gossip binds both), below the ephemeral range so that no outgoing
-// connection takes it meanwhile.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	for range 200 {
-		addr := fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000))
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		pc, err := net.ListenPacket("udp", addr)
-		ln.Close()
-		if err != nil {
-			continue
-		}
-		pc.Close()
-		return addr
-	}
-	t.Fatal("no free port")
-	return ""
-}
+// (gossip binds both) and given to no other test process.
+func freeAddr(t testing.TB) string { return testports.Addr(t) }
 
 // proc is one dsmd process.
 type proc struct {

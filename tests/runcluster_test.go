@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -13,37 +12,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dsmkit/dsm/internal/testports"
 )
 
 // freeBase returns a port base whose 26 ports (the script uses base+0..25)
-// are free for TCP and UDP right now.
-func freeBase(t *testing.T) int {
-	t.Helper()
-	for range 100 {
-		base := 20000 + 10*rand.IntN(1100)
-		ok := true
-		for off := 0; off < 26 && ok; off++ {
-			addr := fmt.Sprintf("127.0.0.1:%d", base+off)
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				ok = false
-				break
-			}
-			pc, err := net.ListenPacket("udp", addr)
-			ln.Close()
-			if err != nil {
-				ok = false
-				break
-			}
-			pc.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	t.Fatal("no free port range")
-	return 0
-}
+// are free for TCP and UDP and given to no other test process.
+func freeBase(t *testing.T) int { return testports.Range(t, 26) }
 
 // TestRunClusterScript runs deploy/local/run-cluster.sh (what `make run`
 // calls): it must build, report a healthy cluster that dsmctl reaches, and

@@ -377,7 +377,10 @@ func TestWriteToSharedUpgrades(t *testing.T) {
 	if hc := d.home.counts(); hc.writes != 1 {
 		t.Fatalf("B's store on a page held M called the engine: %+v", hc)
 	}
-	if s := d.c.Stats(); s.FaultsWP != wp+1 || s.Upgrades != 1 {
+	// At least one WP fault: a thread waiting in a userfault that a signal
+	// wakes (the Go runtime preempts with SIGURG) runs the store again and
+	// the kernel reports the fault a second time; it resolves locally.
+	if s := d.c.Stats(); s.FaultsWP < wp+1 || s.Upgrades != 1 {
 		t.Fatalf("WP faults %d -> %d, upgrades %d", wp, s.FaultsWP, s.Upgrades)
 	}
 	if got := a.load(off(p)); got != 0x79 {
@@ -471,7 +474,9 @@ func TestDowngrade(t *testing.T) {
 		t.Fatalf("reads of a downgraded page faulted %d times", s.Faults()-s0.Faults())
 	}
 	b.store(off(p), 0xd3)
-	if s, hc := d.c.Stats(), d.home.counts(); s.FaultsWP != s0.FaultsWP+1 || hc.upgrades != h0.upgrades+1 {
+	// One upgrade; the kernel may report the fault more than once (a
+	// signal that wakes the waiting thread makes it fault again).
+	if s, hc := d.c.Stats(), d.home.counts(); s.FaultsWP < s0.FaultsWP+1 || hc.upgrades != h0.upgrades+1 {
 		t.Fatalf("store after downgrade: WP faults %d -> %d, upgrades %d -> %d", s0.FaultsWP, s.FaultsWP, h0.upgrades, hc.upgrades)
 	}
 	if got := a.load(off(p)); got != 0xd3 {
