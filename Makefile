@@ -9,6 +9,7 @@ STATICCHECK_VERSION := v0.8.2
 HAVE_OFI    := $(shell pkg-config --exists libfabric 2>/dev/null && echo yes)
 FUZZTIME    ?= 30s
 SEEDS       ?= 100000
+ENGINE_SEEDS ?= 20000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
@@ -26,6 +27,7 @@ demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transpo
 test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), and the ofi suite when libfabric is installed
 	$(GO) test -race -timeout 20m ./...
 	$(GO) test -count=1 -timeout 10m ./coherence/...
+	$(GO) test -count=1 -timeout 10m -run '^TestEngineSim' ./node/engine
 	$(GO) run ./tests/chaos/cmd/chaos -short -out $(CURDIR)/tests/chaos/out
 	@$(MAKE) --no-print-directory test-ofi
 
@@ -68,8 +70,9 @@ fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 soak: ## region life cycles on a real cluster for DURATION; fails when goroutines, descriptors or RSS grow per cycle (samples in .soak/)
 	$(GO) test ./tests -run '^TestSoak$$$$' -count=1 -soak $(DURATION) -soak-out $(CURDIR)/.soak/samples.csv -timeout 0 -v
 
-sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000)
+sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000), then ENGINE_SEEDS seeds per configuration of the engine simulation
 	$(GO) test ./coherence/sim -run '^TestSimSeeds$$' -seeds=$(SEEDS) -workers=$$(nproc) -timeout 0 -v
+	$(GO) test ./node/engine -run '^TestEngineSim$$' -engine-seeds=$(ENGINE_SEEDS) -timeout 0 -v
 
 chaos: SEEDS = 1
 chaos: DURATION = 60s

@@ -154,6 +154,21 @@ type Engine struct {
 	unreach   map[ids.NodeID]unreachable
 	parked    map[ids.NodeID][]coherence.Batch
 	lastSweep time.Time
+
+	// hooks replace the goroutines the loop starts; nil in production.
+	hooks hooks
+}
+
+// hooks let the engine simulation (sim_test.go) run an engine without its
+// loop: batches and the cache's drops and downgrades wait in the driver's
+// queue and complete in the order it chooses, on its goroutine.
+type hooks struct {
+	// post takes a batch instead of a goroutine that posts it; ops and
+	// err are what e.ops made of it.
+	post func(b coherence.Batch, ops []rdma.Op, err error)
+	// effect takes a drop or downgrade instead of a goroutine that asks
+	// the cache.
+	effect func(j *effectJob)
 }
 
 // posted is the outcome of a batch, with the home it went to.
@@ -342,25 +357,34 @@ func (e *Engine) Close() error {
 // handler, or the caller's router when Config.Send is set. It does not
 // keep b.
 func (e *Engine) Deliver(from ids.NodeID, b []byte) {
-	m, err := coherence.Unmarshal(b)
-	if err != nil {
-		e.log.Warn("undecodable message", "from", from, "err", err)
-		return
-	}
-	switch n, ok := e.cfg.NodeOf(m.From); {
-	case !ok:
-		// A member this node does not know yet (it lags the directory):
-		// the sender retransmits.
-		e.log.Debug("message from an unknown protocol id", "from", from, "claims", m.From)
-		return
-	case n != from:
-		e.log.Warn("message with a forged sender", "from", from, "claims", m.From)
+	m, ok := e.decode(from, b)
+	if !ok {
 		return
 	}
 	select {
 	case e.recvCh <- m:
 	case <-e.stop:
 	}
+}
+
+// decode unmarshals a message from a peer and checks its sender.
+func (e *Engine) decode(from ids.NodeID, b []byte) (coherence.Message, bool) {
+	m, err := coherence.Unmarshal(b)
+	if err != nil {
+		e.log.Warn("undecodable message", "from", from, "err", err)
+		return m, false
+	}
+	switch n, ok := e.cfg.NodeOf(m.From); {
+	case !ok:
+		// A member this node does not know yet (it lags the directory):
+		// the sender retransmits.
+		e.log.Debug("message from an unknown protocol id", "from", from, "claims", m.From)
+		return m, false
+	case n != from:
+		e.log.Warn("message with a forged sender", "from", from, "claims", m.From)
+		return m, false
+	}
+	return m, true
 }
 
 // Reconfigure hands the engine a new configuration: the epoch and the
@@ -399,58 +423,22 @@ func (e *Engine) loop() {
 		case <-e.stop:
 			return
 		case s := <-e.reqCh:
-			if s.kind != atomicOp && len(e.effects[s.req.Page]) > 0 {
-				// The cache is giving the page up: let it take the
-				// page's lock first (the caller holds it).
-				s.w.ch <- result{err: ErrConflict}
-				continue
-			}
-			if err := e.unavailable(s.req.Page, 0, true); err != nil {
-				s.w.ch <- result{err: err}
-				continue
-			}
-			e.nextID++
-			s.req.ID = e.nextID
-			if s.kind == evictOp {
-				if s.dirty != nil {
-					e.wb[s.req.Page] = s.dirty
-				}
-				e.evicting[s.req.Page]++
-			}
-			if err := e.sm.Step(s.req); err != nil {
-				if s.kind == evictOp {
-					e.evicting[s.req.Page]--
-				}
-				s.w.ch <- result{err: err}
-				continue
-			}
-			e.waiters[s.req.ID] = s.w
+			e.onSubmit(s)
 		case pd := <-e.doneCh:
-			e.noteOutcome(pd.home, pd.d.Err)
-			if err := e.sm.Step(pd.d); err != nil {
-				e.log.Debug("completion refused", "batch", pd.d.ID, "err", err)
-			}
+			e.onPosted(pd)
 		case <-e.availCh:
 			e.sweep(time.Now())
 		case m := <-e.recvCh:
-			if err := e.sm.Step(coherence.Receive{Msg: m}); err != nil {
-				e.log.Debug("message refused", "msg", m, "err", err)
-			}
+			e.onReceive(m)
 		case rc := <-e.reconfCh:
-			if err := e.sm.Step(rc); err != nil {
-				e.log.Warn("reconfiguration refused", "epoch", rc.Epoch, "err", err)
-			}
+			e.onReconfigure(rc)
 		case j := <-e.effectCh:
 			e.effectDone(j)
 		case now := <-t.C:
-			_ = e.sm.Step(coherence.Tick{})
-			if now.Sub(e.lastSweep) >= sweepInterval {
-				e.lastSweep = now
-				e.sweep(now)
-			}
+			e.onTick(now)
 		}
 		e.apply()
-		switch busy := !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0; {
+		switch busy := e.busy(); {
 		case busy && !ticking:
 			t.Reset(e.cfg.Tick)
 			ticking = true
@@ -459,6 +447,72 @@ func (e *Engine) loop() {
 			ticking = false
 		}
 	}
+}
+
+// The loop's handlers: each takes one input, steps the state machine and
+// leaves what it asks for apply. They run on the loop's goroutine only (or
+// on the engine simulation's driver, which owns an engine without a loop).
+
+func (e *Engine) onSubmit(s submit) {
+	if s.kind != atomicOp && len(e.effects[s.req.Page]) > 0 {
+		// The cache is giving the page up: let it take the page's lock
+		// first (the caller holds it).
+		s.w.ch <- result{err: ErrConflict}
+		return
+	}
+	if err := e.unavailable(s.req.Page, 0, true); err != nil {
+		s.w.ch <- result{err: err}
+		return
+	}
+	e.nextID++
+	s.req.ID = e.nextID
+	if s.kind == evictOp {
+		if s.dirty != nil {
+			e.wb[s.req.Page] = s.dirty
+		}
+		e.evicting[s.req.Page]++
+	}
+	if err := e.sm.Step(s.req); err != nil {
+		if s.kind == evictOp {
+			e.evicting[s.req.Page]--
+		}
+		s.w.ch <- result{err: err}
+		return
+	}
+	e.waiters[s.req.ID] = s.w
+}
+
+func (e *Engine) onPosted(pd posted) {
+	e.noteOutcome(pd.home, pd.d.Err)
+	if err := e.sm.Step(pd.d); err != nil {
+		e.log.Debug("completion refused", "batch", pd.d.ID, "err", err)
+	}
+}
+
+func (e *Engine) onReceive(m coherence.Message) {
+	if err := e.sm.Step(coherence.Receive{Msg: m}); err != nil {
+		e.log.Debug("message refused", "msg", m, "err", err)
+	}
+}
+
+func (e *Engine) onReconfigure(rc coherence.Reconfigure) {
+	if err := e.sm.Step(rc); err != nil {
+		e.log.Warn("reconfiguration refused", "epoch", rc.Epoch, "err", err)
+	}
+}
+
+func (e *Engine) onTick(now time.Time) {
+	_ = e.sm.Step(coherence.Tick{})
+	if now.Sub(e.lastSweep) >= sweepInterval {
+		e.lastSweep = now
+		e.sweep(now)
+	}
+}
+
+// busy reports whether the protocol clock must run: the state machine has
+// something in progress, a call waits, or the cache is giving a page up.
+func (e *Engine) busy() bool {
+	return !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0
 }
 
 // apply executes what the state machine asks until it asks nothing.
@@ -554,19 +608,28 @@ func (e *Engine) failMisses(p ids.PageNo) {
 }
 
 func (e *Engine) runEffect(j *effectJob) {
+	if e.hooks.effect != nil {
+		e.hooks.effect(j)
+		return
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		if j.kind == coherence.PageDrop {
-			j.dirty = e.cfg.Pages.Drop(e.cfg.Region, j.page)
-		} else {
-			j.dirty = e.cfg.Pages.Downgrade(e.cfg.Region, j.page)
-		}
+		e.askCache(j)
 		select {
 		case e.effectCh <- j:
 		case <-e.stop:
 		}
 	}()
+}
+
+// askCache has the cache apply a drop or downgrade and keeps its answer.
+func (e *Engine) askCache(j *effectJob) {
+	if j.kind == coherence.PageDrop {
+		j.dirty = e.cfg.Pages.Drop(e.cfg.Region, j.page)
+	} else {
+		j.dirty = e.cfg.Pages.Downgrade(e.cfg.Region, j.page)
+	}
 }
 
 // effectDone takes the cache's answer: its data becomes what the page's
@@ -640,35 +703,42 @@ func (e *Engine) post(b coherence.Batch) {
 		return
 	}
 	ops, err := e.ops(b)
+	if e.hooks.post != nil {
+		e.hooks.post(b, ops, err)
+		return
+	}
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		d := coherence.VerbsDone{ID: b.ID, Err: err}
 		if err == nil {
 			if to, ok := e.cfg.NodeOf(b.Home); ok {
-				d.Err = e.cfg.Transport.Post(e.ctx, to, ops)
+				err = e.cfg.Transport.Post(e.ctx, to, ops)
 			} else {
-				d.Err = fmt.Errorf("%w: no node for protocol id %v", ErrNoHome, b.Home)
-			}
-		}
-		// A batch whose answer was lost may have executed: the state
-		// machine resolves it by reading the word instead of posting it
-		// again.
-		d.Unknown = errors.Is(d.Err, rdma.ErrOutcomeUnknown)
-		if d.Err == nil {
-			d.Results = make([]coherence.Result, len(ops))
-			for i := range ops {
-				d.Results[i] = coherence.Result{Word: ops[i].Result}
-				if ops[i].Kind == rdma.OpRead {
-					d.Results[i].Data = ops[i].Buf
-				}
+				err = fmt.Errorf("%w: no node for protocol id %v", ErrNoHome, b.Home)
 			}
 		}
 		select {
-		case e.doneCh <- posted{d: d, home: b.Home}:
+		case e.doneCh <- e.outcome(b, ops, err):
 		case <-e.stop:
 		}
 	}()
+}
+
+// outcome is the completion of batch b, posted as ops, that ended with err.
+func (e *Engine) outcome(b coherence.Batch, ops []rdma.Op, err error) posted {
+	// A batch whose answer was lost may have executed: the state machine
+	// resolves it by reading the word instead of posting it again.
+	d := coherence.VerbsDone{ID: b.ID, Err: err, Unknown: errors.Is(err, rdma.ErrOutcomeUnknown)}
+	if err == nil {
+		d.Results = make([]coherence.Result, len(ops))
+		for i := range ops {
+			d.Results[i] = coherence.Result{Word: ops[i].Result}
+			if ops[i].Kind == rdma.OpRead {
+				d.Results[i].Data = ops[i].Buf
+			}
+		}
+	}
+	return posted{d: d, home: b.Home}
 }
 
 // ops turns a batch into rdma operations on the home's slots.

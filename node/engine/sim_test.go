@@ -1,0 +1,865 @@
+package engine
+
+import (
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/localcache"
+	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/mem"
+)
+
+// The engine simulation runs real engines (the daemon's data path: misses,
+// drops, downgrades, write-backs, evictions, atomics through cached pages)
+// without their loops, over a manual rdma/mem network, driven by one
+// goroutine from a seed: it delivers, reorders, drops and duplicates
+// messages, loses batches' answers (outcomes unknown), completes batches
+// and the cache's drops and downgrades in any order, and ticks the
+// protocol clocks. A seed reproduces a run exactly. The cache is a model
+// of localcache.Cache's contract with the engine (a page's lock across a
+// miss or an eviction, drops and downgrades that wait for it, data that
+// leaves with the page when it was Modified).
+//
+// Checks: every word's history of reads and writes is linearizable
+// (porcupine), every acknowledged add is counted exactly once, and at the
+// end every node reads the same contents.
+//
+//	go test ./node/engine -run TestEngineSim -engine-seeds 20000
+//	go test ./node/engine -run TestEngineSim -engine-seed 1234 -v   # one seed, with its trace on failure
+var (
+	flagEngineSeeds = flag.Int("engine-seeds", 0, "engine simulation seeds per configuration (0: the CI share)")
+	flagEngineSeed  = flag.Int64("engine-seed", -1, "run only this engine simulation seed (its trace is printed on failure)")
+)
+
+// simConfig is one configuration of the engine simulation.
+type simConfig struct {
+	name     string
+	nodes    int
+	pages    int
+	threads  int // client threads per node, one operation outstanding each
+	ops      int // operations started per run
+	drop     float64
+	dup      float64
+	unknown  float64 // a delivered batch's answer is lost
+	evict    float64 // share of operations that are evictions
+	ciSeeds  int
+	pageSize int
+	// crash: the last node (home of no page) crashes once, at a random
+	// point of the run; the others learn its departure, each at a moment
+	// of its own, as a Reconfigure and SetDown.
+	crash bool
+}
+
+var simConfigs = []simConfig{
+	{name: "plain", nodes: 3, pages: 4, threads: 2, ops: 300, evict: 0.1, ciSeeds: 150, pageSize: 64},
+	{name: "lossy", nodes: 3, pages: 3, threads: 2, ops: 250, drop: 0.05, dup: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64},
+	{name: "unknown", nodes: 3, pages: 3, threads: 2, ops: 250, drop: 0.03, unknown: 0.1, evict: 0.15, ciSeeds: 150, pageSize: 64},
+	{name: "hot", nodes: 4, pages: 1, threads: 3, ops: 300, drop: 0.02, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 100, pageSize: 64},
+	{name: "crash", nodes: 4, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, crash: true},
+	{name: "crash-hot", nodes: 4, pages: 1, threads: 2, ops: 250, drop: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 100, pageSize: 64, crash: true},
+}
+
+func TestEngineSim(t *testing.T) {
+	for _, cfg := range simConfigs {
+		t.Run(cfg.name, func(t *testing.T) {
+			if *flagEngineSeed >= 0 {
+				if err := runEngineSim(cfg, *flagEngineSeed, nil); err != nil {
+					var trace strings.Builder
+					_ = runEngineSim(cfg, *flagEngineSeed, &trace)
+					t.Fatalf("seed %d: %v\n%s", *flagEngineSeed, err, trace.String())
+				}
+				return
+			}
+			seeds := *flagEngineSeeds
+			if seeds == 0 {
+				seeds = cfg.ciSeeds
+				if testing.Short() || raceEnabled {
+					seeds /= 10
+				}
+			}
+			failed := 0
+			for seed := int64(1); seed <= int64(seeds); seed++ {
+				if err := runEngineSim(cfg, seed, nil); err != nil {
+					t.Errorf("seed %d: %v (rerun: go test ./node/engine -run 'TestEngineSim/%s$' -engine-seed %d -v)", seed, err, cfg.name, seed)
+					if failed++; failed >= 3 {
+						return
+					}
+				}
+			}
+			t.Logf("%d seeds", seeds)
+		})
+	}
+}
+
+// The same seed runs the same way: the trace is identical.
+func TestEngineSimIsDeterministic(t *testing.T) {
+	for _, seed := range []int64{3, 17} {
+		var a, b strings.Builder
+		if err := runEngineSim(simConfigs[2], seed, &a); err != nil {
+			t.Fatal(err)
+		}
+		if err := runEngineSim(simConfigs[2], seed, &b); err != nil {
+			t.Fatal(err)
+		}
+		if a.String() != b.String() {
+			t.Fatalf("seed %d ran two ways (%d and %d bytes of trace)", seed, a.Len(), b.Len())
+		}
+		if a.Len() == 0 {
+			t.Fatal("empty trace")
+		}
+	}
+}
+
+// ---- the model cache and its clients ----
+
+type simOpKind uint8
+
+const (
+	simRead  simOpKind = 1 + iota // word 0
+	simWrite                      // word 0 := a value never written before
+	simAdd                        // word 1 += 1
+	simEvict
+)
+
+func (k simOpKind) String() string {
+	return [...]string{"?", "read", "write", "add", "evict"}[k]
+}
+
+// simCall is one client operation, from its start to its end; a miss that
+// fails with ErrConflict is tried again within the same call.
+type simCall struct {
+	node   *simNode
+	kind   simOpKind
+	page   ids.PageNo
+	value  uint64 // write: the value; read: the value read
+	call   int64  // step of the start
+	w      *waiter
+	upgr   bool   // the miss in flight is an upgrade (S -> M, no data)
+	dirty  []byte // evict: what it writes back
+	missed bool   // a miss or eviction is in flight
+}
+
+type simPage struct {
+	state localcache.State
+	data  []byte
+	lock  *simCall // the call holding the page's lock across its miss
+}
+
+type simNode struct {
+	id      ids.NodeID
+	crashed bool
+	e       *Engine
+	ep      *mem.Endpoint
+	pages   []*simPage
+	calls   []*simCall // one slot per client thread; nil: idle
+}
+
+// simJob is work the driver completes later: a batch's answer on its way
+// back, or a drop or downgrade the cache has to apply.
+type simJob struct {
+	node   *simNode
+	done   *posted
+	effect *effectJob
+	rc     *coherence.Reconfigure // the departure of the crashed node
+}
+
+type engineSim struct {
+	cfg   simConfig
+	rng   *rand.Rand
+	net   *mem.Network
+	nodes []*simNode
+	jobs  []simJob
+	step  int64
+	now   time.Time
+	trace *strings.Builder
+
+	loseAnswer bool // the batch being delivered loses its answer
+	nextValue  uint64
+	hist       []porcupine.Operation
+	adds       [][]int // adds acknowledged, per node and page
+	counterErr error
+	err        error
+}
+
+func (s *engineSim) logf(format string, args ...any) {
+	if s.trace != nil {
+		fmt.Fprintf(s.trace, "%5d ", s.step)
+		fmt.Fprintf(s.trace, format, args...)
+		s.trace.WriteByte('\n')
+	}
+}
+
+func (s *engineSim) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = fmt.Errorf("step %d: %s", s.step, fmt.Sprintf(format, args...))
+	}
+}
+
+func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error) {
+	s := &engineSim{
+		cfg: cfg, rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)), net: mem.NewNetwork(mem.Manual()),
+		now: time.Unix(1_700_000_000, 0), trace: trace,
+	}
+	defer func() {
+		for _, n := range s.nodes {
+			if n.e != nil {
+				err = errors.Join(err, n.e.Close())
+			}
+			if !n.crashed {
+				err = errors.Join(err, n.ep.Close())
+			}
+		}
+	}()
+	if err := s.setup(); err != nil {
+		return err
+	}
+	started, crashAt := 0, -1
+	if cfg.crash {
+		crashAt = cfg.ops/4 + s.rng.IntN(cfg.ops/2)
+	}
+	for started < cfg.ops && s.err == nil {
+		if started == crashAt {
+			s.crash(s.nodes[len(s.nodes)-1])
+			crashAt = -1
+		}
+		if s.idleThread() && s.rng.IntN(3) == 0 {
+			s.startCall()
+			started++
+			continue
+		}
+		if !s.act(true) && s.idleThread() {
+			s.startCall()
+			started++
+		}
+		if s.step > int64(cfg.ops)*400 {
+			s.fail("no progress: %d calls started", started)
+		}
+	}
+	// Quiesce: finish every call, then deliver everything faithfully.
+	for limit := 0; s.err == nil; limit++ {
+		if !s.act(limit < 20000) && !s.outstanding() {
+			break
+		}
+		if limit > 200000 {
+			s.fail("calls still outstanding after the network went quiet: %s", s.describeOutstanding())
+		}
+	}
+	if s.err == nil {
+		s.finalReads()
+	}
+	if s.err == nil {
+		s.check()
+	}
+	if s.err == nil && s.counterErr != nil {
+		s.fail("%v", s.counterErr)
+	}
+	return s.err
+}
+
+func (s *engineSim) setup() error {
+	members := make([]ids.NodeID, s.cfg.nodes)
+	for i := range members {
+		members[i] = ids.NodeID(i + 1)
+	}
+	homes := s.cfg.nodes
+	if s.cfg.crash {
+		homes-- // the node that crashes is home of no page
+	}
+	homeOf := func(p ids.PageNo) ids.NodeID { return ids.NodeID(int(p)%homes + 1) }
+	descs := map[ids.NodeID]rdma.Descriptor{}
+	for _, id := range members {
+		ep, err := s.net.Endpoint(id)
+		if err != nil {
+			return err
+		}
+		n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads)}
+		for range s.cfg.pages {
+			n.pages = append(n.pages, &simPage{state: localcache.Invalid})
+		}
+		e, err := New(Config{
+			ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
+			Epoch: 16, Members: members, HomeOf: homeOf, Transport: ep,
+			Pages: simPages{n}, UnavailableAfter: -1,
+		})
+		if err != nil {
+			return err
+		}
+		n.e = e
+		e.hooks.post = func(b coherence.Batch, ops []rdma.Op, err error) { s.post(n, b, ops, err) }
+		e.hooks.effect = func(j *effectJob) {
+			s.logf("n%d cache asked to %v p%d", n.id, j.kind, j.page)
+			s.jobs = append(s.jobs, simJob{node: n, effect: j})
+		}
+		ep.SetHandler(func(from ids.NodeID, b []byte) {
+			if m, ok := n.e.decode(from, b); ok {
+				s.logf("n%d <- %v", n.id, m)
+				n.e.onReceive(m)
+				n.e.apply()
+			}
+		})
+		descs[id] = e.Descriptor()
+		s.nodes = append(s.nodes, n)
+	}
+	for _, n := range s.nodes {
+		for id, d := range descs {
+			if id != n.id {
+				n.e.SetPeer(id, d)
+			}
+		}
+	}
+	s.adds = make([][]int, len(s.nodes))
+	for i := range s.adds {
+		s.adds[i] = make([]int, s.cfg.pages)
+	}
+	return nil
+}
+
+// post takes a batch from node n's engine: it waits in the network; its
+// answer waits in the driver's jobs once delivered.
+func (s *engineSim) post(n *simNode, b coherence.Batch, ops []rdma.Op, err error) {
+	s.logf("n%d posts %v", n.id, b)
+	finish := func(err error) {
+		if s.loseAnswer && err == nil {
+			err = fmt.Errorf("simulated: %w", rdma.ErrOutcomeUnknown)
+		}
+		pd := n.e.outcome(b, ops, err)
+		s.jobs = append(s.jobs, simJob{node: n, done: &pd})
+	}
+	if err != nil {
+		finish(err)
+		return
+	}
+	to, ok := n.e.cfg.NodeOf(b.Home)
+	if !ok {
+		finish(fmt.Errorf("%w: no node for protocol id %v", ErrNoHome, b.Home))
+		return
+	}
+	n.ep.PostAsync(to, ops, finish)
+}
+
+// simPages is node n's model cache as the engine drives it. The driver
+// runs a drop or downgrade only while no call holds the page's lock, as
+// the cache's page lock makes it wait.
+type simPages struct{ n *simNode }
+
+func (c simPages) Drop(_ ids.RegionID, p ids.PageNo) []byte {
+	pg := c.n.pages[p]
+	var dirty []byte
+	if pg.state == localcache.Modified {
+		dirty = slices.Clone(pg.data)
+	}
+	pg.state, pg.data = localcache.Invalid, nil
+	return dirty
+}
+
+func (c simPages) Downgrade(_ ids.RegionID, p ids.PageNo) []byte {
+	pg := c.n.pages[p]
+	if pg.state != localcache.Modified {
+		return nil
+	}
+	pg.state = localcache.Shared
+	return slices.Clone(pg.data)
+}
+
+// act does one thing the network, the engines or the cache can do, chosen
+// by the seed; faults only when faulty. It reports false when nothing was
+// left to do.
+func (s *engineSim) act(faulty bool) bool {
+	s.step++
+	s.now = s.now.Add(time.Millisecond)
+	s.collect()
+	if s.err != nil {
+		return true
+	}
+	// Calls waiting for the page's lock (a miss refused, another thread's
+	// miss in progress) try again as one of the choices, so that a drop
+	// or downgrade waiting for the same lock can take it first.
+	var retry []*simCall
+	for _, n := range s.live() {
+		for _, c := range n.calls {
+			if c != nil && !c.missed {
+				retry = append(retry, c)
+			}
+		}
+	}
+	pending := s.net.Pending()
+	runnable := s.runnableJobs()
+	choices := len(pending) + len(runnable) + len(retry)
+	if choices == 0 {
+		// Only the clocks can move things on (retransmissions).
+		if s.quiet() {
+			return false
+		}
+		s.tickAll()
+		return true
+	}
+	if s.rng.IntN(8) == 0 {
+		s.tickAll()
+		return true
+	}
+	i := s.rng.IntN(choices)
+	if i < len(retry) {
+		s.advance(retry[i])
+		return true
+	}
+	i -= len(retry)
+	if i < len(runnable) {
+		s.runJob(runnable[i])
+		return true
+	}
+	d := pending[i-len(runnable)]
+	switch r := s.rng.Float64(); {
+	case faulty && d.Kind == mem.MessageDelivery && r < s.cfg.drop:
+		s.logf("drop %v", d)
+		_ = s.net.Drop(d)
+	case faulty && d.Kind == mem.MessageDelivery && r < s.cfg.drop+s.cfg.dup:
+		s.logf("duplicate %v", d)
+		_ = s.net.Duplicate(d)
+	case faulty && d.Kind == mem.BatchDelivery && r < s.cfg.drop:
+		s.logf("fail %v", d)
+		_ = s.net.Drop(d)
+	case faulty && d.Kind == mem.BatchDelivery && r < s.cfg.drop+s.cfg.unknown:
+		s.logf("deliver, answer lost: %v", d)
+		s.loseAnswer = true
+		_ = s.net.Deliver(d)
+		s.loseAnswer = false
+	default:
+		s.logf("deliver %v", d)
+		_ = s.net.Deliver(d)
+	}
+	return true
+}
+
+func (s *engineSim) tickAll() {
+	s.logf("tick")
+	for _, n := range s.live() {
+		n.e.onTick(s.now)
+		n.e.apply()
+	}
+}
+
+// quiet: no engine has anything in progress and no job waits.
+func (s *engineSim) quiet() bool {
+	if len(s.jobs) > 0 {
+		return false
+	}
+	for _, n := range s.live() {
+		if n.e.busy() {
+			return false
+		}
+	}
+	return true
+}
+
+// runnableJobs are the jobs that can run now: answers always, a cache
+// action only while no call holds the page's lock.
+func (s *engineSim) runnableJobs() []int {
+	var out []int
+	for i, j := range s.jobs {
+		if j.effect != nil && j.node.pages[j.effect.page].lock != nil {
+			continue
+		}
+		out = append(out, i)
+	}
+	return out
+}
+
+func (s *engineSim) runJob(i int) {
+	j := s.jobs[i]
+	s.jobs = slices.Delete(s.jobs, i, i+1)
+	e := j.node.e
+	if j.rc != nil {
+		s.logf("n%d learns epoch %v: members %v", j.node.id, j.rc.Epoch, j.rc.Members)
+		e.onReconfigure(*j.rc)
+		for _, m := range s.nodes {
+			if m.crashed {
+				e.SetDown(m.id, "crashed")
+			}
+		}
+	} else if j.done != nil {
+		s.logf("n%d batch#%d done: err=%v unknown=%v", j.node.id, j.done.d.ID, j.done.d.Err, j.done.d.Unknown)
+		e.onPosted(*j.done)
+	} else {
+		e.askCache(j.effect)
+		s.logf("n%d cache did %v p%d (dirty %v)", j.node.id, j.effect.kind, j.effect.page, j.effect.dirty != nil)
+		e.effectDone(j.effect)
+	}
+	e.apply()
+}
+
+// crash kills node n: its endpoint goes (its registered memory, what
+// it queued and what was queued to it), its calls and jobs are dropped,
+// and every other node is to learn a configuration without it.
+func (s *engineSim) crash(n *simNode) {
+	s.logf("n%d crashes", n.id)
+	n.crashed = true
+	s.net.Crash(n.id)
+	for i := range n.calls {
+		n.calls[i] = nil // never took effect: a write applies when its call ends
+	}
+	s.jobs = slices.DeleteFunc(s.jobs, func(j simJob) bool { return j.node == n })
+	var members []ids.NodeID
+	for _, m := range s.nodes {
+		if !m.crashed {
+			members = append(members, m.id)
+		}
+	}
+	for _, m := range s.nodes {
+		if !m.crashed {
+			s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: 17, Members: members}})
+		}
+	}
+}
+
+// ---- client calls ----
+
+// live are the nodes that did not crash.
+func (s *engineSim) live() []*simNode {
+	var out []*simNode
+	for _, n := range s.nodes {
+		if !n.crashed {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (s *engineSim) idleThread() bool {
+	for _, n := range s.live() {
+		if slices.Contains(n.calls, nil) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *engineSim) outstanding() bool {
+	for _, n := range s.nodes {
+		for _, c := range n.calls {
+			if c != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (s *engineSim) describeOutstanding() string {
+	var b strings.Builder
+	for _, n := range s.nodes {
+		for _, c := range n.calls {
+			if c != nil {
+				fmt.Fprintf(&b, " n%d %v p%d (since step %d, miss in flight %v);", n.id, c.kind, c.page, c.call, c.missed)
+			}
+		}
+	}
+	return b.String()
+}
+
+// startCall starts an operation on an idle thread, if there is one.
+func (s *engineSim) startCall() {
+	var idle [][2]int
+	for i, n := range s.nodes {
+		for t, c := range n.calls {
+			if c == nil && !n.crashed {
+				idle = append(idle, [2]int{i, t})
+			}
+		}
+	}
+	if len(idle) == 0 {
+		return
+	}
+	pick := idle[s.rng.IntN(len(idle))]
+	n := s.nodes[pick[0]]
+	c := &simCall{node: n, page: ids.PageNo(s.rng.IntN(s.cfg.pages)), call: s.step}
+	switch r := s.rng.Float64(); {
+	case r < s.cfg.evict:
+		c.kind = simEvict
+	case r < s.cfg.evict+(1-s.cfg.evict)*0.45:
+		c.kind = simRead
+	case r < s.cfg.evict+(1-s.cfg.evict)*0.8:
+		c.kind = simWrite
+		s.nextValue++
+		c.value = uint64(n.id)<<32 | s.nextValue
+	default:
+		c.kind = simAdd
+	}
+	n.calls[pick[1]] = c
+	s.logf("n%d starts %v p%d %#x", n.id, c.kind, c.page, c.value)
+	s.advance(c)
+}
+
+// advance moves call c on as far as it can go without waiting: a hit
+// completes it, a miss is submitted to the engine.
+func (s *engineSim) advance(c *simCall) {
+	pg := c.node.pages[c.page]
+	if pg.lock != nil && pg.lock != c {
+		return // another thread's miss holds the page
+	}
+	switch c.kind {
+	case simEvict:
+		if pg.state == localcache.Invalid {
+			s.finish(c)
+			return
+		}
+		// As Cache.evict: the page leaves the mappings first, then the
+		// engine is told, with the data when it was Modified.
+		if pg.state == localcache.Modified {
+			c.dirty = slices.Clone(pg.data)
+		}
+		pg.state, pg.data = localcache.Invalid, nil
+		s.submit(c, evictOp, coherence.Request{Op: coherence.OpEvict, Page: c.page}, c.dirty)
+		return
+	case simRead:
+		if pg.state != localcache.Invalid {
+			c.value = binary.LittleEndian.Uint64(pg.data)
+			s.finish(c)
+			return
+		}
+		s.submit(c, readMiss, coherence.Request{Op: coherence.OpLoad, Page: c.page}, nil)
+		return
+	}
+	if pg.state == localcache.Modified {
+		s.apply(c)
+		s.finish(c)
+		return
+	}
+	c.upgr = pg.state == localcache.Shared
+	s.submit(c, writeMiss, coherence.Request{Op: coherence.OpAdd, Page: c.page, Value: 0}, nil)
+}
+
+// apply performs a write or an add on the page held Modified.
+func (s *engineSim) apply(c *simCall) {
+	d := c.node.pages[c.page].data
+	switch c.kind {
+	case simWrite:
+		binary.LittleEndian.PutUint64(d, c.value)
+	case simAdd:
+		binary.LittleEndian.PutUint64(d[8:], binary.LittleEndian.Uint64(d[8:])+1)
+	}
+}
+
+func (s *engineSim) submit(c *simCall, kind missKind, req coherence.Request, dirty []byte) {
+	pg := c.node.pages[c.page]
+	pg.lock, c.missed = c, true
+	c.w = &waiter{page: c.page, kind: kind, start: s.now, ch: make(chan result, 1)}
+	s.logf("n%d submits %v of p%d", c.node.id, c.kind, c.page)
+	c.node.e.onSubmit(submit{req: req, kind: kind, dirty: dirty, w: c.w})
+	c.node.e.apply()
+}
+
+// collect takes the results of the misses and evictions that completed.
+func (s *engineSim) collect() {
+	for _, n := range s.nodes {
+		for _, c := range n.calls {
+			if c == nil || !c.missed {
+				continue
+			}
+			select {
+			case r := <-c.w.ch:
+				s.result(c, r)
+			default:
+			}
+		}
+	}
+}
+
+func (s *engineSim) result(c *simCall, r result) {
+	pg := c.node.pages[c.page]
+	pg.lock, c.missed = nil, false
+	s.logf("n%d %v p%d: taken=%v err=%v", c.node.id, c.kind, c.page, r.taken, r.err)
+	if r.err != nil {
+		if !errors.Is(r.err, ErrConflict) {
+			s.fail("n%d %v of p%d: %v", c.node.id, c.kind, c.page, r.err)
+			return
+		}
+		if c.kind == simEvict && c.dirty != nil {
+			// Not taken: the only current copy goes back.
+			pg.state, pg.data = localcache.Modified, c.dirty
+		}
+		c.dirty = nil
+		return // tried again by act, once the cache gave the page up
+	}
+	switch c.kind {
+	case simEvict:
+		s.finish(c)
+		return
+	case simRead:
+		pg.state, pg.data = localcache.Shared, r.data
+		c.value = binary.LittleEndian.Uint64(pg.data)
+		s.finish(c)
+		return
+	}
+	if !c.upgr || pg.state == localcache.Invalid {
+		pg.data = r.data
+	}
+	pg.state = localcache.Modified
+	s.apply(c)
+	s.finish(c)
+}
+
+// finish records call c in the history and frees its thread.
+func (s *engineSim) finish(c *simCall) {
+	s.logf("n%d done %v p%d %#x", c.node.id, c.kind, c.page, c.value)
+	n := c.node
+	n.calls[slices.Index(n.calls, c)] = nil
+	switch c.kind {
+	case simRead:
+		s.hist = append(s.hist, porcupine.Operation{ClientId: int(n.id), Input: regInput{page: c.page}, Output: c.value, Call: c.call, Return: s.step})
+	case simWrite:
+		s.hist = append(s.hist, porcupine.Operation{ClientId: int(n.id), Input: regInput{page: c.page, write: true, value: c.value}, Call: c.call, Return: s.step})
+	case simAdd:
+		s.adds[n.id-1][c.page]++
+	}
+}
+
+// finalReads reads word 0 and the counter of every page at every node,
+// one node at a time, through the same miss path.
+func (s *engineSim) finalReads() {
+	for _, n := range s.live() {
+		for p := range s.cfg.pages {
+			c := &simCall{node: n, kind: simRead, page: ids.PageNo(p), call: s.step}
+			n.calls[0] = c
+			s.advance(c)
+			for i := 0; n.calls[0] != nil && s.err == nil; i++ {
+				if i > 100000 {
+					s.fail("final read of p%d at n%d does not complete", p, n.id)
+					return
+				}
+				s.act(false)
+			}
+			// Every acknowledged add is counted once; those of a
+			// node that crashed may be lost with its Modified copy.
+			got := binary.LittleEndian.Uint64(n.pages[p].data[8:])
+			lo, hi := uint64(0), uint64(0)
+			for i, m := range s.nodes {
+				hi += uint64(s.adds[i][p])
+				if !m.crashed {
+					lo += uint64(s.adds[i][p])
+				}
+			}
+			if (got < lo || got > hi) && s.counterErr == nil {
+				s.counterErr = fmt.Errorf("n%d reads counter %d of p%d; %d adds were acknowledged (%d at nodes that crashed)", n.id, got, p, hi, hi-lo)
+			}
+		}
+	}
+}
+
+type regInput struct {
+	page  ids.PageNo
+	write bool
+	value uint64
+}
+
+// filterReads drops reads that had not returned (Output nil).
+func filterReads(h []porcupine.Operation) []porcupine.Operation {
+	return slices.DeleteFunc(h, func(op porcupine.Operation) bool { return op.Output == nil && !op.Input.(regInput).write })
+}
+
+var regModel = porcupine.Model{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		by := map[ids.PageNo][]porcupine.Operation{}
+		for _, op := range h {
+			p := op.Input.(regInput).page
+			by[p] = append(by[p], op)
+		}
+		keys := make([]ids.PageNo, 0, len(by))
+		for k := range by {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, by[k])
+		}
+		return out
+	},
+	Init: func() any { return uint64(0) },
+	Step: func(state, input, output any) (bool, any) {
+		in := input.(regInput)
+		if in.write {
+			return true, in.value
+		}
+		return output.(uint64) == state.(uint64), state
+	},
+	Equal: func(a, b any) bool { return a == b },
+}
+
+func (s *engineSim) check() {
+	// A write of a node that crashed may be lost with its Modified copy:
+	// one that no other node read is left out (had it taken effect, it
+	// was overwritten unseen; left out, the rest must still be
+	// linearizable), and so are that node's reads of its own writes. The
+	// writes it had in progress never took effect (the model applies a
+	// write when its call ends).
+	seen := map[uint64]bool{}
+	for _, op := range s.hist {
+		if in := op.Input.(regInput); !in.write && op.Output.(uint64)>>32 != uint64(op.ClientId) {
+			seen[op.Output.(uint64)] = true
+		}
+	}
+	hist := slices.DeleteFunc(slices.Clone(s.hist), func(op porcupine.Operation) bool {
+		in := op.Input.(regInput)
+		if !s.nodes[op.ClientId-1].crashed {
+			return false
+		}
+		if in.write {
+			return !seen[in.value]
+		}
+		return op.Output.(uint64)>>32 == uint64(op.ClientId)
+	})
+	res, _ := porcupine.CheckOperationsVerbose(regModel, hist, 10*time.Second)
+	switch res {
+	case porcupine.Ok:
+	case porcupine.Illegal:
+		if s.trace != nil {
+			// The first step at which the history up to it is not
+			// linearizable.
+			lo, hi := int64(0), s.step
+			for lo < hi {
+				mid := (lo + hi) / 2
+				var pre []porcupine.Operation
+				for _, op := range hist {
+					if op.Call <= mid {
+						pre = append(pre, op)
+					}
+				}
+				for i := range pre {
+					if pre[i].Return > mid && !pre[i].Input.(regInput).write {
+						pre[i].Return = math.MaxInt64
+						pre[i].Output = nil
+					}
+				}
+				if porcupine.CheckOperations(regModel, filterReads(pre)) {
+					lo = mid + 1
+				} else {
+					hi = mid
+				}
+			}
+			s.logf("history: first violation at step %d", lo)
+			for _, op := range hist {
+				in := op.Input.(regInput)
+				if in.write {
+					s.logf("history: n%d p%d write %#x [%d, %d]", op.ClientId, in.page, in.value, op.Call, op.Return)
+				} else {
+					s.logf("history: n%d p%d read %#x [%d, %d]", op.ClientId, in.page, op.Output, op.Call, op.Return)
+				}
+			}
+		}
+		s.fail("the history of word 0 is not linearizable (%d operations)", len(s.hist))
+	default:
+		s.fail("porcupine gave up on %d operations", len(s.hist))
+	}
+}
