@@ -58,12 +58,18 @@
 //
 // # Mutex
 //
-// Region.Mutex is a ticket lock on two words of the region: fair (FIFO by
-// ticket) across every process of every machine, with no state in any
-// dsmd. A waiter polls the now-serving word with backoff; that read hits a
-// Shared copy until the holder's Unlock invalidates it. It does not release
-// the lock of a holder that died: keep critical sections short and do not
-// hold a lock across anything that can fail for long.
+// Region.Mutex is a ticket lock on MutexSize bytes of the region: fair
+// (FIFO by ticket) across every process of every machine, with no state in
+// any dsmd. A waiter polls the now-serving word with backoff; that read
+// hits a Shared copy until the holder's Unlock invalidates it. A holder or
+// waiter that dies does not block the others: each ticket's taker records
+// its mapping session, the waiter next in line asks dsmd whether a stalled
+// head is dead, and skips it; the Lock that acquires after a dead holder
+// returns ErrOwnerDied with the lock held, because the data it protects
+// may be half updated. A holder whose fate dsmd cannot tell (its node is
+// cut off or failed, not yet left or restarted) keeps the lock: keep
+// critical sections short and do not hold a lock across anything that can
+// fail for long.
 //
 // # Failures
 //

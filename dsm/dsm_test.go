@@ -225,7 +225,7 @@ func TestMutex(t *testing.T) {
 	}
 	defer r2.Close()
 
-	const lockOff, counterOff = 64, 80
+	const lockOff, counterOff = 64, 64 + MutexSize
 	const perMap, rounds = 3, 300
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*perMap)
@@ -688,9 +688,9 @@ func TestDefaultAddr(t *testing.T) {
 	}
 }
 
-// A Lock whose ctx ends after it took its ticket waits for its turn, then
-// gives the lock up and reports ctx's error: the abandoned ticket does not
-// block later ones.
+// A Lock whose ctx ends while it waits gives its ticket up and reports
+// ctx's error at once; the holder's Unlock passes the ticket given up, so
+// the lock is free right after.
 func TestMutexCancelWhileWaiting(t *testing.T) {
 	_, _, r := setup(t, 16<<10)
 	ctx := ctxT(t)
@@ -701,41 +701,112 @@ func TestMutexCancelWhileWaiting(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	res := make(chan error, 1)
-	go func() { res <- mu.Lock(wctx) }()
-	// Wait until the waiter holds ticket 1 (the ticket word reads 2).
+	go func() { res <- r.Mutex(0).Lock(wctx) }()
+	// Wait until the waiter has recorded ticket 1 in its owner word.
 	for {
-		v, err := r.LoadUint64(ctx, 0)
+		v, err := r.LoadUint64(ctx, 16+8)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v == 2 {
+		if tk, st, _ := ownerOf(v); tk == 1 && st == ownerWaiting {
 			break
 		}
 		if ctx.Err() != nil {
-			t.Fatal("the waiter never took a ticket")
+			t.Fatal("the waiter never recorded its ticket")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	cancel()
 	select {
 	case err := <-res:
-		t.Fatalf("Lock returned %v while an earlier ticket held the lock", err)
-	default:
-	}
-	if err := mu.Unlock(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-res:
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled Lock: %v, want context.Canceled", err)
 		}
 	case <-time.After(hang):
-		t.Fatal("the cancelled Lock never returned")
+		t.Fatal("the cancelled Lock did not return while the lock was held")
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
 	}
 	if ok, err := mu.TryLock(ctx); err != nil || !ok {
-		t.Fatalf("the lock is not free after the cancelled Lock gave it up: %v %v", ok, err)
+		t.Fatalf("the lock is not free after the cancelled Lock gave its ticket up: %v %v", ok, err)
 	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shortLockWaits makes the Mutex look at a stalled head after 10 ms per
+// ticket, and skip an unrecorded one after 50 ms.
+func shortLockWaits(t *testing.T) {
+	check, unrec := lockCheckAfter, lockUnrecorded
+	lockCheckAfter, lockUnrecorded = 10*time.Millisecond, 50*time.Millisecond
+	t.Cleanup(func() { lockCheckAfter, lockUnrecorded = check, unrec })
+}
+
+// A ticket taken by a process that died before recording itself is
+// skipped silently: the next Lock gets the lock without ErrOwnerDied.
+func TestMutexSkipsAnUnrecordedTicket(t *testing.T) {
+	shortLockWaits(t)
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	if _, err := r.AddUint64(ctx, 0, 1); err != nil { // ticket 0, never recorded
+		t.Fatal(err)
+	}
+	mu := r.Mutex(0)
+	if err := mu.Lock(ctx); err != nil {
+		t.Fatalf("Lock behind an unrecorded ticket: %v", err)
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if tk, st, _ := ownerOf(mustLoad(t, r, 16)); tk != 0 || st != ownerSkipped {
+		t.Fatalf("owner word of ticket 0: ticket %d state %d, want skipped", tk, st)
+	}
+}
+
+// A holder found dead (its owner word marked so by the waiter that
+// skipped it, which stopped before moving the now-serving word) makes the
+// next acquirer's Lock return ErrOwnerDied with the lock held; the one
+// after it gets the lock plainly.
+func TestMutexReportsADeadHolder(t *testing.T) {
+	shortLockWaits(t)
+	_, _, r := setup(t, 16<<10)
+	ctx := ctxT(t)
+	if _, err := r.AddUint64(ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := r.CompareAndSwapUint64(ctx, 16, 0, ownerWord(0, ownerDied, 7<<32|1)); err != nil || !ok {
+		t.Fatalf("owner word: %v %v", ok, err)
+	}
+	mu := r.Mutex(0)
+	if err := mu.Lock(ctx); !errors.Is(err, ErrOwnerDied) {
+		t.Fatalf("Lock after a dead holder: %v, want ErrOwnerDied", err)
+	}
+	if ok, err := r.Mutex(0).TryLock(ctx); ok || err != nil {
+		t.Fatalf("TryLock while held after ErrOwnerDied: %v %v", ok, err)
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatalf("Unlock after ErrOwnerDied: %v", err)
+	}
+	if err := mu.Lock(ctx); err != nil {
+		t.Fatalf("the Lock after: %v", err)
+	}
+	if err := mu.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if sw := mustLoad(t, r, 8); sw != 3 {
+		t.Fatalf("now-serving word %#x, want 3 (died bit cleared)", sw)
+	}
+}
+
+func mustLoad(t *testing.T, r *Region, off int64) uint64 {
+	t.Helper()
+	v, err := r.LoadUint64(context.Background(), off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
 
 // An UNAVAILABLE status about a page (dsmd's PAGE_UNAVAILABLE detail) is

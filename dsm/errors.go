@@ -52,8 +52,14 @@ var (
 	// ErrInUse: the request is well formed but the state forbids it, such
 	// as deleting a region that processes still map without Force.
 	ErrInUse = errors.New("dsm: in use")
-	// ErrNotLocked: Unlock of a Mutex that is not locked.
+	// ErrNotLocked: Unlock of a Mutex that is not locked, or whose holder
+	// was found dead and the lock taken over.
 	ErrNotLocked = errors.New("dsm: mutex not locked")
+	// ErrOwnerDied: Lock or TryLock acquired the Mutex, and the holder
+	// before it died holding it (its process, Region or dsmd went away):
+	// the data the lock protects may be half updated. The caller holds the
+	// lock and must Unlock it.
+	ErrOwnerDied = errors.New("dsm: mutex acquired; its previous holder died holding it")
 	// ErrUnsupported: this dsmd does not implement the request (an older or
 	// partial build).
 	ErrUnsupported = errors.New("dsm: not supported by this dsmd")

@@ -39,8 +39,8 @@ func Example() {
 	}
 	fmt.Println("hits so far:", hits)
 
-	// A lock in words 2 and 3 guards a record at 4096: bytes read and
-	// written through the mapping.
+	// A lock in the MutexSize bytes from offset 16 guards a record at
+	// 4096: bytes read and written through the mapping.
 	mu := r.Mutex(16)
 	if err := mu.Lock(ctx); err != nil {
 		log.Fatal(err)

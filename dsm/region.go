@@ -123,7 +123,7 @@ func (c *Client) Map(ctx context.Context, name string, opts ...MapOption) (*Regi
 	wait := 5 * time.Millisecond
 	var m *mapclient.Mapping
 	for {
-		m, err = mc.MapWith(ctx, name, mapclient.Options{FaultTimeout: spec.faultTimeout})
+		m, err = mc.MapWith(ctx, name, mapclient.Options{FaultTimeout: spec.faultTimeout, Session: true})
 		switch {
 		case err == nil && (want == 0 || m.Region() == want):
 		case err == nil:

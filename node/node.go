@@ -161,6 +161,7 @@ func (n *Node) Start() (err error) {
 		Coherence:     coh,
 		CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
 		Logger:        n.log.With("part", "cache"),
+		Proto:         n.proto,
 	})
 	if err != nil {
 		return fmt.Errorf("node: page cache: %w", err)

@@ -43,6 +43,9 @@ type engines struct {
 	refused map[ids.RegionID]string // why a region is not served here
 	// pv maps protocol ids to nodes, as of the last view.
 	pv protoView
+	// self is this incarnation's protocol id once the directory has
+	// recorded this process (0 before).
+	self atomic.Uint32
 
 	missLat *histogram
 }
@@ -229,6 +232,7 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 	}
 	pm := newProtoMap(v)
 	es.pv.p.Store(pm)
+	es.self.Store(uint32(me.Proto))
 	for _, r := range v.Regions() {
 		es.mu.RLock()
 		_, have := es.byID[r.ID]

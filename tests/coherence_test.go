@@ -176,11 +176,11 @@ func testMutexIncrement(t *testing.T, c *dsmCluster) {
 	c.createRegion(t, 3, region, 1<<20)
 	nodes := []int{1, 2, 3, 2}
 	runAll(t, c, region, nodes, func(int) []string {
-		return []string{"mutex-inc", "0", fmt.Sprint(n), "24", "8192"}
+		return []string{"mutex-inc", "0", fmt.Sprint(n), "96", "8192"}
 	})
 	want := fmt.Sprintf("%d %d", len(nodes)*n, len(nodes)*n)
 	for node := 1; node <= 3; node++ {
-		if got := c.mustClient(t, node, region, "read-u64", "24", "8192"); got != want {
+		if got := c.mustClient(t, node, region, "read-u64", "96", "8192"); got != want {
 			t.Fatalf("counters on n%d: %q, want %q", node, got, want)
 		}
 	}

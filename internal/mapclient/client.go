@@ -87,6 +87,7 @@ type Mapping struct {
 	name     string
 	region   ids.RegionID
 	pageSize int64
+	session  uint64 // dsmd's token for this session; 0: none
 	mp       *memfd.Mapping
 	b        []byte
 	conn     *net.UnixConn
@@ -131,6 +132,10 @@ type Options struct {
 	// a dsmd that knows it (an older one refuses the Map as a bad
 	// request).
 	FaultTimeout time.Duration
+	// Session asks dsmd for the session's token (Mapping.Session). It
+	// needs a dsmd that knows it (an older one refuses the Map as a bad
+	// request).
+	Session bool
 }
 
 // Map maps the region name and hands its faults to dsmd, with faults that
@@ -181,7 +186,11 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
-	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name, FaultTimeout: opts.FaultTimeout})
+	var features mapproto.Features
+	if opts.Session {
+		features |= mapproto.FeatureSession
+	}
+	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name, FaultTimeout: opts.FaultTimeout, Features: features})
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +258,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 	}
 	conn.SetDeadline(time.Time{})
 	return &Mapping{
-		name: name, region: reply.Region, pageSize: ps,
+		name: name, region: reply.Region, pageSize: ps, session: ack.Session,
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
 		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
@@ -525,6 +534,11 @@ func (m *Mapping) Name() string { return m.name }
 
 // Region is the region's id.
 func (m *Mapping) Region() ids.RegionID { return m.region }
+
+// Session is dsmd's token for this mapping session (Options.Session), by
+// which any process of the cluster can ask whether it is still served; 0
+// when none was asked for or dsmd has none to give.
+func (m *Mapping) Session() uint64 { return m.session }
 
 // PageSize is the region's page size: the unit of coherence.
 func (m *Mapping) PageSize() int64 { return m.pageSize }

@@ -12,7 +12,7 @@
 //	(maps the memfd, MADV_DONTFORK, opens a userfaultfd,
 //	 registers the mapping MISSING|WP|MINOR)
 //	Register{Addr, Len} + userfaultfd ->
-//	                                 <-      Registered{}
+//	                                 <-      Registered{Session}
 //	(plain loads and stores; dsmd serves the faults)
 //	close the socket                 ->      dsmd stops serving and forgets the mapping
 //
@@ -64,6 +64,13 @@
 // bytes), so a client that sets FaultTimeout needs a dsmd of this version.
 // Version stays 1: the old form is still valid, and a new version byte
 // would have cut old clients off too.
+//
+// Features follow FaultTimeout in Map, optional in the same way (a Map
+// with features always carries the FaultTimeout field, 0 meaning none;
+// features 0 are refused). FeatureSession asks for the session's token,
+// an optional trailing field of Registered that dsmd sends only to a
+// client that asked: an older client never sees it, and an older dsmd
+// refuses the Map that asks.
 //
 // # Encoding
 //

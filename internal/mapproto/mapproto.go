@@ -50,7 +50,8 @@ const (
 	// whole region; the client's userfaultfd travels with it (client -> dsmd).
 	TypeRegister
 	// TypeRegistered acknowledges Register: dsmd serves the faults from now
-	// on (dsmd -> client).
+	// on (dsmd -> client). It carries the session's token (Session) when
+	// the Map asked for it (FeatureSession).
 	TypeRegistered
 	// TypeError refuses the request before it, or, after Registered with
 	// CodeUnknownRegion, says that the region was deleted; dsmd closes the
@@ -123,12 +124,25 @@ func (c Code) String() string {
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
 
+// Features are what a client's Map asks for beyond the first form of the
+// protocol, as bits of Msg.Features.
+type Features uint64
+
+const (
+	// FeatureSession asks dsmd to name the session in Registered: a token
+	// unique in the cluster for as long as the directory's protocol ids
+	// are not reused, by which any process can later ask whether the
+	// session is still alive (the dsm Mutex records its holder with it).
+	FeatureSession Features = 1 << iota
+	featuresKnown           = FeatureSession
+)
+
 // Msg is one message. Which fields are meaningful depends on Type:
 //
-//	Map:         Name, Size, FaultTimeout
+//	Map:         Name, Size, FaultTimeout, Features
 //	Mapped:      Region, Size, PageSize
 //	Register:    Addr, Len
-//	Registered:  -
+//	Registered:  Session (only when the Map asked with FeatureSession)
 //	Error:       Code, Text
 //	Unavailable: Page, Text
 //	Available:   Page
@@ -147,15 +161,29 @@ type Msg struct {
 	// fraction up. Zero (or negative) is not sent: the fault waits forever.
 	FaultTimeout time.Duration
 	Page         ids.PageNo
+	// Features (Map) are optional: a Map with features also carries
+	// FaultTimeout on the wire, where 0 then means none.
+	Features Features
+	// Session (Registered) is the session's token; 0: none was asked for.
+	Session uint64
 }
 
 func (m Msg) String() string {
 	switch m.Type {
 	case TypeMap:
+		s := fmt.Sprintf("map %q size=%d", m.Name, m.Size)
 		if m.FaultTimeout > 0 {
-			return fmt.Sprintf("map %q size=%d fault-timeout=%v", m.Name, m.Size, m.FaultTimeout)
+			s += fmt.Sprintf(" fault-timeout=%v", m.FaultTimeout)
 		}
-		return fmt.Sprintf("map %q size=%d", m.Name, m.Size)
+		if m.Features != 0 {
+			s += fmt.Sprintf(" features=%#x", uint64(m.Features))
+		}
+		return s
+	case TypeRegistered:
+		if m.Session != 0 {
+			return fmt.Sprintf("registered session=%#x", m.Session)
+		}
+		return "registered"
 	case TypeMapped:
 		return fmt.Sprintf("mapped %s size=%d page=%d", m.Region, m.Size, m.PageSize)
 	case TypeRegister:
@@ -184,10 +212,16 @@ func Encode(m Msg) ([]byte, error) {
 		if len(m.Name) == 0 || len(m.Name) > MaxName || !utf8.ValidString(m.Name) {
 			return nil, fmt.Errorf("%w: region name %q", ErrMalformed, m.Name)
 		}
+		if m.Features&^featuresKnown != 0 {
+			return nil, fmt.Errorf("%w: features %#x", ErrMalformed, uint64(m.Features))
+		}
 		b = appendString(b, m.Name)
 		b = le.AppendUint64(b, m.Size)
-		if m.FaultTimeout > 0 {
-			b = le.AppendUint64(b, uint64((m.FaultTimeout+time.Millisecond-1)/time.Millisecond))
+		if m.FaultTimeout > 0 || m.Features != 0 {
+			b = le.AppendUint64(b, uint64((max(m.FaultTimeout, 0)+time.Millisecond-1)/time.Millisecond))
+		}
+		if m.Features != 0 {
+			b = le.AppendUint64(b, uint64(m.Features))
 		}
 	case TypeMapped:
 		b = le.AppendUint32(b, uint32(m.Region))
@@ -197,6 +231,9 @@ func Encode(m Msg) ([]byte, error) {
 		b = le.AppendUint64(b, m.Addr)
 		b = le.AppendUint64(b, m.Len)
 	case TypeRegistered:
+		if m.Session != 0 {
+			b = le.AppendUint64(b, m.Session)
+		}
 	case TypeError:
 		b = le.AppendUint16(b, uint16(m.Code))
 		b = appendString(b, cutText(m.Text))
@@ -250,15 +287,30 @@ func Decode(b []byte) (Msg, error) {
 			d.fail("region name of %d bytes", len(m.Name))
 		}
 		// FaultTimeout is optional: a client that predates it sends none.
+		// Features follow it, optional too; with them, a FaultTimeout of
+		// 0 means none.
+		withFeatures := len(d.b) >= 16
 		if d.err == nil && len(d.b) != 0 {
 			switch ms := d.u64(); {
 			case d.err != nil:
+			case ms == 0 && withFeatures:
 			case ms == 0:
 				d.fail("fault timeout 0 is sent as no fault timeout")
 			case ms > maxTimeoutMS:
 				d.fail("fault timeout of %d ms", ms)
 			default:
 				m.FaultTimeout = time.Duration(ms) * time.Millisecond
+			}
+		}
+		if d.err == nil && withFeatures {
+			switch f := Features(d.u64()); {
+			case d.err != nil:
+			case f == 0:
+				d.fail("features 0 are sent as no features")
+			case f&^featuresKnown != 0:
+				d.fail("unknown features %#x", uint64(f&^featuresKnown))
+			default:
+				m.Features = f
 			}
 		}
 	case TypeMapped:
@@ -269,6 +321,11 @@ func Decode(b []byte) (Msg, error) {
 		m.Addr = d.u64()
 		m.Len = d.u64()
 	case TypeRegistered:
+		if len(d.b) != 0 {
+			if m.Session = d.u64(); d.err == nil && m.Session == 0 {
+				d.fail("session 0 is sent as no session")
+			}
+		}
 	case TypeError:
 		m.Code = Code(d.u16())
 		m.Text = d.text()

@@ -17,6 +17,9 @@ var samples = []Msg{
 	{Type: TypeMapped, Region: 7, Size: 1 << 20, PageSize: 4096},
 	{Type: TypeRegister, Addr: 0x7f0000000000, Len: 1 << 20},
 	{Type: TypeRegistered},
+	{Type: TypeRegistered, Session: 3<<32 | 17},
+	{Type: TypeMap, Name: "kv", Features: FeatureSession},
+	{Type: TypeMap, Name: "kv", Size: 4096, FaultTimeout: 30 * time.Second, Features: FeatureSession},
 	{Type: TypeError, Code: CodeUnknownRegion, Text: `no region "kv"`},
 	{Type: TypeUnavailable, Page: 513, Text: "page p513 of region fo (r1) unavailable: its home n3 failed in epoch 7"},
 	{Type: TypeAvailable, Page: 1<<52 - 1},
@@ -47,6 +50,41 @@ func TestMapWithoutFaultTimeout(t *testing.T) {
 		t.Fatalf("FaultTimeout 1us decodes as %v (%v)", m.FaultTimeout, err)
 	}
 }
+
+// Features are optional after FaultTimeout, which they make present (0
+// then meaning none); canonical forms only.
+func TestMapFeatures(t *testing.T) {
+	b, err := Encode(Msg{Type: TypeMap, Name: "kv", Features: FeatureSession})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 + 2 + 2 + 8 + 8 + 8; len(b) != want {
+		t.Fatalf("Map with features and no fault timeout: %d bytes, want %d", len(b), want)
+	}
+	le := binary.LittleEndian
+	bad := map[string][]byte{
+		"features 0":       le.AppendUint64(le.AppendUint64(slicesClone(b[:14]), 5), 0),
+		"unknown features": le.AppendUint64(le.AppendUint64(slicesClone(b[:14]), 5), 1<<40),
+		"trailing byte":    append(slicesClone(b), 0),
+	}
+	for name, m := range bad {
+		if _, err := Decode(m); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := Encode(Msg{Type: TypeMap, Name: "kv", Features: 1 << 40}); !errors.Is(err, ErrMalformed) {
+		t.Errorf("encode of unknown features: %v", err)
+	}
+	// Registered without a session is the first form: two bytes.
+	if b, _ := Encode(Msg{Type: TypeRegistered}); len(b) != 2 {
+		t.Fatalf("Registered without a session: %x", b)
+	}
+	if _, err := Decode(le.AppendUint64([]byte{Version, byte(TypeRegistered)}, 0)); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("Registered with session 0: %v", err)
+	}
+}
+
+func slicesClone(b []byte) []byte { return append([]byte(nil), b...) }
 
 func TestRoundTrip(t *testing.T) {
 	for _, m := range samples {

@@ -70,6 +70,11 @@ type Config struct {
 	CapacityPages int
 	// Logger receives diagnostics; nil discards them.
 	Logger *slog.Logger
+	// Proto is this dsmd's protocol id in the cluster (the directory
+	// gives one to each process incarnation), the high part of the
+	// session tokens it hands out (mapproto.FeatureSession); nil or 0:
+	// sessions get no token.
+	Proto func() ids.NodeID
 }
 
 // RegionSpec describes a region to serve.
@@ -85,6 +90,7 @@ type RegionSpec struct {
 // fault service of the attached clients. See the package doc.
 type Cache struct {
 	coh      Coherence
+	proto    func() ids.NodeID
 	log      *slog.Logger
 	capacity int64
 
@@ -126,6 +132,7 @@ func New(cfg Config) (*Cache, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Cache{
 		coh:       cfg.Coherence,
+		proto:     cfg.Proto,
 		log:       log,
 		capacity:  int64(cfg.CapacityPages),
 		ctx:       ctx,

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsmkit/dsm/internal/fdpass"
+	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/uffd"
 )
@@ -237,7 +238,11 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 	if err != nil {
 		return nil, refuse(mapproto.CodeUnavailable, "%v", err)
 	}
-	ack, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
+	var token uint64
+	if req.Features&mapproto.FeatureSession != 0 {
+		token = c.sessionToken(cl)
+	}
+	ack, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered, Session: token})
 	if _, err := conn.Write(ack); err != nil {
 		c.detach(cl)
 		return nil, err
@@ -296,4 +301,46 @@ func (c *Cache) watchPID(pid int, cl *client, conn *net.UnixConn) (stop func()) 
 		}
 	}()
 	return func() { f.Close() }
+}
+
+// Session tokens name a mapping session in the whole cluster: the
+// protocol id of this dsmd's incarnation in the high 32 bits, the client's
+// number in this process in the low 32. Protocol ids are never given to
+// two incarnations (docs/failover.md), so a token is never reused while
+// that holds.
+const tokenSeqBits = 32
+
+// sessionToken is cl's token, 0 when this dsmd has no protocol id (yet)
+// or has handed out more sessions than a token counts.
+func (c *Cache) sessionToken(cl *client) uint64 {
+	if c.proto == nil || cl.id >= 1<<tokenSeqBits {
+		return 0
+	}
+	p := c.proto()
+	if p == ids.None {
+		return 0
+	}
+	return uint64(p)<<tokenSeqBits | cl.id
+}
+
+// TokenProto is the protocol id of the dsmd that handed out token.
+func TokenProto(token uint64) ids.NodeID { return ids.NodeID(token >> tokenSeqBits) }
+
+// SessionAlive reports whether the mapping session named by token, one
+// that this dsmd handed out, is still served: false once the client closed
+// it, its process exited or the session was detached for any reason.
+// A token of another dsmd is never alive here.
+func (c *Cache) SessionAlive(token uint64) bool {
+	if c.proto == nil || TokenProto(token) != c.proto() || TokenProto(token) == ids.None {
+		return false
+	}
+	id := token & (1<<tokenSeqBits - 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for cl := range c.clients { // detach removes a client from the set
+		if cl.id == id {
+			return true
+		}
+	}
+	return false
 }

@@ -28,7 +28,7 @@ var regWords = []int64{0, 8, 1 * shardSize}
 // counterWords are the AddUint64 counters.
 var counterWords = []int64{2 * shardSize, 3 * shardSize}
 
-// The Mutex (two words) and the pair of words it protects, on another page.
+// The Mutex (dsm.MutexSize bytes) and the pair of words it protects, on another page.
 const (
 	mutexOff = 4 * shardSize
 	pairA    = 5 * shardSize

@@ -111,6 +111,7 @@ type client struct {
 	c      *dsm.Client
 	r      *dsm.Region
 	out    *bufio.Writer
+	locks  map[int64]*dsm.Mutex // lock and unlock, by offset
 }
 
 func main() {
@@ -344,6 +345,31 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 			}
 		}
 		return strconv.FormatUint(last, 10), nil
+	case "lock", "unlock":
+		// lock OFF: "ok", or "owner-died" when the previous holder died
+		// holding it (the lock is held either way); unlock OFF: "ok".
+		v, err := ints(args)
+		if err != nil || len(v) != 1 {
+			return "", usagef("%s LOCKOFF", cmd)
+		}
+		if cl.locks == nil {
+			cl.locks = map[int64]*dsm.Mutex{}
+		}
+		mu := cl.locks[v[0]]
+		if mu == nil {
+			mu = cl.r.Mutex(v[0])
+			cl.locks[v[0]] = mu
+		}
+		if cmd == "unlock" {
+			return "ok", mu.Unlock()
+		}
+		switch err := mu.Lock(ctx); {
+		case errors.Is(err, dsm.ErrOwnerDied):
+			return "owner-died", nil
+		case err != nil:
+			return "", err
+		}
+		return "ok", nil
 	case "mutex-inc":
 		v, err := ints(args)
 		if err != nil || len(v) < 3 {

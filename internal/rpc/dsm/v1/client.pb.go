@@ -38,6 +38,157 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SessionState int32
+
+const (
+	SessionState_SESSION_STATE_UNSPECIFIED SessionState = 0
+	SessionState_SESSION_STATE_ALIVE       SessionState = 1
+	SessionState_SESSION_STATE_DEAD        SessionState = 2
+	SessionState_SESSION_STATE_UNKNOWN     SessionState = 3
+)
+
+// Enum value maps for SessionState.
+var (
+	SessionState_name = map[int32]string{
+		0: "SESSION_STATE_UNSPECIFIED",
+		1: "SESSION_STATE_ALIVE",
+		2: "SESSION_STATE_DEAD",
+		3: "SESSION_STATE_UNKNOWN",
+	}
+	SessionState_value = map[string]int32{
+		"SESSION_STATE_UNSPECIFIED": 0,
+		"SESSION_STATE_ALIVE":       1,
+		"SESSION_STATE_DEAD":        2,
+		"SESSION_STATE_UNKNOWN":     3,
+	}
+)
+
+func (x SessionState) Enum() *SessionState {
+	p := new(SessionState)
+	*p = x
+	return p
+}
+
+func (x SessionState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SessionState) Descriptor() protoreflect.EnumDescriptor {
+	return file_client_proto_enumTypes[0].Descriptor()
+}
+
+func (SessionState) Type() protoreflect.EnumType {
+	return &file_client_proto_enumTypes[0]
+}
+
+func (x SessionState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SessionState.Descriptor instead.
+func (SessionState) EnumDescriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{0}
+}
+
+type SessionsAliveRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tokens []uint64               `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// local_only: answer from this dsmd's own knowledge, without asking the
+	// member that handed a token out (dsmd to dsmd).
+	LocalOnly     bool `protobuf:"varint,2,opt,name=local_only,json=localOnly,proto3" json:"local_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsAliveRequest) Reset() {
+	*x = SessionsAliveRequest{}
+	mi := &file_client_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsAliveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsAliveRequest) ProtoMessage() {}
+
+func (x *SessionsAliveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsAliveRequest.ProtoReflect.Descriptor instead.
+func (*SessionsAliveRequest) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SessionsAliveRequest) GetTokens() []uint64 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *SessionsAliveRequest) GetLocalOnly() bool {
+	if x != nil {
+		return x.LocalOnly
+	}
+	return false
+}
+
+type SessionsAliveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per token, in the request's order.
+	States        []SessionState `protobuf:"varint,1,rep,packed,name=states,proto3,enum=dsm.v1.SessionState" json:"states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionsAliveResponse) Reset() {
+	*x = SessionsAliveResponse{}
+	mi := &file_client_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionsAliveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionsAliveResponse) ProtoMessage() {}
+
+func (x *SessionsAliveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_client_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionsAliveResponse.ProtoReflect.Descriptor instead.
+func (*SessionsAliveResponse) Descriptor() ([]byte, []int) {
+	return file_client_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SessionsAliveResponse) GetStates() []SessionState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
 type SessionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -46,7 +197,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_client_proto_msgTypes[0]
+	mi := &file_client_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +209,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[0]
+	mi := &file_client_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +222,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{0}
+	return file_client_proto_rawDescGZIP(), []int{2}
 }
 
 type SessionResponse struct {
@@ -86,7 +237,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_client_proto_msgTypes[1]
+	mi := &file_client_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -98,7 +249,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[1]
+	mi := &file_client_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -111,7 +262,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{1}
+	return file_client_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SessionResponse) GetNodeId() uint32 {
@@ -151,7 +302,7 @@ type CreateRegionRequest struct {
 
 func (x *CreateRegionRequest) Reset() {
 	*x = CreateRegionRequest{}
-	mi := &file_client_proto_msgTypes[2]
+	mi := &file_client_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +314,7 @@ func (x *CreateRegionRequest) String() string {
 func (*CreateRegionRequest) ProtoMessage() {}
 
 func (x *CreateRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[2]
+	mi := &file_client_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +327,7 @@ func (x *CreateRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRegionRequest.ProtoReflect.Descriptor instead.
 func (*CreateRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{2}
+	return file_client_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateRegionRequest) GetName() string {
@@ -218,7 +369,7 @@ type CreateRegionResponse struct {
 
 func (x *CreateRegionResponse) Reset() {
 	*x = CreateRegionResponse{}
-	mi := &file_client_proto_msgTypes[3]
+	mi := &file_client_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +381,7 @@ func (x *CreateRegionResponse) String() string {
 func (*CreateRegionResponse) ProtoMessage() {}
 
 func (x *CreateRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[3]
+	mi := &file_client_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +394,7 @@ func (x *CreateRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateRegionResponse.ProtoReflect.Descriptor instead.
 func (*CreateRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{3}
+	return file_client_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateRegionResponse) GetRegion() *Region {
@@ -271,7 +422,7 @@ type DeleteRegionRequest struct {
 
 func (x *DeleteRegionRequest) Reset() {
 	*x = DeleteRegionRequest{}
-	mi := &file_client_proto_msgTypes[4]
+	mi := &file_client_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -283,7 +434,7 @@ func (x *DeleteRegionRequest) String() string {
 func (*DeleteRegionRequest) ProtoMessage() {}
 
 func (x *DeleteRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[4]
+	mi := &file_client_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -296,7 +447,7 @@ func (x *DeleteRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRegionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{4}
+	return file_client_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteRegionRequest) GetName() string {
@@ -326,7 +477,7 @@ type DeleteRegionResponse struct {
 
 func (x *DeleteRegionResponse) Reset() {
 	*x = DeleteRegionResponse{}
-	mi := &file_client_proto_msgTypes[5]
+	mi := &file_client_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +489,7 @@ func (x *DeleteRegionResponse) String() string {
 func (*DeleteRegionResponse) ProtoMessage() {}
 
 func (x *DeleteRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[5]
+	mi := &file_client_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +502,7 @@ func (x *DeleteRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRegionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{5}
+	return file_client_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteRegionResponse) GetId() uint32 {
@@ -376,7 +527,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_client_proto_msgTypes[6]
+	mi := &file_client_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -388,7 +539,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[6]
+	mi := &file_client_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -401,7 +552,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{6}
+	return file_client_proto_rawDescGZIP(), []int{8}
 }
 
 type ListRegionsResponse struct {
@@ -413,7 +564,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_client_proto_msgTypes[7]
+	mi := &file_client_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +576,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[7]
+	mi := &file_client_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +589,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{7}
+	return file_client_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*Region {
@@ -457,7 +608,7 @@ type GetRegionRequest struct {
 
 func (x *GetRegionRequest) Reset() {
 	*x = GetRegionRequest{}
-	mi := &file_client_proto_msgTypes[8]
+	mi := &file_client_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +620,7 @@ func (x *GetRegionRequest) String() string {
 func (*GetRegionRequest) ProtoMessage() {}
 
 func (x *GetRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[8]
+	mi := &file_client_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +633,7 @@ func (x *GetRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionRequest.ProtoReflect.Descriptor instead.
 func (*GetRegionRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{8}
+	return file_client_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetRegionRequest) GetName() string {
@@ -506,7 +657,7 @@ type GetRegionResponse struct {
 
 func (x *GetRegionResponse) Reset() {
 	*x = GetRegionResponse{}
-	mi := &file_client_proto_msgTypes[9]
+	mi := &file_client_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +669,7 @@ func (x *GetRegionResponse) String() string {
 func (*GetRegionResponse) ProtoMessage() {}
 
 func (x *GetRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[9]
+	mi := &file_client_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +682,7 @@ func (x *GetRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRegionResponse.ProtoReflect.Descriptor instead.
 func (*GetRegionResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{9}
+	return file_client_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetRegionResponse) GetRegion() *Region {
@@ -558,7 +709,7 @@ type LoadRequest struct {
 
 func (x *LoadRequest) Reset() {
 	*x = LoadRequest{}
-	mi := &file_client_proto_msgTypes[10]
+	mi := &file_client_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +721,7 @@ func (x *LoadRequest) String() string {
 func (*LoadRequest) ProtoMessage() {}
 
 func (x *LoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[10]
+	mi := &file_client_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +734,7 @@ func (x *LoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRequest.ProtoReflect.Descriptor instead.
 func (*LoadRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{10}
+	return file_client_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LoadRequest) GetRegion() string {
@@ -609,7 +760,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_client_proto_msgTypes[11]
+	mi := &file_client_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +772,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[11]
+	mi := &file_client_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +785,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{11}
+	return file_client_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LoadResponse) GetValue() uint64 {
@@ -655,7 +806,7 @@ type StoreRequest struct {
 
 func (x *StoreRequest) Reset() {
 	*x = StoreRequest{}
-	mi := &file_client_proto_msgTypes[12]
+	mi := &file_client_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +818,7 @@ func (x *StoreRequest) String() string {
 func (*StoreRequest) ProtoMessage() {}
 
 func (x *StoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[12]
+	mi := &file_client_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +831,7 @@ func (x *StoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRequest.ProtoReflect.Descriptor instead.
 func (*StoreRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{12}
+	return file_client_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StoreRequest) GetRegion() string {
@@ -712,7 +863,7 @@ type StoreResponse struct {
 
 func (x *StoreResponse) Reset() {
 	*x = StoreResponse{}
-	mi := &file_client_proto_msgTypes[13]
+	mi := &file_client_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +875,7 @@ func (x *StoreResponse) String() string {
 func (*StoreResponse) ProtoMessage() {}
 
 func (x *StoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[13]
+	mi := &file_client_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +888,7 @@ func (x *StoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreResponse.ProtoReflect.Descriptor instead.
 func (*StoreResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{13}
+	return file_client_proto_rawDescGZIP(), []int{15}
 }
 
 type AddRequest struct {
@@ -751,7 +902,7 @@ type AddRequest struct {
 
 func (x *AddRequest) Reset() {
 	*x = AddRequest{}
-	mi := &file_client_proto_msgTypes[14]
+	mi := &file_client_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +914,7 @@ func (x *AddRequest) String() string {
 func (*AddRequest) ProtoMessage() {}
 
 func (x *AddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[14]
+	mi := &file_client_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +927,7 @@ func (x *AddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRequest.ProtoReflect.Descriptor instead.
 func (*AddRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{14}
+	return file_client_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AddRequest) GetRegion() string {
@@ -809,7 +960,7 @@ type AddResponse struct {
 
 func (x *AddResponse) Reset() {
 	*x = AddResponse{}
-	mi := &file_client_proto_msgTypes[15]
+	mi := &file_client_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +972,7 @@ func (x *AddResponse) String() string {
 func (*AddResponse) ProtoMessage() {}
 
 func (x *AddResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[15]
+	mi := &file_client_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +985,7 @@ func (x *AddResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddResponse.ProtoReflect.Descriptor instead.
 func (*AddResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{15}
+	return file_client_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddResponse) GetNewValue() uint64 {
@@ -856,7 +1007,7 @@ type CompareAndSwapRequest struct {
 
 func (x *CompareAndSwapRequest) Reset() {
 	*x = CompareAndSwapRequest{}
-	mi := &file_client_proto_msgTypes[16]
+	mi := &file_client_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1019,7 @@ func (x *CompareAndSwapRequest) String() string {
 func (*CompareAndSwapRequest) ProtoMessage() {}
 
 func (x *CompareAndSwapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[16]
+	mi := &file_client_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1032,7 @@ func (x *CompareAndSwapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSwapRequest.ProtoReflect.Descriptor instead.
 func (*CompareAndSwapRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{16}
+	return file_client_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CompareAndSwapRequest) GetRegion() string {
@@ -924,7 +1075,7 @@ type CompareAndSwapResponse struct {
 
 func (x *CompareAndSwapResponse) Reset() {
 	*x = CompareAndSwapResponse{}
-	mi := &file_client_proto_msgTypes[17]
+	mi := &file_client_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1087,7 @@ func (x *CompareAndSwapResponse) String() string {
 func (*CompareAndSwapResponse) ProtoMessage() {}
 
 func (x *CompareAndSwapResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[17]
+	mi := &file_client_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1100,7 @@ func (x *CompareAndSwapResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompareAndSwapResponse.ProtoReflect.Descriptor instead.
 func (*CompareAndSwapResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{17}
+	return file_client_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CompareAndSwapResponse) GetSwapped() bool {
@@ -977,7 +1128,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_client_proto_msgTypes[18]
+	mi := &file_client_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1140,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[18]
+	mi := &file_client_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1153,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{18}
+	return file_client_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SyncRequest) GetRegion() string {
@@ -1038,7 +1189,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_client_proto_msgTypes[19]
+	mi := &file_client_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1201,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_client_proto_msgTypes[19]
+	mi := &file_client_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1214,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_client_proto_rawDescGZIP(), []int{19}
+	return file_client_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SyncResponse) GetPagesWritten() uint64 {
@@ -1084,7 +1235,13 @@ var File_client_proto protoreflect.FileDescriptor
 
 const file_client_proto_rawDesc = "" +
 	"\n" +
-	"\fclient.proto\x12\x06dsm.v1\x1a\vtypes.proto\"\x10\n" +
+	"\fclient.proto\x12\x06dsm.v1\x1a\vtypes.proto\"M\n" +
+	"\x14SessionsAliveRequest\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\x04R\x06tokens\x12\x1d\n" +
+	"\n" +
+	"local_only\x18\x02 \x01(\bR\tlocalOnly\"E\n" +
+	"\x15SessionsAliveResponse\x12,\n" +
+	"\x06states\x18\x01 \x03(\x0e2\x14.dsm.v1.SessionStateR\x06states\"\x10\n" +
 	"\x0eSessionRequest\"c\n" +
 	"\x0fSessionResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x18\n" +
@@ -1147,7 +1304,12 @@ const file_client_proto_rawDesc = "" +
 	"\x06length\x18\x03 \x01(\x04R\x06length\"I\n" +
 	"\fSyncResponse\x12#\n" +
 	"\rpages_written\x18\x01 \x01(\x04R\fpagesWritten\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch2\x81\x05\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch*y\n" +
+	"\fSessionState\x12\x1d\n" +
+	"\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13SESSION_STATE_ALIVE\x10\x01\x12\x16\n" +
+	"\x12SESSION_STATE_DEAD\x10\x02\x12\x19\n" +
+	"\x15SESSION_STATE_UNKNOWN\x10\x032\xcf\x05\n" +
 	"\x06Client\x12:\n" +
 	"\aSession\x12\x16.dsm.v1.SessionRequest\x1a\x17.dsm.v1.SessionResponse\x12I\n" +
 	"\fCreateRegion\x12\x1b.dsm.v1.CreateRegionRequest\x1a\x1c.dsm.v1.CreateRegionResponse\x12I\n" +
@@ -1158,7 +1320,8 @@ const file_client_proto_rawDesc = "" +
 	"\x05Store\x12\x14.dsm.v1.StoreRequest\x1a\x15.dsm.v1.StoreResponse\x12.\n" +
 	"\x03Add\x12\x12.dsm.v1.AddRequest\x1a\x13.dsm.v1.AddResponse\x12O\n" +
 	"\x0eCompareAndSwap\x12\x1d.dsm.v1.CompareAndSwapRequest\x1a\x1e.dsm.v1.CompareAndSwapResponse\x121\n" +
-	"\x04Sync\x12\x13.dsm.v1.SyncRequest\x1a\x14.dsm.v1.SyncResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
+	"\x04Sync\x12\x13.dsm.v1.SyncRequest\x1a\x14.dsm.v1.SyncResponse\x12L\n" +
+	"\rSessionsAlive\x12\x1c.dsm.v1.SessionsAliveRequest\x1a\x1d.dsm.v1.SessionsAliveResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
 
 var (
 	file_client_proto_rawDescOnce sync.Once
@@ -1172,61 +1335,68 @@ func file_client_proto_rawDescGZIP() []byte {
 	return file_client_proto_rawDescData
 }
 
-var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_client_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_client_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_client_proto_goTypes = []any{
-	(*SessionRequest)(nil),         // 0: dsm.v1.SessionRequest
-	(*SessionResponse)(nil),        // 1: dsm.v1.SessionResponse
-	(*CreateRegionRequest)(nil),    // 2: dsm.v1.CreateRegionRequest
-	(*CreateRegionResponse)(nil),   // 3: dsm.v1.CreateRegionResponse
-	(*DeleteRegionRequest)(nil),    // 4: dsm.v1.DeleteRegionRequest
-	(*DeleteRegionResponse)(nil),   // 5: dsm.v1.DeleteRegionResponse
-	(*ListRegionsRequest)(nil),     // 6: dsm.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),    // 7: dsm.v1.ListRegionsResponse
-	(*GetRegionRequest)(nil),       // 8: dsm.v1.GetRegionRequest
-	(*GetRegionResponse)(nil),      // 9: dsm.v1.GetRegionResponse
-	(*LoadRequest)(nil),            // 10: dsm.v1.LoadRequest
-	(*LoadResponse)(nil),           // 11: dsm.v1.LoadResponse
-	(*StoreRequest)(nil),           // 12: dsm.v1.StoreRequest
-	(*StoreResponse)(nil),          // 13: dsm.v1.StoreResponse
-	(*AddRequest)(nil),             // 14: dsm.v1.AddRequest
-	(*AddResponse)(nil),            // 15: dsm.v1.AddResponse
-	(*CompareAndSwapRequest)(nil),  // 16: dsm.v1.CompareAndSwapRequest
-	(*CompareAndSwapResponse)(nil), // 17: dsm.v1.CompareAndSwapResponse
-	(*SyncRequest)(nil),            // 18: dsm.v1.SyncRequest
-	(*SyncResponse)(nil),           // 19: dsm.v1.SyncResponse
-	(Durability)(0),                // 20: dsm.v1.Durability
-	(*Region)(nil),                 // 21: dsm.v1.Region
+	(SessionState)(0),              // 0: dsm.v1.SessionState
+	(*SessionsAliveRequest)(nil),   // 1: dsm.v1.SessionsAliveRequest
+	(*SessionsAliveResponse)(nil),  // 2: dsm.v1.SessionsAliveResponse
+	(*SessionRequest)(nil),         // 3: dsm.v1.SessionRequest
+	(*SessionResponse)(nil),        // 4: dsm.v1.SessionResponse
+	(*CreateRegionRequest)(nil),    // 5: dsm.v1.CreateRegionRequest
+	(*CreateRegionResponse)(nil),   // 6: dsm.v1.CreateRegionResponse
+	(*DeleteRegionRequest)(nil),    // 7: dsm.v1.DeleteRegionRequest
+	(*DeleteRegionResponse)(nil),   // 8: dsm.v1.DeleteRegionResponse
+	(*ListRegionsRequest)(nil),     // 9: dsm.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),    // 10: dsm.v1.ListRegionsResponse
+	(*GetRegionRequest)(nil),       // 11: dsm.v1.GetRegionRequest
+	(*GetRegionResponse)(nil),      // 12: dsm.v1.GetRegionResponse
+	(*LoadRequest)(nil),            // 13: dsm.v1.LoadRequest
+	(*LoadResponse)(nil),           // 14: dsm.v1.LoadResponse
+	(*StoreRequest)(nil),           // 15: dsm.v1.StoreRequest
+	(*StoreResponse)(nil),          // 16: dsm.v1.StoreResponse
+	(*AddRequest)(nil),             // 17: dsm.v1.AddRequest
+	(*AddResponse)(nil),            // 18: dsm.v1.AddResponse
+	(*CompareAndSwapRequest)(nil),  // 19: dsm.v1.CompareAndSwapRequest
+	(*CompareAndSwapResponse)(nil), // 20: dsm.v1.CompareAndSwapResponse
+	(*SyncRequest)(nil),            // 21: dsm.v1.SyncRequest
+	(*SyncResponse)(nil),           // 22: dsm.v1.SyncResponse
+	(Durability)(0),                // 23: dsm.v1.Durability
+	(*Region)(nil),                 // 24: dsm.v1.Region
 }
 var file_client_proto_depIdxs = []int32{
-	20, // 0: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
-	21, // 1: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
-	21, // 2: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
-	21, // 3: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
-	0,  // 4: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
-	2,  // 5: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	4,  // 6: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	6,  // 7: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
-	8,  // 8: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
-	10, // 9: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
-	12, // 10: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
-	14, // 11: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
-	16, // 12: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
-	18, // 13: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
-	1,  // 14: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
-	3,  // 15: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	5,  // 16: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	7,  // 17: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
-	9,  // 18: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
-	11, // 19: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
-	13, // 20: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
-	15, // 21: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
-	17, // 22: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
-	19, // 23: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	0,  // 0: dsm.v1.SessionsAliveResponse.states:type_name -> dsm.v1.SessionState
+	23, // 1: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
+	24, // 2: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
+	24, // 3: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
+	24, // 4: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
+	3,  // 5: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
+	5,  // 6: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	7,  // 7: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	9,  // 8: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
+	11, // 9: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
+	13, // 10: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
+	15, // 11: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
+	17, // 12: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
+	19, // 13: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
+	21, // 14: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
+	1,  // 15: dsm.v1.Client.SessionsAlive:input_type -> dsm.v1.SessionsAliveRequest
+	4,  // 16: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
+	6,  // 17: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	8,  // 18: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	10, // 19: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
+	12, // 20: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
+	14, // 21: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
+	16, // 22: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
+	18, // 23: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
+	20, // 24: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
+	22, // 25: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
+	2,  // 26: dsm.v1.Client.SessionsAlive:output_type -> dsm.v1.SessionsAliveResponse
+	16, // [16:27] is the sub-list for method output_type
+	5,  // [5:16] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_client_proto_init() }
@@ -1240,13 +1410,14 @@ func file_client_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_client_proto_rawDesc), len(file_client_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   20,
+			NumEnums:      1,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_client_proto_goTypes,
 		DependencyIndexes: file_client_proto_depIdxs,
+		EnumInfos:         file_client_proto_enumTypes,
 		MessageInfos:      file_client_proto_msgTypes,
 	}.Build()
 	File_client_proto = out.File

@@ -46,6 +46,7 @@ const (
 	Client_Add_FullMethodName            = "/dsm.v1.Client/Add"
 	Client_CompareAndSwap_FullMethodName = "/dsm.v1.Client/CompareAndSwap"
 	Client_Sync_FullMethodName           = "/dsm.v1.Client/Sync"
+	Client_SessionsAlive_FullMethodName  = "/dsm.v1.Client/SessionsAlive"
 )
 
 // ClientClient is the client API for Client service.
@@ -90,6 +91,15 @@ type ClientClient interface {
 	// are written back to their homes, and for a DURABLE region persisted and
 	// copied to a backup. INVALID_ARGUMENT for a range outside the region.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error)
+	// SessionsAlive says, for each mapping-session token (handed out by the
+	// dsmd that served the mapping, in the Registered message of the mapping
+	// protocol), whether that session is still served: ALIVE while it is,
+	// DEAD once its process closed it or exited, its dsmd left the cluster or
+	// restarted; UNKNOWN when no member can say now (the dsmd that handed it
+	// out is unreachable or failed: it may be alive behind a partition). The
+	// answer for a token of another member comes from that member. The dsm
+	// Mutex uses it to take over a lock whose holder is dead.
+	SessionsAlive(ctx context.Context, in *SessionsAliveRequest, opts ...grpc.CallOption) (*SessionsAliveResponse, error)
 }
 
 type clientClient struct {
@@ -200,6 +210,16 @@ func (c *clientClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *clientClient) SessionsAlive(ctx context.Context, in *SessionsAliveRequest, opts ...grpc.CallOption) (*SessionsAliveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SessionsAliveResponse)
+	err := c.cc.Invoke(ctx, Client_SessionsAlive_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClientServer is the server API for Client service.
 // All implementations must embed UnimplementedClientServer
 // for forward compatibility.
@@ -242,6 +262,15 @@ type ClientServer interface {
 	// are written back to their homes, and for a DURABLE region persisted and
 	// copied to a backup. INVALID_ARGUMENT for a range outside the region.
 	Sync(context.Context, *SyncRequest) (*SyncResponse, error)
+	// SessionsAlive says, for each mapping-session token (handed out by the
+	// dsmd that served the mapping, in the Registered message of the mapping
+	// protocol), whether that session is still served: ALIVE while it is,
+	// DEAD once its process closed it or exited, its dsmd left the cluster or
+	// restarted; UNKNOWN when no member can say now (the dsmd that handed it
+	// out is unreachable or failed: it may be alive behind a partition). The
+	// answer for a token of another member comes from that member. The dsm
+	// Mutex uses it to take over a lock whose holder is dead.
+	SessionsAlive(context.Context, *SessionsAliveRequest) (*SessionsAliveResponse, error)
 	mustEmbedUnimplementedClientServer()
 }
 
@@ -281,6 +310,9 @@ func (UnimplementedClientServer) CompareAndSwap(context.Context, *CompareAndSwap
 }
 func (UnimplementedClientServer) Sync(context.Context, *SyncRequest) (*SyncResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Sync not implemented")
+}
+func (UnimplementedClientServer) SessionsAlive(context.Context, *SessionsAliveRequest) (*SessionsAliveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SessionsAlive not implemented")
 }
 func (UnimplementedClientServer) mustEmbedUnimplementedClientServer() {}
 func (UnimplementedClientServer) testEmbeddedByValue()                {}
@@ -483,6 +515,24 @@ func _Client_Sync_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Client_SessionsAlive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SessionsAliveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClientServer).SessionsAlive(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Client_SessionsAlive_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClientServer).SessionsAlive(ctx, req.(*SessionsAliveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Client_ServiceDesc is the grpc.ServiceDesc for Client service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -529,6 +579,10 @@ var Client_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Sync",
 			Handler:    _Client_Sync_Handler,
+		},
+		{
+			MethodName: "SessionsAlive",
+			Handler:    _Client_SessionsAlive_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -53,7 +53,7 @@ func TestEnumsStartUnspecified(t *testing.T) {
 func TestServicesDocumented(t *testing.T) {
 	want := map[string][]string{
 		"dsm.v1.Client": {"Session", "CreateRegion", "DeleteRegion", "ListRegions", "GetRegion",
-			"Load", "Store", "Add", "CompareAndSwap", "Sync"},
+			"Load", "Store", "Add", "CompareAndSwap", "Sync", "SessionsAlive"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
 			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory"},
 	}
