@@ -130,7 +130,7 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 	if atStart || e.cfg.UnavailableAfter < 0 || waited < e.cfg.UnavailableAfter {
 		return nil
 	}
-	if u, ok := e.unreach[home]; ok && time.Since(u.since) >= e.cfg.UnavailableAfter {
+	if u, ok := e.unreach[home]; ok && e.now().Sub(u.since) >= e.cfg.UnavailableAfter {
 		return ue(home, "home", "is unreachable: "+u.err.Error())
 	}
 	info := e.sm.Page(p)
@@ -181,7 +181,7 @@ func (e *Engine) noteOutcome(home ids.NodeID, err error) {
 		e.unreach[home] = u
 		return
 	}
-	e.unreach[home] = unreachable{since: time.Now(), err: err}
+	e.unreach[home] = unreachable{since: e.now(), err: err}
 }
 
 // sweepInterval paces the loop's checks of waiting calls.

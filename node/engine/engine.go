@@ -169,6 +169,16 @@ type hooks struct {
 	// effect takes a drop or downgrade instead of a goroutine that asks
 	// the cache.
 	effect func(j *effectJob)
+	// now replaces the wall clock.
+	now func() time.Time
+}
+
+// now is the engine's clock: the wall clock, or the simulation's.
+func (e *Engine) now() time.Time {
+	if e.hooks.now != nil {
+		return e.hooks.now()
+	}
+	return time.Now()
 }
 
 // posted is the outcome of a batch, with the home it went to.
@@ -427,7 +437,7 @@ func (e *Engine) loop() {
 		case pd := <-e.doneCh:
 			e.onPosted(pd)
 		case <-e.availCh:
-			e.sweep(time.Now())
+			e.sweep(e.now())
 		case m := <-e.recvCh:
 			e.onReceive(m)
 		case rc := <-e.reconfCh:
@@ -779,7 +789,7 @@ func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
 // whether the state machine took the request (it then goes on with it even
 // when do returns an error).
 func (e *Engine) do(ctx context.Context, kind missKind, req coherence.Request, dirty []byte) (result, bool, error) {
-	w := &waiter{page: req.Page, kind: kind, start: time.Now(), ch: make(chan result, 1)}
+	w := &waiter{page: req.Page, kind: kind, start: e.now(), ch: make(chan result, 1)}
 	select {
 	case e.reqCh <- submit{req: req, kind: kind, dirty: dirty, w: w}:
 	case <-e.stop:

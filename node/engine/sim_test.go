@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,7 +61,18 @@ type simConfig struct {
 	// point of the run; the others learn its departure, each at a moment
 	// of its own, as a Reconfigure and SetDown.
 	crash bool
+	// crashHome: the node that crashes is the home of some pages, which
+	// are lost: every call on them must fail with ErrUnavailable (at
+	// once, or after UnavailableAfter), none may wait for good.
+	crashHome bool
+	// join: a new node joins at a random point (after the crash, if any:
+	// with crash, the run is a restart under a new protocol id).
+	join bool
 }
+
+// simUnavailableCalls counts the calls of a configuration's seeds that
+// failed with ErrUnavailable.
+var simUnavailableCalls atomic.Int64
 
 var simConfigs = []simConfig{
 	{name: "plain", nodes: 3, pages: 4, threads: 2, ops: 300, evict: 0.1, ciSeeds: 150, pageSize: 64},
@@ -69,7 +81,14 @@ var simConfigs = []simConfig{
 	{name: "hot", nodes: 4, pages: 1, threads: 3, ops: 300, drop: 0.02, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 100, pageSize: 64},
 	{name: "crash", nodes: 4, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, crash: true},
 	{name: "crash-hot", nodes: 4, pages: 1, threads: 2, ops: 250, drop: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 100, pageSize: 64, crash: true},
+	{name: "join", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, join: true},
+	{name: "restart", nodes: 4, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, crash: true, join: true},
+	{name: "home-crash", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true},
 }
+
+// simUnavailableAfter is the engines' UnavailableAfter in the simulation,
+// in virtual time (a step is a millisecond).
+const simUnavailableAfter = 5 * time.Second
 
 func TestEngineSim(t *testing.T) {
 	for _, cfg := range simConfigs {
@@ -90,6 +109,7 @@ func TestEngineSim(t *testing.T) {
 				}
 			}
 			failed := 0
+			simUnavailableCalls.Store(0)
 			for seed := int64(1); seed <= int64(seeds); seed++ {
 				if err := runEngineSim(cfg, seed, nil); err != nil {
 					t.Errorf("seed %d: %v (rerun: go test ./node/engine -run 'TestEngineSim/%s$' -engine-seed %d -v)", seed, err, cfg.name, seed)
@@ -98,7 +118,10 @@ func TestEngineSim(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d seeds", seeds)
+			t.Logf("%d seeds, %d calls failed as unavailable", seeds, simUnavailableCalls.Load())
+			if cfg.crashHome && simUnavailableCalls.Load() == 0 {
+				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
+			}
 		})
 	}
 }
@@ -185,12 +208,15 @@ type engineSim struct {
 	now   time.Time
 	trace *strings.Builder
 
-	loseAnswer bool // the batch being delivered loses its answer
-	nextValue  uint64
-	hist       []porcupine.Operation
-	adds       [][]int // adds acknowledged, per node and page
-	counterErr error
-	err        error
+	loseAnswer  bool // the batch being delivered loses its answer
+	nextValue   uint64
+	hist        []porcupine.Operation
+	adds        [][]int // adds acknowledged, per node and page
+	counterErr  error
+	homeOf      func(ids.PageNo) ids.NodeID
+	epoch       ids.Epoch // the newest epoch any node was told
+	unavailable int // calls that failed with ErrUnavailable
+	err         error
 }
 
 func (s *engineSim) logf(format string, args ...any) {
@@ -225,14 +251,24 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	if err := s.setup(); err != nil {
 		return err
 	}
-	started, crashAt := 0, -1
+	started, crashAt, joinAt := 0, -1, -1
 	if cfg.crash {
 		crashAt = cfg.ops/4 + s.rng.IntN(cfg.ops/2)
 	}
+	if cfg.join {
+		joinAt = cfg.ops/4 + s.rng.IntN(cfg.ops/2)
+		if cfg.crash {
+			joinAt = crashAt + s.rng.IntN(cfg.ops/8)
+		}
+	}
 	for started < cfg.ops && s.err == nil {
 		if started == crashAt {
-			s.crash(s.nodes[len(s.nodes)-1])
+			s.crash(s.nodes[cfg.nodes-1])
 			crashAt = -1
+		}
+		if started == joinAt && crashAt < 0 {
+			s.join()
+			joinAt = -1
 		}
 		if s.idleThread() && s.rng.IntN(3) == 0 {
 			s.startCall()
@@ -247,9 +283,17 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 			s.fail("no progress: %d calls started", started)
 		}
 	}
-	// Quiesce: finish every call, then deliver everything faithfully.
-	for limit := 0; s.err == nil; limit++ {
-		if !s.act(limit < 20000) && !s.outstanding() {
+	// Quiesce: finish every call, then deliver everything faithfully,
+	// until nothing is left to do, or (after a home crashed: write-backs
+	// to it wait for good) nothing but the clocks has moved for a while.
+	for limit, idle := 0, 0; s.err == nil; limit++ {
+		acted := s.act(limit < 20000)
+		if s.outstanding() || len(s.jobs) > 0 || len(s.net.Pending()) > 0 {
+			idle = 0
+		} else {
+			idle++
+		}
+		if !acted && !s.outstanding() || s.cfg.crashHome && idle > 2000 {
 			break
 		}
 		if limit > 200000 {
@@ -265,6 +309,7 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	if s.err == nil && s.counterErr != nil {
 		s.fail("%v", s.counterErr)
 	}
+	simUnavailableCalls.Add(int64(s.unavailable))
 	return s.err
 }
 
@@ -274,56 +319,84 @@ func (s *engineSim) setup() error {
 		members[i] = ids.NodeID(i + 1)
 	}
 	homes := s.cfg.nodes
-	if s.cfg.crash {
+	if s.cfg.crash && !s.cfg.crashHome {
 		homes-- // the node that crashes is home of no page
 	}
-	homeOf := func(p ids.PageNo) ids.NodeID { return ids.NodeID(int(p)%homes + 1) }
-	descs := map[ids.NodeID]rdma.Descriptor{}
+	s.homeOf = func(p ids.PageNo) ids.NodeID { return ids.NodeID(int(p)%homes + 1) }
+	s.epoch = 16
 	for _, id := range members {
-		ep, err := s.net.Endpoint(id)
-		if err != nil {
+		if _, err := s.newNode(id, members, false); err != nil {
 			return err
 		}
-		n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads)}
-		for range s.cfg.pages {
-			n.pages = append(n.pages, &simPage{state: localcache.Invalid})
-		}
-		e, err := New(Config{
-			ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
-			Epoch: 16, Members: members, HomeOf: homeOf, Transport: ep,
-			Pages: simPages{n}, UnavailableAfter: -1,
-		})
-		if err != nil {
-			return err
-		}
-		n.e = e
-		e.hooks.post = func(b coherence.Batch, ops []rdma.Op, err error) { s.post(n, b, ops, err) }
-		e.hooks.effect = func(j *effectJob) {
-			s.logf("n%d cache asked to %v p%d", n.id, j.kind, j.page)
-			s.jobs = append(s.jobs, simJob{node: n, effect: j})
-		}
-		ep.SetHandler(func(from ids.NodeID, b []byte) {
-			if m, ok := n.e.decode(from, b); ok {
-				s.logf("n%d <- %v", n.id, m)
-				n.e.onReceive(m)
-				n.e.apply()
-			}
-		})
-		descs[id] = e.Descriptor()
-		s.nodes = append(s.nodes, n)
-	}
-	for _, n := range s.nodes {
-		for id, d := range descs {
-			if id != n.id {
-				n.e.SetPeer(id, d)
-			}
-		}
-	}
-	s.adds = make([][]int, len(s.nodes))
-	for i := range s.adds {
-		s.adds[i] = make([]int, s.cfg.pages)
 	}
 	return nil
+}
+
+// newNode starts node id's engine in the current epoch with members, and
+// introduces it to the others' home memory and them to its.
+func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (*simNode, error) {
+	ep, err := s.net.Endpoint(id)
+	if err != nil {
+		return nil, err
+	}
+	n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads)}
+	for range s.cfg.pages {
+		n.pages = append(n.pages, &simPage{state: localcache.Invalid})
+	}
+	e, err := New(Config{
+		ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
+		Epoch: s.epoch, Members: members, Joining: joining, HomeOf: s.homeOf, Transport: ep,
+		Pages: simPages{n}, UnavailableAfter: simUnavailableAfter,
+	})
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	n.e = e
+	e.hooks.post = func(b coherence.Batch, ops []rdma.Op, err error) { s.post(n, b, ops, err) }
+	e.hooks.now = func() time.Time { return s.now }
+	e.hooks.effect = func(j *effectJob) {
+		s.logf("n%d cache asked to %v p%d", n.id, j.kind, j.page)
+		s.jobs = append(s.jobs, simJob{node: n, effect: j})
+	}
+	ep.SetHandler(func(from ids.NodeID, b []byte) {
+		if m, ok := n.e.decode(from, b); ok {
+			s.logf("n%d <- %v", n.id, m)
+			n.e.onReceive(m)
+			n.e.apply()
+		}
+	})
+	for _, m := range s.nodes {
+		if !m.crashed {
+			m.e.SetPeer(id, e.Descriptor())
+			e.SetPeer(m.id, m.e.Descriptor())
+		}
+	}
+	s.nodes = append(s.nodes, n)
+	s.adds = append(s.adds, make([]int, s.cfg.pages))
+	return n, nil
+}
+
+// join starts a new node, a member that joins the region's protocol
+// (Config.Joining) in a new epoch; every other node learns the epoch at a
+// moment of its own. It is home of nothing.
+func (s *engineSim) join() {
+	id := ids.NodeID(len(s.nodes) + 1)
+	s.epoch++
+	var members []ids.NodeID
+	for _, m := range s.live() {
+		members = append(members, m.id)
+	}
+	members = append(members, id)
+	s.logf("n%d joins in epoch %v: members %v", id, s.epoch, members)
+	others := s.live()
+	if _, err := s.newNode(id, members, true); err != nil {
+		s.fail("join of n%d: %v", id, err)
+		return
+	}
+	for _, m := range others {
+		s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: s.epoch, Members: members}})
+	}
 }
 
 // post takes a batch from node n's engine: it waits in the network; its
@@ -516,11 +589,17 @@ func (s *engineSim) crash(n *simNode) {
 			members = append(members, m.id)
 		}
 	}
+	s.epoch++
 	for _, m := range s.nodes {
 		if !m.crashed {
-			s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: 17, Members: members}})
+			s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: s.epoch, Members: members}})
 		}
 	}
+}
+
+// lostPage reports whether page p's home crashed.
+func (s *engineSim) lostPage(p ids.PageNo) bool {
+	return s.nodes[s.homeOf(p)-1].crashed
 }
 
 // ---- client calls ----
@@ -680,6 +759,22 @@ func (s *engineSim) result(c *simCall, r result) {
 	pg := c.node.pages[c.page]
 	pg.lock, c.missed = nil, false
 	s.logf("n%d %v p%d: taken=%v err=%v", c.node.id, c.kind, c.page, r.taken, r.err)
+	if errors.Is(r.err, ErrUnavailable) {
+		// A page whose home crashed, or that waited too long for a
+		// crashed node: the call fails. A write fails without effect (the
+		// model applies it when its call ends).
+		if !s.lostPage(c.page) && !s.cfg.crash {
+			s.fail("n%d %v of p%d: %v, and no node crashed", c.node.id, c.kind, c.page, r.err)
+			return
+		}
+		if c.kind == simEvict && c.dirty != nil && !r.taken {
+			pg.state, pg.data = localcache.Modified, c.dirty
+		}
+		s.unavailable++
+		s.logf("n%d %v p%d failed: %v", c.node.id, c.kind, c.page, r.err)
+		c.node.calls[slices.Index(c.node.calls, c)] = nil
+		return
+	}
 	if r.err != nil {
 		if !errors.Is(r.err, ErrConflict) {
 			s.fail("n%d %v of p%d: %v", c.node.id, c.kind, c.page, r.err)
@@ -730,6 +825,9 @@ func (s *engineSim) finish(c *simCall) {
 func (s *engineSim) finalReads() {
 	for _, n := range s.live() {
 		for p := range s.cfg.pages {
+			if s.lostPage(ids.PageNo(p)) {
+				continue // its home crashed: unavailable (checked below)
+			}
 			c := &simCall{node: n, kind: simRead, page: ids.PageNo(p), call: s.step}
 			n.calls[0] = c
 			s.advance(c)
