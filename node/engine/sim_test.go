@@ -215,7 +215,7 @@ type engineSim struct {
 	counterErr  error
 	homeOf      func(ids.PageNo) ids.NodeID
 	epoch       ids.Epoch // the newest epoch any node was told
-	unavailable int // calls that failed with ErrUnavailable
+	unavailable int       // calls that failed with ErrUnavailable
 	err         error
 }
 
