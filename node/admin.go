@@ -291,6 +291,18 @@ func placementHealth(v *directory.View) (short, homeless []string) {
 	return short, homeless
 }
 
+// protoIDsLow is the number of protocol ids left below which the cluster
+// is degraded.
+const protoIDsLow = 64
+
+// protoIDsHealth warns when few protocol ids are left.
+func protoIDsHealth(left int) []string {
+	if left >= protoIDsLow {
+		return nil
+	}
+	return []string{fmt.Sprintf("only %d protocol ids are left for new incarnations: every restart of a dsmd takes one, and they are not reused yet (docs/failover.md); at 0, a restarted dsmd cannot take part", left)}
+}
+
 // homesHealth names the regions whose homes (the incarnations recorded at
 // their creation: homes do not move yet) are gone or down: the pages they
 // are home of fail with PAGE_UNAVAILABLE. A home that restarted or left
@@ -409,6 +421,7 @@ func (n *Node) judge(v *directory.View, rs directory.RaftStats, rows []memberRow
 	}
 	warn = append(warn, homesHealth(v)...)
 	warn = append(warn, short...)
+	warn = append(warn, protoIDsHealth(v.ProtoIDsLeft())...)
 	switch {
 	case len(bad) > 0:
 		return Health{dsmpb.Health_VERDICT_UNHEALTHY, append(bad, warn...)}

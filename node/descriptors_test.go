@@ -2,7 +2,9 @@ package node
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -54,4 +56,15 @@ func FuzzDecodeDescriptors(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Few protocol ids left make the cluster degraded, with the count.
+func TestProtoIDsHealth(t *testing.T) {
+	if w := protoIDsHealth(protoIDsLow); w != nil {
+		t.Fatalf("%d ids left: %q, want no warning", protoIDsLow, w)
+	}
+	w := protoIDsHealth(protoIDsLow - 1)
+	if len(w) != 1 || !strings.Contains(w[0], fmt.Sprintf("only %d protocol ids", protoIDsLow-1)) {
+		t.Fatalf("%d ids left: %q", protoIDsLow-1, w)
+	}
 }
