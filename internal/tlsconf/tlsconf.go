@@ -269,29 +269,32 @@ func (m *Manager) verify(certs []*x509.Certificate, usage x509.ExtKeyUsage, chec
 // required, valid under the CA, and accepted by check. It reads the CA and
 // this process's certificate at each handshake, so Reload applies to the
 // next connection.
+//
+// The caller may set NextProtos (ALPN) on the returned config before its
+// first use; every handshake offers them.
 func (m *Manager) ServerConfig(check Check) *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			pool, cert := m.current()
-			return &tls.Config{
-				MinVersion:   tls.VersionTLS13,
-				Certificates: []tls.Certificate{*cert},
-				ClientAuth:   tls.RequireAndVerifyClientCert,
-				ClientCAs:    pool,
-				// The chain was verified against pool by the handshake;
-				// verify again, against the same pool, for the identity.
-				VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
-					if len(chains) == 0 {
-						return fmt.Errorf("%w: no verified chain", ErrIdentity)
-					}
-					_, err := m.verify(chains[0], x509.ExtKeyUsageClientAuth, check)
-					return err
-				},
-				SessionTicketsDisabled: true,
-			}, nil
-		},
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		pool, cert := m.current()
+		return &tls.Config{
+			NextProtos:   cfg.NextProtos,
+			MinVersion:   tls.VersionTLS13,
+			Certificates: []tls.Certificate{*cert},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    pool,
+			// The chain was verified against pool by the handshake;
+			// verify again, against the same pool, for the identity.
+			VerifyPeerCertificate: func(_ [][]byte, chains [][]*x509.Certificate) error {
+				if len(chains) == 0 {
+					return fmt.Errorf("%w: no verified chain", ErrIdentity)
+				}
+				_, err := m.verify(chains[0], x509.ExtKeyUsageClientAuth, check)
+				return err
+			},
+			SessionTicketsDisabled: true,
+		}, nil
 	}
+	return cfg
 }
 
 // ClientConfig is the config of a dialer: TLS 1.3, this process's
