@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // Config configures one directory replica.
@@ -49,6 +50,14 @@ type Config struct {
 	// (default) or 5; 1 for a single-node cluster. Further members join as
 	// non-voters and are promoted when a voter fails or leaves.
 	MaxVoters int
+
+	// TLS, when set, makes the Raft transport and the forwarding RPC
+	// mutual TLS 1.3 with its certificates: each side must present a
+	// node certificate of the cluster CA (a client certificate is
+	// refused), and a follower forwarding to the leader checks that the
+	// certificate names the leader. Nil: plain TCP (loopback, tests).
+	// Gossip is not covered.
+	TLS *tlsconf.Manager
 
 	Timing Timing
 	// Logger receives the directory's, Raft's, memberlist's and pebble's
