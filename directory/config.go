@@ -54,9 +54,11 @@ type Config struct {
 	// TLS, when set, makes the Raft transport and the forwarding RPC
 	// mutual TLS 1.3 with its certificates: each side must present a
 	// node certificate of the cluster CA (a client certificate is
-	// refused), and a follower forwarding to the leader checks that the
-	// certificate names the leader. Nil: plain TCP (loopback, tests).
-	// Gossip is not covered.
+	// refused). A Raft dialer requires the certificate of the member
+	// whose Raft address it dials, a follower forwarding to the leader
+	// the leader's; the forwarding RPC serves only nodes that the member
+	// table or gossip knows. Nil: plain TCP (loopback, tests). Gossip is
+	// not covered.
 	TLS *tlsconf.Manager
 
 	Timing Timing

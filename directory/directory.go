@@ -39,8 +39,11 @@ type Directory struct {
 	fsm    *fsm
 	notify *notifier
 	gossip *gossip
-	ml     *memberlist.Memberlist
-	rpc    *rpcServer
+	// gossipRef is gossip for the TLS checks, which may run before Open
+	// sets gossip.
+	gossipRef atomic.Pointer[gossip]
+	ml        *memberlist.Memberlist
+	rpc       *rpcServer
 
 	gossipAddr string // bound gossip address
 
@@ -107,8 +110,8 @@ func Open(cfg Config) (_ *Directory, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("directory: snapshot store: %w", err)
 	}
+	var stream *tlsStream
 	if cfg.TLS != nil {
-		var stream *tlsStream
 		stream, err = newTLSStream(cfg.RaftAddr, cfg.TLS)
 		if err == nil {
 			d.trans = raft.NewNetworkTransportWithLogger(stream, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
@@ -149,7 +152,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 
 	var rpcTLS *tls.Config
 	if cfg.TLS != nil {
-		rpcTLS = cfg.TLS.ServerConfig(tlsconf.AnyNode)
+		rpcTLS = cfg.TLS.ServerConfig(d.knownNode)
 	}
 	d.rpc, err = newRPCServer(cfg.RPCAddr, rpcTLS, d.handleRPC, t.RPCTimeout, d.log)
 	if err != nil {
@@ -162,6 +165,11 @@ func Open(cfg Config) (_ *Directory, err error) {
 		RaftAddr: string(d.trans.LocalAddr()), RPCAddr: d.rpc.addr(),
 		Expect: cfg.BootstrapExpect, HasState: hasState, Nonce: cfg.Nonce,
 	})
+	d.gossipRef.Store(d.gossip)
+	if stream != nil {
+		f := d.nodeAtRaftAddr
+		stream.nodeAt.Store(&f)
+	}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = nodeName(cfg.NodeID)
 	host, port, _ := net.SplitHostPort(cfg.GossipAddr)

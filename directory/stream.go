@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
@@ -18,7 +20,11 @@ import (
 // that present one. A connection is raft's once the handshake is done.
 type tlsStream struct {
 	net.Listener // TLS over TCP
-	dial         *tls.Config
+	m            *tlsconf.Manager
+	// nodeAt names the node whose Raft address addr is, when known; the
+	// dialer then requires that node's certificate. Set once the
+	// directory can answer; until then any node certificate is accepted.
+	nodeAt atomic.Pointer[func(addr string) (ids.NodeID, bool)]
 }
 
 var _ raft.StreamLayer = (*tlsStream)(nil)
@@ -32,7 +38,7 @@ func newTLSStream(addr string, m *tlsconf.Manager) (*tlsStream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("directory: raft listen %s: %w", addr, err)
 	}
-	return &tlsStream{Listener: tls.NewListener(ln, m.ServerConfig(tlsconf.AnyNode)), dial: m.ClientConfig(tlsconf.AnyNode)}, nil
+	return &tlsStream{Listener: tls.NewListener(ln, m.ServerConfig(tlsconf.AnyNode)), m: m}, nil
 }
 
 // Accept returns the next connection. Its TLS handshake runs on raft's
@@ -48,11 +54,19 @@ func (s *tlsStream) Accept() (net.Conn, error) {
 }
 
 // Dial implements raft.StreamLayer: TCP and the TLS handshake, within
-// timeout.
+// timeout. The listener's certificate must name the member whose Raft
+// address it is (the member table, else gossip), or any node when the
+// address is nobody's yet.
 func (s *tlsStream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	d := tls.Dialer{Config: s.dial}
+	check := tlsconf.AnyNode
+	if f := s.nodeAt.Load(); f != nil {
+		if id, ok := (*f)(string(address)); ok {
+			check = tlsconf.Node(id)
+		}
+	}
+	d := tls.Dialer{Config: s.m.ClientConfig(check)}
 	return d.DialContext(ctx, "tcp", string(address))
 }
 
@@ -89,4 +103,41 @@ func (h *handshaking) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	return h.Conn.Write(b)
+}
+
+// nodeAtRaftAddr names the node whose Raft address addr is: in the member
+// table, else in gossip.
+func (d *Directory) nodeAtRaftAddr(addr string) (ids.NodeID, bool) {
+	for _, m := range d.View().Members() {
+		if m.RaftAddr == addr {
+			return m.ID, true
+		}
+	}
+	g := d.gossipRef.Load()
+	if g == nil {
+		return ids.None, false
+	}
+	for id, e := range g.snapshot() {
+		if e.meta.RaftAddr == addr {
+			return id, true
+		}
+	}
+	return ids.None, false
+}
+
+// knownNode accepts the certificate of a node that the member table or
+// gossip knows: the forwarding RPC serves only them.
+func (d *Directory) knownNode(id tlsconf.Identity) error {
+	if err := tlsconf.AnyNode(id); err != nil {
+		return err
+	}
+	if _, ok := d.View().Member(id.Node); ok {
+		return nil
+	}
+	if g := d.gossipRef.Load(); g != nil {
+		if _, ok := g.lookup(id.Node); ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %v is not a member of the cluster", tlsconf.ErrIdentity, id)
 }

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -39,7 +40,7 @@ func TestTLSCluster(t *testing.T) {
 	}
 
 	rpc := l.Addrs().RPC
-	member := tlsManager(t, c.tls, tlsconf.Request{Node: 9})
+	member := tlsManager(t, c.tls, tlsconf.Request{Node: 2})
 	v, err := directory.RemoteViewTLS(ctx, rpc, member.ClientConfig(tlsconf.AnyNode))
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +56,7 @@ func TestTLSCluster(t *testing.T) {
 		"client certificate": client.ClientConfig(tlsconf.AnyNode),
 		"another CA":         rogue(other),
 		"no certificate":     {MinVersion: tls.VersionTLS13, InsecureSkipVerify: true},
+		"not a member":       tlsManager(t, c.tls, tlsconf.Request{Node: 9}).ClientConfig(tlsconf.AnyNode),
 	} {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		_, err := directory.RemoteViewTLS(cctx, rpc, cfg)
@@ -63,6 +65,32 @@ func TestTLSCluster(t *testing.T) {
 			t.Errorf("%s: the forwarding RPC answered", name)
 		}
 		t.Logf("%s: %v", name, err)
+	}
+
+	// Node 4 holds a certificate of the cluster CA that names node 5: the
+	// leader adds it to Raft (gossip is not authenticated here) but its
+	// Raft connections are refused, so it never gets the log; node 6,
+	// with its own certificate, joins after it and does.
+	seed := c.config(1, 3, 3, nil).GossipAddr
+	cfg4 := c.config(4, 0, 3, []string{seed})
+	cfg4.TLS = tlsManager(t, c.tls, tlsconf.Request{Node: 5})
+	n4 := c.start(cfg4)
+	waitFor(t, "the leader adds n4 to Raft", func() bool {
+		return slices.Contains(l.RaftStats().NonVoters, 4)
+	})
+	n6 := c.start(c.config(6, 0, 3, []string{seed}))
+	if _, err := l.CreateRegion(ctx, spec("after-n4")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n6 replicates the region", func() bool {
+		_, ok := n6.Region("after-n4")
+		return ok
+	})
+	if _, ok := n4.Region("over-tls"); ok {
+		t.Fatal("n4, whose certificate names n5, received the Raft log")
+	}
+	if st := n4.RaftStats(); st.LastIndex != 0 {
+		t.Fatalf("n4, whose certificate names n5, has Raft entries: %+v", st)
 	}
 
 	// A plain TCP client on the Raft port gets no answer: its bytes are
