@@ -112,7 +112,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	}
 	var stream *tlsStream
 	if cfg.TLS != nil {
-		stream, err = newTLSStream(cfg.RaftAddr, cfg.TLS)
+		stream, err = newTLSStream(cfg.RaftAddr, cfg.TLS, d.knownNode)
 		if err == nil {
 			d.trans = raft.NewNetworkTransportWithLogger(stream, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
 		}

@@ -33,12 +33,13 @@ var _ raft.StreamLayer = (*tlsStream)(nil)
 // connection.
 const handshakeTimeout = 10 * time.Second
 
-func newTLSStream(addr string, m *tlsconf.Manager) (*tlsStream, error) {
+// newTLSStream listens on addr for the peers accept accepts.
+func newTLSStream(addr string, m *tlsconf.Manager, accept tlsconf.Check) (*tlsStream, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("directory: raft listen %s: %w", addr, err)
 	}
-	return &tlsStream{Listener: tls.NewListener(ln, m.ServerConfig(tlsconf.AnyNode)), m: m}, nil
+	return &tlsStream{Listener: tls.NewListener(ln, m.ServerConfig(accept)), m: m}, nil
 }
 
 // Accept returns the next connection. Its TLS handshake runs on raft's
@@ -125,19 +126,26 @@ func (d *Directory) nodeAtRaftAddr(addr string) (ids.NodeID, bool) {
 	return ids.None, false
 }
 
-// knownNode accepts the certificate of a node that the member table or
-// gossip knows: the forwarding RPC serves only them.
+// CheckPeer accepts the certificate identity of a node that the member
+// table or gossip knows, and refuses clients and unknown nodes: the
+// forwarding RPC and Raft's listener serve only them. dsmd's gRPC listener
+// uses it for node certificates.
+func (d *Directory) CheckPeer(id tlsconf.Identity) error { return d.knownNode(id) }
+
 func (d *Directory) knownNode(id tlsconf.Identity) error {
 	if err := tlsconf.AnyNode(id); err != nil {
 		return err
 	}
+	// gossipRef is set once the replica's state exists (Open).
+	g := d.gossipRef.Load()
+	if g == nil {
+		return fmt.Errorf("%w: %v: the directory is still starting", tlsconf.ErrIdentity, id)
+	}
 	if _, ok := d.View().Member(id.Node); ok {
 		return nil
 	}
-	if g := d.gossipRef.Load(); g != nil {
-		if _, ok := g.lookup(id.Node); ok {
-			return nil
-		}
+	if _, ok := g.lookup(id.Node); ok {
+		return nil
 	}
 	return fmt.Errorf("%w: %v is not a member of the cluster", tlsconf.ErrIdentity, id)
 }

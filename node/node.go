@@ -151,9 +151,15 @@ func (n *Node) Start() (err error) {
 		}
 		n.addrs.GRPC = tln.Addr().String()
 		if n.tls != nil {
-			// Nodes and operators' clients (dsmctl) may call; gRPC
-			// speaks HTTP/2 only.
-			gcfg := n.tls.ServerConfig(tlsconf.NodeOrClient)
+			// Operators' clients (dsmctl) and known members may call;
+			// gRPC speaks HTTP/2 only.
+			gcfg := n.tls.ServerConfig(func(id tlsconf.Identity) error {
+				if id.Client {
+					return nil
+				}
+				// Serve starts after n.dir is set.
+				return n.dir.CheckPeer(id)
+			})
 			gcfg.NextProtos = []string{"h2"}
 			tln = tls.NewListener(tln, gcfg)
 		}
