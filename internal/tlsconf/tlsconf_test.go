@@ -45,7 +45,7 @@ func mustLoad(t *testing.T, f Files) *Manager {
 
 // handshake runs a TLS handshake between cli and srv over a pipe and
 // returns both sides' errors and the server's view of the client.
-func handshake(t *testing.T, cli, srv *tls.Config) (cerr, serr error, cs tls.ConnectionState) {
+func handshake(t *testing.T, cli, srv *tls.Config) (cs tls.ConnectionState, cerr, serr error) {
 	t.Helper()
 	a, b := net.Pipe()
 	defer a.Close()
@@ -72,7 +72,7 @@ func handshake(t *testing.T, cli, srv *tls.Config) (cerr, serr error, cs tls.Con
 	}
 	a.Close()
 	<-done
-	return cerr, serr, cs
+	return cs, cerr, serr
 }
 
 func TestMutualHandshake(t *testing.T) {
@@ -82,7 +82,7 @@ func TestMutualHandshake(t *testing.T) {
 	if got := n1.Self(); got.Node != 1 || got.Client {
 		t.Fatalf("Self = %v", got)
 	}
-	cerr, serr, cs := handshake(t, n2.ClientConfig(Node(1)), n1.ServerConfig(AnyNode))
+	cs, cerr, serr := handshake(t, n2.ClientConfig(Node(1)), n1.ServerConfig(AnyNode))
 	if cerr != nil || serr != nil {
 		t.Fatalf("handshake: client %v, server %v", cerr, serr)
 	}
@@ -151,7 +151,7 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cerr, serr, _ := handshake(t, c.cli, c.srv)
+			_, cerr, serr := handshake(t, c.cli, c.srv)
 			if cerr == nil && serr == nil {
 				t.Fatal("handshake succeeded")
 			}
@@ -166,7 +166,7 @@ func TestRefusals(t *testing.T) {
 		})
 	}
 	// The client certificate is good where clients are allowed.
-	if cerr, serr, _ := handshake(t, client.ClientConfig(AnyNode), n1.ServerConfig(NodeOrClient)); cerr != nil || serr != nil {
+	if _, cerr, serr := handshake(t, client.ClientConfig(AnyNode), n1.ServerConfig(NodeOrClient)); cerr != nil || serr != nil {
 		t.Fatalf("client handshake: %v, %v", cerr, serr)
 	}
 }
@@ -234,7 +234,7 @@ func TestReload(t *testing.T) {
 		seen = cli
 		return nil
 	}
-	if cerr, serr, _ := handshake(t, cli, n1.ServerConfig(AnyNode)); cerr != nil || serr != nil || seen == nil {
+	if _, cerr, serr := handshake(t, cli, n1.ServerConfig(AnyNode)); cerr != nil || serr != nil || seen == nil {
 		t.Fatalf("handshake after reload: %v, %v", cerr, serr)
 	}
 
@@ -243,7 +243,7 @@ func TestReload(t *testing.T) {
 	if err := n1.Reload(); !errors.Is(err, ErrFiles) {
 		t.Fatalf("Reload of garbage = %v, want ErrFiles", err)
 	}
-	if cerr, serr, _ := handshake(t, n2.ClientConfig(Node(1)), n1.ServerConfig(AnyNode)); cerr != nil || serr != nil {
+	if _, cerr, serr := handshake(t, n2.ClientConfig(Node(1)), n1.ServerConfig(AnyNode)); cerr != nil || serr != nil {
 		t.Fatalf("handshake after a failed reload: %v, %v", cerr, serr)
 	}
 }
