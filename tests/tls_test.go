@@ -236,8 +236,8 @@ func TestTLSCluster(t *testing.T) {
 	if out, errs, code := ctlTCP(t, grpcAddrs[0], "--tls-dir", dir, "status"); code != 0 {
 		t.Fatalf("dsmctl status over TLS: exit %d: %s%s", code, out, errs)
 	}
-	if out, errs, code := ctlTCP(t, grpcAddrs[0], "status"); code == 0 {
-		t.Fatalf("dsmctl status over TCP without a certificate succeeded: %s", out)
+	if out, errs, code := ctlTCP(t, grpcAddrs[0], "status"); code == 0 || !strings.Contains(errs, "--tls-dir") {
+		t.Fatalf("dsmctl status over TCP without a certificate: exit %d: %s%s; want a failure that suggests --tls-dir", code, out, errs)
 	} else {
 		t.Logf("dsmctl without a certificate: exit %d: %s", code, strings.TrimSpace(errs))
 	}

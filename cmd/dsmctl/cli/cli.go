@@ -386,6 +386,9 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		if derr != nil {
 			return fmt.Sprintf("%s: %s — is dsmd running? try `dsmctl status --addr ADDR` or set $%s", where, sockaddr.DialReason(derr), AddrEnv)
 		}
+		if network, _ := sockaddr.Split(a.addr); network == "tcp" && !a.tls.given(a.env.Getenv) && strings.Contains(msg, "server preface") {
+			return fmt.Sprintf("%s closed the connection: %s — if it runs with TLS, give --tls-dir with a client certificate (`dsmctl tls cert create --client`)", where, msg)
+		}
 		return fmt.Sprintf("%s: unavailable: %s — retry, or look at `dsmctl status`", where, msg)
 	case codes.DeadlineExceeded:
 		return fmt.Sprintf("%s did not answer within %v — raise --timeout, or look at `dsmctl status`", where, a.timeout)

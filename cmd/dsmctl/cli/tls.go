@@ -32,12 +32,14 @@ Existing files are never overwritten. See docs/security.md.`,
   dsmctl tls cert create --client --dir /etc/dsm/tls`,
 		RunE: needSubcommand,
 	}
-	ca := &cobra.Command{Use: "ca", Short: "The cluster CA", RunE: needSubcommand}
+	ca := &cobra.Command{Use: "ca", Short: "The cluster CA", RunE: needSubcommand,
+		Example: "  dsmctl tls ca create --dir /etc/dsm/tls"}
 	var caDir string
 	caCreate := &cobra.Command{
-		Use:   "create",
-		Short: "Make a new cluster CA (ECDSA P-256): ca.pem and ca-key.pem",
-		Args:  args(0, 0, "no arguments"),
+		Use:     "create",
+		Short:   "Make a new cluster CA (ECDSA P-256): ca.pem and ca-key.pem",
+		Example: "  dsmctl tls ca create --dir /etc/dsm/tls",
+		Args:    args(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ca, err := tlsconf.CreateCA(caDir)
 			if err != nil {
@@ -51,7 +53,10 @@ Existing files are never overwritten. See docs/security.md.`,
 	caCreate.Flags().StringVar(&caDir, "dir", ".", "directory to write the CA into")
 	ca.AddCommand(caCreate)
 
-	cert := &cobra.Command{Use: "cert", Short: "Node and client certificates", RunE: needSubcommand}
+	certExample := `  dsmctl tls cert create --node 1 --dir /etc/dsm/tls --addr 10.0.0.1
+  dsmctl tls cert create --client --dir /etc/dsm/tls
+  dsmctl tls cert create --node 1 --dir /etc/dsm/tls --replace   # rotation; then SIGHUP dsmd`
+	cert := &cobra.Command{Use: "cert", Short: "Node and client certificates", RunE: needSubcommand, Example: certExample}
 	var (
 		certDir string
 		node    string
@@ -60,9 +65,10 @@ Existing files are never overwritten. See docs/security.md.`,
 		replace bool
 	)
 	certCreate := &cobra.Command{
-		Use:   "create (--node N | --client)",
-		Short: "Sign a node's or a client's certificate with the CA in --dir",
-		Args:  args(0, 0, "no arguments"),
+		Use:     "create (--node N | --client)",
+		Short:   "Sign a node's or a client's certificate with the CA in --dir",
+		Example: certExample,
+		Args:    args(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var r tlsconf.Request
 			switch {
@@ -136,6 +142,11 @@ func (f *tlsFlags) bind(cmd *cobra.Command) {
 
 // TLSDirEnv names the default of --tls-dir.
 const TLSDirEnv = "DSM_TLS_DIR"
+
+// given reports whether a certificate flag (or $DSM_TLS_DIR) is set.
+func (f *tlsFlags) given(getenv func(string) string) bool {
+	return f.dir != "" || f.ca != "" || f.cert != "" || f.key != "" || getenv(TLSDirEnv) != ""
+}
 
 // creds returns the TLS credentials for a TCP connection to dsmd, or nil
 // when no certificate flag is set.
