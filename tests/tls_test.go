@@ -209,6 +209,15 @@ func descriptorOf(t *testing.T, b []byte, r ids.RegionID) rdma.RKey {
 func TestTLSCluster(t *testing.T) {
 	c, dir, grpcAddrs := tlsCluster(t, 3)
 
+	// Status asks every peer's gRPC TCP listener (over TLS) for its cache.
+	var st statusJSON
+	c.ctlJSON(1, &st, "status")
+	for _, n := range st.Nodes {
+		if n.Error != "" || n.CacheCap == 0 {
+			t.Fatalf("status of n%d through n1: %+v", n.Node, n)
+		}
+	}
+
 	// Data crosses the verbs transport (over TLS) between nodes.
 	if out, errs, code := c.ctl(1, "region", "create", "r1", "64MiB"); code != 0 {
 		t.Fatalf("region create: %s%s", out, errs)
