@@ -270,6 +270,15 @@ func FuzzHandshake(f *testing.F) {
 			t.Fatalf("acceptor: node %v session %+v for hello %+v", from, sess, in)
 		}
 
+		// With TLS, the certificate named node 2: a hello from another
+		// node is refused.
+		tr = fuzzTransport()
+		tr.cfg.TLS = &TLS{}
+		_, _, err = tr.handshakeAccept(&streamConn{r: bytes.NewReader(data)}, 2)
+		if (err == nil) != (wantAccept && in.from == 2) {
+			t.Fatalf("acceptor with TLS as node 2: err %v for hello %+v (full %v)", err, in, full)
+		}
+
 		tr = fuzzTransport()
 		r, err := tr.handshakeDial(&streamConn{r: bytes.NewReader(data)}, 2)
 		wantDial := valid && in.from == 2 && in.to == tr.id && in.nonce != 0 && in.session != 0
