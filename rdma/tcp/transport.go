@@ -814,11 +814,14 @@ func (t *Transport) secureDial(nc net.Conn, id ids.NodeID) (net.Conn, error) {
 // try may succeed.
 func transient(err error) bool {
 	var ne net.Error
+	var oe *net.OpError
 	var ae tls.AlertError
 	var ve *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &ae), errors.As(err, &ve):
 		return false
+	case errors.As(err, &oe) && oe.Op == "remote error":
+		return false // the listener sent an alert: it refused us
 	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
 		return true
 	}
@@ -841,7 +844,14 @@ func (t *Transport) handshakeDial(nc net.Conn, id ids.NodeID) (hello, error) {
 		return hello{}, fmt.Errorf("%w: send hello: %w", ErrHandshake, err)
 	}
 	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
-		return hello{}, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+		err = fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+		if _, ok := nc.(*tls.Conn); ok && !transient(err) {
+			// In TLS 1.3 the listener checks this node's certificate
+			// after the dialer's handshake returned: its refusal (an
+			// alert) arrives here.
+			return hello{}, &refusal{err}
+		}
+		return hello{}, err
 	}
 	r := decodeHello(b[:helloPrefix])
 	refused := func(format string, args ...any) (hello, error) {
