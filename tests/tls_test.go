@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/binary"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -536,5 +537,74 @@ func TestTLSRefusals(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--insecure") {
 		t.Fatalf("dsmd on a non-loopback address without TLS: %v\n%s", err, out)
+	}
+}
+
+// TestTLSStrangerCannotJoinRaft: a dsmd whose certificate comes from
+// another CA joins gossip (which TLS does not cover) and is added to Raft
+// by the leader, but it never receives an entry of the log: every Raft
+// connection between it and the members fails the TLS handshake.
+func TestTLSStrangerCannotJoinRaft(t *testing.T) {
+	c, _, _ := tlsCluster(t, 3)
+	other := t.TempDir()
+	tool(t, "tls", "ca", "create", "--dir", other)
+	tool(t, "tls", "cert", "create", "--node", "4", "--dir", other)
+	dir := t.TempDir()
+	p := &proc{id: 4, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{}}
+	p.args = []string{"--id", "4", "--data-dir", dir, "--gossip-addr", freeAddr(t), "--raft-addr", freeAddr(t),
+		"--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t), "--join", c.nodes[0].arg("--gossip-addr"),
+		"--tls-dir", other, "--log-level", "info"}
+	p.start(t)
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(30 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("---- n4 log:\n%s", tail(p.logString(), 4000))
+		}
+	})
+	type raftJSON struct {
+		Leader    uint32   `json:"leader_id"`
+		LastIndex uint64   `json:"last_index"`
+		NonVoters []uint32 `json:"non_voters"`
+	}
+	eventually(t, "the leader adds n4 to Raft", 60*time.Second, func() error {
+		var r raftJSON
+		c.ctlJSON(1, &r, "raft")
+		for _, id := range r.NonVoters {
+			if id == 4 {
+				return nil
+			}
+		}
+		return fmt.Errorf("non-voters %v", r.NonVoters)
+	})
+	if out, errs, code := c.ctl(1, "region", "create", "after-n4", "1MiB"); code != 0 {
+		t.Fatalf("region create: %s%s", out, errs)
+	}
+	var r raftJSON
+	c.ctlJSON(2, &r, "raft")
+	want := r.LastIndex // n2 has the region's entry
+	eventually(t, "n1 tried to replicate to n4 and was refused", 60*time.Second, func() error {
+		if !strings.Contains(c.nodes[0].logString(), "certificate") {
+			return errors.New("no refusal in n1's log yet")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, dsmctlBin, "--addr", p.socket, "raft", "--json").Output()
+	if err != nil {
+		t.Fatalf("dsmctl raft on n4: %v", err)
+	}
+	var r4 raftJSON
+	if err := json.Unmarshal(out, &r4); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if r4.LastIndex != 0 || r4.Leader != 0 {
+		t.Fatalf("n4, with another CA's certificate, has Raft entries or a leader: %+v (members are at index %d)", r4, want)
 	}
 }
