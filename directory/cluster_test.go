@@ -13,6 +13,7 @@ import (
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/testports"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // testTiming is LANTiming with faster reconciliation, so tests converge
@@ -45,6 +46,9 @@ type cluster struct {
 	mu    sync.Mutex
 	cfgs  map[ids.NodeID]directory.Config
 	nodes map[ids.NodeID]*directory.Directory
+	// tls, when set, is the directory of a cluster CA: every node gets a
+	// certificate from it and runs Raft and the RPC over mutual TLS.
+	tls string
 }
 
 func newCluster(t testing.TB) *cluster {
@@ -71,6 +75,9 @@ func (c *cluster) config(id ids.NodeID, expect, maxVoters int, join []string) di
 		GRPCAddr: fmt.Sprintf("127.0.0.1:%d", 7000+id), VerbsAddr: fmt.Sprintf("127.0.0.1:%d", 8000+id),
 		Join: join, BootstrapExpect: expect, MaxVoters: maxVoters,
 		Timing: testTiming(), Logger: testLogger(c.t),
+	}
+	if c.tls != "" {
+		cfg.TLS = tlsManager(c.t, c.tls, tlsconf.Request{Node: id})
 	}
 	c.cfgs[id] = cfg
 	return cfg
@@ -196,4 +203,31 @@ func idsUpTo(n int) []ids.NodeID {
 		out[i] = ids.NodeID(i + 1)
 	}
 	return out
+}
+
+// tlsManager issues a certificate for r with the CA in caDir (made on
+// first use) and loads it.
+func tlsManager(t testing.TB, caDir string, r tlsconf.Request) *tlsconf.Manager {
+	t.Helper()
+	ca, err := tlsconf.LoadCA(caDir)
+	if err != nil {
+		if ca, err = tlsconf.CreateCA(caDir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	is, err := ca.Issue(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	f, err := tlsconf.WriteIssued(dir, r, is, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CA = filepath.Join(caDir, tlsconf.CAFile)
+	m, err := tlsconf.Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // Config configures one directory replica.
@@ -49,6 +50,16 @@ type Config struct {
 	// (default) or 5; 1 for a single-node cluster. Further members join as
 	// non-voters and are promoted when a voter fails or leaves.
 	MaxVoters int
+
+	// TLS, when set, makes the Raft transport and the forwarding RPC
+	// mutual TLS 1.3 with its certificates: each side must present a
+	// node certificate of the cluster CA (a client certificate is
+	// refused). A Raft dialer requires the certificate of the member
+	// whose Raft address it dials, a follower forwarding to the leader
+	// the leader's; the forwarding RPC serves only nodes that the member
+	// table or gossip knows. Nil: plain TCP (loopback, tests). Gossip is
+	// not covered.
+	TLS *tlsconf.Manager
 
 	Timing Timing
 	// Logger receives the directory's, Raft's, memberlist's and pebble's

@@ -2,6 +2,7 @@ package directory
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/dsmkit/dsm/directory/internal/raftstore"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // Directory is one replica of the cluster directory. Create it with Open;
@@ -37,8 +39,11 @@ type Directory struct {
 	fsm    *fsm
 	notify *notifier
 	gossip *gossip
-	ml     *memberlist.Memberlist
-	rpc    *rpcServer
+	// gossipRef is gossip for the TLS checks, which may run before Open
+	// sets gossip.
+	gossipRef atomic.Pointer[gossip]
+	ml        *memberlist.Memberlist
+	rpc       *rpcServer
 
 	gossipAddr string // bound gossip address
 
@@ -105,7 +110,15 @@ func Open(cfg Config) (_ *Directory, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("directory: snapshot store: %w", err)
 	}
-	d.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+	var stream *tlsStream
+	if cfg.TLS != nil {
+		stream, err = newTLSStream(cfg.RaftAddr, cfg.TLS, d.knownNode)
+		if err == nil {
+			d.trans = raft.NewNetworkTransportWithLogger(stream, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+		}
+	} else {
+		d.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("directory: raft transport %s: %w", cfg.RaftAddr, err)
 	}
@@ -137,7 +150,11 @@ func Open(cfg Config) (_ *Directory, err error) {
 	closers = append(closers, func() { _ = d.raft.Shutdown().Error() })
 	d.bootstrapped = hasState
 
-	d.rpc, err = newRPCServer(cfg.RPCAddr, d.handleRPC, t.RPCTimeout, d.log)
+	var rpcTLS *tls.Config
+	if cfg.TLS != nil {
+		rpcTLS = cfg.TLS.ServerConfig(d.knownNode)
+	}
+	d.rpc, err = newRPCServer(cfg.RPCAddr, rpcTLS, d.handleRPC, t.RPCTimeout, d.log)
 	if err != nil {
 		return nil, err
 	}
@@ -148,6 +165,11 @@ func Open(cfg Config) (_ *Directory, err error) {
 		RaftAddr: string(d.trans.LocalAddr()), RPCAddr: d.rpc.addr(),
 		Expect: cfg.BootstrapExpect, HasState: hasState, Nonce: cfg.Nonce,
 	})
+	d.gossipRef.Store(d.gossip)
+	if stream != nil {
+		f := d.nodeAtRaftAddr
+		stream.nodeAt.Store(&f)
+	}
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = nodeName(cfg.NodeID)
 	host, port, _ := net.SplitHostPort(cfg.GossipAddr)
@@ -523,7 +545,11 @@ func (d *Directory) callLeader(ctx context.Context, req rpcRequest) (rpcResponse
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timing.RPCTimeout)
 	defer cancel()
-	resp, err := callRPC(cctx, addr, req)
+	var cl *tls.Config
+	if d.cfg.TLS != nil {
+		cl = d.cfg.TLS.ClientConfig(tlsconf.Node(id))
+	}
+	resp, err := callRPC(cctx, addr, cl, req)
 	if err != nil {
 		if ctx.Err() == nil {
 			// The leader may have died or moved; try again.
@@ -579,7 +605,13 @@ func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
 // RemoteView reads the local view of the replica whose forwarding RPC
 // listens at rpcAddr (for operators and tests: no leader check).
 func RemoteView(ctx context.Context, rpcAddr string) (*View, error) {
-	resp, err := callRPC(ctx, rpcAddr, rpcRequest{Op: opStatus})
+	return RemoteViewTLS(ctx, rpcAddr, nil)
+}
+
+// RemoteViewTLS is RemoteView over TLS with config cfg (a
+// tlsconf.Manager's ClientConfig); nil: plain TCP.
+func RemoteViewTLS(ctx context.Context, rpcAddr string, cfg *tls.Config) (*View, error) {
+	resp, err := callRPC(ctx, rpcAddr, cfg, rpcRequest{Op: opStatus})
 	if err != nil {
 		return nil, fmt.Errorf("directory: status from %s: %w", rpcAddr, err)
 	}

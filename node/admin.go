@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -21,6 +22,7 @@ import (
 	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
 )
@@ -514,10 +516,16 @@ func memberWord(s dsmpb.MemberState) string {
 
 func (n *Node) askPeer(ctx context.Context, ns *dsmpb.NodeStatus) error {
 	target := ns.Addr
+	creds := insecure.NewCredentials()
 	if !strings.HasPrefix(target, "unix://") {
 		target = "passthrough:///" + target
+		if n.tls != nil {
+			// The peer's gRPC TCP listener is mutual TLS: present this
+			// node's certificate, require the peer's.
+			creds = credentials.NewTLS(n.tls.ClientConfig(tlsconf.Node(ids.NodeID(ns.NodeId))))
+		}
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // Default ports: with --bind HOST and no per-address flag, a node listens on
@@ -85,6 +88,22 @@ type Config struct {
 	MetricsAddr string `json:"metrics_addr"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `json:"log_level"`
+	// TLSDir holds the cluster CA and this node's certificate under the
+	// names dsmctl tls gives them (ca.pem, node-ID.pem, node-ID-key.pem).
+	// TLSCA, TLSCert and TLSKey name the files one by one (they win over
+	// TLSDir). With either, every TCP listener (Raft, directory RPC,
+	// verbs, gRPC) speaks mutual TLS 1.3 with the cluster CA.
+	TLSDir  string `json:"tls_dir"`
+	TLSCA   string `json:"tls_ca"`
+	TLSCert string `json:"tls_cert"`
+	TLSKey  string `json:"tls_key"`
+	// VerbsPlaintext authenticates verbs connections with TLS and then
+	// sends their frames in plaintext (trusted fabrics only; every node of
+	// the cluster must agree).
+	VerbsPlaintext bool `json:"verbs_plaintext"`
+	// Insecure allows binding addresses other than loopback without TLS
+	// (dsmd refuses otherwise, and warns every minute while it runs so).
+	Insecure bool `json:"insecure"`
 	// ConfigFile is the JSON file read before the flags are applied.
 	ConfigFile string `json:"-"`
 }
@@ -216,6 +235,12 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&c.TLSDir, "tls-dir", c.TLSDir, "directory with ca.pem, node-ID.pem and node-ID-key.pem (made by `dsmctl tls`): mutual TLS on every TCP listener")
+	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate file (overrides --tls-dir)")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "this node's certificate file, naming its --id (overrides --tls-dir)")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "this node's key file (overrides --tls-dir)")
+	fs.BoolVar(&c.VerbsPlaintext, "verbs-plaintext", c.VerbsPlaintext, "verbs connections: authenticate with TLS, then send memory in plaintext (trusted fabrics only; all nodes must agree)")
+	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "allow non-loopback addresses without TLS: anyone who reaches them can read and write the cluster's memory")
 	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "JSON file with the same settings (keys: id, data_dir, bind, port_base, join, ...); flags win")
 	fs.Usage = func() {
 		fmt.Fprint(out, `dsmd is the daemon of the DSM service on one machine: a member of the
@@ -234,7 +259,10 @@ Example: a three-node cluster on one machine
   dsmd --id 3 --data-dir /var/lib/dsm/3 --port-base 7966 --bootstrap-expect 3 --join 127.0.0.1:7946
   DSM_ADDR=/var/lib/dsm/1/dsmd.sock dsmctl status
 
-SIGTERM or SIGINT leaves the cluster gracefully and exits.
+SIGTERM or SIGINT leaves the cluster gracefully and exits. SIGHUP reloads the
+TLS certificate, key and CA files; new connections use them.
+
+Without TLS, dsmd binds loopback addresses only, unless --insecure.
 `)
 	}
 	return fs
@@ -345,7 +373,73 @@ func (c Config) Validate() error {
 	if c.Bind == "" && (c.GossipAddr == "" || c.RaftAddr == "" || c.RPCAddr == "" || c.VerbsAddr == "") {
 		return &ConfigError{"bind", "required unless every address is given"}
 	}
+	if c.TLSDir == "" {
+		for name, f := range map[string]string{"tls-ca": c.TLSCA, "tls-cert": c.TLSCert, "tls-key": c.TLSKey} {
+			if f == "" && (c.TLSCA != "" || c.TLSCert != "" || c.TLSKey != "") {
+				return &ConfigError{name, "needed with the other --tls-* files (or give --tls-dir)"}
+			}
+		}
+	}
+	_, tlsOn := c.TLSFiles()
+	if c.VerbsPlaintext && !tlsOn {
+		return &ConfigError{"verbs-plaintext", "needs TLS (--tls-dir): it authenticates with certificates"}
+	}
+	if !tlsOn && !c.Insecure {
+		if name, a := c.Resolve().exposed(); name != "" {
+			explicit := map[string]string{"gossip-addr": c.GossipAddr, "raft-addr": c.RaftAddr, "rpc-addr": c.RPCAddr, "verbs-addr": c.VerbsAddr, "grpc-addr": c.GRPCAddr}
+			if explicit[name] == "" {
+				name = "bind"
+			}
+			return &ConfigError{name, fmt.Sprintf("%s is not a loopback address, and TLS is off: give --tls-dir (see docs/security.md), or --insecure to expose the cluster without authentication", a)}
+		}
+	}
 	return nil
+}
+
+// TLSFiles are the CA, certificate and key files of the node's TLS, and
+// whether TLS is on.
+func (c Config) TLSFiles() (tlsconf.Files, bool) {
+	var f tlsconf.Files
+	if c.TLSDir != "" {
+		f = tlsconf.FilesIn(c.TLSDir, ids.NodeID(c.ID))
+	}
+	if c.TLSCA != "" {
+		f.CA = c.TLSCA
+	}
+	if c.TLSCert != "" {
+		f.Cert = c.TLSCert
+	}
+	if c.TLSKey != "" {
+		f.Key = c.TLSKey
+	}
+	return f, f.CA != "" && f.Cert != "" && f.Key != ""
+}
+
+// exposed returns the first TCP or gossip address that is not loopback,
+// by its flag name, or "" when all are loopback.
+func (a Addrs) exposed() (name, addr string) {
+	for _, x := range []struct{ name, addr string }{
+		{"gossip-addr", a.Gossip}, {"raft-addr", a.Raft}, {"rpc-addr", a.RPC},
+		{"verbs-addr", a.Verbs}, {"grpc-addr", a.GRPC},
+	} {
+		if x.addr != "" && !isLoopback(x.addr) {
+			return x.name, x.addr
+		}
+	}
+	return "", ""
+}
+
+// isLoopback reports whether host:port binds a loopback interface only.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Addrs are the resolved listen addresses of a Config.

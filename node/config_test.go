@@ -12,7 +12,7 @@ import (
 
 func TestParseFlagsDerivesAddresses(t *testing.T) {
 	cfg, err := ParseFlags([]string{"--id", "2", "--data-dir", "/d", "--bind", "10.1.2.3", "--port-base", "9000",
-		"--raft-addr", "10.1.2.3:9999", "--join", "a:1,b:2", "--join", "c:3", "--cache-size", "64MiB"}, &bytes.Buffer{})
+		"--raft-addr", "10.1.2.3:9999", "--join", "a:1,b:2", "--join", "c:3", "--cache-size", "64MiB", "--insecure"}, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,4 +140,40 @@ func FuzzParseSize(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSecureByDefault: without TLS, only loopback addresses are bound
+// unless --insecure; the TLS flags come as a set.
+func TestSecureByDefault(t *testing.T) {
+	base := []string{"--id", "2", "--data-dir", "/d"}
+	for _, c := range []struct {
+		args    []string
+		setting string // "" when accepted
+	}{
+		{nil, ""},
+		{[]string{"--bind", "127.0.0.2"}, ""},
+		{[]string{"--bind", "10.1.2.3"}, "bind"},
+		{[]string{"--verbs-addr", "0.0.0.0:7000"}, "verbs-addr"},
+		{[]string{"--grpc-addr", ":7400"}, "grpc-addr"},
+		{[]string{"--grpc-addr", "localhost:7400"}, ""},
+		{[]string{"--bind", "10.1.2.3", "--insecure"}, ""},
+		{[]string{"--bind", "10.1.2.3", "--tls-dir", "/etc/dsm/tls"}, ""},
+		{[]string{"--bind", "10.1.2.3", "--tls-ca", "ca.pem", "--tls-cert", "n.pem", "--tls-key", "k.pem"}, ""},
+		{[]string{"--tls-ca", "ca.pem", "--tls-cert", "n.pem"}, "tls-key"},
+		{[]string{"--verbs-plaintext"}, "verbs-plaintext"},
+		{[]string{"--verbs-plaintext", "--tls-dir", "/etc/dsm/tls"}, ""},
+	} {
+		_, err := ParseFlags(append(append([]string(nil), base...), c.args...), &bytes.Buffer{})
+		var ce *ConfigError
+		switch {
+		case c.setting == "" && err != nil:
+			t.Errorf("%v: %v", c.args, err)
+		case c.setting != "" && (!errors.As(err, &ce) || ce.Setting != c.setting):
+			t.Errorf("%v: err %v, want a ConfigError about --%s", c.args, err, c.setting)
+		}
+	}
+	cfg, _ := ParseFlags(append(base, "--tls-dir", "/etc/dsm/tls", "--tls-key", "/k.pem"), &bytes.Buffer{})
+	if f, on := cfg.TLSFiles(); !on || f.CA != "/etc/dsm/tls/ca.pem" || f.Cert != "/etc/dsm/tls/node-2.pem" || f.Key != "/k.pem" {
+		t.Fatalf("TLSFiles = %+v, %v", f, on)
+	}
 }

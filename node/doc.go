@@ -81,4 +81,14 @@
 // --bind HOST with --port-base P derives gossip HOST:P, Raft HOST:P+1,
 // directory RPC HOST:P+2 and verbs HOST:P+3; --gossip-addr, --raft-addr,
 // --rpc-addr and --verbs-addr override one each. Port 0 picks a free port.
+//
+// # TLS
+//
+// --tls-dir (or --tls-ca, --tls-cert, --tls-key) loads the cluster CA and
+// this node's certificate (internal/tlsconf), which must name --id; the
+// verbs transport, Raft, the directory RPC and the gRPC TCP listener then
+// speak mutual TLS 1.3 (docs/security.md). Run reloads the files at each
+// Options.Reload (dsmd: SIGHUP). Without TLS, Validate refuses addresses
+// that are not loopback unless Insecure, and the node then warns every
+// minute. The Unix sockets are not affected.
 package node

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/localcache"
 	"github.com/dsmkit/dsm/rdma/tcp"
 )
@@ -40,6 +42,8 @@ type Options struct {
 	// every page in memory). Nil: one coherence engine per region, over
 	// the verbs transport, as configured by the directory.
 	Coherence localcache.Coherence
+	// Reload, in Run, reloads the TLS files at each receive (dsmd: SIGHUP).
+	Reload <-chan os.Signal
 }
 
 // Node is one running dsmd: directory replica, verbs endpoint, gRPC services
@@ -50,6 +54,7 @@ type Node struct {
 	opts  Options
 	log   *slog.Logger
 
+	tls     *tlsconf.Manager // nil without TLS
 	verbs   *tcp.Transport
 	dir     *directory.Directory
 	cache   *localcache.Cache
@@ -107,7 +112,22 @@ func (n *Node) Start() (err error) {
 	n.ctx, n.stop = ctx, cancel
 	n.publish = make(chan struct{}, 1)
 
-	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, tcp.Config{Logger: n.log.With("part", "verbs")})
+	vcfg := tcp.Config{Logger: n.log.With("part", "verbs")}
+	if files, on := n.cfg.TLSFiles(); on {
+		if n.tls, err = tlsconf.Load(files); err != nil {
+			return fmt.Errorf("node: TLS: %w", err)
+		}
+		if self := n.tls.Self(); self.Node != id {
+			return fmt.Errorf("node: TLS: the certificate %s names %v, but this is node %d (--id): make one with `dsmctl tls cert create --node %d`", files.Cert, self, id, id)
+		}
+		vcfg.TLS = &tcp.TLS{
+			Server:    n.tls.ServerConfig(tlsconf.AnyNode),
+			Client:    n.tls.ClientConfig(tlsconf.AnyNode),
+			PeerNode:  tlsconf.PeerNode,
+			Plaintext: n.cfg.VerbsPlaintext,
+		}
+	}
+	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, vcfg)
 	if err != nil {
 		return fmt.Errorf("node: verbs transport on %s: %w", n.addrs.Verbs, err)
 	}
@@ -129,8 +149,21 @@ func (n *Node) Start() (err error) {
 		if err != nil {
 			return fmt.Errorf("node: grpc on %s: %w", n.addrs.GRPC, err)
 		}
-		n.lns = append(n.lns, tln)
 		n.addrs.GRPC = tln.Addr().String()
+		if n.tls != nil {
+			// Operators' clients (dsmctl) and known members may call;
+			// gRPC speaks HTTP/2 only.
+			gcfg := n.tls.ServerConfig(func(id tlsconf.Identity) error {
+				if id.Client {
+					return nil
+				}
+				// Serve starts after n.dir is set.
+				return n.dir.CheckPeer(id)
+			})
+			gcfg.NextProtos = []string{"h2"}
+			tln = tls.NewListener(tln, gcfg)
+		}
+		n.lns = append(n.lns, tln)
 		published = n.addrs.GRPC
 	}
 
@@ -144,6 +177,7 @@ func (n *Node) Start() (err error) {
 		// names it (ExpectNonce below).
 		Nonce:  n.verbs.Nonce(),
 		Timing: n.opts.Timing, Logger: n.opts.Logger,
+		TLS: n.tls,
 	})
 	if err != nil {
 		return fmt.Errorf("node: directory: %w", err)
@@ -207,9 +241,50 @@ func (n *Node) Start() (err error) {
 			}
 		}()
 	}
+	if n.tls == nil {
+		if name, a := n.addrs.exposed(); name != "" {
+			// Validate let this pass: --insecure.
+			n.wg.Add(1)
+			go func() {
+				defer n.wg.Done()
+				n.warnInsecure(ctx, a)
+			}()
+		}
+	} else {
+		n.log.Info("TLS on", "certificate", n.tls.Self(), "expires", n.tls.Leaf().NotAfter, "verbs_plaintext", n.cfg.VerbsPlaintext)
+	}
 	n.log.Info("dsmd started", "gossip", n.addrs.Gossip, "raft", n.addrs.Raft, "rpc", n.addrs.RPC,
 		"verbs", n.addrs.Verbs, "socket", n.addrs.Socket, "grpc", n.addrs.GRPC, "metrics", n.MetricsAddr(),
 		"join", n.cfg.Join, "bootstrap_expect", n.cfg.BootstrapExpect, "page_cache", n.cache != nil)
+	return nil
+}
+
+// warnInsecure logs, now and every minute until ctx ends, that addr is
+// open to anyone who can reach it.
+func (n *Node) warnInsecure(ctx context.Context, addr string) {
+	t := time.NewTicker(time.Minute)
+	defer t.Stop()
+	for {
+		n.log.Warn("INSECURE: TLS is off and dsmd listens on a non-loopback address: anyone who reaches it can read and write the cluster's memory; see docs/security.md", "addr", addr)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// ReloadTLS reads the TLS certificate, key and CA files again; every
+// connection made afterwards uses them, the ones up keep going. On error
+// the node keeps the files it had. Without TLS it does nothing.
+func (n *Node) ReloadTLS() error {
+	if n.tls == nil {
+		return nil
+	}
+	if err := n.tls.Reload(); err != nil {
+		return fmt.Errorf("node: TLS reload: %w", err)
+	}
+	n.log.Info("TLS reloaded", "certificate", n.tls.Self(), "serial", n.tls.Leaf().SerialNumber.Text(16), "expires", n.tls.Leaf().NotAfter)
 	return nil
 }
 
@@ -455,7 +530,16 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 	if err := n.Start(); err != nil {
 		return err
 	}
-	<-ctx.Done()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-opts.Reload:
+			if err := n.ReloadTLS(); err != nil {
+				n.log.Error("TLS reload failed; the previous certificates stay in use", "err", err)
+			}
+		}
+	}
 	n.log.Info("dsmd: leaving the cluster")
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()

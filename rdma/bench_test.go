@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/rdma"
 	"github.com/dsmkit/dsm/rdma/mem"
 	"github.com/dsmkit/dsm/rdma/tcp"
@@ -52,6 +53,8 @@ type benchBackend struct {
 // and gets BenchmarkRead/ofi-shm/4KiB and the rest with no other change.
 var benchBackends = []benchBackend{
 	{Name: "tcp", New: newTCPPair},
+	{Name: "tcp-tls", New: newTLSPair(false)},
+	{Name: "tcp-tls-authonly", New: newTLSPair(true)},
 	{Name: "mem", New: newMemPair},
 }
 
@@ -68,6 +71,46 @@ func newTCPPair(b *testing.B) (rdma.Transport, rdma.Transport) {
 	}
 	connectPair(b, ts[0], ts[1])
 	return ts[0], ts[1]
+}
+
+// newTLSPair is newTCPPair with mutual TLS 1.3: frames encrypted, or with
+// authOnly, authenticated by the TLS handshake and then sent in plaintext
+// (tcp.TLS.Plaintext).
+func newTLSPair(authOnly bool) func(b *testing.B) (rdma.Transport, rdma.Transport) {
+	return func(b *testing.B) (rdma.Transport, rdma.Transport) {
+		b.Helper()
+		dir := b.TempDir()
+		ca, err := tlsconf.CreateCA(dir)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ts [2]rdma.Transport
+		for i := range ts {
+			id := ids.NodeID(i + 1)
+			is, err := ca.Issue(tlsconf.Request{Node: id})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := tlsconf.WriteIssued(dir, tlsconf.Request{Node: id}, is, false); err != nil {
+				b.Fatal(err)
+			}
+			m, err := tlsconf.Load(tlsconf.FilesIn(dir, id))
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr, err := tcp.Listen(id, "127.0.0.1:0", tcp.Config{TLS: &tcp.TLS{
+				Server: m.ServerConfig(tlsconf.AnyNode), Client: m.ClientConfig(tlsconf.AnyNode),
+				PeerNode: tlsconf.PeerNode, Plaintext: authOnly,
+			}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { tr.Close() })
+			ts[i] = tr
+		}
+		connectPair(b, ts[0], ts[1])
+		return ts[0], ts[1]
+	}
 }
 
 func newMemPair(b *testing.B) (rdma.Transport, rdma.Transport) {

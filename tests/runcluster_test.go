@@ -95,6 +95,20 @@ func TestRunClusterScript(t *testing.T) {
 		t.Fatalf("dsmctl status with DSM_ADDR: %v\n%s", err, b)
 	}
 
+	// The default path is the secure one: the script made a CA and the
+	// nodes' certificates, and every dsmd runs with TLS.
+	for _, f := range []string{"ca.pem", "node-1.pem", "node-3-key.pem", "client.pem"} {
+		if _, err := os.Stat(filepath.Join(runDir, "tls", f)); err != nil {
+			t.Errorf("no %s: %v", f, err)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		log, _ := os.ReadFile(filepath.Join(runDir, fmt.Sprintf("n%d", i), "dsmd.log"))
+		if !strings.Contains(string(log), "TLS on") {
+			t.Errorf("n%d runs without TLS", i)
+		}
+	}
+
 	// Ctrl-C reaches the script (the terminal sends it to the foreground
 	// process group; here to the script only).
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {

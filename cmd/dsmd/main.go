@@ -1,5 +1,6 @@
 // Command dsmd is the daemon of the DSM service on one machine. It only
-// reads its flags and the signals, and runs package node; dsmd --help
+// reads its flags and the signals (SIGTERM, SIGINT: leave; SIGHUP: reload
+// the TLS files), and runs package node; dsmd --help
 // explains every setting.
 package main
 
@@ -35,7 +36,9 @@ func main() {
 	log := cfg.NewLogger(os.Stderr)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := node.Run(ctx, cfg, node.Options{Logger: log}, 10*time.Second); err != nil {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	if err := node.Run(ctx, cfg, node.Options{Logger: log, Reload: hup}, 10*time.Second); err != nil {
 		log.Error("dsmd failed", "err", err)
 		os.Exit(1)
 	}

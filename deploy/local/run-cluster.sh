@@ -6,7 +6,9 @@
 #
 # Environment (all optional): DSM_RUN_DIR (data and logs, default ./.run),
 # PORT_BASE (default 7946), BIN_DIR (where the binaries go, default ./bin),
-# GO (the go command).
+# GO (the go command), DSM_TLS (1, the default: a cluster CA and the nodes'
+# certificates are made under DSM_RUN_DIR/tls with `dsmctl tls` on the first
+# run, and every TCP listener speaks mutual TLS; 0: plain TCP on loopback).
 #
 # Ports: node i (1..3) uses 127.0.0.1:(7946 + 10*(i-1)) for gossip and the
 # next three ports for Raft, directory RPC and verbs; PORT_BASE moves them.
@@ -26,6 +28,22 @@ mkdir -p "$BIN"
 "$GO" build -o "$BIN/dsmctl" ./cmd/dsmctl
 
 mkdir -p "$RUN_DIR"
+TLS_DIR=$RUN_DIR/tls
+tls_args=()
+if [ "${DSM_TLS:-1}" != 0 ]; then
+	if [ ! -e "$TLS_DIR/ca.pem" ]; then
+		"$BIN/dsmctl" tls ca create --dir "$TLS_DIR"
+	fi
+	for i in $(seq 1 $N); do
+		if [ ! -e "$TLS_DIR/node-$i.pem" ]; then
+			"$BIN/dsmctl" tls cert create --node "$i" --dir "$TLS_DIR"
+		fi
+	done
+	if [ ! -e "$TLS_DIR/client.pem" ]; then
+		"$BIN/dsmctl" tls cert create --client --dir "$TLS_DIR"
+	fi
+	tls_args=(--tls-dir "$TLS_DIR")
+fi
 pids=()
 stopping=0
 cleanup() {
@@ -52,7 +70,7 @@ for i in $(seq 1 $N); do
 	mkdir -p "$dir"
 	base=$((PORT_BASE + 10 * (i - 1)))
 	"$BIN/dsmd" --id "$i" --data-dir "$dir" --bind 127.0.0.1 --port-base "$base" \
-		--bootstrap-expect $N --join "$join" \
+		--bootstrap-expect $N --join "$join" ${tls_args[@]+"${tls_args[@]}"} \
 		--metrics-addr "127.0.0.1:$((base + 5))" >"$dir/dsmd.log" 2>&1 &
 	pids+=($!)
 	echo "n$i: pid $! socket $dir/dsmd.sock metrics http://127.0.0.1:$((base + 5))/metrics log $dir/dsmd.log"
@@ -89,4 +107,11 @@ The cluster is up. In another shell:
 
 Ctrl-C stops all three dsmd.
 MSG
+if [ ${#tls_args[@]} -gt 0 ]; then
+	cat <<MSG
+Every TCP port speaks mutual TLS with the CA in $TLS_DIR (docs/security.md);
+dsmctl over TCP: --tls-dir $TLS_DIR. Rotate n1's certificate with
+  $BIN/dsmctl tls cert create --node 1 --dir $TLS_DIR --replace && kill -HUP ${pids[0]}
+MSG
+fi
 wait

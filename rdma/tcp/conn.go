@@ -74,7 +74,8 @@ func (cl *call) cancelFn() {
 // decodes frames in arrival order.
 type conn struct {
 	t        *Transport
-	nc       net.Conn
+	nc       net.Conn // the connection: sock, or TLS over it
+	sock     net.Conn // the TCP socket
 	peer     ids.NodeID
 	outbound bool
 	br       *bufio.Reader
@@ -137,10 +138,13 @@ type conn struct {
 	execOp   rdma.Op
 }
 
-func newConn(t *Transport, nc net.Conn, peer ids.NodeID, outbound bool) *conn {
+// newConn makes the connection over nc, which is sock itself or a TLS
+// connection over it.
+func newConn(t *Transport, nc, sock net.Conn, peer ids.NodeID, outbound bool) *conn {
 	c := &conn{
 		t:        t,
 		nc:       nc,
+		sock:     sock,
 		peer:     peer,
 		outbound: outbound,
 		br:       bufio.NewReaderSize(nc, bufSize),
@@ -199,7 +203,9 @@ func (c *conn) shutdown(reason error) {
 			putBuf(fb)
 		}
 		close(c.closing)
-		c.nc.Close()
+		// The socket, not the TLS connection: closing that could wait
+		// for its close_notify to be sent to a peer that reads nothing.
+		c.sock.Close()
 		if !c.outbound {
 			return
 		}

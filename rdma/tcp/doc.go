@@ -179,4 +179,18 @@
 // dropping the least recently greeted first. A dropped session's id is
 // never handed out again, so a requester that comes back to it learns
 // that the outcomes it had in flight are lost.
+//
+// Mutual TLS (Config.TLS). Each connection first runs a TLS 1.3 handshake
+// in which both sides present certificates of the cluster CA; then the
+// hellos as above, inside TLS. The dialer checks that the listener's
+// certificate names the node it dialed; the listener checks that the node
+// the dialer's hello claims is the one its certificate names, and refuses
+// the hello otherwise (status 6), before any request is read. With
+// TLS.Plaintext (trusted fabrics) the frames after the hellos travel in
+// plaintext on the same socket: the connection was authenticated, but
+// nothing after the hellos is encrypted or integrity-protected. The ALPN
+// protocol keeps an encrypting node and an authenticating-only node from
+// connecting. Over TLS, requests are written by the writer goroutine (no
+// inline write from the caller) and an idle connection is not probed
+// before reuse; docs/benchmarks.md has the cost.
 package tcp

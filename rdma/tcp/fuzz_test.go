@@ -116,7 +116,8 @@ func FuzzResponseStream(f *testing.F) {
 	f.Add(good(3, codeOutOfBounds, 0, []byte("rdma: out of bounds")))
 	f.Add(good(9, 0, 1, make([]byte, 100)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c := newConn(fuzzTransport(), &streamConn{r: bytes.NewReader(data)}, 2, true)
+		sc := &streamConn{r: bytes.NewReader(data)}
+		c := newConn(fuzzTransport(), sc, sc, 2, true)
 		guard := bytes.Repeat([]byte{0xa5}, 64)
 		mem := make([]byte, 16+64)
 		copy(mem[16:], guard)
@@ -207,7 +208,8 @@ func FuzzServe(f *testing.F) {
 		_ = reg
 		sess, _ := tr.openSession(2, 0xabc)
 		run := func() {
-			c := newConn(tr, &streamConn{r: bytes.NewReader(data)}, 2, false)
+			sc := &streamConn{r: bytes.NewReader(data)}
+			c := newConn(tr, sc, sc, 2, false)
 			c.sess = sess
 			var hb [hdrLen]byte
 			for {
@@ -259,13 +261,22 @@ func FuzzHandshake(f *testing.F) {
 		valid := full && in.magic == magic && in.version == version && in.status == helloOK && in.from != ids.None
 
 		tr := fuzzTransport()
-		from, sess, err := tr.handshakeAccept(&streamConn{r: bytes.NewReader(data)})
+		from, sess, err := tr.handshakeAccept(&streamConn{r: bytes.NewReader(data)}, 0)
 		wantAccept := valid && in.to == tr.id && in.nonce != 0 && in.session == 0
 		if (err == nil) != wantAccept {
 			t.Fatalf("acceptor: err %v for hello %+v (full %v)", err, in, full)
 		}
 		if err == nil && (from != in.from || sess == nil || sess.nonce != in.nonce || sess.id == 0) {
 			t.Fatalf("acceptor: node %v session %+v for hello %+v", from, sess, in)
+		}
+
+		// With TLS, the certificate named node 2: a hello from another
+		// node is refused.
+		tr = fuzzTransport()
+		tr.cfg.TLS = &TLS{}
+		_, _, err = tr.handshakeAccept(&streamConn{r: bytes.NewReader(data)}, 2)
+		if (err == nil) != (wantAccept && in.from == 2) {
+			t.Fatalf("acceptor with TLS as node 2: err %v for hello %+v (full %v)", err, in, full)
 		}
 
 		tr = fuzzTransport()

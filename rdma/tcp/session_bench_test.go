@@ -23,7 +23,8 @@ func BenchmarkSessionCost(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		c := newConn(tr, &streamConn{r: bytes.NewReader(nil)}, 2, false)
+		sc := &streamConn{r: bytes.NewReader(nil)}
+		c := newConn(tr, sc, sc, 2, false)
 		c.sess, _ = tr.openSession(2, 1)
 		return c, []wireOp{{kind: rdma.OpFAA, key: reg.Descriptor().RKey.Key, a: 1}}
 	}

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -45,6 +46,69 @@ type Config struct {
 	// connection closed. It should exceed the requesters' RetryWindow.
 	// Zero means 1 minute.
 	SessionLinger time.Duration
+	// TLS, when set, makes every connection mutual TLS 1.3: see TLS.
+	// Nil: plain TCP, no authentication beyond the hello (loopback and
+	// tests only).
+	TLS *TLS
+}
+
+// TLS is the mutual TLS of a Transport. A connection is authenticated by
+// the TLS handshake (each side's certificate valid under the cluster CA, as
+// the configs check) and then by the hello: the node id that the dialer's
+// hello claims must be the one its certificate names, and the listener's
+// certificate must name the node dialed. A connection that fails either
+// check is closed before any request is read from it, so no memory key is
+// ever used on a connection that did not authenticate as the node it
+// claims to be.
+type TLS struct {
+	// Server is the config of accepted connections; it must require and
+	// verify the dialer's certificate (tlsconf.Manager.ServerConfig).
+	Server *tls.Config
+	// Client is the config of dialed connections
+	// (tlsconf.Manager.ClientConfig).
+	Client *tls.Config
+	// PeerNode returns the node id that the verified certificate of an
+	// established connection names (tlsconf.PeerNode).
+	PeerNode func(tls.ConnectionState) (ids.NodeID, error)
+	// Plaintext, for trusted fabrics only, authenticates each connection
+	// with TLS as above and then carries the frames in plaintext: no
+	// encryption and no integrity after the hellos. Both ends must agree
+	// (the TLS handshake fails otherwise, ALPN "dsm-verbs-plain" against
+	// "dsm-verbs-tls").
+	Plaintext bool
+}
+
+// ALPN protocol names of the verbs transport over TLS.
+const (
+	alpnTLS   = "dsm-verbs-tls"
+	alpnPlain = "dsm-verbs-plain"
+)
+
+// prepared returns the configs with the transport's ALPN protocol set.
+func (c *TLS) prepared() (*TLS, error) {
+	if c.Server == nil || c.Client == nil || c.PeerNode == nil {
+		return nil, errors.New("tcp: TLS needs Server, Client and PeerNode")
+	}
+	protos := []string{alpnTLS}
+	if c.Plaintext {
+		protos = []string{alpnPlain}
+	}
+	p := *c
+	p.Client = c.Client.Clone()
+	p.Client.NextProtos = protos
+	p.Server = c.Server.Clone()
+	p.Server.NextProtos = protos
+	if get := c.Server.GetConfigForClient; get != nil {
+		p.Server.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			cfg, err := get(h)
+			if cfg != nil {
+				cfg = cfg.Clone()
+				cfg.NextProtos = protos
+			}
+			return cfg, err
+		}
+	}
+	return &p, nil
 }
 
 func (c *Config) fill() {
@@ -127,6 +191,13 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		return nil, errors.New("tcp: listen: node id 0 is reserved")
 	}
 	cfg.fill()
+	if cfg.TLS != nil {
+		p, err := cfg.TLS.prepared()
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = p
+	}
 	lc := net.ListenConfig{KeepAlive: cfg.KeepAlive}
 	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
@@ -691,7 +762,11 @@ func (t *Transport) connect(ctx context.Context, p *peer, addr string) (*conn, e
 	}
 	// Close unblocks a handshake in progress.
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	r, err := t.handshakeDial(nc, id)
+	sc, err := t.secureDial(nc, id)
+	var r hello
+	if err == nil {
+		r, err = t.handshakeDial(sc, id)
+	}
 	if !stop() {
 		err = errors.Join(err, ctx.Err())
 	}
@@ -700,10 +775,57 @@ func (t *Transport) connect(ctx context.Context, p *peer, addr string) (*conn, e
 		return nil, unreachable(err)
 	}
 	nc.SetDeadline(time.Time{})
-	c := newConn(t, nc, id, true)
+	if t.cfg.TLS != nil && t.cfg.TLS.Plaintext {
+		sc = nc // authenticated; the frames go in plaintext
+	}
+	c := newConn(t, sc, nc, id, true)
 	c.out = p.out
 	c.peerNonce, c.peerSess = r.nonce, r.session
 	return c, nil
+}
+
+// secureDial runs the TLS handshake on nc, when the transport has TLS, and
+// checks that the listener's certificate names node id. It returns the
+// connection to run the hello on.
+func (t *Transport) secureDial(nc net.Conn, id ids.NodeID) (net.Conn, error) {
+	if t.cfg.TLS == nil {
+		return nc, nil
+	}
+	tc := tls.Client(nc, t.cfg.TLS.Client)
+	if err := tc.Handshake(); err != nil {
+		err = fmt.Errorf("%w: TLS with %s: %w", ErrHandshake, nc.RemoteAddr(), err)
+		if transient(err) {
+			return nil, err
+		}
+		return nil, &refusal{err}
+	}
+	got, err := t.cfg.TLS.PeerNode(tc.ConnectionState())
+	if err != nil {
+		return nil, &refusal{fmt.Errorf("%w: TLS with %s: %w", ErrHandshake, nc.RemoteAddr(), err)}
+	}
+	if got != id {
+		return nil, &refusal{fmt.Errorf("%w: the certificate of %s names node %v, %v was dialed", ErrHandshake, nc.RemoteAddr(), got, id)}
+	}
+	return tc, nil
+}
+
+// transient reports whether a TLS handshake failed on the network (a
+// reset, a timeout, the connection closed), not on a certificate: another
+// try may succeed.
+func transient(err error) bool {
+	var ne net.Error
+	var oe *net.OpError
+	var ae tls.AlertError
+	var ve *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &ae), errors.As(err, &ve):
+		return false
+	case errors.As(err, &oe) && oe.Op == "remote error":
+		return false // the listener sent an alert: it refused us
+	case errors.As(err, &ne), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return true
+	}
+	return false
 }
 
 // refusal is a handshake failure that another try would meet again: the
@@ -722,7 +844,14 @@ func (t *Transport) handshakeDial(nc net.Conn, id ids.NodeID) (hello, error) {
 		return hello{}, fmt.Errorf("%w: send hello: %w", ErrHandshake, err)
 	}
 	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
-		return hello{}, fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+		err = fmt.Errorf("%w: read hello: %w", ErrHandshake, err)
+		if _, ok := nc.(*tls.Conn); ok && !transient(err) {
+			// In TLS 1.3 the listener checks this node's certificate
+			// after the dialer's handshake returned: its refusal (an
+			// alert) arrives here.
+			return hello{}, &refusal{err}
+		}
+		return hello{}, err
 	}
 	r := decodeHello(b[:helloPrefix])
 	refused := func(format string, args ...any) (hello, error) {
@@ -784,7 +913,12 @@ func (t *Transport) acceptLoop() {
 // serving it.
 func (t *Transport) accept(nc net.Conn) {
 	defer t.wg.Done()
-	from, sess, err := t.handshakeAccept(nc)
+	sc, auth, err := t.secureAccept(nc)
+	var from ids.NodeID
+	var sess *inSession
+	if err == nil {
+		from, sess, err = t.handshakeAccept(sc, auth)
+	}
 	t.mu.Lock()
 	switch {
 	case err != nil:
@@ -803,7 +937,10 @@ func (t *Transport) accept(nc net.Conn) {
 		}
 		return
 	}
-	c := newConn(t, nc, from, false)
+	if t.cfg.TLS != nil && t.cfg.TLS.Plaintext {
+		sc = nc // authenticated; the frames go in plaintext
+	}
+	c := newConn(t, sc, nc, from, false)
 	c.sess = sess
 	// The session's older connections close before this one serves: from
 	// here on nothing that arrives on them executes (see inSession.serve).
@@ -818,16 +955,38 @@ func (t *Transport) accept(nc net.Conn) {
 // forgetInbound drops a served connection that is down.
 func (t *Transport) forgetInbound(c *conn) {
 	t.mu.Lock()
-	if t.inbound[c.nc] == c {
-		delete(t.inbound, c.nc)
+	if t.inbound[c.sock] == c {
+		delete(t.inbound, c.sock)
 		t.unbindSession(c)
 	}
 	t.mu.Unlock()
 }
 
+// secureAccept runs the TLS handshake on an accepted nc, when the
+// transport has TLS, and returns the connection to run the hello on and
+// the node its certificate names (ids.None without TLS). The handshake
+// timeout bounds it.
+func (t *Transport) secureAccept(nc net.Conn) (net.Conn, ids.NodeID, error) {
+	if t.cfg.TLS == nil {
+		return nc, ids.None, nil
+	}
+	nc.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
+	tc := tls.Server(nc, t.cfg.TLS.Server)
+	if err := tc.Handshake(); err != nil {
+		return nil, ids.None, fmt.Errorf("%w: TLS: %w", ErrHandshake, err)
+	}
+	n, err := t.cfg.TLS.PeerNode(tc.ConnectionState())
+	if err != nil {
+		return nil, ids.None, fmt.Errorf("%w: TLS: %w", ErrHandshake, err)
+	}
+	return tc, n, nil
+}
+
 // handshakeAccept performs the acceptor's half of the handshake on nc: it
-// returns the dialer's node and the session its requests execute in.
-func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, *inSession, error) {
+// returns the dialer's node and the session its requests execute in. auth
+// is the node the dialer's certificate names (ids.None without TLS): a
+// hello that claims another node is refused.
+func (t *Transport) handshakeAccept(nc net.Conn, auth ids.NodeID) (ids.NodeID, *inSession, error) {
 	nc.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout))
 	var b [helloLen]byte
 	if _, err := io.ReadFull(nc, b[:helloPrefix]); err != nil {
@@ -854,6 +1013,9 @@ func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, *inSession, error)
 	case h.from == ids.None:
 		status = helloBadNode
 		err = fmt.Errorf("%w: dialer claims node id 0", ErrHandshake)
+	case t.cfg.TLS != nil && h.from != auth:
+		status = helloNotAuthenticated
+		err = fmt.Errorf("%w: the dialer claims node %v, its certificate names %v", ErrHandshake, h.from, auth)
 	case h.to != t.id:
 		status = helloWrongNode
 		err = fmt.Errorf("%w: %v dialed node %v, this is %v", ErrHandshake, h.from, h.to, t.id)
@@ -894,7 +1056,7 @@ func (t *Transport) handshakeAccept(nc net.Conn) (ids.NodeID, *inSession, error)
 		// of another version) would reset the connection, and a reset can
 		// discard the refusal before the dialer reads it. The dialer closes
 		// once it has read it; the handshake deadline bounds the wait.
-		if tc, ok := nc.(*net.TCPConn); ok && status != helloOK {
+		if tc, ok := nc.(interface{ CloseWrite() error }); ok && status != helloOK {
 			tc.CloseWrite()
 			io.Copy(io.Discard, io.LimitReader(nc, 1<<12))
 		}

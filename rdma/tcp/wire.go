@@ -91,6 +91,8 @@ const (
 	helloBadNode      = 3
 	helloShuttingDown = 4
 	helloBadHello     = 5
+	// The hello claims another node than the TLS certificate names.
+	helloNotAuthenticated = 6
 )
 
 // Errors of this package. Failures of a peer's connection reach callers of
@@ -154,6 +156,8 @@ func helloRefusal(status uint16) string {
 		return "the listener is closing"
 	case helloBadHello:
 		return "malformed hello"
+	case helloNotAuthenticated:
+		return "the node id in the hello is not the one this node's certificate names"
 	}
 	return fmt.Sprintf("status %d", status)
 }

@@ -161,7 +161,9 @@ func (n *netnsNet) Command(i int, name string, args ...string) *exec.Cmd {
 }
 
 func (n *netnsNet) DsmdArgs(i int) []string {
-	return []string{"--bind", fmt.Sprintf("%s.%d", subnet, i), "--port-base", strconv.Itoa(dsmdPort)}
+	// The namespaces' private subnet is not loopback: dsmd refuses it
+	// without TLS unless told --insecure.
+	return []string{"--bind", fmt.Sprintf("%s.%d", subnet, i), "--port-base", strconv.Itoa(dsmdPort), "--insecure"}
 }
 
 func (n *netnsNet) Join(i int) string { return fmt.Sprintf("%s.%d:%d", subnet, i, dsmdPort) }

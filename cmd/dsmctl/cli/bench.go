@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
@@ -357,10 +356,16 @@ func (a *app) benchTargets(cmd *cobra.Command, cl dsmpb.AdminClient, region stri
 			continue
 		}
 		target := m.GrpcAddr
+		network := "unix"
 		if !strings.HasPrefix(target, "unix://") {
-			target = "passthrough:///" + target
+			target, network = "passthrough:///"+target, "tcp"
 		}
-		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds, err := a.transportCreds(network)
+		if err != nil {
+			closeAll()
+			return nil, "", nil, err
+		}
+		conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 		if err != nil {
 			closeAll()

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -83,6 +84,7 @@ type app struct {
 	addr    string
 	json    bool
 	timeout time.Duration
+	tls     tlsFlags
 
 	exit int // set by commands whose result is an exit code (status)
 
@@ -237,6 +239,7 @@ unhealthy.`,
 	pf.StringVar(&a.addr, "addr", def, "dsmd admin address: a Unix socket path or host:port ($"+AddrEnv+")")
 	pf.BoolVar(&a.json, "json", false, "print stable JSON instead of tables")
 	pf.DurationVar(&a.timeout, "timeout", 10*time.Second, "deadline of each request to dsmd")
+	a.tls.bind(root)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err: err} })
 	// A command that groups others (dsmctl, region) runs only to say that a
 	// subcommand is missing: its usage shows "region [command]", not the
@@ -245,7 +248,7 @@ unhealthy.`,
 		"{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
 	root.AddCommand(
 		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
-		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(),
+		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(), a.tlsCmd(),
 	)
 	return root
 }
@@ -269,8 +272,12 @@ func (a *app) admin() (dsmpb.AdminClient, error) {
 			a.mu.Unlock()
 			return c, err
 		}
+		creds, err := a.transportCreds(network)
+		if err != nil {
+			return nil, err
+		}
 		conn, err := grpc.NewClient("passthrough:///"+address,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithTransportCredentials(creds),
 			grpc.WithContextDialer(dial),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
 		)
@@ -280,6 +287,20 @@ func (a *app) admin() (dsmpb.AdminClient, error) {
 		a.conn = conn
 	}
 	return dsmpb.NewAdminClient(a.conn), nil
+}
+
+// transportCreds are the credentials of a connection to dsmd over network:
+// none on a Unix socket, mutual TLS over TCP when a certificate flag is
+// set.
+func (a *app) transportCreds(network string) (credentials.TransportCredentials, error) {
+	if network == "unix" {
+		return insecure.NewCredentials(), nil
+	}
+	c, err := a.tls.creds(a.env.Getenv)
+	if err != nil || c != nil {
+		return c, err
+	}
+	return insecure.NewCredentials(), nil
 }
 
 func (a *app) close() {
@@ -364,6 +385,9 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		a.mu.Unlock()
 		if derr != nil {
 			return fmt.Sprintf("%s: %s — is dsmd running? try `dsmctl status --addr ADDR` or set $%s", where, sockaddr.DialReason(derr), AddrEnv)
+		}
+		if network, _ := sockaddr.Split(a.addr); network == "tcp" && !a.tls.given(a.env.Getenv) && strings.Contains(msg, "server preface") {
+			return fmt.Sprintf("%s closed the connection: %s — if it runs with TLS, give --tls-dir with a client certificate (`dsmctl tls cert create --client`)", where, msg)
 		}
 		return fmt.Sprintf("%s: unavailable: %s — retry, or look at `dsmctl status`", where, msg)
 	case codes.DeadlineExceeded:
