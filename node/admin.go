@@ -514,18 +514,24 @@ func memberWord(s dsmpb.MemberState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "MEMBER_STATE_"))
 }
 
-func (n *Node) askPeer(ctx context.Context, ns *dsmpb.NodeStatus) error {
-	target := ns.Addr
+// dialPeer makes a gRPC client of member id at its published gRPC address
+// (a Unix socket, or TCP with mutual TLS when this node runs TLS).
+func (n *Node) dialPeer(addr string, id ids.NodeID) (*grpc.ClientConn, error) {
+	target := addr
 	creds := insecure.NewCredentials()
 	if !strings.HasPrefix(target, "unix://") {
 		target = "passthrough:///" + target
 		if n.tls != nil {
 			// The peer's gRPC TCP listener is mutual TLS: present this
 			// node's certificate, require the peer's.
-			creds = credentials.NewTLS(n.tls.ClientConfig(tlsconf.Node(ids.NodeID(ns.NodeId))))
+			creds = credentials.NewTLS(n.tls.ClientConfig(tlsconf.Node(id)))
 		}
 	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+	return grpc.NewClient(target, grpc.WithTransportCredentials(creds))
+}
+
+func (n *Node) askPeer(ctx context.Context, ns *dsmpb.NodeStatus) error {
+	conn, err := n.dialPeer(ns.Addr, ids.NodeID(ns.NodeId))
 	if err != nil {
 		return err
 	}

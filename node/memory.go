@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -391,11 +388,7 @@ func (n *Node) eachMember(ctx context.Context, fn func(ctx context.Context, id u
 				fn(ctx, uint32(m.ID), nil, errors.New("no gRPC address published"))
 				return
 			}
-			target := m.GRPCAddr
-			if !strings.HasPrefix(target, "unix://") {
-				target = "passthrough:///" + target
-			}
-			conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := n.dialPeer(m.GRPCAddr, m.ID)
 			if err != nil {
 				fn(ctx, uint32(m.ID), nil, err)
 				return

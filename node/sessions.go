@@ -2,10 +2,6 @@ package node
 
 import (
 	"context"
-	"strings"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
@@ -74,7 +70,7 @@ func (n *Node) sessionsAlive(ctx context.Context, tokens []uint64, localOnly boo
 	for node, idx := range ask {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			states := n.askSessions(ctx, addrs[node], tokens, idx)
+			states := n.askSessions(ctx, node, addrs[node], tokens, idx)
 			for k, i := range idx {
 				out[i] = states[k]
 			}
@@ -86,9 +82,9 @@ func (n *Node) sessionsAlive(ctx context.Context, tokens []uint64, localOnly boo
 	return out
 }
 
-// askSessions asks the member at gRPC address addr about tokens[idx...];
+// askSessions asks member node, at gRPC address addr, about tokens[idx...];
 // UNKNOWN for every one it cannot answer.
-func (n *Node) askSessions(ctx context.Context, addr string, tokens []uint64, idx []int) []dsmpb.SessionState {
+func (n *Node) askSessions(ctx context.Context, node ids.NodeID, addr string, tokens []uint64, idx []int) []dsmpb.SessionState {
 	states := make([]dsmpb.SessionState, len(idx))
 	for k := range states {
 		states[k] = dsmpb.SessionState_SESSION_STATE_UNKNOWN
@@ -96,11 +92,7 @@ func (n *Node) askSessions(ctx context.Context, addr string, tokens []uint64, id
 	if addr == "" {
 		return states
 	}
-	target := addr
-	if !strings.HasPrefix(target, "unix://") {
-		target = "passthrough:///" + target
-	}
-	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := n.dialPeer(addr, node)
 	if err != nil {
 		return states
 	}
