@@ -72,6 +72,11 @@ var (
 	// since the region was created, or joined later): map through another
 	// node.
 	ErrUnavailable = errors.New("dsm: page unavailable")
+	// ErrPermissionDenied: dsmd refused this process: it is not allowed on
+	// dsmd's socket (root, dsmd's user and dsmd's --socket-group are), or
+	// the region's access list does not let its user do what it asked (map
+	// and write need write access; Load and ReadMemory read access).
+	ErrPermissionDenied = errors.New("dsm: permission denied")
 )
 
 // pageUnavailableReason is the google.rpc.ErrorInfo reason dsmd attaches
@@ -176,6 +181,8 @@ func rpcErr(op, region string, err error) error {
 		}
 	case codes.Unimplemented:
 		kind = ErrUnsupported
+	case codes.PermissionDenied:
+		kind = ErrPermissionDenied
 	case codes.DeadlineExceeded:
 		kind = context.DeadlineExceeded
 	case codes.Canceled:
@@ -212,6 +219,7 @@ func mapErr(op, region string, off int64, err error) error {
 		{mapclient.ErrUnknownRegion, ErrUnknownRegion},
 		{mapclient.ErrOutOfRange, ErrOutOfRange},
 		{mapclient.ErrPageUnavailable, ErrUnavailable},
+		{mapclient.ErrPermissionDenied, ErrPermissionDenied},
 	} {
 		if !errors.Is(err, k.from) {
 			continue

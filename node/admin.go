@@ -120,7 +120,7 @@ func regionPB(r directory.Region) *dsmpb.Region {
 	// The directory records a creation time, not a creation epoch:
 	// created_epoch stays 0.
 	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize,
-		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0))))}
+		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0)))), Access: accessPB(r.Access)}
 }
 
 func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
@@ -139,7 +139,7 @@ func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest)
 	if req.Size == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "region %q: size is zero", req.Name)
 	}
-	r, created, err := n.dir.EnsureRegion(ctx, spec)
+	r, created, err := n.dir.EnsureRegionAccess(ctx, spec, accessOf(req.GetAccess()))
 	if err != nil {
 		return nil, statusError(err)
 	}
@@ -157,6 +157,9 @@ func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest)
 func (n *Node) deleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
 	r, err := n.freshRegion(ctx, req.GetName())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkRegion(ctx, r, "delete", true); err != nil {
 		return nil, err
 	}
 	var mapped uint64

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/node/localcache"
 	"github.com/dsmkit/dsm/rdma/tcp"
@@ -103,6 +104,7 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
 	id := ids.NodeID(n.cfg.ID)
+	sa, _ := n.cfg.SocketPerm() // validated by New
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx, n.stop = ctx, cancel
 	n.publish = make(chan struct{}, 1)
@@ -118,11 +120,13 @@ func (n *Node) Start() (err error) {
 	if err := os.MkdirAll(filepath.Dir(n.addrs.Socket), 0o755); err != nil {
 		return fmt.Errorf("node: socket dir: %w", err)
 	}
-	uln, err := listenUnix(n.addrs.Socket)
+	uln, err := n.listenLocal("unix", n.addrs.Socket)
 	if err != nil {
 		return err
 	}
-	n.lns = append(n.lns, uln)
+	rf := &refusals{log: n.log}
+	n.lns = append(n.lns, localsock.Admit(uln, n.socketPolicy(n.addrs.Socket),
+		func(a *localsock.Addr) { rf.report(n.addrs.Socket, a) }))
 	published := "unix://" + n.addrs.Socket
 	if n.addrs.GRPC != "" {
 		tln, err := net.Listen("tcp", n.addrs.GRPC)
@@ -161,6 +165,9 @@ func (n *Node) Start() (err error) {
 		Coherence:     coh,
 		CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
 		Logger:        n.log.With("part", "cache"),
+		SocketPerm:    sa.Perm,
+		Admit:         n.admitConn(n.socketPolicy(n.addrs.MapSocket), rf),
+		MayMap:        n.mayMap,
 	})
 	if err != nil {
 		return fmt.Errorf("node: page cache: %w", err)
@@ -179,7 +186,7 @@ func (n *Node) Start() (err error) {
 		n.publishLoop(ctx)
 	}()
 
-	n.grpc = grpc.NewServer()
+	n.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(admitUnary), grpc.ChainStreamInterceptor(admitStream))
 	dsmpb.RegisterAdminServer(n.grpc, &adminServer{n: n})
 	dsmpb.RegisterClientServer(n.grpc, &clientServer{n: n})
 	for _, ln := range n.lns {
@@ -210,27 +217,6 @@ func (n *Node) Start() (err error) {
 		"verbs", n.addrs.Verbs, "socket", n.addrs.Socket, "grpc", n.addrs.GRPC, "metrics", n.MetricsAddr(),
 		"join", n.cfg.Join, "bootstrap_expect", n.cfg.BootstrapExpect, "page_cache", n.cache != nil)
 	return nil
-}
-
-// listenUnix binds a Unix stream socket, replacing a stale file left by a
-// dead daemon but never a live one.
-func listenUnix(path string) (net.Listener, error) {
-	ln, err := net.Listen("unix", path)
-	if err == nil {
-		return ln, nil
-	}
-	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
-		c.Close()
-		return nil, fmt.Errorf("node: socket %s is in use by a live process", path)
-	}
-	if rerr := os.Remove(path); rerr != nil && !os.IsNotExist(rerr) {
-		return nil, fmt.Errorf("node: socket %s: %w", path, err)
-	}
-	ln, err = net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("node: socket %s: %w", path, err)
-	}
-	return ln, nil
 }
 
 // follow keeps the verbs transport's peer table and the page cache's

@@ -2290,6 +2290,111 @@ func (x *WriteMemoryResponse) GetWritten() uint64 {
 	return 0
 }
 
+type SetRegionAccessRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Access *RegionAccess          `protobuf:"bytes,2,opt,name=access,proto3" json:"access,omitempty"`
+	// Remove the access list (access must be unset).
+	Open          bool `protobuf:"varint,3,opt,name=open,proto3" json:"open,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionAccessRequest) Reset() {
+	*x = SetRegionAccessRequest{}
+	mi := &file_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionAccessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionAccessRequest) ProtoMessage() {}
+
+func (x *SetRegionAccessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionAccessRequest.ProtoReflect.Descriptor instead.
+func (*SetRegionAccessRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SetRegionAccessRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *SetRegionAccessRequest) GetAccess() *RegionAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
+}
+
+func (x *SetRegionAccessRequest) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+type SetRegionAccessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionAccessResponse) Reset() {
+	*x = SetRegionAccessResponse{}
+	mi := &file_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionAccessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionAccessResponse) ProtoMessage() {}
+
+func (x *SetRegionAccessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionAccessResponse.ProtoReflect.Descriptor instead.
+func (*SetRegionAccessResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SetRegionAccessResponse) GetRegion() *Region {
+	if x != nil {
+		return x.Region
+	}
+	return nil
+}
+
 type Histogram_Bucket struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UpperBoundNs  uint64                 `protobuf:"varint,1,opt,name=upper_bound_ns,json=upperBoundNs,proto3" json:"upper_bound_ns,omitempty"` // inclusive
@@ -2300,7 +2405,7 @@ type Histogram_Bucket struct {
 
 func (x *Histogram_Bucket) Reset() {
 	*x = Histogram_Bucket{}
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2417,7 @@ func (x *Histogram_Bucket) String() string {
 func (*Histogram_Bucket) ProtoMessage() {}
 
 func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2656,13 @@ const file_admin_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
 	"\x04sync\x18\x04 \x01(\bR\x04sync\"/\n" +
 	"\x13WriteMemoryResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\x04R\awritten2\xfe\x05\n" +
+	"\awritten\x18\x01 \x01(\x04R\awritten\"r\n" +
+	"\x16SetRegionAccessRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
+	"\x06access\x18\x02 \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\x12\x12\n" +
+	"\x04open\x18\x03 \x01(\bR\x04open\"A\n" +
+	"\x17SetRegionAccessResponse\x12&\n" +
+	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region2\xd2\x06\n" +
 	"\x05Admin\x127\n" +
 	"\x06Status\x12\x15.dsm.v1.StatusRequest\x1a\x16.dsm.v1.StatusResponse\x12:\n" +
 	"\aMembers\x12\x16.dsm.v1.MembersRequest\x1a\x17.dsm.v1.MembersResponse\x121\n" +
@@ -2566,7 +2677,8 @@ const file_admin_proto_rawDesc = "" +
 	"\x05Stats\x12\x14.dsm.v1.StatsRequest\x1a\x15.dsm.v1.StatsResponse\x12C\n" +
 	"\n" +
 	"ReadMemory\x12\x19.dsm.v1.ReadMemoryRequest\x1a\x1a.dsm.v1.ReadMemoryResponse\x12F\n" +
-	"\vWriteMemory\x12\x1a.dsm.v1.WriteMemoryRequest\x1a\x1b.dsm.v1.WriteMemoryResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
+	"\vWriteMemory\x12\x1a.dsm.v1.WriteMemoryRequest\x1a\x1b.dsm.v1.WriteMemoryResponse\x12R\n" +
+	"\x0fSetRegionAccess\x12\x1e.dsm.v1.SetRegionAccessRequest\x1a\x1f.dsm.v1.SetRegionAccessResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
 
 var (
 	file_admin_proto_rawDescOnce sync.Once
@@ -2581,98 +2693,105 @@ func file_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_admin_proto_goTypes = []any{
-	(Health_Verdict)(0),          // 0: dsm.v1.Health.Verdict
-	(RaftServer_Suffrage)(0),     // 1: dsm.v1.RaftServer.Suffrage
-	(*StatusRequest)(nil),        // 2: dsm.v1.StatusRequest
-	(*Health)(nil),               // 3: dsm.v1.Health
-	(*NodeStatus)(nil),           // 4: dsm.v1.NodeStatus
-	(*StatusResponse)(nil),       // 5: dsm.v1.StatusResponse
-	(*MembersRequest)(nil),       // 6: dsm.v1.MembersRequest
-	(*Member)(nil),               // 7: dsm.v1.Member
-	(*MembersResponse)(nil),      // 8: dsm.v1.MembersResponse
-	(*RaftRequest)(nil),          // 9: dsm.v1.RaftRequest
-	(*RaftServer)(nil),           // 10: dsm.v1.RaftServer
-	(*RaftResponse)(nil),         // 11: dsm.v1.RaftResponse
-	(*RegionsRequest)(nil),       // 12: dsm.v1.RegionsRequest
-	(*RegionsResponse)(nil),      // 13: dsm.v1.RegionsResponse
-	(*RegionInfoRequest)(nil),    // 14: dsm.v1.RegionInfoRequest
-	(*Shard)(nil),                // 15: dsm.v1.Shard
-	(*RegionInfoResponse)(nil),   // 16: dsm.v1.RegionInfoResponse
-	(*MappingsRequest)(nil),      // 17: dsm.v1.MappingsRequest
-	(*NodeMappings)(nil),         // 18: dsm.v1.NodeMappings
-	(*MappingsResponse)(nil),     // 19: dsm.v1.MappingsResponse
-	(*PagesRequest)(nil),         // 20: dsm.v1.PagesRequest
-	(*PageCell)(nil),             // 21: dsm.v1.PageCell
-	(*PagesResponse)(nil),        // 22: dsm.v1.PagesResponse
-	(*StatsRequest)(nil),         // 23: dsm.v1.StatsRequest
-	(*Histogram)(nil),            // 24: dsm.v1.Histogram
-	(*NodeStats)(nil),            // 25: dsm.v1.NodeStats
-	(*StatsResponse)(nil),        // 26: dsm.v1.StatsResponse
-	(*ReadMemoryRequest)(nil),    // 27: dsm.v1.ReadMemoryRequest
-	(*ReadMemoryResponse)(nil),   // 28: dsm.v1.ReadMemoryResponse
-	(*WriteMemoryRequest)(nil),   // 29: dsm.v1.WriteMemoryRequest
-	(*WriteMemoryResponse)(nil),  // 30: dsm.v1.WriteMemoryResponse
-	(*Histogram_Bucket)(nil),     // 31: dsm.v1.Histogram.Bucket
-	nil,                          // 32: dsm.v1.NodeStats.FaultsEntry
-	(MemberState)(0),             // 33: dsm.v1.MemberState
-	(*Region)(nil),               // 34: dsm.v1.Region
-	(PageState)(0),               // 35: dsm.v1.PageState
-	(*CreateRegionRequest)(nil),  // 36: dsm.v1.CreateRegionRequest
-	(*DeleteRegionRequest)(nil),  // 37: dsm.v1.DeleteRegionRequest
-	(*CreateRegionResponse)(nil), // 38: dsm.v1.CreateRegionResponse
-	(*DeleteRegionResponse)(nil), // 39: dsm.v1.DeleteRegionResponse
+	(Health_Verdict)(0),             // 0: dsm.v1.Health.Verdict
+	(RaftServer_Suffrage)(0),        // 1: dsm.v1.RaftServer.Suffrage
+	(*StatusRequest)(nil),           // 2: dsm.v1.StatusRequest
+	(*Health)(nil),                  // 3: dsm.v1.Health
+	(*NodeStatus)(nil),              // 4: dsm.v1.NodeStatus
+	(*StatusResponse)(nil),          // 5: dsm.v1.StatusResponse
+	(*MembersRequest)(nil),          // 6: dsm.v1.MembersRequest
+	(*Member)(nil),                  // 7: dsm.v1.Member
+	(*MembersResponse)(nil),         // 8: dsm.v1.MembersResponse
+	(*RaftRequest)(nil),             // 9: dsm.v1.RaftRequest
+	(*RaftServer)(nil),              // 10: dsm.v1.RaftServer
+	(*RaftResponse)(nil),            // 11: dsm.v1.RaftResponse
+	(*RegionsRequest)(nil),          // 12: dsm.v1.RegionsRequest
+	(*RegionsResponse)(nil),         // 13: dsm.v1.RegionsResponse
+	(*RegionInfoRequest)(nil),       // 14: dsm.v1.RegionInfoRequest
+	(*Shard)(nil),                   // 15: dsm.v1.Shard
+	(*RegionInfoResponse)(nil),      // 16: dsm.v1.RegionInfoResponse
+	(*MappingsRequest)(nil),         // 17: dsm.v1.MappingsRequest
+	(*NodeMappings)(nil),            // 18: dsm.v1.NodeMappings
+	(*MappingsResponse)(nil),        // 19: dsm.v1.MappingsResponse
+	(*PagesRequest)(nil),            // 20: dsm.v1.PagesRequest
+	(*PageCell)(nil),                // 21: dsm.v1.PageCell
+	(*PagesResponse)(nil),           // 22: dsm.v1.PagesResponse
+	(*StatsRequest)(nil),            // 23: dsm.v1.StatsRequest
+	(*Histogram)(nil),               // 24: dsm.v1.Histogram
+	(*NodeStats)(nil),               // 25: dsm.v1.NodeStats
+	(*StatsResponse)(nil),           // 26: dsm.v1.StatsResponse
+	(*ReadMemoryRequest)(nil),       // 27: dsm.v1.ReadMemoryRequest
+	(*ReadMemoryResponse)(nil),      // 28: dsm.v1.ReadMemoryResponse
+	(*WriteMemoryRequest)(nil),      // 29: dsm.v1.WriteMemoryRequest
+	(*WriteMemoryResponse)(nil),     // 30: dsm.v1.WriteMemoryResponse
+	(*SetRegionAccessRequest)(nil),  // 31: dsm.v1.SetRegionAccessRequest
+	(*SetRegionAccessResponse)(nil), // 32: dsm.v1.SetRegionAccessResponse
+	(*Histogram_Bucket)(nil),        // 33: dsm.v1.Histogram.Bucket
+	nil,                             // 34: dsm.v1.NodeStats.FaultsEntry
+	(MemberState)(0),                // 35: dsm.v1.MemberState
+	(*Region)(nil),                  // 36: dsm.v1.Region
+	(PageState)(0),                  // 37: dsm.v1.PageState
+	(*RegionAccess)(nil),            // 38: dsm.v1.RegionAccess
+	(*CreateRegionRequest)(nil),     // 39: dsm.v1.CreateRegionRequest
+	(*DeleteRegionRequest)(nil),     // 40: dsm.v1.DeleteRegionRequest
+	(*CreateRegionResponse)(nil),    // 41: dsm.v1.CreateRegionResponse
+	(*DeleteRegionResponse)(nil),    // 42: dsm.v1.DeleteRegionResponse
 }
 var file_admin_proto_depIdxs = []int32{
 	0,  // 0: dsm.v1.Health.verdict:type_name -> dsm.v1.Health.Verdict
-	33, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
+	35, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
 	4,  // 2: dsm.v1.StatusResponse.nodes:type_name -> dsm.v1.NodeStatus
 	3,  // 3: dsm.v1.StatusResponse.health:type_name -> dsm.v1.Health
-	33, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
+	35, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
 	7,  // 5: dsm.v1.MembersResponse.members:type_name -> dsm.v1.Member
 	1,  // 6: dsm.v1.RaftServer.suffrage:type_name -> dsm.v1.RaftServer.Suffrage
 	10, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
-	34, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
-	34, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
+	36, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
+	36, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
 	15, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
 	18, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
-	35, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
-	34, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
+	37, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
+	36, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
 	21, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
-	31, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
-	32, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
+	33, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
+	34, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
 	24, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
 	25, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
-	2,  // 19: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
-	6,  // 20: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
-	9,  // 21: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
-	12, // 22: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
-	14, // 23: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
-	17, // 24: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
-	36, // 25: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	37, // 26: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	20, // 27: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
-	23, // 28: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
-	27, // 29: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
-	29, // 30: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
-	5,  // 31: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
-	8,  // 32: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
-	11, // 33: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
-	13, // 34: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
-	16, // 35: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
-	19, // 36: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
-	38, // 37: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	39, // 38: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	22, // 39: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
-	26, // 40: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
-	28, // 41: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
-	30, // 42: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
-	31, // [31:43] is the sub-list for method output_type
-	19, // [19:31] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	38, // 19: dsm.v1.SetRegionAccessRequest.access:type_name -> dsm.v1.RegionAccess
+	36, // 20: dsm.v1.SetRegionAccessResponse.region:type_name -> dsm.v1.Region
+	2,  // 21: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
+	6,  // 22: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
+	9,  // 23: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
+	12, // 24: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
+	14, // 25: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
+	17, // 26: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
+	39, // 27: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	40, // 28: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	20, // 29: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
+	23, // 30: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
+	27, // 31: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
+	29, // 32: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
+	31, // 33: dsm.v1.Admin.SetRegionAccess:input_type -> dsm.v1.SetRegionAccessRequest
+	5,  // 34: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
+	8,  // 35: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
+	11, // 36: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
+	13, // 37: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
+	16, // 38: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
+	19, // 39: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
+	41, // 40: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	42, // 41: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	22, // 42: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
+	26, // 43: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
+	28, // 44: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
+	30, // 45: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
+	32, // 46: dsm.v1.Admin.SetRegionAccess:output_type -> dsm.v1.SetRegionAccessResponse
+	34, // [34:47] is the sub-list for method output_type
+	21, // [21:34] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_admin_proto_init() }
@@ -2688,7 +2807,7 @@ func file_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_proto_rawDesc), len(file_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

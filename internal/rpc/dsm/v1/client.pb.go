@@ -144,7 +144,10 @@ type CreateRegionRequest struct {
 	// A power of two from 4096 to 2 MiB; 0 means 4096.
 	PageSize uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// DURABILITY_UNSPECIFIED means DURABILITY_MEMORY.
-	Durability    Durability `protobuf:"varint,4,opt,name=durability,proto3,enum=dsm.v1.Durability" json:"durability,omitempty"`
+	Durability Durability `protobuf:"varint,4,opt,name=durability,proto3,enum=dsm.v1.Durability" json:"durability,omitempty"`
+	// The new region's access list; unset: open to every process allowed on
+	// dsmd's socket. A region that exists already keeps its own.
+	Access        *RegionAccess `protobuf:"bytes,5,opt,name=access,proto3" json:"access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,6 +208,13 @@ func (x *CreateRegionRequest) GetDurability() Durability {
 		return x.Durability
 	}
 	return Durability_DURABILITY_UNSPECIFIED
+}
+
+func (x *CreateRegionRequest) GetAccess() *RegionAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
 }
 
 type CreateRegionResponse struct {
@@ -1090,14 +1100,15 @@ const file_client_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
-	"map_socket\x18\x03 \x01(\tR\tmapSocket\"\x8e\x01\n" +
+	"map_socket\x18\x03 \x01(\tR\tmapSocket\"\xbc\x01\n" +
 	"\x13CreateRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x122\n" +
 	"\n" +
 	"durability\x18\x04 \x01(\x0e2\x12.dsm.v1.DurabilityR\n" +
-	"durability\"X\n" +
+	"durability\x12,\n" +
+	"\x06access\x18\x05 \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\"X\n" +
 	"\x14CreateRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x18\n" +
 	"\aexisted\x18\x02 \x01(\bR\aexisted\"?\n" +
@@ -1195,38 +1206,40 @@ var file_client_proto_goTypes = []any{
 	(*SyncRequest)(nil),            // 18: dsm.v1.SyncRequest
 	(*SyncResponse)(nil),           // 19: dsm.v1.SyncResponse
 	(Durability)(0),                // 20: dsm.v1.Durability
-	(*Region)(nil),                 // 21: dsm.v1.Region
+	(*RegionAccess)(nil),           // 21: dsm.v1.RegionAccess
+	(*Region)(nil),                 // 22: dsm.v1.Region
 }
 var file_client_proto_depIdxs = []int32{
 	20, // 0: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
-	21, // 1: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
-	21, // 2: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
-	21, // 3: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
-	0,  // 4: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
-	2,  // 5: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	4,  // 6: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	6,  // 7: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
-	8,  // 8: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
-	10, // 9: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
-	12, // 10: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
-	14, // 11: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
-	16, // 12: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
-	18, // 13: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
-	1,  // 14: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
-	3,  // 15: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	5,  // 16: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	7,  // 17: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
-	9,  // 18: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
-	11, // 19: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
-	13, // 20: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
-	15, // 21: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
-	17, // 22: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
-	19, // 23: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
-	14, // [14:24] is the sub-list for method output_type
-	4,  // [4:14] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	21, // 1: dsm.v1.CreateRegionRequest.access:type_name -> dsm.v1.RegionAccess
+	22, // 2: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
+	22, // 3: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
+	22, // 4: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
+	0,  // 5: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
+	2,  // 6: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	4,  // 7: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	6,  // 8: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
+	8,  // 9: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
+	10, // 10: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
+	12, // 11: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
+	14, // 12: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
+	16, // 13: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
+	18, // 14: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
+	1,  // 15: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
+	3,  // 16: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	5,  // 17: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	7,  // 18: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
+	9,  // 19: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
+	11, // 20: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
+	13, // 21: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
+	15, // 22: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
+	17, // 23: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
+	19, // 24: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
+	15, // [15:25] is the sub-list for method output_type
+	5,  // [5:15] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_client_proto_init() }

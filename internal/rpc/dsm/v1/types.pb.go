@@ -239,7 +239,10 @@ type Region struct {
 	// The epoch in which the region was created.
 	CreatedEpoch uint64 `protobuf:"varint,6,opt,name=created_epoch,json=createdEpoch,proto3" json:"created_epoch,omitempty"`
 	// Number of shards the pages are split into for placement.
-	Shards        uint32 `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
+	Shards uint32 `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
+	// Which local users may use the region; unset: every process allowed on
+	// dsmd's socket.
+	Access        *RegionAccess `protobuf:"bytes,8,opt,name=access,proto3" json:"access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -323,11 +326,94 @@ func (x *Region) GetShards() uint32 {
 	return 0
 }
 
+func (x *Region) GetAccess() *RegionAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
+}
+
+// RegionAccess lists the local users (uids) and groups (gids) that may use
+// a region's memory through dsmd. dsmd checks the credentials of the
+// process on its Unix socket (SO_PEERCRED) on every Map and memory call:
+// Map, writes, the atomics that write and Sync need read-write; Load and
+// ReadMemory need read-only or read-write. Root and dsmd's own user are
+// always allowed; callers over TCP are not local users and are not checked
+// (the TCP listener authenticates them). Ids must mean the same users on
+// every machine.
+type RegionAccess struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uids          []uint32               `protobuf:"varint,1,rep,packed,name=uids,proto3" json:"uids,omitempty"`                                       // read-write
+	Gids          []uint32               `protobuf:"varint,2,rep,packed,name=gids,proto3" json:"gids,omitempty"`                                       // read-write
+	ReadOnlyUids  []uint32               `protobuf:"varint,3,rep,packed,name=read_only_uids,json=readOnlyUids,proto3" json:"read_only_uids,omitempty"` // read only
+	ReadOnlyGids  []uint32               `protobuf:"varint,4,rep,packed,name=read_only_gids,json=readOnlyGids,proto3" json:"read_only_gids,omitempty"` // read only
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegionAccess) Reset() {
+	*x = RegionAccess{}
+	mi := &file_types_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegionAccess) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegionAccess) ProtoMessage() {}
+
+func (x *RegionAccess) ProtoReflect() protoreflect.Message {
+	mi := &file_types_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegionAccess.ProtoReflect.Descriptor instead.
+func (*RegionAccess) Descriptor() ([]byte, []int) {
+	return file_types_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RegionAccess) GetUids() []uint32 {
+	if x != nil {
+		return x.Uids
+	}
+	return nil
+}
+
+func (x *RegionAccess) GetGids() []uint32 {
+	if x != nil {
+		return x.Gids
+	}
+	return nil
+}
+
+func (x *RegionAccess) GetReadOnlyUids() []uint32 {
+	if x != nil {
+		return x.ReadOnlyUids
+	}
+	return nil
+}
+
+func (x *RegionAccess) GetReadOnlyGids() []uint32 {
+	if x != nil {
+		return x.ReadOnlyGids
+	}
+	return nil
+}
+
 var File_types_proto protoreflect.FileDescriptor
 
 const file_types_proto_rawDesc = "" +
 	"\n" +
-	"\vtypes.proto\x12\x06dsm.v1\"\xce\x01\n" +
+	"\vtypes.proto\x12\x06dsm.v1\"\xfc\x01\n" +
 	"\x06Region\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x12\x12\n" +
@@ -337,7 +423,13 @@ const file_types_proto_rawDesc = "" +
 	"durability\x18\x05 \x01(\x0e2\x12.dsm.v1.DurabilityR\n" +
 	"durability\x12#\n" +
 	"\rcreated_epoch\x18\x06 \x01(\x04R\fcreatedEpoch\x12\x16\n" +
-	"\x06shards\x18\a \x01(\rR\x06shards*W\n" +
+	"\x06shards\x18\a \x01(\rR\x06shards\x12,\n" +
+	"\x06access\x18\b \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\"\x82\x01\n" +
+	"\fRegionAccess\x12\x12\n" +
+	"\x04uids\x18\x01 \x03(\rR\x04uids\x12\x12\n" +
+	"\x04gids\x18\x02 \x03(\rR\x04gids\x12$\n" +
+	"\x0eread_only_uids\x18\x03 \x03(\rR\freadOnlyUids\x12$\n" +
+	"\x0eread_only_gids\x18\x04 \x03(\rR\freadOnlyGids*W\n" +
 	"\n" +
 	"Durability\x12\x1a\n" +
 	"\x16DURABILITY_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -369,20 +461,22 @@ func file_types_proto_rawDescGZIP() []byte {
 }
 
 var file_types_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_types_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_types_proto_goTypes = []any{
-	(Durability)(0),  // 0: dsm.v1.Durability
-	(PageState)(0),   // 1: dsm.v1.PageState
-	(MemberState)(0), // 2: dsm.v1.MemberState
-	(*Region)(nil),   // 3: dsm.v1.Region
+	(Durability)(0),      // 0: dsm.v1.Durability
+	(PageState)(0),       // 1: dsm.v1.PageState
+	(MemberState)(0),     // 2: dsm.v1.MemberState
+	(*Region)(nil),       // 3: dsm.v1.Region
+	(*RegionAccess)(nil), // 4: dsm.v1.RegionAccess
 }
 var file_types_proto_depIdxs = []int32{
 	0, // 0: dsm.v1.Region.durability:type_name -> dsm.v1.Durability
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 1: dsm.v1.Region.access:type_name -> dsm.v1.RegionAccess
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_types_proto_init() }
@@ -396,7 +490,7 @@ func file_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_types_proto_rawDesc), len(file_types_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
