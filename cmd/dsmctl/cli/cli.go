@@ -377,6 +377,8 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		return msg
 	case codes.Unimplemented:
 		return fmt.Sprintf("%s does not offer this: %s — are dsmctl and dsmd the same version?", where, msg)
+	case codes.PermissionDenied:
+		return fmt.Sprintf("%s refused: %s", where, msg)
 	case codes.Canceled:
 		return "interrupted"
 	}
