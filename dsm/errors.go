@@ -224,6 +224,11 @@ func mapErr(op, region string, off int64, err error) error {
 		if !errors.Is(err, k.from) {
 			continue
 		}
+		// dsmd's refusal says why in its text; its code is the Kind.
+		var se *mapclient.ServerError
+		if errors.As(err, &se) && k.to == ErrPermissionDenied {
+			return newErr(op, region, off, k.to, errors.New(se.Text))
+		}
 		// The internal sentinel says what Kind says: keep only the detail.
 		if err == k.from {
 			return newErr(op, region, off, k.to, nil)

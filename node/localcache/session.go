@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -176,7 +177,7 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 	// A refused peer learns why in answer to its first message (an answer
 	// sent before it would meet a peer still writing, as EPIPE).
 	if peer != nil && peer.Err != nil {
-		return nil, refuse(mapproto.CodePermissionDenied, "%v", peer.Err)
+		return nil, refuse(mapproto.CodePermissionDenied, "%s", deniedText(peer.Err))
 	}
 	c.mu.Lock()
 	r := c.byName[req.Name]
@@ -194,7 +195,7 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 	}
 	if peer != nil && c.mayMap != nil {
 		if err := c.mayMap(peer.Identity, req.Name); err != nil {
-			return nil, refuse(mapproto.CodePermissionDenied, "%v", err)
+			return nil, refuse(mapproto.CodePermissionDenied, "%s", deniedText(err))
 		}
 	}
 	reply, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: r.id, Size: uint64(r.size), PageSize: uint32(r.pageSize)})
@@ -246,6 +247,12 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 		return nil, err
 	}
 	return cl, nil
+}
+
+// deniedText is a refusal's text without the "permission denied: " that
+// the code says already.
+func deniedText(err error) string {
+	return strings.TrimPrefix(err.Error(), "permission denied: ")
 }
 
 // peerPID is the client's process id from SO_PEERCRED (0 if unavailable).
