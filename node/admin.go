@@ -52,8 +52,11 @@ func statusError(err error) error {
 		return status.Error(codes.InvalidArgument, specMessage(se))
 	case errors.Is(err, directory.ErrNoSpace):
 		return status.Error(codes.ResourceExhausted, strings.TrimPrefix(msg, "directory: ")+"; delete regions first")
-	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange):
+	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange),
+		errors.Is(err, directory.ErrInvalidAccess), errors.Is(err, directory.ErrGossipKey):
 		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, directory.ErrNoEncryption), errors.Is(err, directory.ErrKeyNotInstalled), errors.Is(err, directory.ErrPrimaryKey):
+		return status.Error(codes.FailedPrecondition, msg)
 	case errors.Is(err, directory.ErrRegionExists):
 		return status.Error(codes.AlreadyExists, msg)
 	case errors.Is(err, directory.ErrNoRegion):

@@ -90,6 +90,13 @@ type Config struct {
 	// members may use them (dsmd checks every peer's credentials). Empty:
 	// only root and dsmd's user may.
 	SocketGroup string `json:"socket_group"`
+	// GossipKey (base64 of 16, 24 or 32 bytes) turns on gossip encryption;
+	// GossipKeyringFile names a file of keys instead (a JSON array of base64
+	// keys, the primary first). Either seeds the keyring kept in the data
+	// directory, which takes precedence from then on (it holds the keys
+	// installed with dsmctl keyring).
+	GossipKey         string `json:"gossip_key"`
+	GossipKeyringFile string `json:"gossip_keyring_file"`
 	// CacheSize bounds the page cache, in bytes.
 	CacheSize Size `json:"cache_size"`
 	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
@@ -226,6 +233,8 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.MapSocket, "map-socket", c.MapSocket, "Unix SOCK_SEQPACKET socket of mapping sessions (default DATA_DIR/map.sock)")
 	fs.StringVar(&c.SocketMode, "socket-mode", c.SocketMode, "permission `bits` in octal of both local sockets (default 0600, or 0660 with --socket-group)")
 	fs.StringVar(&c.SocketGroup, "socket-group", c.SocketGroup, "`group` (name or gid) given both local sockets; its members may use dsmd (default none: root and dsmd's user only)")
+	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "encrypt gossip with this `key` (base64 of 16, 24 or 32 bytes; dsmctl keygen makes one); every member needs it. Once started, the data directory keeps the keyring and dsmctl keyring changes it")
+	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -356,6 +365,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if _, err := c.SocketPerm(); err != nil {
+		return err
+	}
+	if _, err := c.gossipKeys(); err != nil {
 		return err
 	}
 	if c.Bind == "" && (c.GossipAddr == "" || c.RaftAddr == "" || c.RPCAddr == "" || c.VerbsAddr == "") {

@@ -138,8 +138,10 @@ func (n *Node) Start() (err error) {
 		published = n.addrs.GRPC
 	}
 
+	keys, _ := n.cfg.gossipKeys() // validated by New
 	n.dir, err = directory.Open(directory.Config{
-		NodeID: id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
+		GossipKeys: keys,
+		NodeID:     id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
 		GossipAddr: n.addrs.Gossip, RaftAddr: n.addrs.Raft, RPCAddr: n.addrs.RPC,
 		GRPCAddr: published, VerbsAddr: n.addrs.Verbs,
 		Join: n.cfg.Join, BootstrapExpect: n.cfg.BootstrapExpect,

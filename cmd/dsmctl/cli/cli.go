@@ -245,7 +245,7 @@ unhealthy.`,
 		"{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
 	root.AddCommand(
 		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
-		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(),
+		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(), a.keyringCmd(), a.keygenCmd(),
 	)
 	return root
 }

@@ -45,6 +45,7 @@ const (
 	Admin_ReadMemory_FullMethodName      = "/dsm.v1.Admin/ReadMemory"
 	Admin_WriteMemory_FullMethodName     = "/dsm.v1.Admin/WriteMemory"
 	Admin_SetRegionAccess_FullMethodName = "/dsm.v1.Admin/SetRegionAccess"
+	Admin_Keyring_FullMethodName         = "/dsm.v1.Admin/Keyring"
 )
 
 // AdminClient is the client API for Admin service.
@@ -87,6 +88,16 @@ type AdminClient interface {
 	// region (root and dsmd's user always have it): PERMISSION_DENIED
 	// otherwise. NOT_FOUND for an unknown region.
 	SetRegionAccess(ctx context.Context, in *SetRegionAccessRequest, opts ...grpc.CallOption) (*SetRegionAccessResponse, error)
+	// Keyring lists or changes the gossip encryption keys of every alive
+	// member (as consul keyring does): install adds a key, use makes an
+	// installed key the primary (the one gossip encrypts with;
+	// FAILED_PRECONDITION unless every member holds it), remove drops a key
+	// (FAILED_PRECONDITION while it is any member's primary). The answer is
+	// the members' keyrings after the operation, and the members that failed
+	// it or did not answer. FAILED_PRECONDITION when gossip is not
+	// encrypted. Over the Unix socket only root and dsmd's user may call it:
+	// PERMISSION_DENIED for the socket group's members.
+	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
 }
 
 type adminClient struct {
@@ -227,6 +238,16 @@ func (c *adminClient) SetRegionAccess(ctx context.Context, in *SetRegionAccessRe
 	return out, nil
 }
 
+func (c *adminClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyringResponse)
+	err := c.cc.Invoke(ctx, Admin_Keyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -267,6 +288,16 @@ type AdminServer interface {
 	// region (root and dsmd's user always have it): PERMISSION_DENIED
 	// otherwise. NOT_FOUND for an unknown region.
 	SetRegionAccess(context.Context, *SetRegionAccessRequest) (*SetRegionAccessResponse, error)
+	// Keyring lists or changes the gossip encryption keys of every alive
+	// member (as consul keyring does): install adds a key, use makes an
+	// installed key the primary (the one gossip encrypts with;
+	// FAILED_PRECONDITION unless every member holds it), remove drops a key
+	// (FAILED_PRECONDITION while it is any member's primary). The answer is
+	// the members' keyrings after the operation, and the members that failed
+	// it or did not answer. FAILED_PRECONDITION when gossip is not
+	// encrypted. Over the Unix socket only root and dsmd's user may call it:
+	// PERMISSION_DENIED for the socket group's members.
+	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -315,6 +346,9 @@ func (UnimplementedAdminServer) WriteMemory(context.Context, *WriteMemoryRequest
 }
 func (UnimplementedAdminServer) SetRegionAccess(context.Context, *SetRegionAccessRequest) (*SetRegionAccessResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetRegionAccess not implemented")
+}
+func (UnimplementedAdminServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -571,6 +605,24 @@ func _Admin_SetRegionAccess_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Keyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Keyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Keyring(ctx, req.(*KeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -629,6 +681,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetRegionAccess",
 			Handler:    _Admin_SetRegionAccess_Handler,
+		},
+		{
+			MethodName: "Keyring",
+			Handler:    _Admin_Keyring_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

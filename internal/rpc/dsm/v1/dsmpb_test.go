@@ -56,7 +56,7 @@ func TestServicesDocumented(t *testing.T) {
 			"Load", "Store", "Add", "CompareAndSwap", "Sync"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
 			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory",
-			"SetRegionAccess"},
+			"SetRegionAccess", "Keyring"},
 	}
 	for _, f := range files() {
 		for i := 0; i < f.Services().Len(); i++ {
