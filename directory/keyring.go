@@ -287,6 +287,17 @@ type keyrings struct {
 	hwg     sync.WaitGroup
 }
 
+// snapshot copies the keys and the primary. (memberlist's GetKeys hands
+// out its own slice, which RemoveKey later rewrites in place.)
+func (k *keyrings) snapshot() (keys [][]byte, primary []byte) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, key := range k.kr.GetKeys() {
+		keys = append(keys, slices.Clone(key))
+	}
+	return keys, slices.Clone(k.kr.GetPrimaryKey())
+}
+
 // start counts a handler in, unless the directory is closing.
 func (k *keyrings) start() bool {
 	k.hmu.Lock()
@@ -320,7 +331,7 @@ func (k *keyrings) apply(op KeyringOp, key []byte) error {
 	case KeyringInstall:
 		err = k.kr.AddKey(key)
 	case KeyringUse:
-		if !slices.ContainsFunc(k.kr.GetKeys(), func(x []byte) bool { return bytes.Equal(x, key) }) {
+		if !slices.ContainsFunc(k.kr.GetKeys(), func(x []byte) bool { return bytes.Equal(x, key) }) { // under k.mu: no change meanwhile
 			return fmt.Errorf("%w: not installed here", ErrKeyNotInstalled)
 		}
 		err = k.kr.UseKey(key)
@@ -422,6 +433,14 @@ func (d *Directory) keyringFanout(ctx context.Context, op KeyringOp, key []byte)
 		}
 	}
 	res := KeyringResult{Members: len(targets) + 1, Errors: map[ids.NodeID]string{}}
+	// A member the directory has alive that gossip here does not know yet
+	// is not skipped silently: "every member" must mean every member.
+	for _, m := range d.View().Members() {
+		if m.State == StateAlive && m.ID != self && !slices.ContainsFunc(targets, func(e gossipEntry) bool { return e.meta.ID == m.ID }) {
+			res.Members++
+			res.Errors[m.ID] = "alive in the directory but not in this node's gossip view: retry"
+		}
+	}
 	var replies []keyringResponse
 	add := func(r keyringResponse) {
 		if r.Err != "" {
@@ -439,7 +458,7 @@ func (d *Directory) keyringFanout(ctx context.Context, op KeyringOp, key []byte)
 			return res, err
 		}
 	}
-	local.Keys, local.Primary = d.keys.kr.GetKeys(), d.keys.kr.GetPrimaryKey()
+	local.Keys, local.Primary = d.keys.snapshot()
 	add(local)
 
 	id := nextKeyringID()
@@ -532,7 +551,7 @@ func (d *Directory) onUserMsg(b []byte) {
 			d.log.Info("directory: gossip keyring changed", "op", req.Op, "by", req.From)
 		}
 		if d.keys.kr != nil {
-			r.Keys, r.Primary = d.keys.kr.GetKeys(), d.keys.kr.GetPrimaryKey()
+			r.Keys, r.Primary = d.keys.snapshot()
 		}
 		host, port, _ := splitGossipAddr(req.ReplyTo)
 		to := &memberlist.Node{Name: req.From, Addr: net.ParseIP(host), Port: port}

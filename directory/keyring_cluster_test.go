@@ -22,13 +22,20 @@ func gossipSees(d *directory.Directory, id ids.NodeID) bool {
 	return slices.ContainsFunc(d.GossipMembers(), func(m directory.GossipMember) bool { return m.ID == id })
 }
 
-// waitAliveOn waits until the replicas of nodes on list exactly alive.
+// waitAliveOn waits until the replicas of nodes on list exactly alive,
+// and their gossip sees each of them alive.
 func (c *cluster) waitAliveOn(on []ids.NodeID, alive ...ids.NodeID) {
 	c.t.Helper()
 	waitFor(c.t, "alive members on the keyed nodes", func() bool {
 		for _, id := range on {
-			if !slices.Equal(c.node(id).View().Alive(), alive) {
+			d := c.node(id)
+			if !slices.Equal(d.View().Alive(), alive) {
 				return false
+			}
+			for _, a := range alive {
+				if !slices.ContainsFunc(d.GossipMembers(), func(m directory.GossipMember) bool { return m.ID == a && m.State == directory.StateAlive }) {
+					return false
+				}
 			}
 		}
 		return true
