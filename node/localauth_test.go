@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -76,5 +77,22 @@ func TestRegionAccessError(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "permission denied: uid") {
 			t.Errorf("refusal %q does not say who", err)
 		}
+	}
+}
+
+func TestRefusalsAreRateLimited(t *testing.T) {
+	var buf bytes.Buffer
+	rf := &refusals{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	a := &localsock.Addr{Identity: localsock.Identity{Cred: localsock.Cred{PID: 1, UID: 2000, GID: 2000}}, Err: errors.New("refused")}
+	for range 5 {
+		rf.report("/s", a)
+	}
+	if n := strings.Count(buf.String(), "local client refused"); n != 1 {
+		t.Fatalf("%d refusals logged of 5 in a row, want 1:\n%s", n, buf.String())
+	}
+	rf.last = rf.last.Add(-refusalEvery) // as if the interval had passed
+	rf.report("/s", a)
+	if !strings.Contains(buf.String(), "refusals_not_logged=4") {
+		t.Fatalf("the next log line does not count the 4 refusals not logged:\n%s", buf.String())
 	}
 }
