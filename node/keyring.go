@@ -67,11 +67,18 @@ func (s *adminServer) Keyring(ctx context.Context, req *dsmpb.KeyringRequest) (*
 		}
 		key = k
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, keyringTimeout)
-		defer cancel()
+	// Leave a second of the caller's deadline for the answer, so that
+	// members that do not answer are reported, not lost in a
+	// DEADLINE_EXCEEDED.
+	dl, ok := ctx.Deadline()
+	switch {
+	case !ok:
+		dl = time.Now().Add(keyringTimeout)
+	case time.Until(dl) > 2*time.Second:
+		dl = dl.Add(-time.Second)
 	}
+	ctx, cancel := context.WithDeadline(ctx, dl)
+	defer cancel()
 	res, err := s.n.dir.Keyring(ctx, op, key)
 	if err != nil {
 		return nil, statusError(err)
