@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/localsock"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
@@ -195,4 +196,27 @@ func (s *adminServer) SetRegionAccess(ctx context.Context, req *dsmpb.SetRegionA
 	}
 	s.n.log.Info("region access set", "region", r.Name, "access", r.Access.String())
 	return &dsmpb.SetRegionAccessResponse{Region: regionPB(r)}, nil
+}
+
+// revokeMappings ends the mappings that a region's new access list no
+// longer allows; seen holds the lists of the previous view, updated here.
+func (n *Node) revokeMappings(v *directory.View, seen map[ids.RegionID]*directory.Access) {
+	live := map[ids.RegionID]bool{}
+	for _, r := range v.Regions() {
+		live[r.ID] = true
+		old, known := seen[r.ID]
+		seen[r.ID] = r.Access
+		if !known || r.Access == nil || r.Access.Equal(old) || n.cache == nil {
+			continue
+		}
+		reason := fmt.Sprintf("region %q: its access list changed and no longer lets this process map it (access: %s)", r.Name, r.Access)
+		n.cache.Revoke(r.ID, func(id localsock.Identity) bool {
+			return regionAccessError(id, r, "map", true) == nil
+		}, reason)
+	}
+	for id := range seen {
+		if !live[id] {
+			delete(seen, id)
+		}
+	}
 }

@@ -229,6 +229,7 @@ func (n *Node) follow(ctx context.Context) {
 	peers := map[ids.NodeID]string{}
 	nonces := map[ids.NodeID]uint64{}
 	regions := map[ids.RegionID]bool{}
+	access := map[ids.RegionID]*directory.Access{} // as last seen
 	for {
 		select {
 		case <-ctx.Done():
@@ -295,6 +296,7 @@ func (n *Node) follow(ctx context.Context) {
 					regions[r.ID] = true
 				}
 			}
+			n.revokeMappings(cur, access)
 			if ch.EpochChanged() {
 				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed())
 			}

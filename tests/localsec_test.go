@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -223,7 +224,37 @@ func TestRegionAccess(t *testing.T) {
 	if out, errs, code := c.ctl(1, "get", "sec", "16", "5"); code != 0 || !strings.Contains(out, "hello") {
 		t.Errorf("root dsmctl get: exit %d %q %s", code, out, errs)
 	}
+	// The writer holds a mapping; the new list cuts it off.
+	hold := exec.Command(dsmclientBin(t), "-addr", sock, "-region", "sec", "-timeout", "60s", "hold")
+	hold.SysProcAttr = &syscall.SysProcAttr{Credential: writer.cred(), AmbientCaps: []uintptr{capSysPtrace}}
+	hold.Dir = "/"
+	stdin, err := hold.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	stdout, err := hold.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var holdErr bytes.Buffer
+	hold.Stderr = &holdErr
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "mapped" {
+		t.Fatalf("hold: %q %v: %s", lines.Text(), lines.Err(), holdErr.String())
+	}
 	mustOK(t, "writer region access")(ctlAs(t, writer, sock, "region", "access", "sec", "--allow-uid", "3003"))
+	if !lines.Scan() || !strings.Contains(lines.Text(), "dead:") || !strings.Contains(lines.Text(), "permission denied") ||
+		!strings.Contains(lines.Text(), "access list changed") {
+		t.Errorf("the writer's mapping after the change: %q %v: %s", lines.Text(), lines.Err(), holdErr.String())
+	}
+	if err := hold.Wait(); err != nil {
+		t.Errorf("hold: %v: %s", err, holdErr.String())
+	}
 	if got := mustOK(t, "stranger read-at now")(clientAs(t, stranger, sock, "sec", "read-at", "8", "3")); strings.TrimSpace(got) != "5ec2e7" {
 		t.Errorf("stranger read-at after the change: %q", got)
 	}

@@ -234,7 +234,7 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 	if err != nil {
 		return nil, refuse(mapproto.CodeBadRequest, "%v", err)
 	}
-	cl, err := c.attach(r, u, conn, reg.Addr, pid, req.FaultTimeout)
+	cl, err := c.attach(r, u, conn, reg.Addr, pid, peer, req.FaultTimeout)
 	if errors.Is(err, ErrUnknownRegion) {
 		return nil, refuse(mapproto.CodeUnknownRegion, "region %q (%s) was deleted", r.name, r.id)
 	}
