@@ -63,7 +63,9 @@
 // answer to its map request. The caller's identity reaches the handlers
 // as the peer address of the call (localsock.Addr). A region's access list
 // (directory.Access) is checked on Map (localcache Config.MayMap: a
-// mapping needs write access) and in memRegion for every memory call;
+// mapping needs write access), again on the mappings made when the list
+// changes (revokeMappings, localcache Revoke), and in memRegion for every
+// memory call;
 // callers over TCP carry no uid and are not checked there. Keyring (the
 // gossip keys, keyring.go) is for root and dsmd's user only.
 //
