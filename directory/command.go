@@ -17,6 +17,7 @@ const (
 	cmdDeleteRegion
 	cmdPutMember
 	cmdSetMemberState
+	cmdSetRegionAccess
 )
 
 // commandVersion is the first byte of every encoded command.
@@ -32,7 +33,10 @@ type command struct {
 	// cmdCreateRegion
 	Spec      *RegionSpec `json:"spec,omitempty"`
 	CreatedAt int64       `json:"at,omitempty"` // unix nanoseconds, stamped by the proposer
-	// cmdDeleteRegion
+	// cmdCreateRegion (the region's access if it is created) and
+	// cmdSetRegionAccess (nil: open).
+	Access *Access `json:"access,omitempty"`
+	// cmdDeleteRegion, cmdSetRegionAccess
 	Name string `json:"name,omitempty"`
 	// cmdPutMember
 	Member *Member `json:"member,omitempty"`
@@ -78,6 +82,12 @@ func decodeCommand(b []byte) (command, error) {
 	if dec.More() {
 		return command{}, fmt.Errorf("%w: trailing data", ErrBadCommand)
 	}
+	if c.Access != nil && c.Type != cmdCreateRegion && c.Type != cmdSetRegionAccess {
+		return command{}, fmt.Errorf("%w: access in a command of type %d", ErrBadCommand, c.Type)
+	}
+	if _, err := c.Access.Normalize(); err != nil {
+		return command{}, err
+	}
 	switch c.Type {
 	case cmdCreateRegion:
 		if c.Spec == nil {
@@ -86,7 +96,7 @@ func decodeCommand(b []byte) (command, error) {
 		if _, err := c.Spec.Normalize(); err != nil {
 			return command{}, err
 		}
-	case cmdDeleteRegion:
+	case cmdDeleteRegion, cmdSetRegionAccess:
 		if err := validName(c.Name); err != nil {
 			return command{}, err
 		}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/memberlist"
+
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 )
@@ -60,6 +62,12 @@ type Config struct {
 	// table or gossip knows. Nil: plain TCP (loopback, tests). Gossip is
 	// not covered.
 	TLS *tlsconf.Manager
+
+	// GossipKeys turn on gossip encryption: AES keys of 16, 24 or 32
+	// bytes, the first the primary. A keyring kept in DataDir (KeyringFile,
+	// written whenever the keys change) takes precedence: it holds the keys
+	// installed at runtime. Neither: gossip is not encrypted.
+	GossipKeys [][]byte
 
 	Timing Timing
 	// Logger receives the directory's, Raft's, memberlist's and pebble's
@@ -197,6 +205,11 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.BootstrapExpect < 0 || c.BootstrapExpect > c.MaxVoters {
 		return c, fmt.Errorf("%w: BootstrapExpect %d not in [0, MaxVoters=%d]", ErrInvalidConfig, c.BootstrapExpect, c.MaxVoters)
+	}
+	for i, k := range c.GossipKeys {
+		if err := memberlist.ValidateKey(k); err != nil {
+			return c, fmt.Errorf("%w: gossip key %d has %d bytes, want 16, 24 or 32", ErrInvalidConfig, i+1, len(k))
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

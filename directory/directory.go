@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -43,6 +44,7 @@ type Directory struct {
 	// sets gossip.
 	gossipRef atomic.Pointer[gossip]
 	ml        *memberlist.Memberlist
+	keys      *keyrings
 	rpc       *rpcServer
 
 	gossipAddr string // bound gossip address
@@ -188,6 +190,18 @@ func Open(cfg Config) (_ *Directory, err error) {
 	mc.Events = d.gossip
 	mc.Ping = d.gossip
 	mc.Logger = log.New(slogWriter{l: d.log, component: "memberlist"}, "", 0)
+	kr, kept, err := openKeyring(cfg.DataDir, cfg.GossipKeys)
+	if err != nil {
+		return nil, err
+	}
+	if kept && len(cfg.GossipKeys) > 0 && !slices.ContainsFunc(kr.GetKeys(), func(k []byte) bool { return bytes.Equal(k, cfg.GossipKeys[0]) }) {
+		d.log.Warn("directory: the gossip key given is not in the keyring kept in the data directory, which is used: remove " +
+			filepath.Join(cfg.DataDir, KeyringFile) + " to start from the key given")
+	}
+	mc.Keyring = kr // nil: gossip is not encrypted
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	d.keys = &keyrings{kr: kr, dir: cfg.DataDir}
+	d.gossip.onMsg = d.onUserMsg
 	d.ml, err = memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("directory: gossip %s: %w", cfg.GossipAddr, err)
@@ -268,6 +282,7 @@ func (d *Directory) Close() error {
 		if err := d.ml.Shutdown(); err != nil {
 			errs = append(errs, fmt.Errorf("gossip shutdown: %w", err))
 		}
+		d.keys.close()
 		// Close also the pooled outbound connections, so that peers'
 		// handlers of them end.
 		d.trans.CloseStreams()

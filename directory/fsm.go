@@ -109,7 +109,11 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 			return &next, applyResult{Err: fmt.Errorf("%w: %q needs %s, and the %d regions take %s of the %s every member maps",
 				ErrNoSpace, spec.Name, sizeString(spec.Size), len(v.regions), sizeString(total), sizeString(MaxTotalSize))}
 		}
-		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive)}
+		access, err := c.Access.Normalize()
+		if err != nil {
+			return &next, applyResult{Err: err}
+		}
+		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive), Access: access}
 		for _, h := range r.Homes {
 			m, _ := v.Member(h)
 			r.HomeIncarnations = append(r.HomeIncarnations, m.Incarnation)
@@ -126,6 +130,24 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		}
 		r := v.regions[i]
 		next.setRegions(slices.Delete(slices.Clone(v.regions), i, i+1))
+		return &next, applyResult{Region: r, changed: true}
+	case cmdSetRegionAccess:
+		i, ok := slices.BinarySearchFunc(v.regions, c.Name, func(r Region, n string) int { return cmpStr(r.Name, n) })
+		if !ok {
+			return &next, applyResult{Err: fmt.Errorf("%w: %q", ErrNoRegion, c.Name)}
+		}
+		access, err := c.Access.Normalize()
+		if err != nil {
+			return &next, applyResult{Err: err}
+		}
+		r := v.regions[i]
+		if r.Access.Equal(access) {
+			return &next, applyResult{Region: r}
+		}
+		r.Access = access
+		rs := slices.Clone(v.regions)
+		rs[i] = r
+		next.setRegions(rs)
 		return &next, applyResult{Region: r, changed: true}
 	case cmdPutMember:
 		return putMember(v, c)
@@ -452,6 +474,9 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if r.ID == 0 || seenID[r.ID] || (s.NextRegion != 0 && r.ID >= s.NextRegion) {
 			return nil, fmt.Errorf("%w: region id %v", ErrBadSnapshot, r.ID)
+		}
+		if a, err := r.Access.Normalize(); err != nil || !a.Equal(r.Access) {
+			return nil, fmt.Errorf("%w: region %q: access lists unsorted or too long", ErrBadSnapshot, r.Name)
 		}
 		if len(r.HomeIncarnations) != len(r.Homes) {
 			return nil, fmt.Errorf("%w: region %q has %d homes and %d home incarnations", ErrBadSnapshot, r.Name, len(r.Homes), len(r.HomeIncarnations))

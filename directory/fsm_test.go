@@ -28,7 +28,14 @@ func seedCommands() []command {
 		{Type: cmdSetMemberState, ID: 2, State: StateFailed},
 		{Type: cmdPutMember, Member: restartOf(2, 2)}, // incarnation 2, old id quarantined
 		createRegionCmd(RegionSpec{Name: "c", Size: 1 << 30}, time.Unix(3, 0)),
+		withAccess(createRegionCmd(RegionSpec{Name: "d", Size: 1 << 20}, time.Unix(4, 0)), &Access{Users: []uint32{1000}, ReadGroups: []uint32{50}}),
+		{Type: cmdSetRegionAccess, Name: "c", Access: &Access{Groups: []uint32{7, 3}}},
 	}
+}
+
+func withAccess(c command, a *Access) command {
+	c.Access = a
+	return c
 }
 
 func applyAll(t *testing.T, f *fsm, cmds []command) []applyResult {

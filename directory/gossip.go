@@ -105,6 +105,10 @@ type gossip struct {
 	// seen is when each node last answered a probe or sent an update, by
 	// memberlist node name; guarded by mu.
 	seen map[string]time.Time
+
+	// onMsg receives user messages (keyring operations); set before
+	// memberlist starts.
+	onMsg func([]byte)
 }
 
 func newGossip(m nodeMeta) *gossip {
@@ -122,7 +126,13 @@ func (g *gossip) NodeMeta(limit int) []byte {
 	return b
 }
 
-func (g *gossip) NotifyMsg([]byte)                           {}
+// NotifyMsg implements memberlist.Delegate: user messages.
+func (g *gossip) NotifyMsg(b []byte) {
+	if g.onMsg != nil {
+		g.onMsg(b)
+	}
+}
+
 func (g *gossip) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (g *gossip) LocalState(join bool) []byte                { return nil }
 func (g *gossip) MergeRemoteState(buf []byte, join bool)     {}

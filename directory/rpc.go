@@ -66,7 +66,7 @@ func (e *RemoteError) Error() string { return "directory: remote: " + e.Msg }
 var wireSentinels = []error{
 	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrNoSpace, ErrPageOutOfRange,
 	ErrNoMembers, ErrInvalidMember, ErrNotLeader, ErrNoLeader, ErrClosed, ErrBadCommand,
-	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs,
+	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs, ErrInvalidAccess,
 }
 
 func toWire(err error) *wireError {

@@ -211,6 +211,10 @@ type Region struct {
 	// node refuses the pages of a home whose incarnation has changed
 	// since: the restarted process does not have them.
 	HomeIncarnations []uint64 `json:",omitempty"`
+	// Access says which local users may map, read and write the region;
+	// nil: every process allowed on dsmd's socket. Set at creation,
+	// changed by SetRegionAccess.
+	Access *Access `json:",omitempty"`
 }
 
 // HomeIncarnation returns the incarnation that home h had when the region

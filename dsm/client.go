@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -103,8 +104,21 @@ func (c *Client) dialError(err error) error {
 	}
 	e := rpcErr("dial", "", err).(*Error)
 	e.Err = fmt.Errorf("dsmd at %s: %w", c.addr, err)
+	if e.Kind == ErrPermissionDenied {
+		e.Err = &saidError{fmt.Sprintf("dsmd at %s refused: %s", c.addr,
+			strings.TrimPrefix(causeText(err), "permission denied: ")), err}
+	}
 	return e
 }
+
+// saidError is err said in other words.
+type saidError struct {
+	msg string
+	err error
+}
+
+func (e *saidError) Error() string { return e.msg }
+func (e *saidError) Unwrap() error { return e.err }
 
 // NodeID is the id of the dsmd this Client talks to.
 func (c *Client) NodeID() uint32 { return c.nodeID }

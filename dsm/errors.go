@@ -78,6 +78,11 @@ var (
 	// since the region was created, or joined later): map through another
 	// node.
 	ErrUnavailable = errors.New("dsm: page unavailable")
+	// ErrPermissionDenied: dsmd refused this process: it is not allowed on
+	// dsmd's socket (root, dsmd's user and dsmd's --socket-group are), or
+	// the region's access list does not let its user do what it asked (map
+	// and write need write access; Load and ReadMemory read access).
+	ErrPermissionDenied = errors.New("dsm: permission denied")
 )
 
 // pageUnavailableReason is the google.rpc.ErrorInfo reason dsmd attaches
@@ -182,6 +187,8 @@ func rpcErr(op, region string, err error) error {
 		}
 	case codes.Unimplemented:
 		kind = ErrUnsupported
+	case codes.PermissionDenied:
+		kind = ErrPermissionDenied
 	case codes.DeadlineExceeded:
 		kind = context.DeadlineExceeded
 	case codes.Canceled:
@@ -218,9 +225,15 @@ func mapErr(op, region string, off int64, err error) error {
 		{mapclient.ErrUnknownRegion, ErrUnknownRegion},
 		{mapclient.ErrOutOfRange, ErrOutOfRange},
 		{mapclient.ErrPageUnavailable, ErrUnavailable},
+		{mapclient.ErrPermissionDenied, ErrPermissionDenied},
 	} {
 		if !errors.Is(err, k.from) {
 			continue
+		}
+		// dsmd's refusal says why in its text; its code is the Kind.
+		var se *mapclient.ServerError
+		if errors.As(err, &se) && k.to == ErrPermissionDenied {
+			return newErr(op, region, off, k.to, errors.New(se.Text))
 		}
 		// The internal sentinel says what Kind says: keep only the detail.
 		if err == k.from {

@@ -54,8 +54,11 @@ func statusError(err error) error {
 		return status.Error(codes.InvalidArgument, specMessage(se))
 	case errors.Is(err, directory.ErrNoSpace):
 		return status.Error(codes.ResourceExhausted, strings.TrimPrefix(msg, "directory: ")+"; delete regions first")
-	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange):
+	case errors.Is(err, directory.ErrInvalidRegion), errors.Is(err, directory.ErrPageOutOfRange),
+		errors.Is(err, directory.ErrInvalidAccess), errors.Is(err, directory.ErrGossipKey):
 		return status.Error(codes.InvalidArgument, msg)
+	case errors.Is(err, directory.ErrNoEncryption), errors.Is(err, directory.ErrKeyNotInstalled), errors.Is(err, directory.ErrPrimaryKey):
+		return status.Error(codes.FailedPrecondition, msg)
 	case errors.Is(err, directory.ErrRegionExists):
 		return status.Error(codes.AlreadyExists, msg)
 	case errors.Is(err, directory.ErrNoRegion):
@@ -122,7 +125,7 @@ func regionPB(r directory.Region) *dsmpb.Region {
 	// The directory records a creation time, not a creation epoch:
 	// created_epoch stays 0.
 	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize,
-		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0))))}
+		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0)))), Access: accessPB(r.Access)}
 }
 
 func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {
@@ -141,7 +144,7 @@ func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest)
 	if req.Size == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "region %q: size is zero", req.Name)
 	}
-	r, created, err := n.dir.EnsureRegion(ctx, spec)
+	r, created, err := n.dir.EnsureRegionAccess(ctx, spec, accessOf(req.GetAccess()))
 	if err != nil {
 		return nil, statusError(err)
 	}
@@ -159,6 +162,9 @@ func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest)
 func (n *Node) deleteRegion(ctx context.Context, req *dsmpb.DeleteRegionRequest) (*dsmpb.DeleteRegionResponse, error) {
 	r, err := n.freshRegion(ctx, req.GetName())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkRegion(ctx, r, "delete", true); err != nil {
 		return nil, err
 	}
 	var mapped uint64

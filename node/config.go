@@ -6,15 +6,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
@@ -82,6 +85,20 @@ type Config struct {
 	// MapSocket is the SOCK_SEQPACKET socket of mapping sessions. Empty:
 	// DATA_DIR/map.sock.
 	MapSocket string `json:"map_socket"`
+	// SocketMode is the permission bits of both sockets, in octal: empty
+	// means 0600 (dsmd's user only), or 0660 with a SocketGroup.
+	SocketMode string `json:"socket_mode"`
+	// SocketGroup, a group name or gid, is given both sockets, and its
+	// members may use them (dsmd checks every peer's credentials). Empty:
+	// only root and dsmd's user may.
+	SocketGroup string `json:"socket_group"`
+	// GossipKey (base64 of 16, 24 or 32 bytes) turns on gossip encryption;
+	// GossipKeyringFile names a file of keys instead (a JSON array of base64
+	// keys, the primary first). Either seeds the keyring kept in the data
+	// directory, which takes precedence from then on (it holds the keys
+	// installed with dsmctl keyring).
+	GossipKey         string `json:"gossip_key"`
+	GossipKeyringFile string `json:"gossip_keyring_file"`
 	// CacheSize bounds the page cache, in bytes.
 	CacheSize Size `json:"cache_size"`
 	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
@@ -232,6 +249,10 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "bootstrap a new cluster once this many nodes with the same setting see each other (0: only join)")
 	fs.StringVar(&c.Socket, "socket", c.Socket, "Unix socket of the gRPC services for local clients and dsmctl (default DATA_DIR/dsmd.sock; "+DefaultSocket+" is what clients try without $DSM_ADDR)")
 	fs.StringVar(&c.MapSocket, "map-socket", c.MapSocket, "Unix SOCK_SEQPACKET socket of mapping sessions (default DATA_DIR/map.sock)")
+	fs.StringVar(&c.SocketMode, "socket-mode", c.SocketMode, "permission `bits` in octal of both local sockets (default 0600, or 0660 with --socket-group)")
+	fs.StringVar(&c.SocketGroup, "socket-group", c.SocketGroup, "`group` (name or gid) given both local sockets; its members may use dsmd (default none: root and dsmd's user only)")
+	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "encrypt gossip with this `key` (base64 of 16, 24 or 32 bytes; dsmctl keygen makes one); every member needs it. Once started, the data directory keeps the keyring and dsmctl keyring changes it")
+	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -370,6 +391,12 @@ func (c Config) Validate() error {
 			return &ConfigError{name, fmt.Sprintf("%q is not host:port", a)}
 		}
 	}
+	if _, err := c.SocketPerm(); err != nil {
+		return err
+	}
+	if _, err := c.gossipKeys(); err != nil {
+		return err
+	}
 	if c.Bind == "" && (c.GossipAddr == "" || c.RaftAddr == "" || c.RPCAddr == "" || c.VerbsAddr == "") {
 		return &ConfigError{"bind", "required unless every address is given"}
 	}
@@ -440,6 +467,52 @@ func isLoopback(hostport string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+
+}
+
+// SocketPerm is the mode and group of the local sockets, and the group's
+// name ("" when it was given as a number or not at all).
+func (c Config) SocketPerm() (SocketAccess, error) {
+	var a SocketAccess
+	a.Perm.Mode = 0o600
+	if g := strings.TrimSpace(c.SocketGroup); g != "" {
+		a.Perm.HasGroup = true
+		if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+			a.Perm.Group = uint32(n)
+		} else {
+			gr, err := user.LookupGroup(g)
+			if err != nil {
+				return a, &ConfigError{"socket-group", fmt.Sprintf("no group %q on this machine", g)}
+			}
+			n, err := strconv.ParseUint(gr.Gid, 10, 32)
+			if err != nil {
+				return a, &ConfigError{"socket-group", fmt.Sprintf("group %q has gid %q, not a number", g, gr.Gid)}
+			}
+			a.Perm.Group, a.GroupName = uint32(n), g
+		}
+		a.Perm.Mode = 0o660
+	}
+	if m := strings.TrimSpace(c.SocketMode); m != "" {
+		n, err := strconv.ParseUint(m, 8, 32)
+		if err != nil || n > 0o777 {
+			return a, &ConfigError{"socket-mode", fmt.Sprintf("%q is not permission bits in octal, from 0 to 0777 (e.g. 0660)", m)}
+		}
+		if n&0o600 != 0o600 {
+			return a, &ConfigError{"socket-mode", fmt.Sprintf("%#o locks dsmd's own user out: it needs 0600", n)}
+		}
+		if a.Perm.HasGroup && n&0o060 != 0o060 {
+			return a, &ConfigError{"socket-mode", fmt.Sprintf("%#o does not let --socket-group %s in: it needs 0060 (e.g. 0660)", n, c.SocketGroup)}
+		}
+		a.Perm.Mode = fs.FileMode(n)
+	}
+	return a, nil
+}
+
+// SocketAccess is how the local sockets are created and who may use them.
+type SocketAccess struct {
+	Perm localsock.Perm
+	// GroupName names Perm.Group when the group was given by name.
+	GroupName string
 }
 
 // Addrs are the resolved listen addresses of a Config.

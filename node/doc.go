@@ -53,6 +53,22 @@
 // with a metadata marker (dsm-status-local) that keeps the peer from asking
 // further; a member that cannot be asked keeps its row, with the reason.
 //
+// # Local clients and gossip keys
+//
+// Both Unix sockets are created with --socket-mode and --socket-group
+// (internal/localsock), and every peer's SO_PEERCRED credentials are
+// judged when it connects (localauth.go): root, dsmd's user and the socket
+// group's members are admitted; a refused process gets PERMISSION_DENIED
+// on every gRPC call (an interceptor) and Error{permission denied} in
+// answer to its map request. The caller's identity reaches the handlers
+// as the peer address of the call (localsock.Addr). A region's access list
+// (directory.Access) is checked on Map (localcache Config.MayMap: a
+// mapping needs write access), again on the mappings made when the list
+// changes (revokeMappings, localcache Revoke), and in memRegion for every
+// memory call;
+// callers over TCP carry no uid and are not checked there. Keyring (the
+// gossip keys, keyring.go) is for root and dsmd's user only.
+//
 // # Health
 //
 // Status judges from the local replica and the local gossip view:

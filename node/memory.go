@@ -28,7 +28,10 @@ const MaxMemoryIO = 16 << 20
 // A region created through another node a moment ago may not be in this
 // node's view yet: it is waited for (up to two seconds) once the leader
 // confirms it exists.
-func (n *Node) memRegion(ctx context.Context, name string, off, length uint64) (directory.Region, error) {
+//
+// A local caller must be allowed to do op by the region's access list
+// (write: op writes).
+func (n *Node) memRegion(ctx context.Context, name, op string, write bool, off, length uint64) (directory.Region, error) {
 	r, err := n.region(name)
 	if status.Code(err) == codes.NotFound {
 		if _, ok := n.freshView(ctx).Region(name); ok {
@@ -54,6 +57,9 @@ func (n *Node) memRegion(ctx context.Context, name string, off, length uint64) (
 	if err != nil {
 		return r, err
 	}
+	if err := checkRegion(ctx, r, op, write); err != nil {
+		return r, err
+	}
 	if n.eng != nil {
 		if why := n.eng.refusedRegion(r.ID); why != "" {
 			return r, status.Errorf(codes.FailedPrecondition, "region %q is not served on n%d: %s", name, n.cfg.ID, why)
@@ -71,7 +77,11 @@ func (n *Node) word(ctx context.Context, name string, off uint64, write bool, fn
 	if off%8 != 0 {
 		return status.Errorf(codes.InvalidArgument, "region %q: offset %d is not a multiple of 8", name, off)
 	}
-	r, err := n.memRegion(ctx, name, off, 8)
+	op := "read"
+	if write {
+		op = "write"
+	}
+	r, err := n.memRegion(ctx, name, op, write, off, 8)
 	if err != nil {
 		return err
 	}
@@ -145,7 +155,7 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	if length == 0 && off <= r.Size {
 		length = r.Size - off
 	}
-	if _, err := n.memRegion(ctx, name, off, length); err != nil {
+	if _, err := n.memRegion(ctx, name, "sync", true, off, length); err != nil {
 		return nil, err
 	}
 	ps := uint64(r.PageSize)
@@ -188,7 +198,7 @@ func (s *adminServer) ReadMemory(ctx context.Context, req *dsmpb.ReadMemoryReque
 	if req.GetLength() > MaxMemoryIO {
 		return nil, status.Errorf(codes.InvalidArgument, "read of %d bytes: at most %d per call", req.GetLength(), MaxMemoryIO)
 	}
-	r, err := s.n.memRegion(ctx, req.GetRegion(), req.GetOffset(), uint64(req.GetLength()))
+	r, err := s.n.memRegion(ctx, req.GetRegion(), "read", false, req.GetOffset(), uint64(req.GetLength()))
 	if err != nil {
 		return nil, err
 	}
@@ -203,7 +213,7 @@ func (s *adminServer) WriteMemory(ctx context.Context, req *dsmpb.WriteMemoryReq
 	if len(req.GetData()) > MaxMemoryIO {
 		return nil, status.Errorf(codes.InvalidArgument, "write of %d bytes: at most %d per call", len(req.GetData()), MaxMemoryIO)
 	}
-	r, err := s.n.memRegion(ctx, req.GetRegion(), req.GetOffset(), uint64(len(req.GetData())))
+	r, err := s.n.memRegion(ctx, req.GetRegion(), "write", true, req.GetOffset(), uint64(len(req.GetData())))
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/localcache"
@@ -108,6 +109,7 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
 	id := ids.NodeID(n.cfg.ID)
+	sa, _ := n.cfg.SocketPerm() // validated by New
 	ctx, cancel := context.WithCancel(context.Background())
 	n.ctx, n.stop = ctx, cancel
 	n.publish = make(chan struct{}, 1)
@@ -138,11 +140,13 @@ func (n *Node) Start() (err error) {
 	if err := os.MkdirAll(filepath.Dir(n.addrs.Socket), 0o755); err != nil {
 		return fmt.Errorf("node: socket dir: %w", err)
 	}
-	uln, err := listenUnix(n.addrs.Socket)
+	uln, err := n.listenLocal("unix", n.addrs.Socket)
 	if err != nil {
 		return err
 	}
-	n.lns = append(n.lns, uln)
+	rf := &refusals{log: n.log}
+	n.lns = append(n.lns, localsock.Admit(uln, n.socketPolicy(n.addrs.Socket),
+		func(a *localsock.Addr) { rf.report(n.addrs.Socket, a) }))
 	published := "unix://" + n.addrs.Socket
 	if n.addrs.GRPC != "" {
 		tln, err := net.Listen("tcp", n.addrs.GRPC)
@@ -167,8 +171,10 @@ func (n *Node) Start() (err error) {
 		published = n.addrs.GRPC
 	}
 
+	keys, _ := n.cfg.gossipKeys() // validated by New
 	n.dir, err = directory.Open(directory.Config{
-		NodeID: id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
+		GossipKeys: keys,
+		NodeID:     id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
 		GossipAddr: n.addrs.Gossip, RaftAddr: n.addrs.Raft, RPCAddr: n.addrs.RPC,
 		GRPCAddr: published, VerbsAddr: n.addrs.Verbs,
 		Join: n.cfg.Join, BootstrapExpect: n.cfg.BootstrapExpect,
@@ -196,6 +202,9 @@ func (n *Node) Start() (err error) {
 		CapacityPages: int(uint64(n.cfg.CacheSize) / localcache.DefaultPageSize),
 		Logger:        n.log.With("part", "cache"),
 		Proto:         n.proto,
+		SocketPerm:    sa.Perm,
+		Admit:         n.admitConn(n.socketPolicy(n.addrs.MapSocket), rf),
+		MayMap:        n.mayMap,
 	})
 	if err != nil {
 		return fmt.Errorf("node: page cache: %w", err)
@@ -214,7 +223,7 @@ func (n *Node) Start() (err error) {
 		n.publishLoop(ctx)
 	}()
 
-	n.grpc = grpc.NewServer()
+	n.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(admitUnary), grpc.ChainStreamInterceptor(admitStream))
 	dsmpb.RegisterAdminServer(n.grpc, &adminServer{n: n})
 	dsmpb.RegisterClientServer(n.grpc, &clientServer{n: n})
 	for _, ln := range n.lns {
@@ -288,27 +297,6 @@ func (n *Node) ReloadTLS() error {
 	return nil
 }
 
-// listenUnix binds a Unix stream socket, replacing a stale file left by a
-// dead daemon but never a live one.
-func listenUnix(path string) (net.Listener, error) {
-	ln, err := net.Listen("unix", path)
-	if err == nil {
-		return ln, nil
-	}
-	if c, derr := net.DialTimeout("unix", path, time.Second); derr == nil {
-		c.Close()
-		return nil, fmt.Errorf("node: socket %s is in use by a live process", path)
-	}
-	if rerr := os.Remove(path); rerr != nil && !os.IsNotExist(rerr) {
-		return nil, fmt.Errorf("node: socket %s: %w", path, err)
-	}
-	ln, err = net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("node: socket %s: %w", path, err)
-	}
-	return ln, nil
-}
-
 // follow keeps the verbs transport's peer table and the page cache's
 // regions in step with the directory.
 func (n *Node) follow(ctx context.Context) {
@@ -317,6 +305,7 @@ func (n *Node) follow(ctx context.Context) {
 	peers := map[ids.NodeID]string{}
 	nonces := map[ids.NodeID]uint64{}
 	regions := map[ids.RegionID]bool{}
+	access := map[ids.RegionID]*directory.Access{} // as last seen
 	for {
 		select {
 		case <-ctx.Done():
@@ -383,6 +372,7 @@ func (n *Node) follow(ctx context.Context) {
 					regions[r.ID] = true
 				}
 			}
+			n.revokeMappings(cur, access)
 			if ch.EpochChanged() {
 				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed())
 			}

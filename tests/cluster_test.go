@@ -32,6 +32,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	// Other users run the binaries too (the local security tests).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	dsmdBin, dsmctlBin = filepath.Join(dir, "dsmd"), filepath.Join(dir, "dsmctl")
 	for bin, pkg := range map[string]string{dsmdBin: "github.com/dsmkit/dsm/cmd/dsmd", dsmctlBin: "github.com/dsmkit/dsm/cmd/dsmctl"} {
 		args := []string{"build", "-o", bin}

@@ -64,13 +64,21 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# Gossip is encrypted: one key for the cluster, made on the first run and
+# kept in the run directory (each node then keeps its keyring in its data
+# directory; dsmctl keyring rotates it).
+KEYRING=$RUN_DIR/gossip-keyring.json
+if [ ! -s "$KEYRING" ]; then
+	(umask 077 && printf '["%s"]\n' "$("$BIN/dsmctl" keygen)" >"$KEYRING")
+fi
+
 join=127.0.0.1:$PORT_BASE
 for i in $(seq 1 $N); do
 	dir=$RUN_DIR/n$i
 	mkdir -p "$dir"
 	base=$((PORT_BASE + 10 * (i - 1)))
 	"$BIN/dsmd" --id "$i" --data-dir "$dir" --bind 127.0.0.1 --port-base "$base" \
-		--bootstrap-expect $N --join "$join" ${tls_args[@]+"${tls_args[@]}"} \
+		--bootstrap-expect $N --join "$join" --gossip-keyring-file "$KEYRING" ${tls_args[@]+"${tls_args[@]}"} \
 		--metrics-addr "127.0.0.1:$((base + 5))" >"$dir/dsmd.log" 2>&1 &
 	pids+=($!)
 	echo "n$i: pid $! socket $dir/dsmd.sock metrics http://127.0.0.1:$((base + 5))/metrics log $dir/dsmd.log"

@@ -297,8 +297,9 @@ func closeFDs(fds []int) {
 
 // monitor waits for the end of the session. After the handshake dsmd
 // sends Unavailable and Available about poisoned pages (see poison), and
-// at most one Error, Error{CodeUnknownRegion} when the region is deleted,
-// before it closes the session; any other end (end of stream, an error,
+// at most one Error, Error{CodeUnknownRegion} when the region is deleted
+// or Error{CodePermissionDenied} when its access list no longer lets this
+// process in, before it closes the session; any other end (end of stream, an error,
 // another Error) means that dsmd went away.
 func (m *Mapping) monitor() {
 	defer close(m.mon)
@@ -316,6 +317,9 @@ func (m *Mapping) monitor() {
 			m.end(dead, fmt.Errorf("%w: undecodable message from dsmd: %v", ErrDaemonGone, err))
 		case msg.Type == mapproto.TypeError && msg.Code == mapproto.CodeUnknownRegion:
 			m.end(deleted, fmt.Errorf("%w: %s", ErrRegionDeleted, msg.Text))
+		case msg.Type == mapproto.TypeError && msg.Code == mapproto.CodePermissionDenied:
+			// The region's access list no longer lets this process in.
+			m.end(dead, fmt.Errorf("%w: %s", ErrPermissionDenied, msg.Text))
 		case msg.Type == mapproto.TypeError:
 			m.end(dead, fmt.Errorf("%w: %s: %s", ErrDaemonGone, msg.Code, msg.Text))
 		case msg.Type == mapproto.TypeUnavailable:

@@ -36,6 +36,9 @@ var (
 	// mapping stays alive; the page works again once dsmd serves it. The
 	// error is a *PageError when dsmd said which page and why.
 	ErrPageUnavailable = errors.New("mapclient: page unavailable")
+	// ErrPermissionDenied: dsmd refused this process the socket, or the
+	// region (its access list does not let this user map it).
+	ErrPermissionDenied = errors.New("mapclient: permission denied")
 )
 
 // PageError is an access to a page that dsmd poisoned. It matches
@@ -71,6 +74,8 @@ func (e *ServerError) Is(target error) bool {
 		return target == ErrUnknownRegion
 	case mapproto.CodeUnavailable:
 		return target == ErrUnavailable
+	case mapproto.CodePermissionDenied:
+		return target == ErrPermissionDenied
 	}
 	return false
 }

@@ -101,11 +101,12 @@ type Code uint16
 
 // Error codes.
 const (
-	CodeUnknownRegion Code = 1 + iota // no region of that name; after Registered: the region was deleted
-	CodeSizeMismatch                  // Map.Size is not the region's size
-	CodeBadRequest                    // a message out of order, malformed, or with bad fields
-	CodeUnavailable                   // dsmd cannot serve now (closing, out of resources)
-	CodeInternal                      // anything else
+	CodeUnknownRegion    Code = 1 + iota // no region of that name; after Registered: the region was deleted
+	CodeSizeMismatch                     // Map.Size is not the region's size
+	CodeBadRequest                       // a message out of order, malformed, or with bad fields
+	CodeUnavailable                      // dsmd cannot serve now (closing, out of resources)
+	CodeInternal                         // anything else
+	CodePermissionDenied                 // the peer may not use the socket, or not map that region
 )
 
 func (c Code) String() string {
@@ -120,6 +121,8 @@ func (c Code) String() string {
 		return "unavailable"
 	case CodeInternal:
 		return "internal error"
+	case CodePermissionDenied:
+		return "permission denied"
 	}
 	return fmt.Sprintf("code(%d)", uint16(c))
 }

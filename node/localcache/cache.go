@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/memfd"
 )
@@ -75,6 +76,17 @@ type Config struct {
 	// session tokens it hands out (mapproto.FeatureSession); nil or 0:
 	// sessions get no token.
 	Proto func() ids.NodeID
+	// SocketPerm is the mode and group of the socket Listen creates; a
+	// zero Mode means 0600.
+	SocketPerm localsock.Perm
+	// Admit, when set, judges each peer of the socket (its credentials,
+	// and whether it may use the socket at all). A peer it refuses is told
+	// why (Error{CodePermissionDenied}) in answer to its first message,
+	// and nothing is served to it. Nil admits every peer.
+	Admit func(conn net.Conn) *localsock.Addr
+	// MayMap, when set, decides whether an admitted peer may map the
+	// region named; its error is the refusal's text. Nil allows all.
+	MayMap func(peer localsock.Identity, region string) error
 }
 
 // RegionSpec describes a region to serve.
@@ -104,7 +116,10 @@ type Cache struct {
 	regions   map[ids.RegionID]*region
 	byName    map[string]*region
 	clients   map[*client]struct{}
-	listeners map[*net.UnixListener]struct{}
+	listeners map[*localsock.Listener]struct{}
+	perm      localsock.Perm
+	admit     func(net.Conn) *localsock.Addr
+	mayMap    func(localsock.Identity, string) error
 	sessions  map[*net.UnixConn]struct{}
 
 	lruMu sync.Mutex
@@ -140,7 +155,10 @@ func New(cfg Config) (*Cache, error) {
 		regions:   make(map[ids.RegionID]*region),
 		byName:    make(map[string]*region),
 		clients:   make(map[*client]struct{}),
-		listeners: make(map[*net.UnixListener]struct{}),
+		listeners: make(map[*localsock.Listener]struct{}),
+		perm:      cfg.SocketPerm,
+		admit:     cfg.Admit,
+		mayMap:    cfg.MayMap,
 		sessions:  make(map[*net.UnixConn]struct{}),
 	}, nil
 }

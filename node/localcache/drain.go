@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
 )
 
@@ -50,6 +51,32 @@ func (c *Cache) endSessions(cls []*client, code mapproto.Code, reason string) {
 		}
 		c.detach(cl)
 	}
+}
+
+// Revoke ends the mappings of region rid whose process allowed no longer
+// lets in (a region's access list changed): each is told why
+// (Error{CodePermissionDenied}) and detached. Mappings made without
+// Config.Admit are kept. It returns how many it ended.
+func (c *Cache) Revoke(rid ids.RegionID, allowed func(localsock.Identity) bool, reason string) int {
+	c.mu.Lock()
+	r := c.regions[rid]
+	c.mu.Unlock()
+	if r == nil {
+		return 0
+	}
+	var cls []*client
+	r.mu.Lock()
+	for cl := range r.clients {
+		if cl.peer != nil && !allowed(cl.peer.Identity) {
+			cls = append(cls, cl)
+		}
+	}
+	r.mu.Unlock()
+	if len(cls) > 0 {
+		c.log.Info("mappings revoked", "region", r.name, "mappings", len(cls), "reason", reason)
+	}
+	c.endSessions(cls, mapproto.CodePermissionDenied, reason)
+	return len(cls)
 }
 
 // FlushAll writes back every page held Modified, in every region (Flush of

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/uffd"
 )
@@ -21,13 +22,16 @@ import (
 // client is one attached mapping: a client process's mapping of a whole
 // region, registered with that process's userfaultfd, which the Cache reads.
 type client struct {
-	id     uint64
-	c      *Cache
-	r      *region
-	u      *uffd.UFFD
-	conn   *net.UnixConn // the session; nil for clients attached without one
-	base   uint64        // the client's address of the region's first byte
-	pid    int           // the peer process, for logs (0 if unknown)
+	id   uint64
+	c    *Cache
+	r    *region
+	u    *uffd.UFFD
+	conn *net.UnixConn // the session; nil for clients attached without one
+	base uint64        // the client's address of the region's first byte
+	pid  int           // the peer process, for logs (0 if unknown)
+	// peer is who the process is, as Config.Admit judged it (nil without
+	// Admit); Revoke ends the sessions of peers no longer allowed.
+	peer   *localsock.Addr
 	ctx    context.Context
 	cancel context.CancelFunc
 	// faultTimeout is how long a fault may wait for an unavailable page
@@ -68,13 +72,13 @@ func clientGone(err error) bool {
 // base+r.size), registered with u. The Cache owns u from here on. A fault
 // that waits longer than faultTimeout (0: forever) for an unavailable page
 // is poisoned; that needs conn.
-func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64, pid int, faultTimeout time.Duration) (*client, error) {
+func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64, pid int, peer *localsock.Addr, faultTimeout time.Duration) (*client, error) {
 	ctx, cancel := context.WithCancel(c.ctx)
 	if conn == nil {
 		faultTimeout = 0
 	}
 	cl := &client{
-		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid,
+		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid, peer: peer,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
 		faultTimeout: max(faultTimeout, 0),
 	}

@@ -8,12 +8,14 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/dsmkit/dsm/internal/fdpass"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
 	"github.com/dsmkit/dsm/internal/uffd"
 )
@@ -26,7 +28,7 @@ const HandshakeTimeout = 30 * time.Second
 // SOCK_SEQPACKET socket at path until Close. A stale socket file left by a
 // dead daemon is replaced; a live one is ErrAddrInUse.
 func (c *Cache) Listen(path string) error {
-	ln, err := listen(path)
+	ln, err := listen(path, c.perm)
 	if err != nil {
 		return err
 	}
@@ -46,33 +48,21 @@ func (c *Cache) Listen(path string) error {
 // ErrAddrInUse: another live daemon serves the socket path.
 var ErrAddrInUse = errors.New("localcache: socket path in use by a live daemon")
 
-func listen(path string) (*net.UnixListener, error) {
-	addr := &net.UnixAddr{Name: path, Net: "unixpacket"}
-	ln, err := net.ListenUnix("unixpacket", addr)
-	if err == nil {
-		return ln, nil
+func listen(path string, perm localsock.Perm) (*localsock.Listener, error) {
+	if perm.Mode == 0 {
+		perm.Mode = 0o600
 	}
-	if !errors.Is(err, unix.EADDRINUSE) {
-		return nil, fmt.Errorf("localcache: listen %s: %w", path, err)
-	}
-	if conn, derr := net.DialUnix("unixpacket", nil, addr); derr == nil {
-		conn.Close()
+	ln, err := localsock.Listen("unixpacket", path, perm)
+	if errors.Is(err, localsock.ErrInUse) {
 		return nil, fmt.Errorf("%w: %s", ErrAddrInUse, path)
 	}
-	if fi, serr := os.Lstat(path); serr != nil || fi.Mode()&os.ModeSocket == 0 {
-		return nil, fmt.Errorf("localcache: listen %s: %w (not a stale socket)", path, err)
-	}
-	if rerr := os.Remove(path); rerr != nil {
-		return nil, fmt.Errorf("localcache: remove stale socket: %w", rerr)
-	}
-	ln, err = net.ListenUnix("unixpacket", addr)
 	if err != nil {
 		return nil, fmt.Errorf("localcache: listen %s: %w", path, err)
 	}
 	return ln, nil
 }
 
-func (c *Cache) accept(ln *net.UnixListener) {
+func (c *Cache) accept(ln *localsock.Listener) {
 	defer c.wg.Done()
 	defer ln.Close()
 	for {
@@ -119,8 +109,12 @@ func (c *Cache) session(conn *net.UnixConn) {
 		c.mu.Unlock()
 		conn.Close()
 	}()
+	var peer *localsock.Addr
 	pid := peerPID(conn)
-	cl, err := c.handshake(conn, pid)
+	if c.admit != nil {
+		peer = c.admit(conn)
+	}
+	cl, err := c.handshake(conn, pid, peer)
 	if err != nil {
 		if errors.Is(err, io.EOF) || c.ctx.Err() != nil {
 			return
@@ -161,7 +155,7 @@ func closeFDs(fds []int) {
 	}
 }
 
-func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
+func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*client, error) {
 	conn.SetDeadline(time.Now().Add(HandshakeTimeout))
 	defer conn.SetDeadline(time.Time{})
 	buf := make([]byte, mapproto.MaxMsg)
@@ -181,6 +175,11 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 	if req.Type != mapproto.TypeMap {
 		return nil, refuse(mapproto.CodeBadRequest, "expected map, got %s", req.Type)
 	}
+	// A refused peer learns why in answer to its first message (an answer
+	// sent before it would meet a peer still writing, as EPIPE).
+	if peer != nil && peer.Err != nil {
+		return nil, refuse(mapproto.CodePermissionDenied, "%s", deniedText(peer.Err))
+	}
 	c.mu.Lock()
 	r := c.byName[req.Name]
 	closed, draining := c.closed, c.draining
@@ -194,6 +193,11 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 		return nil, refuse(mapproto.CodeUnknownRegion, "%v: %q", ErrUnknownRegion, req.Name)
 	case req.Size != 0 && req.Size != uint64(r.size):
 		return nil, refuse(mapproto.CodeSizeMismatch, "region %q has %d bytes, not %d", req.Name, r.size, req.Size)
+	}
+	if peer != nil && c.mayMap != nil {
+		if err := c.mayMap(peer.Identity, req.Name); err != nil {
+			return nil, refuse(mapproto.CodePermissionDenied, "%s", deniedText(err))
+		}
 	}
 	reply, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: r.id, Size: uint64(r.size), PageSize: uint32(r.pageSize)})
 	if err != nil {
@@ -231,7 +235,7 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 	if err != nil {
 		return nil, refuse(mapproto.CodeBadRequest, "%v", err)
 	}
-	cl, err := c.attach(r, u, conn, reg.Addr, pid, req.FaultTimeout)
+	cl, err := c.attach(r, u, conn, reg.Addr, pid, peer, req.FaultTimeout)
 	if errors.Is(err, ErrUnknownRegion) {
 		return nil, refuse(mapproto.CodeUnknownRegion, "region %q (%s) was deleted", r.name, r.id)
 	}
@@ -248,6 +252,12 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int) (*client, error) {
 		return nil, err
 	}
 	return cl, nil
+}
+
+// deniedText is a refusal's text without the "permission denied: " that
+// the code says already.
+func deniedText(err error) string {
+	return strings.TrimPrefix(err.Error(), "permission denied: ")
 }
 
 // peerPID is the client's process id from SO_PEERCRED (0 if unavailable).

@@ -248,7 +248,7 @@ unhealthy.`,
 		"{{if .Runnable}}", "{{if and .Runnable (not .HasAvailableSubCommands)}}", 1))
 	root.AddCommand(
 		a.statusCmd(), a.membersCmd(), a.raftCmd(), a.regionCmd(), a.pagesCmd(),
-		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(), a.tlsCmd(),
+		a.topCmd(), a.getCmd(), a.putCmd(), a.benchCmd(), a.tlsCmd(), a.keyringCmd(), a.keygenCmd(),
 	)
 	return root
 }
@@ -401,6 +401,8 @@ func (a *app) describeStatus(st *status.Status, where string) string {
 		return msg
 	case codes.Unimplemented:
 		return fmt.Sprintf("%s does not offer this: %s — are dsmctl and dsmd the same version?", where, msg)
+	case codes.PermissionDenied:
+		return fmt.Sprintf("%s refused: %s", where, msg)
 	case codes.Canceled:
 		return "interrupted"
 	}

@@ -23,11 +23,14 @@ type regionJSON struct {
 	Durability   string `json:"durability"`
 	Shards       uint32 `json:"shards"`
 	CreatedEpoch uint64 `json:"created_epoch"`
+	// Access is the region's access list; absent when it has none.
+	Access *accessJSON `json:"access,omitempty"`
 }
 
 func regionView(r *dsmpb.Region) regionJSON {
 	v := regionJSON{Name: r.GetName(), ID: r.GetId(), Size: r.GetSize(), PageSize: r.GetPageSize(),
-		Durability: durability(r.GetDurability()), Shards: r.GetShards(), CreatedEpoch: r.GetCreatedEpoch()}
+		Durability: durability(r.GetDurability()), Shards: r.GetShards(), CreatedEpoch: r.GetCreatedEpoch(),
+		Access: accessView(r.GetAccess())}
 	if v.PageSize != 0 {
 		v.Pages = (v.Size + uint64(v.PageSize) - 1) / uint64(v.PageSize)
 	}
@@ -38,17 +41,18 @@ func (a *app) regionCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:     "region",
 		Short:   "Create, list, describe and delete regions",
-		Example: "  dsmctl region create feat 64GiB --durable\n  dsmctl region ls\n  dsmctl region info feat\n  dsmctl region rm feat",
-		Args:    args(0, 0, "a subcommand (create, ls, info, rm)"),
+		Example: "  dsmctl region create feat 64GiB --durable\n  dsmctl region ls\n  dsmctl region info feat\n  dsmctl region access feat --allow-gid ml\n  dsmctl region rm feat",
+		Args:    args(0, 0, "a subcommand (create, ls, info, access, rm)"),
 		RunE:    needSubcommand,
 	}
-	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd())
+	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd(), a.regionAccessCmd())
 	return c
 }
 
 func (a *app) regionCreateCmd() *cobra.Command {
 	var pageSize string
 	var durable bool
+	var access accessFlags
 	c := &cobra.Command{
 		Use:   "create NAME SIZE",
 		Short: "Create a region of SIZE bytes (units: KiB, MiB, GiB, TiB; kB, MB... are decimal)",
@@ -62,9 +66,15 @@ another spec it fails.
 
 --durable records the region as durable. In this build that changes nothing
 yet: Sync writes dirty pages back to their homes' memory only, for every
-region, and nothing is persisted to disk or copied to a backup.`,
-		Example: "  dsmctl region create feat 64GiB\n  dsmctl region create graph 1TiB --page-size 64KiB --durable",
-		Args:    args(2, 2, "NAME and SIZE"),
+region, and nothing is persisted to disk or copied to a backup.
+
+--allow-uid, --allow-gid, --read-only-uid and --read-only-gid give the new
+region an access list (see dsmctl region access --help); without them it is
+open to every process allowed on dsmd's socket. A region that exists keeps
+its own list.`,
+		Example: "  dsmctl region create feat 64GiB\n  dsmctl region create graph 1TiB --page-size 64KiB --durable\n" +
+			"  dsmctl region create secrets 1GiB --allow-uid alice --read-only-gid auditors",
+		Args: args(2, 2, "NAME and SIZE"),
 		RunE: func(cmd *cobra.Command, argv []string) error {
 			size, err := ParseSize(argv[1])
 			if err != nil {
@@ -82,6 +92,10 @@ region, and nothing is persisted to disk or copied to a backup.`,
 			case size%ps != 0:
 				return usagef("SIZE %s is not a whole number of %s pages", argv[1], FormatSize(ps))
 			}
+			acc, err := access.access()
+			if err != nil {
+				return err
+			}
 			d := dsmpb.Durability_DURABILITY_MEMORY
 			if durable {
 				d = dsmpb.Durability_DURABILITY_DURABLE
@@ -93,7 +107,7 @@ region, and nothing is persisted to disk or copied to a backup.`,
 			ctx, cancel := a.call(cmd)
 			defer cancel()
 			r, err := cl.CreateRegion(ctx, &dsmpb.CreateRegionRequest{
-				Name: argv[0], Size: size, PageSize: uint32(ps), Durability: d})
+				Name: argv[0], Size: size, PageSize: uint32(ps), Durability: d, Access: acc})
 			if status.Code(err) == codes.AlreadyExists {
 				return hintError{err, "`dsmctl region info " + argv[0] + "` shows its spec"}
 			}
@@ -114,11 +128,15 @@ region, and nothing is persisted to disk or copied to a backup.`,
 			_, err = fmt.Fprintf(a.env.Stdout, "created region %s (%s): %s in %s pages, %s, %d shard%s\n",
 				v.Name, ids.RegionID(v.ID), FormatSize(v.Size), FormatSize(uint64(v.PageSize)),
 				v.Durability, v.Shards, plural(int(v.Shards)))
+			if err == nil && v.Access != nil {
+				_, err = fmt.Fprintf(a.env.Stdout, "access: %s\n", accessLine(v.Access))
+			}
 			return err
 		},
 	}
 	c.Flags().StringVar(&pageSize, "page-size", "4KiB", "page size, a power of two from 4KiB to 2MiB")
 	c.Flags().BoolVar(&durable, "durable", false, "record the region as durable (this build does not persist pages yet: Sync writes back to home memory only)")
+	access.add(c.Flags())
 	return c
 }
 
@@ -453,6 +471,9 @@ func (a *app) renderRegionInfo(v regionInfoJSON, first uint64) error {
 	fmt.Fprintf(&w, "region %s (%s) · %s · %d pages of %s · %s · %d shard%s · epoch %d\n\n",
 		r.Name, ids.RegionID(r.ID), FormatSize(r.Size), r.Pages, FormatSize(uint64(r.PageSize)),
 		r.Durability, v.ShardCount, plural(int(min(v.ShardCount, 2))), v.Epoch)
+	if r.Access != nil {
+		fmt.Fprintf(&w, "access: %s\n\n", accessLine(r.Access))
+	}
 	if !v.HomesComplete && len(v.Shards) > 0 {
 		fmt.Fprintf(&w, "placement of the listed shards %d-%d only (of %d):\n", first, v.NextShard-1, v.ShardCount)
 	}

@@ -44,6 +44,8 @@
 //	                         closes or SIGTERM or SIGINT arrives; if the
 //	                         mapping dies first, print "dead: " and its
 //	                         error and exit 0
+//	map-direct SOCK          map the region through the mapping socket SOCK
+//	                         directly (no gRPC call first); prints "mapped"
 //	repl                     read commands (put-bytes, get-bytes, add,
 //	                         mutex-inc, fill, check, touch-sparse, read-u64)
 //	                         from stdin, one a line, on one mapping held
@@ -74,6 +76,7 @@ import (
 	"time"
 
 	"github.com/dsmkit/dsm/dsm"
+	"github.com/dsmkit/dsm/internal/mapclient"
 )
 
 // Event is one completed operation of the history command. Call and Return
@@ -142,6 +145,12 @@ func main() {
 }
 
 func run(ctx context.Context, addr, region string, id int, args []string) error {
+	if args[0] == "map-direct" {
+		if len(args) != 2 {
+			return usagef("map-direct SOCK")
+		}
+		return mapDirect(ctx, args[1], region)
+	}
 	c, err := dsm.Dial(ctx, addr)
 	if err != nil {
 		return err
@@ -184,6 +193,22 @@ func run(ctx context.Context, addr, region string, id int, args []string) error 
 		return err
 	}
 	fmt.Fprintln(cl.out, s)
+	return nil
+}
+
+// mapDirect maps region through the mapping socket alone.
+func mapDirect(ctx context.Context, sock, region string) error {
+	mc, err := mapclient.Connect(ctx, sock)
+	if err != nil {
+		return err
+	}
+	defer mc.Close()
+	m, err := mc.Map(ctx, region)
+	if err != nil {
+		return err
+	}
+	m.Close()
+	fmt.Println("mapped")
 	return nil
 }
 

@@ -34,6 +34,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type KeyringOp int32
+
+const (
+	KeyringOp_KEYRING_OP_UNSPECIFIED KeyringOp = 0
+	KeyringOp_KEYRING_OP_LIST        KeyringOp = 1
+	KeyringOp_KEYRING_OP_INSTALL     KeyringOp = 2
+	KeyringOp_KEYRING_OP_USE         KeyringOp = 3
+	KeyringOp_KEYRING_OP_REMOVE      KeyringOp = 4
+)
+
+// Enum value maps for KeyringOp.
+var (
+	KeyringOp_name = map[int32]string{
+		0: "KEYRING_OP_UNSPECIFIED",
+		1: "KEYRING_OP_LIST",
+		2: "KEYRING_OP_INSTALL",
+		3: "KEYRING_OP_USE",
+		4: "KEYRING_OP_REMOVE",
+	}
+	KeyringOp_value = map[string]int32{
+		"KEYRING_OP_UNSPECIFIED": 0,
+		"KEYRING_OP_LIST":        1,
+		"KEYRING_OP_INSTALL":     2,
+		"KEYRING_OP_USE":         3,
+		"KEYRING_OP_REMOVE":      4,
+	}
+)
+
+func (x KeyringOp) Enum() *KeyringOp {
+	p := new(KeyringOp)
+	*p = x
+	return p
+}
+
+func (x KeyringOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyringOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (KeyringOp) Type() protoreflect.EnumType {
+	return &file_admin_proto_enumTypes[0]
+}
+
+func (x KeyringOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyringOp.Descriptor instead.
+func (KeyringOp) EnumDescriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{0}
+}
+
 type Health_Verdict int32
 
 const (
@@ -76,11 +131,11 @@ func (x Health_Verdict) String() string {
 }
 
 func (Health_Verdict) Descriptor() protoreflect.EnumDescriptor {
-	return file_admin_proto_enumTypes[0].Descriptor()
+	return file_admin_proto_enumTypes[1].Descriptor()
 }
 
 func (Health_Verdict) Type() protoreflect.EnumType {
-	return &file_admin_proto_enumTypes[0]
+	return &file_admin_proto_enumTypes[1]
 }
 
 func (x Health_Verdict) Number() protoreflect.EnumNumber {
@@ -128,11 +183,11 @@ func (x RaftServer_Suffrage) String() string {
 }
 
 func (RaftServer_Suffrage) Descriptor() protoreflect.EnumDescriptor {
-	return file_admin_proto_enumTypes[1].Descriptor()
+	return file_admin_proto_enumTypes[2].Descriptor()
 }
 
 func (RaftServer_Suffrage) Type() protoreflect.EnumType {
-	return &file_admin_proto_enumTypes[1]
+	return &file_admin_proto_enumTypes[2]
 }
 
 func (x RaftServer_Suffrage) Number() protoreflect.EnumNumber {
@@ -2290,6 +2345,337 @@ func (x *WriteMemoryResponse) GetWritten() uint64 {
 	return 0
 }
 
+type SetRegionAccessRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Region string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Access *RegionAccess          `protobuf:"bytes,2,opt,name=access,proto3" json:"access,omitempty"`
+	// Remove the access list (access must be unset).
+	Open          bool `protobuf:"varint,3,opt,name=open,proto3" json:"open,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionAccessRequest) Reset() {
+	*x = SetRegionAccessRequest{}
+	mi := &file_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionAccessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionAccessRequest) ProtoMessage() {}
+
+func (x *SetRegionAccessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionAccessRequest.ProtoReflect.Descriptor instead.
+func (*SetRegionAccessRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SetRegionAccessRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *SetRegionAccessRequest) GetAccess() *RegionAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
+}
+
+func (x *SetRegionAccessRequest) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+type SetRegionAccessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRegionAccessResponse) Reset() {
+	*x = SetRegionAccessResponse{}
+	mi := &file_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRegionAccessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRegionAccessResponse) ProtoMessage() {}
+
+func (x *SetRegionAccessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRegionAccessResponse.ProtoReflect.Descriptor instead.
+func (*SetRegionAccessResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SetRegionAccessResponse) GetRegion() *Region {
+	if x != nil {
+		return x.Region
+	}
+	return nil
+}
+
+type KeyringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Op    KeyringOp              `protobuf:"varint,1,opt,name=op,proto3,enum=dsm.v1.KeyringOp" json:"op,omitempty"`
+	// The key (base64 of 16, 24 or 32 bytes); empty for list.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringRequest) Reset() {
+	*x = KeyringRequest{}
+	mi := &file_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringRequest) ProtoMessage() {}
+
+func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
+func (*KeyringRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *KeyringRequest) GetOp() KeyringOp {
+	if x != nil {
+		return x.Op
+	}
+	return KeyringOp_KEYRING_OP_UNSPECIFIED
+}
+
+func (x *KeyringRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type KeyringKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`              // base64
+	Installed     uint32                 `protobuf:"varint,2,opt,name=installed,proto3" json:"installed,omitempty"` // members that hold it
+	Primary       uint32                 `protobuf:"varint,3,opt,name=primary,proto3" json:"primary,omitempty"`     // members that encrypt with it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringKey) Reset() {
+	*x = KeyringKey{}
+	mi := &file_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringKey) ProtoMessage() {}
+
+func (x *KeyringKey) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
+func (*KeyringKey) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *KeyringKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *KeyringKey) GetInstalled() uint32 {
+	if x != nil {
+		return x.Installed
+	}
+	return 0
+}
+
+func (x *KeyringKey) GetPrimary() uint32 {
+	if x != nil {
+		return x.Primary
+	}
+	return 0
+}
+
+type KeyringNodeError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringNodeError) Reset() {
+	*x = KeyringNodeError{}
+	mi := &file_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringNodeError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringNodeError) ProtoMessage() {}
+
+func (x *KeyringNodeError) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringNodeError.ProtoReflect.Descriptor instead.
+func (*KeyringNodeError) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *KeyringNodeError) GetNodeId() uint32 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *KeyringNodeError) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type KeyringResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Members asked: every alive gossip member.
+	Members       uint32              `protobuf:"varint,1,opt,name=members,proto3" json:"members,omitempty"`
+	Keys          []*KeyringKey       `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Errors        []*KeyringNodeError `protobuf:"bytes,3,rep,name=errors,proto3" json:"errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringResponse) Reset() {
+	*x = KeyringResponse{}
+	mi := &file_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringResponse) ProtoMessage() {}
+
+func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
+func (*KeyringResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *KeyringResponse) GetMembers() uint32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *KeyringResponse) GetKeys() []*KeyringKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *KeyringResponse) GetErrors() []*KeyringNodeError {
+	if x != nil {
+		return x.Errors
+	}
+	return nil
+}
+
 type Histogram_Bucket struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	UpperBoundNs  uint64                 `protobuf:"varint,1,opt,name=upper_bound_ns,json=upperBoundNs,proto3" json:"upper_bound_ns,omitempty"` // inclusive
@@ -2300,7 +2686,7 @@ type Histogram_Bucket struct {
 
 func (x *Histogram_Bucket) Reset() {
 	*x = Histogram_Bucket{}
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2312,7 +2698,7 @@ func (x *Histogram_Bucket) String() string {
 func (*Histogram_Bucket) ProtoMessage() {}
 
 func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2937,34 @@ const file_admin_proto_rawDesc = "" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
 	"\x04sync\x18\x04 \x01(\bR\x04sync\"/\n" +
 	"\x13WriteMemoryResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\x04R\awritten2\xfe\x05\n" +
+	"\awritten\x18\x01 \x01(\x04R\awritten\"r\n" +
+	"\x16SetRegionAccessRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12,\n" +
+	"\x06access\x18\x02 \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\x12\x12\n" +
+	"\x04open\x18\x03 \x01(\bR\x04open\"A\n" +
+	"\x17SetRegionAccessResponse\x12&\n" +
+	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\"E\n" +
+	"\x0eKeyringRequest\x12!\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x11.dsm.v1.KeyringOpR\x02op\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"V\n" +
+	"\n" +
+	"KeyringKey\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1c\n" +
+	"\tinstalled\x18\x02 \x01(\rR\tinstalled\x12\x18\n" +
+	"\aprimary\x18\x03 \x01(\rR\aprimary\"A\n" +
+	"\x10KeyringNodeError\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x85\x01\n" +
+	"\x0fKeyringResponse\x12\x18\n" +
+	"\amembers\x18\x01 \x01(\rR\amembers\x12&\n" +
+	"\x04keys\x18\x02 \x03(\v2\x12.dsm.v1.KeyringKeyR\x04keys\x120\n" +
+	"\x06errors\x18\x03 \x03(\v2\x18.dsm.v1.KeyringNodeErrorR\x06errors*\x7f\n" +
+	"\tKeyringOp\x12\x1a\n" +
+	"\x16KEYRING_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
+	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
+	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x042\x8e\a\n" +
 	"\x05Admin\x127\n" +
 	"\x06Status\x12\x15.dsm.v1.StatusRequest\x1a\x16.dsm.v1.StatusResponse\x12:\n" +
 	"\aMembers\x12\x16.dsm.v1.MembersRequest\x1a\x17.dsm.v1.MembersResponse\x121\n" +
@@ -2566,7 +2979,9 @@ const file_admin_proto_rawDesc = "" +
 	"\x05Stats\x12\x14.dsm.v1.StatsRequest\x1a\x15.dsm.v1.StatsResponse\x12C\n" +
 	"\n" +
 	"ReadMemory\x12\x19.dsm.v1.ReadMemoryRequest\x1a\x1a.dsm.v1.ReadMemoryResponse\x12F\n" +
-	"\vWriteMemory\x12\x1a.dsm.v1.WriteMemoryRequest\x1a\x1b.dsm.v1.WriteMemoryResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
+	"\vWriteMemory\x12\x1a.dsm.v1.WriteMemoryRequest\x1a\x1b.dsm.v1.WriteMemoryResponse\x12R\n" +
+	"\x0fSetRegionAccess\x12\x1e.dsm.v1.SetRegionAccessRequest\x1a\x1f.dsm.v1.SetRegionAccessResponse\x12:\n" +
+	"\aKeyring\x12\x16.dsm.v1.KeyringRequest\x1a\x17.dsm.v1.KeyringResponseB1Z/github.com/dsmkit/dsm/internal/rpc/dsm/v1;dsmpbb\x06proto3"
 
 var (
 	file_admin_proto_rawDescOnce sync.Once
@@ -2580,99 +2995,116 @@ func file_admin_proto_rawDescGZIP() []byte {
 	return file_admin_proto_rawDescData
 }
 
-var file_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_admin_proto_goTypes = []any{
-	(Health_Verdict)(0),          // 0: dsm.v1.Health.Verdict
-	(RaftServer_Suffrage)(0),     // 1: dsm.v1.RaftServer.Suffrage
-	(*StatusRequest)(nil),        // 2: dsm.v1.StatusRequest
-	(*Health)(nil),               // 3: dsm.v1.Health
-	(*NodeStatus)(nil),           // 4: dsm.v1.NodeStatus
-	(*StatusResponse)(nil),       // 5: dsm.v1.StatusResponse
-	(*MembersRequest)(nil),       // 6: dsm.v1.MembersRequest
-	(*Member)(nil),               // 7: dsm.v1.Member
-	(*MembersResponse)(nil),      // 8: dsm.v1.MembersResponse
-	(*RaftRequest)(nil),          // 9: dsm.v1.RaftRequest
-	(*RaftServer)(nil),           // 10: dsm.v1.RaftServer
-	(*RaftResponse)(nil),         // 11: dsm.v1.RaftResponse
-	(*RegionsRequest)(nil),       // 12: dsm.v1.RegionsRequest
-	(*RegionsResponse)(nil),      // 13: dsm.v1.RegionsResponse
-	(*RegionInfoRequest)(nil),    // 14: dsm.v1.RegionInfoRequest
-	(*Shard)(nil),                // 15: dsm.v1.Shard
-	(*RegionInfoResponse)(nil),   // 16: dsm.v1.RegionInfoResponse
-	(*MappingsRequest)(nil),      // 17: dsm.v1.MappingsRequest
-	(*NodeMappings)(nil),         // 18: dsm.v1.NodeMappings
-	(*MappingsResponse)(nil),     // 19: dsm.v1.MappingsResponse
-	(*PagesRequest)(nil),         // 20: dsm.v1.PagesRequest
-	(*PageCell)(nil),             // 21: dsm.v1.PageCell
-	(*PagesResponse)(nil),        // 22: dsm.v1.PagesResponse
-	(*StatsRequest)(nil),         // 23: dsm.v1.StatsRequest
-	(*Histogram)(nil),            // 24: dsm.v1.Histogram
-	(*NodeStats)(nil),            // 25: dsm.v1.NodeStats
-	(*StatsResponse)(nil),        // 26: dsm.v1.StatsResponse
-	(*ReadMemoryRequest)(nil),    // 27: dsm.v1.ReadMemoryRequest
-	(*ReadMemoryResponse)(nil),   // 28: dsm.v1.ReadMemoryResponse
-	(*WriteMemoryRequest)(nil),   // 29: dsm.v1.WriteMemoryRequest
-	(*WriteMemoryResponse)(nil),  // 30: dsm.v1.WriteMemoryResponse
-	(*Histogram_Bucket)(nil),     // 31: dsm.v1.Histogram.Bucket
-	nil,                          // 32: dsm.v1.NodeStats.FaultsEntry
-	(MemberState)(0),             // 33: dsm.v1.MemberState
-	(*Region)(nil),               // 34: dsm.v1.Region
-	(PageState)(0),               // 35: dsm.v1.PageState
-	(*CreateRegionRequest)(nil),  // 36: dsm.v1.CreateRegionRequest
-	(*DeleteRegionRequest)(nil),  // 37: dsm.v1.DeleteRegionRequest
-	(*CreateRegionResponse)(nil), // 38: dsm.v1.CreateRegionResponse
-	(*DeleteRegionResponse)(nil), // 39: dsm.v1.DeleteRegionResponse
+	(KeyringOp)(0),                  // 0: dsm.v1.KeyringOp
+	(Health_Verdict)(0),             // 1: dsm.v1.Health.Verdict
+	(RaftServer_Suffrage)(0),        // 2: dsm.v1.RaftServer.Suffrage
+	(*StatusRequest)(nil),           // 3: dsm.v1.StatusRequest
+	(*Health)(nil),                  // 4: dsm.v1.Health
+	(*NodeStatus)(nil),              // 5: dsm.v1.NodeStatus
+	(*StatusResponse)(nil),          // 6: dsm.v1.StatusResponse
+	(*MembersRequest)(nil),          // 7: dsm.v1.MembersRequest
+	(*Member)(nil),                  // 8: dsm.v1.Member
+	(*MembersResponse)(nil),         // 9: dsm.v1.MembersResponse
+	(*RaftRequest)(nil),             // 10: dsm.v1.RaftRequest
+	(*RaftServer)(nil),              // 11: dsm.v1.RaftServer
+	(*RaftResponse)(nil),            // 12: dsm.v1.RaftResponse
+	(*RegionsRequest)(nil),          // 13: dsm.v1.RegionsRequest
+	(*RegionsResponse)(nil),         // 14: dsm.v1.RegionsResponse
+	(*RegionInfoRequest)(nil),       // 15: dsm.v1.RegionInfoRequest
+	(*Shard)(nil),                   // 16: dsm.v1.Shard
+	(*RegionInfoResponse)(nil),      // 17: dsm.v1.RegionInfoResponse
+	(*MappingsRequest)(nil),         // 18: dsm.v1.MappingsRequest
+	(*NodeMappings)(nil),            // 19: dsm.v1.NodeMappings
+	(*MappingsResponse)(nil),        // 20: dsm.v1.MappingsResponse
+	(*PagesRequest)(nil),            // 21: dsm.v1.PagesRequest
+	(*PageCell)(nil),                // 22: dsm.v1.PageCell
+	(*PagesResponse)(nil),           // 23: dsm.v1.PagesResponse
+	(*StatsRequest)(nil),            // 24: dsm.v1.StatsRequest
+	(*Histogram)(nil),               // 25: dsm.v1.Histogram
+	(*NodeStats)(nil),               // 26: dsm.v1.NodeStats
+	(*StatsResponse)(nil),           // 27: dsm.v1.StatsResponse
+	(*ReadMemoryRequest)(nil),       // 28: dsm.v1.ReadMemoryRequest
+	(*ReadMemoryResponse)(nil),      // 29: dsm.v1.ReadMemoryResponse
+	(*WriteMemoryRequest)(nil),      // 30: dsm.v1.WriteMemoryRequest
+	(*WriteMemoryResponse)(nil),     // 31: dsm.v1.WriteMemoryResponse
+	(*SetRegionAccessRequest)(nil),  // 32: dsm.v1.SetRegionAccessRequest
+	(*SetRegionAccessResponse)(nil), // 33: dsm.v1.SetRegionAccessResponse
+	(*KeyringRequest)(nil),          // 34: dsm.v1.KeyringRequest
+	(*KeyringKey)(nil),              // 35: dsm.v1.KeyringKey
+	(*KeyringNodeError)(nil),        // 36: dsm.v1.KeyringNodeError
+	(*KeyringResponse)(nil),         // 37: dsm.v1.KeyringResponse
+	(*Histogram_Bucket)(nil),        // 38: dsm.v1.Histogram.Bucket
+	nil,                             // 39: dsm.v1.NodeStats.FaultsEntry
+	(MemberState)(0),                // 40: dsm.v1.MemberState
+	(*Region)(nil),                  // 41: dsm.v1.Region
+	(PageState)(0),                  // 42: dsm.v1.PageState
+	(*RegionAccess)(nil),            // 43: dsm.v1.RegionAccess
+	(*CreateRegionRequest)(nil),     // 44: dsm.v1.CreateRegionRequest
+	(*DeleteRegionRequest)(nil),     // 45: dsm.v1.DeleteRegionRequest
+	(*CreateRegionResponse)(nil),    // 46: dsm.v1.CreateRegionResponse
+	(*DeleteRegionResponse)(nil),    // 47: dsm.v1.DeleteRegionResponse
 }
 var file_admin_proto_depIdxs = []int32{
-	0,  // 0: dsm.v1.Health.verdict:type_name -> dsm.v1.Health.Verdict
-	33, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
-	4,  // 2: dsm.v1.StatusResponse.nodes:type_name -> dsm.v1.NodeStatus
-	3,  // 3: dsm.v1.StatusResponse.health:type_name -> dsm.v1.Health
-	33, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
-	7,  // 5: dsm.v1.MembersResponse.members:type_name -> dsm.v1.Member
-	1,  // 6: dsm.v1.RaftServer.suffrage:type_name -> dsm.v1.RaftServer.Suffrage
-	10, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
-	34, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
-	34, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
-	15, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
-	18, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
-	35, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
-	34, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
-	21, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
-	31, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
-	32, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
-	24, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
-	25, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
-	2,  // 19: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
-	6,  // 20: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
-	9,  // 21: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
-	12, // 22: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
-	14, // 23: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
-	17, // 24: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
-	36, // 25: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	37, // 26: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	20, // 27: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
-	23, // 28: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
-	27, // 29: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
-	29, // 30: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
-	5,  // 31: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
-	8,  // 32: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
-	11, // 33: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
-	13, // 34: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
-	16, // 35: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
-	19, // 36: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
-	38, // 37: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	39, // 38: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	22, // 39: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
-	26, // 40: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
-	28, // 41: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
-	30, // 42: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
-	31, // [31:43] is the sub-list for method output_type
-	19, // [19:31] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	1,  // 0: dsm.v1.Health.verdict:type_name -> dsm.v1.Health.Verdict
+	40, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
+	5,  // 2: dsm.v1.StatusResponse.nodes:type_name -> dsm.v1.NodeStatus
+	4,  // 3: dsm.v1.StatusResponse.health:type_name -> dsm.v1.Health
+	40, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
+	8,  // 5: dsm.v1.MembersResponse.members:type_name -> dsm.v1.Member
+	2,  // 6: dsm.v1.RaftServer.suffrage:type_name -> dsm.v1.RaftServer.Suffrage
+	11, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
+	41, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
+	41, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
+	16, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
+	19, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
+	42, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
+	41, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
+	22, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
+	38, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
+	39, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
+	25, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
+	26, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
+	43, // 19: dsm.v1.SetRegionAccessRequest.access:type_name -> dsm.v1.RegionAccess
+	41, // 20: dsm.v1.SetRegionAccessResponse.region:type_name -> dsm.v1.Region
+	0,  // 21: dsm.v1.KeyringRequest.op:type_name -> dsm.v1.KeyringOp
+	35, // 22: dsm.v1.KeyringResponse.keys:type_name -> dsm.v1.KeyringKey
+	36, // 23: dsm.v1.KeyringResponse.errors:type_name -> dsm.v1.KeyringNodeError
+	3,  // 24: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
+	7,  // 25: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
+	10, // 26: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
+	13, // 27: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
+	15, // 28: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
+	18, // 29: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
+	44, // 30: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	45, // 31: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	21, // 32: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
+	24, // 33: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
+	28, // 34: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
+	30, // 35: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
+	32, // 36: dsm.v1.Admin.SetRegionAccess:input_type -> dsm.v1.SetRegionAccessRequest
+	34, // 37: dsm.v1.Admin.Keyring:input_type -> dsm.v1.KeyringRequest
+	6,  // 38: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
+	9,  // 39: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
+	12, // 40: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
+	14, // 41: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
+	17, // 42: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
+	20, // 43: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
+	46, // 44: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	47, // 45: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	23, // 46: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
+	27, // 47: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
+	29, // 48: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
+	31, // 49: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
+	33, // 50: dsm.v1.Admin.SetRegionAccess:output_type -> dsm.v1.SetRegionAccessResponse
+	37, // 51: dsm.v1.Admin.Keyring:output_type -> dsm.v1.KeyringResponse
+	38, // [38:52] is the sub-list for method output_type
+	24, // [24:38] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_admin_proto_init() }
@@ -2687,8 +3119,8 @@ func file_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_proto_rawDesc), len(file_admin_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   31,
+			NumEnums:      3,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

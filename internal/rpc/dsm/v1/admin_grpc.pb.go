@@ -32,18 +32,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_Status_FullMethodName       = "/dsm.v1.Admin/Status"
-	Admin_Members_FullMethodName      = "/dsm.v1.Admin/Members"
-	Admin_Raft_FullMethodName         = "/dsm.v1.Admin/Raft"
-	Admin_Regions_FullMethodName      = "/dsm.v1.Admin/Regions"
-	Admin_RegionInfo_FullMethodName   = "/dsm.v1.Admin/RegionInfo"
-	Admin_Mappings_FullMethodName     = "/dsm.v1.Admin/Mappings"
-	Admin_CreateRegion_FullMethodName = "/dsm.v1.Admin/CreateRegion"
-	Admin_DeleteRegion_FullMethodName = "/dsm.v1.Admin/DeleteRegion"
-	Admin_Pages_FullMethodName        = "/dsm.v1.Admin/Pages"
-	Admin_Stats_FullMethodName        = "/dsm.v1.Admin/Stats"
-	Admin_ReadMemory_FullMethodName   = "/dsm.v1.Admin/ReadMemory"
-	Admin_WriteMemory_FullMethodName  = "/dsm.v1.Admin/WriteMemory"
+	Admin_Status_FullMethodName          = "/dsm.v1.Admin/Status"
+	Admin_Members_FullMethodName         = "/dsm.v1.Admin/Members"
+	Admin_Raft_FullMethodName            = "/dsm.v1.Admin/Raft"
+	Admin_Regions_FullMethodName         = "/dsm.v1.Admin/Regions"
+	Admin_RegionInfo_FullMethodName      = "/dsm.v1.Admin/RegionInfo"
+	Admin_Mappings_FullMethodName        = "/dsm.v1.Admin/Mappings"
+	Admin_CreateRegion_FullMethodName    = "/dsm.v1.Admin/CreateRegion"
+	Admin_DeleteRegion_FullMethodName    = "/dsm.v1.Admin/DeleteRegion"
+	Admin_Pages_FullMethodName           = "/dsm.v1.Admin/Pages"
+	Admin_Stats_FullMethodName           = "/dsm.v1.Admin/Stats"
+	Admin_ReadMemory_FullMethodName      = "/dsm.v1.Admin/ReadMemory"
+	Admin_WriteMemory_FullMethodName     = "/dsm.v1.Admin/WriteMemory"
+	Admin_SetRegionAccess_FullMethodName = "/dsm.v1.Admin/SetRegionAccess"
+	Admin_Keyring_FullMethodName         = "/dsm.v1.Admin/Keyring"
 )
 
 // AdminClient is the client API for Admin service.
@@ -80,6 +82,22 @@ type AdminClient interface {
 	// region (INVALID_ARGUMENT otherwise).
 	ReadMemory(ctx context.Context, in *ReadMemoryRequest, opts ...grpc.CallOption) (*ReadMemoryResponse, error)
 	WriteMemory(ctx context.Context, in *WriteMemoryRequest, opts ...grpc.CallOption) (*WriteMemoryResponse, error)
+	// SetRegionAccess replaces a region's access list (RegionAccess); with
+	// open set it removes the list, and every process allowed on dsmd's
+	// socket may use the region. The caller needs read-write access to the
+	// region (root and dsmd's user always have it): PERMISSION_DENIED
+	// otherwise. NOT_FOUND for an unknown region.
+	SetRegionAccess(ctx context.Context, in *SetRegionAccessRequest, opts ...grpc.CallOption) (*SetRegionAccessResponse, error)
+	// Keyring lists or changes the gossip encryption keys of every alive
+	// member (as consul keyring does): install adds a key, use makes an
+	// installed key the primary (the one gossip encrypts with;
+	// FAILED_PRECONDITION unless every member holds it), remove drops a key
+	// (FAILED_PRECONDITION while it is any member's primary). The answer is
+	// the members' keyrings after the operation, and the members that failed
+	// it or did not answer. FAILED_PRECONDITION when gossip is not
+	// encrypted. Over the Unix socket only root and dsmd's user may call it:
+	// PERMISSION_DENIED for the socket group's members.
+	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
 }
 
 type adminClient struct {
@@ -210,6 +228,26 @@ func (c *adminClient) WriteMemory(ctx context.Context, in *WriteMemoryRequest, o
 	return out, nil
 }
 
+func (c *adminClient) SetRegionAccess(ctx context.Context, in *SetRegionAccessRequest, opts ...grpc.CallOption) (*SetRegionAccessResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetRegionAccessResponse)
+	err := c.cc.Invoke(ctx, Admin_SetRegionAccess_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyringResponse)
+	err := c.cc.Invoke(ctx, Admin_Keyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -244,6 +282,22 @@ type AdminServer interface {
 	// region (INVALID_ARGUMENT otherwise).
 	ReadMemory(context.Context, *ReadMemoryRequest) (*ReadMemoryResponse, error)
 	WriteMemory(context.Context, *WriteMemoryRequest) (*WriteMemoryResponse, error)
+	// SetRegionAccess replaces a region's access list (RegionAccess); with
+	// open set it removes the list, and every process allowed on dsmd's
+	// socket may use the region. The caller needs read-write access to the
+	// region (root and dsmd's user always have it): PERMISSION_DENIED
+	// otherwise. NOT_FOUND for an unknown region.
+	SetRegionAccess(context.Context, *SetRegionAccessRequest) (*SetRegionAccessResponse, error)
+	// Keyring lists or changes the gossip encryption keys of every alive
+	// member (as consul keyring does): install adds a key, use makes an
+	// installed key the primary (the one gossip encrypts with;
+	// FAILED_PRECONDITION unless every member holds it), remove drops a key
+	// (FAILED_PRECONDITION while it is any member's primary). The answer is
+	// the members' keyrings after the operation, and the members that failed
+	// it or did not answer. FAILED_PRECONDITION when gossip is not
+	// encrypted. Over the Unix socket only root and dsmd's user may call it:
+	// PERMISSION_DENIED for the socket group's members.
+	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -289,6 +343,12 @@ func (UnimplementedAdminServer) ReadMemory(context.Context, *ReadMemoryRequest) 
 }
 func (UnimplementedAdminServer) WriteMemory(context.Context, *WriteMemoryRequest) (*WriteMemoryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method WriteMemory not implemented")
+}
+func (UnimplementedAdminServer) SetRegionAccess(context.Context, *SetRegionAccessRequest) (*SetRegionAccessResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetRegionAccess not implemented")
+}
+func (UnimplementedAdminServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -527,6 +587,42 @@ func _Admin_WriteMemory_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_SetRegionAccess_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetRegionAccessRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetRegionAccess(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetRegionAccess_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetRegionAccess(ctx, req.(*SetRegionAccessRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).Keyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_Keyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).Keyring(ctx, req.(*KeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -581,6 +677,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WriteMemory",
 			Handler:    _Admin_WriteMemory_Handler,
+		},
+		{
+			MethodName: "SetRegionAccess",
+			Handler:    _Admin_SetRegionAccess_Handler,
+		},
+		{
+			MethodName: "Keyring",
+			Handler:    _Admin_Keyring_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -295,7 +295,10 @@ type CreateRegionRequest struct {
 	// A power of two from 4096 to 2 MiB; 0 means 4096.
 	PageSize uint32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// DURABILITY_UNSPECIFIED means DURABILITY_MEMORY.
-	Durability    Durability `protobuf:"varint,4,opt,name=durability,proto3,enum=dsm.v1.Durability" json:"durability,omitempty"`
+	Durability Durability `protobuf:"varint,4,opt,name=durability,proto3,enum=dsm.v1.Durability" json:"durability,omitempty"`
+	// The new region's access list; unset: open to every process allowed on
+	// dsmd's socket. A region that exists already keeps its own.
+	Access        *RegionAccess `protobuf:"bytes,5,opt,name=access,proto3" json:"access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +359,13 @@ func (x *CreateRegionRequest) GetDurability() Durability {
 		return x.Durability
 	}
 	return Durability_DURABILITY_UNSPECIFIED
+}
+
+func (x *CreateRegionRequest) GetAccess() *RegionAccess {
+	if x != nil {
+		return x.Access
+	}
+	return nil
 }
 
 type CreateRegionResponse struct {
@@ -1247,14 +1257,15 @@ const file_client_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1d\n" +
 	"\n" +
-	"map_socket\x18\x03 \x01(\tR\tmapSocket\"\x8e\x01\n" +
+	"map_socket\x18\x03 \x01(\tR\tmapSocket\"\xbc\x01\n" +
 	"\x13CreateRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\rR\bpageSize\x122\n" +
 	"\n" +
 	"durability\x18\x04 \x01(\x0e2\x12.dsm.v1.DurabilityR\n" +
-	"durability\"X\n" +
+	"durability\x12,\n" +
+	"\x06access\x18\x05 \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\"X\n" +
 	"\x14CreateRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.dsm.v1.RegionR\x06region\x12\x18\n" +
 	"\aexisted\x18\x02 \x01(\bR\aexisted\"?\n" +
@@ -1362,41 +1373,43 @@ var file_client_proto_goTypes = []any{
 	(*SyncRequest)(nil),            // 21: dsm.v1.SyncRequest
 	(*SyncResponse)(nil),           // 22: dsm.v1.SyncResponse
 	(Durability)(0),                // 23: dsm.v1.Durability
-	(*Region)(nil),                 // 24: dsm.v1.Region
+	(*RegionAccess)(nil),           // 24: dsm.v1.RegionAccess
+	(*Region)(nil),                 // 25: dsm.v1.Region
 }
 var file_client_proto_depIdxs = []int32{
 	0,  // 0: dsm.v1.SessionsAliveResponse.states:type_name -> dsm.v1.SessionState
 	23, // 1: dsm.v1.CreateRegionRequest.durability:type_name -> dsm.v1.Durability
-	24, // 2: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
-	24, // 3: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
-	24, // 4: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
-	3,  // 5: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
-	5,  // 6: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	7,  // 7: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	9,  // 8: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
-	11, // 9: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
-	13, // 10: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
-	15, // 11: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
-	17, // 12: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
-	19, // 13: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
-	21, // 14: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
-	1,  // 15: dsm.v1.Client.SessionsAlive:input_type -> dsm.v1.SessionsAliveRequest
-	4,  // 16: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
-	6,  // 17: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	8,  // 18: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	10, // 19: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
-	12, // 20: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
-	14, // 21: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
-	16, // 22: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
-	18, // 23: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
-	20, // 24: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
-	22, // 25: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
-	2,  // 26: dsm.v1.Client.SessionsAlive:output_type -> dsm.v1.SessionsAliveResponse
-	16, // [16:27] is the sub-list for method output_type
-	5,  // [5:16] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	24, // 2: dsm.v1.CreateRegionRequest.access:type_name -> dsm.v1.RegionAccess
+	25, // 3: dsm.v1.CreateRegionResponse.region:type_name -> dsm.v1.Region
+	25, // 4: dsm.v1.ListRegionsResponse.regions:type_name -> dsm.v1.Region
+	25, // 5: dsm.v1.GetRegionResponse.region:type_name -> dsm.v1.Region
+	3,  // 6: dsm.v1.Client.Session:input_type -> dsm.v1.SessionRequest
+	5,  // 7: dsm.v1.Client.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	7,  // 8: dsm.v1.Client.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	9,  // 9: dsm.v1.Client.ListRegions:input_type -> dsm.v1.ListRegionsRequest
+	11, // 10: dsm.v1.Client.GetRegion:input_type -> dsm.v1.GetRegionRequest
+	13, // 11: dsm.v1.Client.Load:input_type -> dsm.v1.LoadRequest
+	15, // 12: dsm.v1.Client.Store:input_type -> dsm.v1.StoreRequest
+	17, // 13: dsm.v1.Client.Add:input_type -> dsm.v1.AddRequest
+	19, // 14: dsm.v1.Client.CompareAndSwap:input_type -> dsm.v1.CompareAndSwapRequest
+	21, // 15: dsm.v1.Client.Sync:input_type -> dsm.v1.SyncRequest
+	1,  // 16: dsm.v1.Client.SessionsAlive:input_type -> dsm.v1.SessionsAliveRequest
+	4,  // 17: dsm.v1.Client.Session:output_type -> dsm.v1.SessionResponse
+	6,  // 18: dsm.v1.Client.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	8,  // 19: dsm.v1.Client.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	10, // 20: dsm.v1.Client.ListRegions:output_type -> dsm.v1.ListRegionsResponse
+	12, // 21: dsm.v1.Client.GetRegion:output_type -> dsm.v1.GetRegionResponse
+	14, // 22: dsm.v1.Client.Load:output_type -> dsm.v1.LoadResponse
+	16, // 23: dsm.v1.Client.Store:output_type -> dsm.v1.StoreResponse
+	18, // 24: dsm.v1.Client.Add:output_type -> dsm.v1.AddResponse
+	20, // 25: dsm.v1.Client.CompareAndSwap:output_type -> dsm.v1.CompareAndSwapResponse
+	22, // 26: dsm.v1.Client.Sync:output_type -> dsm.v1.SyncResponse
+	2,  // 27: dsm.v1.Client.SessionsAlive:output_type -> dsm.v1.SessionsAliveResponse
+	17, // [17:28] is the sub-list for method output_type
+	6,  // [6:17] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_client_proto_init() }

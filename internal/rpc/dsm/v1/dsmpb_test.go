@@ -55,7 +55,8 @@ func TestServicesDocumented(t *testing.T) {
 		"dsm.v1.Client": {"Session", "CreateRegion", "DeleteRegion", "ListRegions", "GetRegion",
 			"Load", "Store", "Add", "CompareAndSwap", "Sync", "SessionsAlive"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
-			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory"},
+			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory",
+			"SetRegionAccess", "Keyring"},
 	}
 	for _, f := range files() {
 		for i := 0; i < f.Services().Len(); i++ {
