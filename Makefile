@@ -58,14 +58,8 @@ bench: ## transport benchmarks (compare runs with benchstat)
 bench-cluster: ## data-path benchmarks on real dsmd clusters of 3 and 9 nodes (docs/benchmarks.md)
 	$(GO) test ./tests -run '^$$' -bench . -benchtime 1000x -count 3 -timeout 30m
 
-fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
-	@grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r f; do \
-		dir=$$(dirname "$$f"); \
-		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
-			echo "== $$dir $$name ($(FUZZTIME))"; \
-			$(GO) test $(if $(HAVE_OFI),-tags ofi) "./$$dir" -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) -parallel 1 || exit 1; \
-		done; \
-	done
+fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each, and print the executions in all
+	GO=$(GO) FUZZTIME=$(FUZZTIME) TAGS="$(if $(HAVE_OFI),-tags ofi)" ./tests/fuzz-all.sh
 
 soak: ## region life cycles on a real cluster for DURATION; fails when goroutines, descriptors or RSS grow per cycle (samples in .soak/)
 	$(GO) test ./tests -run '^TestSoak$$$$' -count=1 -soak $(DURATION) -soak-out $(CURDIR)/.soak/samples.csv -timeout 0 -v
