@@ -129,6 +129,7 @@ func mustOK(t *testing.T, what string) func(out string, err error) string {
 // dsmd on both sockets with a clear error; a member of the group (primary
 // or supplementary) is served.
 func TestLocalSocketGroup(t *testing.T) {
+	t.Parallel()
 	c, sock, msock := localCluster(t, "0666")
 	c.createRegion(t, 1, "r", 1<<20)
 	for _, path := range []string{sock, msock} {
@@ -166,6 +167,7 @@ func TestLocalSocketGroup(t *testing.T) {
 // TestLocalSocketMode: with the default group mode (0660) the file system
 // keeps outsiders away before dsmd sees them.
 func TestLocalSocketMode(t *testing.T) {
+	t.Parallel()
 	_, sock, msock := localCluster(t, "0660")
 	for _, path := range []string{sock, msock} {
 		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o660 {
@@ -180,6 +182,7 @@ func TestLocalSocketMode(t *testing.T) {
 // TestRegionAccess: a region's access list decides who may map, read and
 // write it; root always may; an open region is every member's.
 func TestRegionAccess(t *testing.T) {
+	t.Parallel()
 	c, sock, msock := localCluster(t, "0660")
 	c.createRegion(t, 1, "open", 1<<20)
 	if out, errs, code := c.ctl(1, "region", "create", "sec", "1MiB", "--allow-uid", "3001", "--read-only-uid", "3002", "--read-only-gid", "4343"); code != 0 {

@@ -15,6 +15,7 @@ import (
 // acquirer (ErrOwnerDied), a dead waiter is skipped silently. The
 // processes run on three different nodes.
 func TestMutexSurvivesDeadProcesses(t *testing.T) {
+	t.Parallel()
 	c := startClusterWith(t, 3, nil)
 	for i := 1; i <= 3; i++ {
 		c.waitHealthy(i)
@@ -96,6 +97,7 @@ func TestMutexSurvivesDeadProcesses(t *testing.T) {
 // restarts: the old incarnation's sessions are dead, and the waiter gets
 // the lock with ErrOwnerDied.
 func TestMutexHolderOfARestartedNode(t *testing.T) {
+	t.Parallel()
 	const region = "mxr"
 	c, homes := threeNodesWithRegion(t, region)
 	lockOff := fmt.Sprint(homes[1] * 4096) // a page homed at n1, which stays up

@@ -208,6 +208,7 @@ func descriptorOf(t *testing.T, b []byte, r ids.RegionID) rdma.RKey {
 // forwarding RPC nor gRPC, cannot talk Raft, and reads no byte through the
 // verbs port.
 func TestTLSCluster(t *testing.T) {
+	t.Parallel()
 	c, dir, grpcAddrs := tlsCluster(t, 3)
 
 	// Status asks every peer's gRPC TCP listener (over TLS) for its cache.
@@ -393,6 +394,7 @@ func grpcStatus(ctx context.Context, addr string, creds credentials.TransportCre
 // through every node keep succeeding, and after SIGHUP n1's new
 // connections present the new certificate.
 func TestTLSRotation(t *testing.T) {
+	t.Parallel()
 	c, dir, grpcAddrs := tlsCluster(t, 3)
 	if out, errs, code := c.ctl(1, "region", "create", "rot", "1MiB"); code != 0 {
 		t.Fatalf("region create: %s%s", out, errs)
@@ -519,6 +521,7 @@ func TestTLSRotation(t *testing.T) {
 // TestTLSRefusals: dsmd will not start with a certificate for another node
 // id, nor bind a non-loopback address without TLS (unless --insecure).
 func TestTLSRefusals(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs dsmd; skipped with -short")
 	}
@@ -545,6 +548,7 @@ func TestTLSRefusals(t *testing.T) {
 // by the leader, but it never receives an entry of the log: every Raft
 // connection between it and the members fails the TLS handshake.
 func TestTLSStrangerCannotJoinRaft(t *testing.T) {
+	t.Parallel()
 	c, _, _ := tlsCluster(t, 3)
 	other := t.TempDir()
 	tool(t, "tls", "ca", "create", "--dir", other)
