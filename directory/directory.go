@@ -66,7 +66,8 @@ type Directory struct {
 	// Owned by the run loop.
 	bootstrapped bool
 	absentSince  map[ids.NodeID]time.Time
-	noProto      map[ids.NodeID]uint64 // nonce refused for want of protocol ids, by node
+	noProto      map[ids.NodeID]uint64   // nonce refused for want of protocol ids, by node
+	unproven     map[ids.NodeID]unproven // gossip members whose certificate has not proven their id (TLS)
 	savedPeers   []string
 	join         []string // Config.Join plus the saved peers
 }
@@ -86,7 +87,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	}
 	d := &Directory{
 		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID.String()),
-		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{}, noProto: map[ids.NodeID]uint64{},
+		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{}, noProto: map[ids.NodeID]uint64{}, unproven: map[ids.NodeID]unproven{},
 	}
 	var closers []func()
 	defer func() {

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
 )
 
 // run is the replica's background loop: it drains gossip events, keeps the
@@ -207,6 +208,23 @@ func (d *Directory) reconcile() {
 		if d.noProto[id] == want.Nonce {
 			continue // refused for want of protocol ids; said once
 		}
+		if err := d.provePeer(ctx, want); err != nil {
+			// Gossip's key authenticates the group, not the node: with
+			// TLS, a node is recorded only once its certificate names it.
+			// A node just started may not serve its RPC yet: said after
+			// a while, once per incarnation.
+			u := d.unproven[id]
+			if u.nonce != want.Nonce {
+				u = unproven{nonce: want.Nonce, since: time.Now()}
+			}
+			if !u.said && time.Since(u.since) >= unprovenSaidAfter {
+				u.said = true
+				d.log.Warn("directory: gossip member not recorded: its directory RPC did not prove the node id with a certificate of the cluster CA", "member", id.String(), "addr", want.RPCAddr, "err", err)
+			}
+			d.unproven[id] = u
+			continue
+		}
+		delete(d.unproven, id)
 		res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdPutMember, Member: &want, KeepDescriptors: true}))
 		if err != nil {
 			d.log.Warn("directory: reconcile put member", "member", id.String(), "err", err)
@@ -371,4 +389,33 @@ func sortedKeys[V any](m map[ids.NodeID]V) []ids.NodeID {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// unproven is a gossip member whose certificate has not proven its node id
+// yet (TLS): since when, for which incarnation, and whether it was said.
+type unproven struct {
+	nonce uint64
+	since time.Time
+	said  bool
+}
+
+// unprovenSaidAfter is how long a member may stay unproven before the
+// leader logs it.
+const unprovenSaidAfter = 10 * time.Second
+
+// provePeer, with TLS on, dials m's directory RPC and asks for its status:
+// the handshake succeeds only if its certificate, of the cluster CA, names
+// m's node id. Without TLS, or for this node itself, there is nothing to
+// prove.
+func (d *Directory) provePeer(ctx context.Context, m Member) error {
+	if d.cfg.TLS == nil || m.ID == d.cfg.NodeID {
+		return nil
+	}
+	if m.RPCAddr == "" {
+		return errors.New("no directory RPC address in its gossip metadata")
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timing.RPCTimeout)
+	defer cancel()
+	_, err := callRPC(cctx, m.RPCAddr, d.cfg.TLS.ClientConfig(tlsconf.Node(m.ID)), rpcRequest{Op: opStatus})
+	return err
 }

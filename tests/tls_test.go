@@ -612,3 +612,49 @@ func TestTLSStrangerCannotJoinRaft(t *testing.T) {
 		t.Fatalf("n4, with another CA's certificate, has Raft entries or a leader: %+v (members are at index %d)", r4, want)
 	}
 }
+
+// A process that has the gossip key but no certificate of the cluster CA
+// gossips with the members, and is never recorded as one: the leader asks
+// its directory RPC to prove the node id over mutual TLS first. A node with
+// its certificate joins the same way and is recorded.
+func TestTLSGossipKeyWithoutCertificate(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts dsmd processes; skipped with -short")
+	}
+	key := keygen(t)
+	dir := t.TempDir()
+	tool(t, "tls", "ca", "create", "--dir", dir)
+	for i := 1; i <= 4; i++ {
+		tool(t, "tls", "cert", "create", "--node", fmt.Sprint(i), "--dir", dir)
+	}
+	tool(t, "tls", "cert", "create", "--client", "--dir", dir)
+	c := launch(t, 3, func(int) []string { return []string{"--tls-dir", dir, "--gossip-key", key} })
+	c.waitHealthy(1)
+
+	// On loopback, dsmd runs without TLS; with the key it gossips.
+	intruder := c.add(t, 5, "--gossip-key", key)
+	c.add(t, 4, "--gossip-key", key, "--tls-dir", dir)
+	eventually(t, "n4 is recorded alive", 60*time.Second, func() error {
+		if st := c.memberStates(1); st[4] != "alive" {
+			return fmt.Errorf("members %v", st)
+		}
+		return nil
+	})
+	eventually(t, "the leader says why it does not record n5", 30*time.Second, func() error {
+		for _, p := range c.nodes[:3] {
+			if strings.Contains(p.logString(), `gossip member not recorded`) && strings.Contains(p.logString(), "member=n5") {
+				return nil
+			}
+		}
+		return errors.New("no node logged it")
+	})
+	// dsmctl members lists what gossip sees beside the member table: n5
+	// may show as joining, never as a member.
+	for i := 1; i <= 3; i++ {
+		if st, ok := c.memberStates(i)[5]; ok && st != "joining" {
+			t.Errorf("n%d's member table has n5 (%s), which proved no node id", i, st)
+		}
+	}
+	c.remove(t, intruder)
+}
