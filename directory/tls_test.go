@@ -67,17 +67,15 @@ func TestTLSCluster(t *testing.T) {
 		t.Logf("%s: %v", name, err)
 	}
 
-	// Node 4 holds a certificate of the cluster CA that names node 5: the
-	// leader adds it to Raft (gossip is not authenticated here) but its
-	// Raft connections are refused, so it never gets the log; node 6,
-	// with its own certificate, joins after it and does.
+	// Node 4 holds a certificate of the cluster CA that names node 5: it
+	// gossips (gossip is not encrypted here), but the leader records a
+	// node only once its directory RPC proves the node id over mutual
+	// TLS, so n4 is never a member nor in Raft, and never gets the log;
+	// node 6, with its own certificate, joins after it and does.
 	seed := c.config(1, 3, 3, nil).GossipAddr
 	cfg4 := c.config(4, 0, 3, []string{seed})
 	cfg4.TLS = tlsManager(t, c.tls, tlsconf.Request{Node: 5})
 	n4 := c.start(cfg4)
-	waitFor(t, "the leader adds n4 to Raft", func() bool {
-		return slices.Contains(l.RaftStats().NonVoters, 4)
-	})
 	n6 := c.start(c.config(6, 0, 3, []string{seed}))
 	if _, err := l.CreateRegion(ctx, spec("after-n4")); err != nil {
 		t.Fatal(err)
@@ -86,6 +84,12 @@ func TestTLSCluster(t *testing.T) {
 		_, ok := n6.Region("after-n4")
 		return ok
 	})
+	if _, ok := l.View().Member(4); ok {
+		t.Fatal("n4, whose certificate names n5, was recorded as a member")
+	}
+	if st := l.RaftStats(); slices.Contains(st.NonVoters, 4) || slices.Contains(st.Voters, 4) {
+		t.Fatalf("n4, whose certificate names n5, is in the Raft configuration: %+v", st)
+	}
 	if _, ok := n4.Region("over-tls"); ok {
 		t.Fatal("n4, whose certificate names n5, received the Raft log")
 	}
