@@ -177,10 +177,16 @@ func tail(s string, n int) string {
 // code.
 func (c *cluster) ctl(i int, args ...string) (string, string, int) {
 	c.t.Helper()
+	return ctlAt(c.t, c.nodes[i-1].socket, args...)
+}
+
+// ctlAt runs dsmctl against addr (a socket path or a TCP address) and
+// returns stdout, stderr and the exit code.
+func ctlAt(t testing.TB, addr string, args ...string) (string, string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	full := append([]string{"--addr", c.nodes[i-1].socket, "--timeout", "10s"}, args...)
-	cmd := exec.CommandContext(ctx, dsmctlBin, full...)
+	cmd := exec.CommandContext(ctx, dsmctlBin, append([]string{"--addr", addr, "--timeout", "10s"}, args...)...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	cmd.Env = append(os.Environ(), "NO_COLOR=1")
@@ -192,7 +198,7 @@ func (c *cluster) ctl(i int, args ...string) (string, string, int) {
 	case errors.As(err, &ee):
 		return out.String(), errb.String(), ee.ExitCode()
 	}
-	c.t.Fatalf("dsmctl %v: %v", args, err)
+	t.Fatalf("dsmctl %v: %v", args, err)
 	return "", "", -1
 }
 

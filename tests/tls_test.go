@@ -84,27 +84,6 @@ func tlsCluster(t *testing.T, n int) (c *cluster, dir string, grpcAddrs []string
 	return c, dir, grpcAddrs
 }
 
-// ctlTCP runs dsmctl against a TCP address with extra flags.
-func ctlTCP(t *testing.T, addr string, args ...string) (string, string, int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, dsmctlBin, append([]string{"--addr", addr, "--timeout", "10s"}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	cmd.Env = append(os.Environ(), "NO_COLOR=1")
-	err := cmd.Run()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return out.String(), errb.String(), 0
-	case errors.As(err, &ee):
-		return out.String(), errb.String(), ee.ExitCode()
-	}
-	t.Fatalf("dsmctl %v: %v", args, err)
-	return "", "", -1
-}
-
 // rogue is a would-be peer: a certificate it presents whatever the
 // listener asks (none when cert is nil), trusting any listener.
 type rogue struct {
@@ -245,10 +224,10 @@ func TestTLSCluster(t *testing.T) {
 	}
 
 	// dsmctl over TCP: with the client certificate, and without.
-	if out, errs, code := ctlTCP(t, grpcAddrs[0], "--tls-dir", dir, "status"); code != 0 {
+	if out, errs, code := ctlAt(t, grpcAddrs[0], "--tls-dir", dir, "status"); code != 0 {
 		t.Fatalf("dsmctl status over TLS: exit %d: %s%s", code, out, errs)
 	}
-	if out, errs, code := ctlTCP(t, grpcAddrs[0], "status"); code == 0 || !strings.Contains(errs, "--tls-dir") {
+	if out, errs, code := ctlAt(t, grpcAddrs[0], "status"); code == 0 || !strings.Contains(errs, "--tls-dir") {
 		t.Fatalf("dsmctl status over TCP without a certificate: exit %d: %s%s; want a failure that suggests --tls-dir", code, out, errs)
 	} else {
 		t.Logf("dsmctl without a certificate: exit %d: %s", code, strings.TrimSpace(errs))
@@ -513,7 +492,7 @@ func TestTLSRotation(t *testing.T) {
 			t.Fatalf("get on n%d: %q %s", i, out, errs)
 		}
 	}
-	if out, errs, code := ctlTCP(t, grpcAddrs[0], "--tls-dir", dir, "status"); code != 0 {
+	if out, errs, code := ctlAt(t, grpcAddrs[0], "--tls-dir", dir, "status"); code != 0 {
 		t.Fatalf("dsmctl over TLS after the rotation: %s%s", out, errs)
 	}
 	t.Logf("%d operations, none lost; n1's certificate %s -> %s", ops, before, after)

@@ -13,9 +13,16 @@ import (
 // the address of every other.
 func newCluster(t testing.TB, n int) []rdma.Transport {
 	t.Helper()
+	return newClusterWith(t, n, func(ids.NodeID) tcp.Config { return tcp.Config{} })
+}
+
+// newClusterWith is newCluster with endpoint id configured by cfgOf.
+func newClusterWith(t testing.TB, n int, cfgOf func(ids.NodeID) tcp.Config) []rdma.Transport {
+	t.Helper()
 	ts := make([]rdma.Transport, n)
 	for i := range ts {
-		tr, err := tcp.Listen(ids.NodeID(i+1), "127.0.0.1:0", tcp.Config{})
+		id := ids.NodeID(i + 1)
+		tr, err := tcp.Listen(id, "127.0.0.1:0", cfgOf(id))
 		if err != nil {
 			t.Fatal(err)
 		}

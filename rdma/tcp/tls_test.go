@@ -68,24 +68,9 @@ func tlsCluster(plaintext bool) func(t testing.TB, n int) []rdma.Transport {
 	return func(t testing.TB, n int) []rdma.Transport {
 		t.Helper()
 		p := newPKI(t)
-		ts := make([]rdma.Transport, n)
-		for i := range ts {
-			id := ids.NodeID(i + 1)
-			tr, err := tcp.Listen(id, "127.0.0.1:0", tcp.Config{TLS: tlsOf(p.manager(t, tlsconf.Request{Node: id}), plaintext)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts[i] = tr
-			t.Cleanup(func() { tr.Close() })
-		}
-		for _, a := range ts {
-			for _, b := range ts {
-				if err := a.AddPeer(b.LocalID(), b.Addr()); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		return ts
+		return newClusterWith(t, n, func(id ids.NodeID) tcp.Config {
+			return tcp.Config{TLS: tlsOf(p.manager(t, tlsconf.Request{Node: id}), plaintext)}
+		})
 	}
 }
 
