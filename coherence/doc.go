@@ -20,7 +20,7 @@
 //	... later, for each batch: n.Step(coherence.VerbsDone{ID: b.ID, Results: ...})
 //	... for each message received: n.Step(coherence.Receive{Msg: m})
 //	... every tick: n.Step(coherence.Tick{})
-//	... on a directory change: n.Step(coherence.Reconfigure{Epoch: e, Members: ms, Moved: pages})
+//	... on a directory change: n.Step(coherence.Reconfigure{Epoch: e, Members: ms, HomeOf: placement, Targets: gainers})
 //
 // A Verb maps one to one onto an rdma.Op: VerbRead/Write/CAS/FAA are
 // OpRead/Write/CAS/FAA; the home's slot table turns (Home, Page, Span) into
@@ -153,18 +153,27 @@
 //
 // # Home failure
 //
-// When a home departs, Reconfigure.Moved names the new home of each of its
-// pages; the new home's slot holds the backup copy of the page (the data
-// last written back; keeping that backup is the durability layer's job) and
-// InitialWord. Every node freezes such a page: an unfinished acquisition is
-// abandoned; an unfinished release claims the tenure (its CAS may or may
-// not have executed at the dead home) and keeps its data without mapping
-// it writable; no verb is posted. It reports its state and copy version to
-// the new home (MsgReport, repeated until answered; the home asks the
-// silent ones with MsgQuery). With every member's report the new home
-// writes the rebuilt word with a CAS and tells every node (MsgRebuilt,
-// saying whether it is the holder or its unit is counted). The M claimant
-// of the newest tenure becomes the holder, unless another node holds a
+// When a home departs, Reconfigure.HomeOf gives the new placement and
+// Targets the members that gain pages; no list of pages is built. The new
+// home's slot holds the backup copy of each page (the data last written
+// back; keeping that backup is the durability layer's job) under a word
+// that names no holder (the node layer says so with SlotsReady when the
+// reconfiguration said SlotsPending). Every node freezes each page it has
+// state for whose home changed: an unfinished acquisition is abandoned; an
+// unfinished release claims the tenure (its CAS may or may not have
+// executed at the dead home) and keeps its data without mapping it
+// writable; no verb is posted. It reports its state and copy version to
+// the new home (MsgReport) and then tells every target how many pages it
+// reported to it in this epoch (MsgMoveReport, repeated with backoff; a
+// target that holds fewer asks for them again with MsgQuery). A page a
+// node has no state for, and whose home changed, waits too. With every
+// member's count matched, the new home writes the rebuilt word of each
+// reported page with a CAS, tells each reporter (MsgRebuilt, saying
+// whether it is the holder or its unit is counted) and every member that
+// its moves are done (MsgMoveDone), which unfreezes the pages nobody
+// reported: their words are the slot's as prepared. Reports and counts
+// start over in every epoch. The M claimant of the newest tenure becomes
+// the holder, unless another node holds a
 // copy of that tenure or a newer one, or knows since the last rebuild that
 // it ended (an Invalid report says the newest tenure it knows ended,
 // MsgReport.Ended: from copies held, tenures taken, words read): a reader

@@ -3,6 +3,7 @@ package coherence
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -39,10 +40,14 @@ type homeDuty struct {
 	pollAt     uint64
 
 	// rebuilding: this node became the page's home after the old one
-	// failed; it collects every member's report, then writes the word.
+	// departed; it collects every member's reports, then writes the word.
+	// reports are those of the current epoch; used those the rebuilt
+	// word was computed from. known: guess was read from the slot (or
+	// returned by a CAS), not assumed.
 	rebuilding bool
 	reports    map[ids.NodeID]Message
-	queryAt    uint64
+	used       map[ids.NodeID]Message
+	known      bool
 	rebuilt    Word // the word as rebuilt
 	rebuiltVer uint16
 
@@ -63,10 +68,29 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			return fmt.Errorf("%w: member id %d", ErrBadConfig, m)
 		}
 	}
-	for no, h := range rc.Moved {
-		if _, ok := slices.BinarySearch(newMembers, h); !ok {
-			return fmt.Errorf("%w: %v moves to %v, not a member", ErrBadConfig, no, h)
+	if rc.HomeOf != nil {
+		// Checked on the pages this node knows: a page moves to a
+		// member, and only away from a home that departed.
+		for _, t := range rc.Targets {
+			if _, ok := slices.BinarySearch(newMembers, t); !ok {
+				return fmt.Errorf("%w: target %v is not a member", ErrBadConfig, t)
+			}
 		}
+		for _, p := range n.order {
+			h := rc.HomeOf(p.no)
+			if _, ok := slices.BinarySearch(newMembers, h); !ok {
+				return fmt.Errorf("%w: %v moves to %v, not a member", ErrBadConfig, p.no, h)
+			}
+			old := n.homeFn(p.no)
+			if old != h && slices.Contains(newMembers, old) {
+				return fmt.Errorf("%w: %v moves from %v, still a member, to %v", ErrBadConfig, p.no, old, h)
+			}
+			if old != h && !slices.Contains(rc.Targets, h) {
+				return fmt.Errorf("%w: %v moves to %v, not a target", ErrBadConfig, p.no, h)
+			}
+		}
+	} else if len(rc.Targets) > 0 {
+		return fmt.Errorf("%w: targets without a placement", ErrBadConfig)
 	}
 	departed := false
 	for _, m := range n.members {
@@ -114,21 +138,41 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			p.readStale = true
 		}
 	}
-	movedPages := make([]ids.PageNo, 0, len(rc.Moved))
-	for no := range rc.Moved {
-		movedPages = append(movedPages, no)
-	}
-	slices.Sort(movedPages)
-	for _, no := range movedPages {
-		home := rc.Moved[no]
-		n.moved[no] = home
-		p := n.page(no)
-		p.home = home
-		if home == n.cfg.ID && n.duty(no) == nil {
-			n.addDuty(&homeDuty{no: no, guess: InitialWord(n.epoch),
-				rebuilding: true, reports: map[ids.NodeID]Message{}})
+	// Moves: reports and counts are those of the current epoch. Every
+	// node reports again every page it keeps frozen, and every new home
+	// counts again (a departure dropped Shared copies since: the reports
+	// change).
+	for id := range n.owed {
+		if !n.isMember(id) {
+			delete(n.owed, id)
 		}
-		n.freeze(p)
+	}
+	clear(n.sent)
+	clear(n.counts)
+	clear(n.reportsIn)
+	clear(n.queryAt)
+	for _, h := range n.homes {
+		clear(h.reports)
+	}
+	if rc.HomeOf != nil {
+		prev := n.homeFn
+		n.homeFn = rc.HomeOf
+		n.hist = append(n.hist, rc.HomeOf)
+		if slices.Contains(rc.Targets, n.cfg.ID) {
+			n.target = true
+			if rc.SlotsPending {
+				n.slotsNeed = rc.Epoch
+			}
+		}
+		for _, m := range rc.Targets {
+			n.owed[m] = true
+		}
+		for _, p := range n.order {
+			if h := rc.HomeOf(p.no); h != prev(p.no) {
+				p.home = h
+				n.freeze(p)
+			}
+		}
 	}
 	for _, p := range n.order {
 		if p.ph == phWaitAcks {
@@ -170,16 +214,10 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		if departed {
 			h.pending = true
 		}
-		if h.rebuilding {
-			for id := range h.reports {
-				if !n.isMember(id) {
-					delete(h.reports, id)
-				}
-			}
-			n.query(h)
-		}
 		n.driveHome(h)
 	}
+	n.reportMoves()
+	n.checkMoveDone()
 	return nil
 }
 
@@ -277,11 +315,10 @@ func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
 func (n *Node) driveHome(h *homeDuty) {
 	for h.inflight == 0 && n.now >= h.retryAt {
 		if h.rebuilding {
-			for _, m := range n.members {
-				if _, ok := h.reports[m]; !ok {
-					return
-				}
+			if !n.movesReported() {
+				return // every member's reports first
 			}
+			h.used = maps.Clone(h.reports)
 			n.homeCAS(h, hRebuild, n.rebuiltWord(h))
 			return
 		}
@@ -391,7 +428,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	if ok {
 		w = Word(rec.verbs[0].Operand)
 	}
-	h.guess, h.fresh = w, true
+	h.guess, h.fresh, h.known = w, true, true
 	if t := h.passUnsure; t != ids.None && op != hPass {
 		// w is the word now: only the home reserves a page for t.
 		h.passUnsure = ids.None
@@ -411,9 +448,16 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 			h.pending = h.guess != n.repaired(h.guess)
 			h.rebuilt = w
 			h.rebuiltVer = w.Version()
+			// The reporters learn it page by page; the others need
+			// nothing but MsgMoveDone.
 			for _, m := range n.members {
-				n.sendRebuilt(h, m)
+				_, a := h.used[m]
+				_, b := h.reports[m]
+				if a || b {
+					n.sendRebuilt(h, m)
+				}
 			}
+			n.checkMoveDone()
 		}
 	case hRepair:
 		if ok {
@@ -510,11 +554,41 @@ func (n *Node) epochAckDue(to ids.NodeID) {
 	n.send(MsgEpochAck, to, 0, 0, false)
 }
 
-// ---- home failover ----
+// ---- moves ----
 
-// freeze stops every transition of a page whose home moved, settles it in
-// a stable state (an unfinished release keeps the tenure and its data, an
-// unfinished acquisition is abandoned) and reports it to the new home.
+// A move, in short (docs/protocol.md, "Moves"): in an epoch whose
+// placement changed, every node freezes the pages it has state for whose
+// home changed and reports each to its new home (MsgReport), then tells
+// every member how many pages it reported to it in this epoch
+// (MsgMoveReport). A new home that holds every member's reports rebuilds
+// the word of each page reported to it, answers each reporter
+// (MsgRebuilt) and tells every member that its moves are done
+// (MsgMoveDone), which unfreezes the pages nobody reported. A page this
+// node has no state for is frozen when it is created, while its home owes
+// MsgMoveDone and its home changed in an epoch since the oldest move this
+// node waits for (a joining node: any page). Reports and counts start
+// over in every epoch.
+
+// inMove reports whether page no may belong to a move that is not done.
+func (n *Node) inMove(no ids.PageNo) bool {
+	if len(n.owed) == 0 || !n.owed[n.homeFn(no)] {
+		return false
+	}
+	if n.moveAll {
+		return true
+	}
+	for i := len(n.hist) - 1; i > 0; i-- {
+		if n.hist[i](no) != n.hist[i-1](no) {
+			return true
+		}
+	}
+	return false
+}
+
+// freeze stops every transition of a page whose home moved and settles it
+// in a stable state (an unfinished release keeps the tenure and its data,
+// an unfinished acquisition is abandoned). Its report goes to the new home
+// with the others (reportMoves).
 func (n *Node) freeze(p *page) {
 	if p.releasing() {
 		// Did the release take effect at the old home? Only the new
@@ -545,11 +619,47 @@ func (n *Node) freeze(p *page) {
 	p.recall = false
 	p.retryAt = n.now
 	p.frozen = true
-	n.report(p)
+	p.mustReport = true
+}
+
+// reportMoves sends, in a new epoch (or at creation), the report of every
+// page this node keeps frozen and its counts to every member whose moves
+// it waits for.
+func (n *Node) reportMoves() {
+	if len(n.owed) == 0 {
+		return
+	}
+	n.moveAt, n.moveEvery = n.now, 2*n.cfg.RetransmitTicks
+	for _, p := range n.order {
+		if p.frozen && p.mustReport && n.owed[p.home] {
+			n.report(p)
+		}
+	}
+	for _, m := range n.members {
+		if n.owed[m] {
+			n.sendMoveReport(m)
+		}
+	}
+}
+
+// reportTo sends again every report this node sent to member to in this
+// epoch, and the count: to holds fewer of them than the count said
+// (MsgQuery). That includes the reports of pages unfrozen since (by the
+// MsgRebuilt of a rebuild that to completed in an earlier epoch): the
+// count holds them, and to answers them without using them.
+func (n *Node) reportTo(to ids.NodeID) {
+	if !n.owed[to] {
+		return
+	}
+	for _, p := range n.order {
+		if n.sent[to][p.no] {
+			n.report(p)
+		}
+	}
+	n.sendMoveReport(to)
 }
 
 func (n *Node) report(p *page) {
-	p.reportAt = n.now
 	m := Message{Type: MsgReport, From: n.cfg.ID, To: p.home, Epoch: n.epoch, Page: p.no, State: p.state}
 	if p.frozenM {
 		m.State = Modified
@@ -562,6 +672,10 @@ func (n *Node) report(p *page) {
 		// version or an older one had taken effect.
 		m.Ended, m.Version = true, p.endedVer
 	}
+	if n.sent[p.home] == nil {
+		n.sent[p.home] = map[ids.PageNo]bool{}
+	}
+	n.sent[p.home][p.no] = true
 	if p.home == n.cfg.ID {
 		n.gotReport(m)
 		return
@@ -569,29 +683,135 @@ func (n *Node) report(p *page) {
 	n.rd.Messages = append(n.rd.Messages, m)
 }
 
-// query asks every member that has not reported yet.
-func (n *Node) query(h *homeDuty) {
-	h.queryAt = n.now
-	for _, m := range n.members {
-		if _, ok := h.reports[m]; !ok && m != n.cfg.ID {
-			n.send(MsgQuery, m, h.no, 0, false)
-		}
+// sendMoveReport tells member to how many distinct pages this node has
+// reported to it in this epoch.
+func (n *Node) sendMoveReport(to ids.NodeID) {
+	c := len(n.sent[to])
+	if to == n.cfg.ID {
+		n.gotMoveReport(to, c)
+		return
 	}
+	n.send(MsgMoveReport, to, ids.PageNo(c), 0, false)
 }
 
+func (n *Node) sendMoveDone(to ids.NodeID) {
+	if to == n.cfg.ID {
+		n.moveDone(to)
+		return
+	}
+	n.send(MsgMoveDone, to, 0, 0, false)
+}
+
+// gotReport takes a report of page m.Page for its rebuild at this node, the
+// page's new home.
 func (n *Node) gotReport(m Message) {
 	h := n.duty(m.Page)
 	if h == nil {
+		if !n.target || n.homeFn(m.Page) != n.cfg.ID {
+			return
+		}
+		h = &homeDuty{no: m.Page, guess: InitialWord(n.epoch), rebuilding: true}
+		n.addDuty(h)
+	}
+	if h.reports == nil {
+		h.reports = map[ids.NodeID]Message{}
+	}
+	if _, ok := h.reports[m.From]; !ok {
+		n.reportsIn[m.From]++
+	}
+	h.reports[m.From] = m
+	if !h.rebuilding {
+		n.sendRebuilt(h, m.From) // a reporter that missed the news
 		return
 	}
-	if !h.rebuilding {
-		if h.inflight == 0 || h.op != hRebuild {
-			n.sendRebuilt(h, m.From) // a reporter that missed the news
+	n.checkMoveDone()
+}
+
+// gotMoveReport takes member from's count of the pages it reported to this
+// node in this epoch.
+func (n *Node) gotMoveReport(from ids.NodeID, count int) {
+	if !n.target {
+		n.sendMoveDone(from)
+		return
+	}
+	n.counts[from] = count
+	if n.reportsIn[from] < count && from != n.cfg.ID {
+		// Once per retransmission period: the reports may be on their
+		// way behind the count, and every query makes the member send
+		// them all again.
+		if at, ok := n.queryAt[from]; !ok || n.now-at >= uint64(2*n.cfg.RetransmitTicks) {
+			n.queryAt[from] = n.now
+			n.send(MsgQuery, from, 0, 0, false)
 		}
 		return
 	}
-	h.reports[m.From] = m
-	n.driveHome(h)
+	n.checkMoveDone()
+}
+
+// movesReported reports whether this node holds every member's reports of
+// this epoch, and its slots are ready.
+func (n *Node) movesReported() bool {
+	if n.slotsReady < n.slotsNeed {
+		return false
+	}
+	for _, m := range n.members {
+		if c, ok := n.counts[m]; !ok || n.reportsIn[m] < c {
+			return false
+		}
+	}
+	return true
+}
+
+// checkMoveDone rebuilds the reported pages once every report is in, and
+// tells every member that the moves to this node are done once they are
+// rebuilt.
+func (n *Node) checkMoveDone() {
+	if !n.target || !n.movesReported() {
+		return
+	}
+	for _, h := range n.homes {
+		if h.rebuilding {
+			n.driveHome(h)
+		}
+	}
+	for _, h := range n.homes {
+		if h.rebuilding {
+			return
+		}
+	}
+	n.target = false
+	for _, m := range n.members {
+		n.sendMoveDone(m)
+	}
+}
+
+// moveDone notes that member from completed its moves: the pages this node
+// did not report to it are unfrozen. A page it reported and whose
+// MsgRebuilt has not come is reported again (the answer was lost).
+func (n *Node) moveDone(from ids.NodeID) {
+	if !n.owed[from] {
+		return
+	}
+	waiting := false
+	for _, p := range n.order {
+		if p.frozen && p.mustReport && p.home == from {
+			n.report(p)
+			waiting = true
+		}
+	}
+	if waiting {
+		return
+	}
+	delete(n.owed, from)
+	for _, p := range n.order {
+		if p.frozen && p.home == from {
+			n.unfreeze(p, 0, false, false)
+		}
+	}
+	if len(n.owed) == 0 {
+		n.moveAll = false
+		n.hist = []func(ids.PageNo) ids.NodeID{n.homeFn}
+	}
 }
 
 // rebuiltWord is the word the reports describe. The M reporter of the
@@ -631,6 +851,12 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 	if hFound && (holder == ids.None && !sFound || newer(hVer, ver)) {
 		ver = hVer
 	}
+	if d := h.guess.Version(); h.known && d != 0 && (holder == ids.None && !sFound && !hFound || newer(d, ver)) {
+		// The slot's word gives the version of the data beside it (the
+		// last released tenure's, from the backup's stamp): the version
+		// never goes backwards. (Zero: a page never written back.)
+		ver = d
+	}
 	w = w.withVersion(ver)
 	if !sFound || sVer != ver {
 		return w
@@ -645,7 +871,7 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 
 func (n *Node) sendRebuilt(h *homeDuty, to ids.NodeID) {
 	counted := h.rebuilt.Holder() == ids.None && h.rebuilt.Version() == h.rebuiltVer &&
-		(isExact(to) && h.rebuilt.hasExactBit(to) || !isExact(to) && h.reports[to].State == Shared && h.reports[to].Version == h.rebuiltVer)
+		(isExact(to) && h.rebuilt.hasExactBit(to) || !isExact(to) && h.used[to].State == Shared && h.used[to].Version == h.rebuiltVer)
 	holder := h.rebuilt.Holder() == to
 	if to == n.cfg.ID {
 		n.unfreeze(n.page(h.no), h.rebuiltVer, counted, holder)
@@ -668,7 +894,7 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 	if !p.frozen {
 		return
 	}
-	p.frozen = false
+	p.frozen, p.mustReport = false, false
 	p.unitCounted, p.unitVer = counted, ver
 	// Versions start again from the rebuilt word's, which is at least
 	// every version reported: what ended before counts no more.

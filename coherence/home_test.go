@@ -138,11 +138,17 @@ func TestRebuildAcrossDeparture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2}, Moved: map[ids.PageNo]ids.NodeID{9: 1}}); err != nil {
+	if err := n.Step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2}, HomeOf: func(ids.PageNo) ids.NodeID { return 1 }, Targets: []ids.NodeID{1}}); err != nil {
 		t.Fatal(err)
 	}
 	n.Ready()
 	if err := n.Step(Receive{Msg: Message{Type: MsgReport, From: 2, To: 1, Epoch: 2, Page: 9, State: Shared, Version: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	if rd := n.Ready(); len(rd.Batches) != 0 {
+		t.Fatalf("before n2's count: %+v, want no rebuild yet", rd)
+	}
+	if err := n.Step(Receive{Msg: Message{Type: MsgMoveReport, From: 2, To: 1, Epoch: 2, Page: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	rd := n.Ready()

@@ -84,6 +84,9 @@ func (n *Node) Quiet() bool {
 			return false
 		}
 	}
+	if len(n.owed) > 0 || n.target {
+		return false // a move under way
+	}
 	return n.synced || !n.probing
 }
 

@@ -25,12 +25,13 @@ const (
 	MsgEnqueue
 	// MsgGrant tells the node that the home reserved Page for it.
 	MsgGrant
-	// MsgQuery asks a node for its state of Page: the sender is the
-	// page's new home, rebuilding the word after the old home failed.
+	// MsgQuery asks a node to send its move reports again (MsgReport of
+	// every page it froze that moved to the sender, then MsgMoveReport):
+	// the sender, a new home, holds fewer of its reports than its count
+	// says. Page is zero.
 	MsgQuery
-	// MsgReport answers a query (and is repeated until the word is
-	// rebuilt): the node's state of Page (State) and the tenure of its
-	// copy (Version).
+	// MsgReport tells a page's new home the sender's state of Page
+	// (State) and the tenure of its copy (Version), after the page moved.
 	MsgReport
 	// MsgRebuilt tells a node that the new home rebuilt the word of Page
 	// at version Version: the node's copy, if any, is recorded in it.
@@ -46,6 +47,16 @@ const (
 	// repairs it once every member is in the epoch (repeated by the sender
 	// on every blocked attempt; the home ignores duplicates).
 	MsgStamp
+	// MsgMoveReport tells a node that the sender has sent it, in this
+	// epoch, MsgReport of Page distinct pages (a count, not a page):
+	// every page the sender froze whose new home is the receiver. Sent
+	// by every member to every member after an epoch that moved pages,
+	// and repeated until the receiver answers with MsgMoveDone.
+	MsgMoveReport
+	// MsgMoveDone tells a node that every page that moved to the sender
+	// is rebuilt: the receiver unfreezes those it did not report (those
+	// it reported are unfrozen by their MsgRebuilt).
+	MsgMoveDone
 )
 
 func (t MsgType) String() string {
@@ -72,6 +83,10 @@ func (t MsgType) String() string {
 		return "epoch-ack"
 	case MsgStamp:
 		return "stamp"
+	case MsgMoveReport:
+		return "move-report"
+	case MsgMoveDone:
+		return "move-done"
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
 }
@@ -97,8 +112,11 @@ type Message struct {
 }
 
 func (m Message) String() string {
-	if m.Type == MsgEpoch || m.Type == MsgEpochAck {
+	switch m.Type {
+	case MsgEpoch, MsgEpochAck, MsgMoveDone, MsgQuery:
 		return fmt.Sprintf("%v %v->%v %v", m.Type, m.From, m.To, m.Epoch)
+	case MsgMoveReport:
+		return fmt.Sprintf("%v %v->%v %v count=%d", m.Type, m.From, m.To, m.Epoch, m.Page)
 	}
 	s := fmt.Sprintf("%v %v->%v %v %v v=%d", m.Type, m.From, m.To, m.Epoch, m.Page, m.Version)
 	if m.Type == MsgRecall {
@@ -121,7 +139,7 @@ func (m Message) String() string {
 //
 //	0  format (1)      1  type        2  flags                  3  zero
 //	flags: bit 0 write (recall), bit 1 shared, bit 2 modified (report, rebuilt)
-//	4  from (u32)      8  to (u32)    12 epoch (u64)            20 page (u64)
+//	4  from (u32)      8  to (u32)    12 epoch (u64)            20 page (u64; MsgMoveReport: the count)
 //	28 version (u16)
 const (
 	msgFormat    = 1
@@ -131,7 +149,7 @@ const (
 	flagModified = 4
 	flagEnded    = 8 // MsgReport with no state flag: Version is the newest tenure known ended
 	knownFlags   = flagWrite | flagShared | flagModified | flagEnded
-	maxMsgType_  = MsgStamp
+	maxMsgType_  = MsgMoveDone
 )
 
 // Marshal encodes m.

@@ -14,7 +14,9 @@ func TestMessageRoundTrip(t *testing.T) {
 		{Type: MsgRecall, From: 3, To: 64, Epoch: 2, Page: 9, Version: 17},
 		{Type: MsgEnqueue, From: 3, To: 1, Epoch: 2, Page: 9},
 		{Type: MsgGrant, From: 1, To: 3, Epoch: 2, Page: 9},
-		{Type: MsgQuery, From: 1, To: 3, Epoch: 2, Page: 9},
+		{Type: MsgQuery, From: 1, To: 3, Epoch: 2},
+		{Type: MsgMoveReport, From: 3, To: 1, Epoch: 2, Page: 17},
+		{Type: MsgMoveDone, From: 1, To: 3, Epoch: 2},
 		{Type: MsgReport, From: 3, To: 1, Epoch: 2, Page: 9, Version: 4, State: Modified},
 		{Type: MsgReport, From: 3, To: 1, Epoch: 2, Page: 9, Version: 4, State: Shared},
 		{Type: MsgReport, From: 3, To: 1, Epoch: 2, Page: 9},
@@ -76,6 +78,8 @@ func FuzzUnmarshal(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(bytes.Repeat([]byte{0xff}, msgLen))
 	f.Add(Message{Type: MsgReport, From: 3, To: 1, Epoch: 2, Page: 9, Version: 4, State: Modified}.Marshal())
+	f.Add(Message{Type: MsgMoveReport, From: 3, To: 1, Epoch: 2, Page: 17}.Marshal())
+	f.Add(Message{Type: MsgMoveDone, From: 1, To: 3, Epoch: 2}.Marshal())
 	f.Add(Message{Type: MsgStamp, From: 3, To: 1, Epoch: 17, Page: 9}.Marshal())
 	f.Add(Message{Type: MsgReport, From: 3, To: 1, Epoch: 2, Page: 9, Version: 65534, Ended: true}.Marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -53,16 +53,17 @@ type Config struct {
 	// that join"). A node that was a member from the region's first epoch
 	// leaves it false.
 	Joining bool
-	// HomeOf names the home of a page. It must be a pure function of the
-	// page (placement changes arrive as a new Node).
+	// HomeOf names the home of a page in the initial epoch: a pure
+	// function of the page. Reconfigure.HomeOf changes it. A joining node
+	// does not know which pages moved before it was created, nor whether
+	// their moves are done: every page of a home in Targets waits until
+	// that home says that its moves are done (MsgMoveDone). A node is not
+	// created as the new home of a page whose move is not done.
 	HomeOf func(ids.PageNo) ids.NodeID
-	// Moved are the pages whose home is no longer HomeOf's, with their
-	// current home (a joining node is created after the moves of earlier
-	// epochs). The node freezes them and reports to their home, which
-	// answers with MsgRebuilt (at once when its rebuild is over), as
-	// after Reconfigure.Moved. A node is not created as the new home of
-	// a page.
-	Moved map[ids.PageNo]ids.NodeID
+	// Targets are, for a joining node, the new homes whose moves may not
+	// be done yet (the targets of recent epochs that moved pages): every
+	// page they home waits until they say that their moves are done.
+	Targets []ids.NodeID
 	// HomedPages are the pages this node is home for: after a departure
 	// it repairs their words eagerly (releases what departed members held
 	// and stamps the new epoch tag). A home that does not list a page (a
@@ -96,11 +97,6 @@ func (c *Config) validate() error {
 	}
 	if c.HomeOf == nil {
 		return fmt.Errorf("%w: no HomeOf", ErrBadConfig)
-	}
-	for no, h := range c.Moved {
-		if h == ids.None || h == c.ID {
-			return fmt.Errorf("%w: %v moved to %v", ErrBadConfig, no, h)
-		}
 	}
 	for _, m := range c.Members {
 		if m == ids.None || m > MaxNodeID {
@@ -198,9 +194,12 @@ type page struct {
 	invEvery int    // current retransmission interval in ticks
 
 	// frozen: the page's home moved; nothing is posted until the new
-	// home has rebuilt the word (MsgRebuilt). reportAt: last MsgReport.
-	frozen   bool
-	reportAt uint64
+	// home has rebuilt the word (MsgRebuilt), or said that its moves are
+	// done (MsgMoveDone) for a page this node did not report. mustReport:
+	// the page had state when it froze; its report goes to the new home
+	// in every epoch until MsgRebuilt unfreezes it.
+	frozen     bool
+	mustReport bool
 	// frozenM: the page froze during a release; the node claims the
 	// tenure (wbData holds the data) until the rebuild says whether the
 	// release had taken effect.
@@ -239,9 +238,34 @@ type batchRec struct {
 type Node struct {
 	cfg     Config
 	epoch   ids.Epoch
-	members []ids.NodeID              // sorted; the authority on who may be named in a word
-	moved   map[ids.PageNo]ids.NodeID // pages whose home changed
+	members []ids.NodeID // sorted; the authority on who may be named in a word
 	now     uint64
+
+	// Placement and moves (docs/failover.md §5, docs/protocol.md "Moves").
+	// homeFn is the current placement; hist the placements since the
+	// oldest move this node may still wait for, the current one last.
+	// moveAll: a joining node treats every page as moved until the
+	// page's home said that its moves are done. owed: the members whose
+	// MsgMoveDone this node waits for; sent: per new home, the pages
+	// reported to it in this epoch; moveAt: the last MsgMoveReports.
+	homeFn    func(ids.PageNo) ids.NodeID
+	hist      []func(ids.PageNo) ids.NodeID
+	moveAll   bool
+	owed      map[ids.NodeID]bool
+	sent      map[ids.NodeID]map[ids.PageNo]bool
+	moveAt    uint64
+	moveEvery int // ticks between MsgMoveReports, doubling up to 16*RetransmitTicks
+	// As a new home: target says that pages may have moved to this node
+	// since it last completed its moves; counts are the members' counts
+	// of this epoch (MsgMoveReport) and reportsIn the distinct pages each
+	// has reported in it; the moves complete after SlotsReady of epoch
+	// slotsNeed or later (slotsReady is the latest).
+	target     bool
+	counts     map[ids.NodeID]int
+	reportsIn  map[ids.NodeID]int
+	queryAt    map[ids.NodeID]uint64 // the last MsgQuery to each member
+	slotsNeed  ids.Epoch
+	slotsReady ids.Epoch
 
 	// synced: every member has acknowledged the current epoch (MsgEpoch),
 	// so no member still trusts what a departure invalidated; a home
@@ -282,15 +306,21 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:     cfg,
-		epoch:   cfg.Epoch,
-		members: sortedIDs(cfg.Members),
-		moved:   map[ids.PageNo]ids.NodeID{},
-		synced:  true,
-		pages:   map[ids.PageNo]*page{},
-		batches: map[uint64]batchRec{},
-		homeIdx: map[ids.PageNo]*homeDuty{},
-		ackOwed: map[ids.NodeID]bool{},
+		cfg:       cfg,
+		epoch:     cfg.Epoch,
+		members:   sortedIDs(cfg.Members),
+		homeFn:    cfg.HomeOf,
+		hist:      []func(ids.PageNo) ids.NodeID{cfg.HomeOf},
+		owed:      map[ids.NodeID]bool{},
+		sent:      map[ids.NodeID]map[ids.PageNo]bool{},
+		counts:    map[ids.NodeID]int{},
+		reportsIn: map[ids.NodeID]int{},
+		queryAt:   map[ids.NodeID]uint64{},
+		synced:    true,
+		pages:     map[ids.PageNo]*page{},
+		batches:   map[uint64]batchRec{},
+		homeIdx:   map[ids.PageNo]*homeDuty{},
+		ackOwed:   map[ids.NodeID]bool{},
 	}
 	if cfg.Joining {
 		n.synced, n.joining = false, true
@@ -301,17 +331,15 @@ func NewNode(cfg Config) (*Node, error) {
 			n.addDuty(&homeDuty{no: p, guess: InitialWord(cfg.Epoch)})
 		}
 	}
-	moved := make([]ids.PageNo, 0, len(cfg.Moved))
-	for no, h := range cfg.Moved {
-		n.moved[no] = h
-		moved = append(moved, no)
-	}
-	slices.Sort(moved)
-	for _, no := range moved {
-		n.freeze(n.page(no))
-	}
 	if n.joining {
 		n.startProbe()
+		n.moveAll = true
+		for _, m := range cfg.Targets {
+			if n.isMember(m) {
+				n.owed[m] = true
+			}
+		}
+		n.reportMoves()
 	}
 	return n, nil
 }
@@ -343,17 +371,15 @@ func (n *Node) isMember(id ids.NodeID) bool {
 	return ok
 }
 
-func (n *Node) homeOf(no ids.PageNo) ids.NodeID {
-	if h, ok := n.moved[no]; ok {
-		return h
-	}
-	return n.cfg.HomeOf(no)
-}
+func (n *Node) homeOf(no ids.PageNo) ids.NodeID { return n.homeFn(no) }
 
 func (n *Node) page(no ids.PageNo) *page {
 	p := n.pages[no]
 	if p == nil {
 		p = &page{no: no, home: n.homeOf(no), guess: InitialWord(n.epoch)}
+		// A page this node has no state for may belong to a move that
+		// is not done: it waits like the others (MsgMoveDone).
+		p.frozen = n.inMove(no)
 		n.pages[no] = p
 		n.order = append(n.order, p)
 	}
@@ -379,6 +405,13 @@ func (n *Node) Step(ev Event) error {
 		return nil
 	case Reconfigure:
 		return n.stepReconfigure(ev)
+	case SlotsReady:
+		if ev.Epoch > n.epoch {
+			return fmt.Errorf("%w: slots ready for %v in %v", ErrStaleEpoch, ev.Epoch, n.epoch)
+		}
+		n.slotsReady = max(n.slotsReady, ev.Epoch)
+		n.checkMoveDone()
+		return nil
 	}
 	return fmt.Errorf("%w: event %T", ErrBadRequest, ev)
 }
@@ -641,6 +674,18 @@ func (n *Node) stepReceive(m Message) error {
 		// The home side only: no client page is created for it.
 		n.stamp(m.Page)
 		return nil
+	case MsgReport:
+		n.gotReport(m)
+		return nil
+	case MsgQuery:
+		n.reportTo(m.From)
+		return nil
+	case MsgMoveReport:
+		n.gotMoveReport(m.From, int(min(m.Page, ids.PageNo(1)<<31)))
+		return nil
+	case MsgMoveDone:
+		n.moveDone(m.From)
+		return nil
 	}
 	p := n.page(m.Page)
 	switch m.Type {
@@ -665,12 +710,6 @@ func (n *Node) stepReceive(m Message) error {
 			delete(p.awaiting, m.From)
 			p.invEvery = n.cfg.RetransmitTicks
 		}
-	case MsgQuery:
-		if p.frozen && m.From == p.home {
-			n.report(p)
-		}
-	case MsgReport:
-		n.gotReport(m)
 	case MsgRebuilt:
 		if m.From == p.home {
 			n.unfreeze(p, m.Version, m.State == Shared, m.State == Modified)
@@ -710,18 +749,23 @@ func (n *Node) stepTick() {
 		}
 		n.drive(p)
 	}
-	for _, p := range n.order {
-		if p.frozen && n.now-p.reportAt >= uint64(2*n.cfg.RetransmitTicks) {
-			n.report(p)
+	if len(n.owed) > 0 && n.now-n.moveAt >= uint64(n.moveEvery) {
+		// Counts again (a home that misses reports asks for them with
+		// MsgQuery; one that is done answers MsgMoveDone), with
+		// exponential backoff: a new home waits for every member, and
+		// every member sends to every member.
+		n.moveAt = n.now
+		n.moveEvery = min(2*n.moveEvery, 16*n.cfg.RetransmitTicks)
+		for _, m := range n.members {
+			if n.owed[m] {
+				n.sendMoveReport(m)
+			}
 		}
 	}
 	if !n.synced && n.probing && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.probe()
 	}
 	for _, h := range n.homes {
-		if h.rebuilding && n.now-h.queryAt >= uint64(2*n.cfg.RetransmitTicks) {
-			n.query(h)
-		}
 		n.driveHome(h)
 	}
 }

@@ -292,18 +292,40 @@ type Tick struct{}
 type Reconfigure struct {
 	Epoch   ids.Epoch
 	Members []ids.NodeID
-	// Moved are the pages whose home changed (their old home departed),
-	// with their new home. Every node freezes them and reports its state
-	// to the new home, which rebuilds the word; the new home's slot must
-	// hold the backup copy of the page and InitialWord(Epoch).
-	Moved map[ids.PageNo]ids.NodeID
+	// HomeOf, when not nil, is the placement of this epoch: the home of
+	// every page from now on. A page moved when its home differs from the
+	// previous placement's; no list of pages is ever built. Every node
+	// freezes the pages it has state for that moved and reports them to
+	// their new home, which rebuilds their words from every member's
+	// reports and then tells every member that its move is done
+	// (MsgMoveDone); a page without state at a node stays frozen there
+	// until then too. Nil keeps the placement. A page moves only away
+	// from a home that departed in this epoch or before (the new home's
+	// slot must hold the page's backup copy, and a word that names no
+	// holder, when the move is rebuilt; see SlotsPending).
+	HomeOf func(ids.PageNo) ids.NodeID
+	// Targets are the members that gain pages in this epoch: the new
+	// homes of the pages that moved (the node layer knows them from the
+	// shards; the core cannot list pages). Only they collect reports, and
+	// only their pages wait. Required with HomeOf.
+	Targets []ids.NodeID
+	// SlotsPending says that the node layer has not prepared the new
+	// home slots of the pages moving to this node yet: the node completes
+	// no move before a SlotsReady of this epoch or a later one.
+	SlotsPending bool
 }
+
+// SlotsReady tells the node that the home slots of every page that moved
+// to it up to Epoch hold their backup copies, under words that name no
+// holder (docs/failover.md §5).
+type SlotsReady struct{ Epoch ids.Epoch }
 
 func (Request) isEvent()     {}
 func (VerbsDone) isEvent()   {}
 func (Receive) isEvent()     {}
 func (Tick) isEvent()        {}
 func (Reconfigure) isEvent() {}
+func (SlotsReady) isEvent()  {}
 
 // Errors.
 var (

@@ -87,6 +87,11 @@ type Options struct {
 	EmptyEpochs int
 	// Linearizability checks the recorded history with porcupine.
 	Linearizability bool
+	// SlowSlots reconfigures with SlotsPending: each new home of moved
+	// pages learns that its slots are ready (SlotsReady) at a random later
+	// step, as dsmd's node layer prepares them, and completes no move
+	// before.
+	SlowSlots bool
 	// SettleSteps bounds the steps after the workload and the faults stop
 	// in which every request must complete (default 200000).
 	SettleSteps int
@@ -138,6 +143,9 @@ func (o Options) String() string {
 	}
 	if o.Epoch > 1 {
 		s += fmt.Sprintf(" epoch=%d", o.Epoch)
+	}
+	if o.SlowSlots {
+		s += " slow-slots=true"
 	}
 	if o.EmptyEpochs > 0 {
 		s += fmt.Sprintf(" empty-epochs=%d", o.EmptyEpochs)
@@ -288,6 +296,9 @@ type Sim struct {
 	toJoin      int // new ids the pending reconfiguration adds
 	homeOf      func(ids.PageNo) ids.NodeID
 	moving      map[ids.PageNo][]byte // pages whose home crashed -> backup data
+	moved       map[ids.PageNo]bool   // pages the last reconfiguration moved
+	moveEpochs  int                   // epochs since the first move
+	slotsDue    map[ids.NodeID]ids.Epoch
 	reconf      int                   // steps until the pending reconfiguration; -1 none
 	rc          coherence.Reconfigure // the latest reconfiguration
 	lagging     []ids.NodeID          // live nodes that have not received rc yet
@@ -313,7 +324,9 @@ func New(seed int64, o Options) (*Sim, error) {
 		net:   mem.NewNetwork(mem.Manual()),
 		slots: map[ids.PageNo]slot{}, ref: map[ids.PageNo][]byte{},
 		epoch: o.Epoch, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{},
-		moving: map[ids.PageNo][]byte{},
+		moving:   map[ids.PageNo][]byte{},
+		moved:    map[ids.PageNo]bool{},
+		slotsDue: map[ids.NodeID]ids.Epoch{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -782,9 +795,10 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 		members = append(members, first+ids.NodeID(k))
 	}
 	s.tracef("reconfigure %v members=%d", s.epoch, len(members))
-	var moved map[ids.PageNo]ids.NodeID
+	var homeOf func(ids.PageNo) ids.NodeID
+	var targets []ids.NodeID
+	clear(s.moved)
 	if len(s.moving) > 0 {
-		moved = map[ids.PageNo]ids.NodeID{}
 		pages := make([]ids.PageNo, 0, len(s.moving))
 		for p := range s.moving {
 			pages = append(pages, p)
@@ -804,12 +818,27 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 			rdma.StoreWord(reg.Bytes(), 0, uint64(coherence.InitialWord(s.epoch)))
 			copy(reg.Bytes()[8:], s.moving[p])
 			s.slots[p] = slot{home: home, reg: reg}
-			moved[p] = home
+			s.moved[p] = true
 			s.tracef("%v moves to %v", p, home)
 		}
 		clear(s.moving)
+		homeOf = s.placement()
+		for p := range s.moved {
+			if h := s.slots[p].home; !slices.Contains(targets, h) {
+				targets = append(targets, h)
+			}
+		}
+		slices.Sort(targets)
 	}
-	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, Moved: moved}
+	if homeOf != nil || s.moveEpochs > 0 {
+		s.moveEpochs++
+	}
+	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil}
+	if s.rc.SlotsPending {
+		for _, t := range targets {
+			s.slotsDue[t] = s.epoch
+		}
+	}
 	s.lagging = s.lagging[:0]
 	for _, n := range s.nodes[1:] {
 		if n.alive {
@@ -829,6 +858,62 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 	}
 }
 
+// placement is the current homes of the pages, as a function of the page
+// that later moves do not change.
+func (s *Sim) placement() func(ids.PageNo) ids.NodeID {
+	homes := make([]ids.NodeID, s.Opts.Pages)
+	for p := range homes {
+		homes[p] = s.slots[ids.PageNo(p)].home
+	}
+	return func(p ids.PageNo) ids.NodeID {
+		if int(p) < len(homes) {
+			return homes[p]
+		}
+		return s.homeOf(p)
+	}
+}
+
+// slotsReady hands SlotsReady to one new home that has learnt the epoch
+// of its slots, if there is one; it reports whether it did.
+func (s *Sim) slotsReady() bool {
+	var due []ids.NodeID
+	for id, e := range s.slotsDue {
+		if n := s.nodes[id]; !n.alive {
+			delete(s.slotsDue, id)
+		} else if n.sm.Epoch() >= e {
+			due = append(due, id)
+		}
+	}
+	if len(due) == 0 {
+		return false
+	}
+	slices.Sort(due)
+	id := due[s.rng.Intn(len(due))]
+	n := s.nodes[id]
+	e := s.slotsDue[id]
+	delete(s.slotsDue, id)
+	s.tracef("%v slots ready for %v", id, e)
+	if err := n.sm.Step(coherence.SlotsReady{Epoch: e}); err != nil {
+		s.fail("%v refused SlotsReady: %v", id, err)
+		return true
+	}
+	s.apply(n)
+	return true
+}
+
+// movedTo is the homes of the pages that moved so far: a joiner waits for
+// their moves.
+func (s *Sim) movedTo() []ids.NodeID {
+	var out []ids.NodeID
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		if h := s.slots[p].home; h != s.homeOf(p) && !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // addJoiner creates node id as a new member in the current epoch: a state
 // machine started with Config.Joining, the epoch's members, and the pages
 // whose home moved so far (it asks their new homes whether they are
@@ -841,18 +926,9 @@ func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
 	if err != nil {
 		return err
 	}
-	var moved map[ids.PageNo]ids.NodeID
-	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
-		if h := s.slots[p].home; h != s.homeOf(p) {
-			if moved == nil {
-				moved = map[ids.PageNo]ids.NodeID{}
-			}
-			moved[p] = h
-		}
-	}
 	sm, err := coherence.NewNode(coherence.Config{
 		ID: id, PageSize: s.Opts.PageSize, Epoch: s.epoch, Members: members,
-		HomeOf: s.homeOf, Moved: moved, Joining: true,
+		HomeOf: s.placement(), Targets: s.movedTo(), Joining: true,
 	})
 	if err != nil {
 		return err
@@ -1047,6 +1123,9 @@ func (s *Sim) randomStep(workload bool) {
 		s.reconfigureOne(s.rng.Intn(len(s.lagging)))
 		return
 	}
+	if len(s.slotsDue) > 0 && s.rng.Intn(16) == 0 && s.slotsReady() {
+		return
+	}
 	pending := s.net.Pending()
 	x := s.rng.Intn(100)
 	if !workload && s.Opts.Mutex && x < 20 {
@@ -1110,7 +1189,7 @@ func (s *Sim) randomStep(workload bool) {
 			s.reconf = 5 + s.rng.Intn(60)
 			return
 		}
-	case workload && x < 22 && s.joins < s.Opts.Joins && s.reconf < 0 && (len(s.lagging) == 0 || len(s.rc.Moved) == 0) && s.rng.Intn(2) == 0:
+	case workload && x < 22 && s.joins < s.Opts.Joins && s.reconf < 0 && (len(s.lagging) == 0 || s.rc.HomeOf == nil) && s.rng.Intn(2) == 0:
 		// A join, in an epoch of its own; with AsyncReconfig possibly
 		// while nodes lag behind the last epoch (they skip it), unless
 		// that epoch moved pages: a node skips no move (dsmd's follow
@@ -1139,8 +1218,11 @@ func (s *Sim) randomStep(workload bool) {
 }
 
 func (s *Sim) run() (Stats, error) {
-	limit := s.Opts.Ops*200 + 10000
 	for s.issued < s.Opts.Ops {
+		// Every epoch while a move may be under way costs every member
+		// a count to every member and an answer back (MsgMoveReport,
+		// MsgMoveDone), repeated while the new homes wait.
+		limit := s.Opts.Ops*200 + 10000 + s.moveEpochs*8*len(s.nodes)*len(s.nodes)
 		if s.step > limit {
 			s.fail("workload did not finish in %d steps:\n%s", limit, s.Dump())
 			break
@@ -1252,7 +1334,7 @@ func (s *Sim) check(quiescent bool) {
 func (s *Sim) checkBeliefs(p ids.PageNo) {
 	sl := s.slots[p]
 	w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
-	_, moved := s.rc.Moved[p]
+	moved := s.moved[p]
 	believers, unsure := 0, 0
 	for _, n := range s.nodes[1:] {
 		if !n.alive {

@@ -51,9 +51,16 @@ var configs = []struct {
 	// The trust rule and MsgStamp: lazy homes (zero home memory, no
 	// HomedPages) with departures learnt asynchronously.
 	{"lazy-crash", Options{Nodes: 6, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true}, 125},
-	// Lazy homes with home crashes: Moved lists each page and the new
-	// home rebuilds it (the sparse rebuild by shards is not built yet).
+	// Lazy homes with home crashes: the pages of a crashed home move to
+	// new homes named by the placement (Reconfigure.HomeOf), which rebuild
+	// the words of the pages reported to them.
 	{"lazy-home-crash", Options{Nodes: 5, Pages: 3, Ops: 80, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2, LazyHomes: true}, 50},
+	// Moves by placement (docs/failover.md §5): more pages than most nodes
+	// touch (a page with no state at a node waits for its new home's
+	// MsgMoveDone), three home crashes, epochs learnt at different times,
+	// a joiner created while moves are under way, and new homes whose
+	// slots are ready only some steps after the epoch (SlotsReady).
+	{"range-move", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 16}, 100},
 	// Words zero in epoch 16, 40 empty epochs (the 4-bit tag wraps more
 	// than twice) and 2 crashes between the requests.
 	// Members that join (docs/protocol.md, "Members that join"): nodes

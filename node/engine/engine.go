@@ -399,8 +399,8 @@ func (e *Engine) decode(from ids.NodeID, b []byte) (coherence.Message, bool) {
 
 // Reconfigure hands the engine a new configuration: the epoch and the
 // members (the nodes absent from the list departed; pages homed on a
-// departed node are not moved, that needs Reconfigure.Moved or the sparse
-// rebuild, neither fed by the engine). It waits until the loop has taken
+// departed node are not moved: the engine feeds no placement,
+// coherence.Reconfigure.HomeOf, yet). It waits until the loop has taken
 // it (after Start) or the engine is closed; the loop steps it and applies
 // what it asks (dropping Shared copies after a departure). A refused
 // configuration (an epoch not after the current one, a bad member id) is
