@@ -20,15 +20,16 @@ const MaxBarrierParties = 64
 // called Wait for the same generation. Any process on any machine that
 // maps the region and makes a Barrier at the same offset, with the same
 // number of parties, uses the same barrier; each Barrier value is one
-// party (a process may hold several). Its BarrierSize bytes start at zero
-// (a new region is zeros) and must be used for nothing else; the first
-// use records the number of parties there.
+// party (a process may hold several), so one value must not Wait in two
+// goroutines at once. Its BarrierSize bytes start at zero (a new region
+// is zeros) and must be used for nothing else; the first use records the
+// number of parties there.
 //
-// The generations are numbered from 0: the state word holds the current
-// generation and how many parties have arrived in it. The party that
-// arrives last moves it to the next generation with no arrival, in the
-// same compare-and-swap, which releases the others: they poll the state
-// word, whose Shared copy stays valid until that move.
+// The generations are numbered from 0 (modulo 2^31): the state word holds
+// the current generation and how many parties have arrived in it. The
+// party that arrives last moves it to the next generation with no
+// arrival, in the same compare-and-swap, which releases the others: they
+// poll the state word, whose Shared copy stays valid until that move.
 //
 // Exactly the number of parties given must use the barrier. On its first
 // Wait a party records its mapping session in a party word, which it

@@ -9,7 +9,7 @@ import (
 )
 
 // SemaphoreSize is the number of bytes of region memory a Semaphore uses,
-// from its offset: 27 aligned 8-byte words (docs/synchronization.md).
+// from its offset: 28 aligned 8-byte words (docs/synchronization.md).
 const SemaphoreSize = 8 * semWords
 
 // SemaphoreHolders is how many mapping sessions (processes, or mappings of
@@ -71,11 +71,14 @@ type Semaphore struct {
 }
 
 // The layout, in words from off: the queue Mutex (mutexWords), the
-// capacity word, then SemaphoreHolders holder words. A holder word is 0
-// when free, else the holder's session token << holderUnitBits | units.
+// capacity word, the releases word (a count of Releases, which the head
+// of the line polls), then SemaphoreHolders holder words. A holder word
+// is 0 when free, else the holder's session token << holderUnitBits |
+// units.
 const (
 	semCapacityWord = mutexWords
-	semHolderWord   = mutexWords + 1
+	semReleasesWord = mutexWords + 1
+	semHolderWord   = mutexWords + 2
 	semWords        = semHolderWord + SemaphoreHolders
 	holderUnitBits  = 22
 	holderUnitMask  = 1<<holderUnitBits - 1
@@ -282,17 +285,33 @@ func (s *Semaphore) Acquire(ctx context.Context, n uint64) error {
 		return s.wrap(op, err)
 	}
 	bg := context.WithoutCancel(ctx)
-	var bo pollPace
+	var pace pollPace
 	var last [SemaphoreHolders]uint64
+	var releases uint64   // the releases word when the holder words were read
+	var read time.Time    // the holder words were last read
 	since := time.Now()   // the holder words last changed
 	var checked time.Time // dead holders were last looked for
 	for {
-		ok, h, err := s.take(bg, n)
+		rel, err := s.r.LoadUint64(bg, s.word(semReleasesWord))
 		if err != nil {
 			return errors.Join(s.wrap(op, err), s.leave(op, 0))
 		}
-		if ok {
-			return s.leave(op, n)
+		// One word to poll: the holder words are read again when a
+		// Release says so, and once a second all the same (a releaser
+		// may die between its two steps).
+		if read.IsZero() || rel != releases || time.Since(read) >= lockCheckAfter {
+			releases, read = rel, time.Now()
+			ok, h, err := s.take(bg, n)
+			if err != nil {
+				return errors.Join(s.wrap(op, err), s.leave(op, 0))
+			}
+			if ok {
+				return s.leave(op, n)
+			}
+			if h != last {
+				last, since = h, time.Now()
+				pace.reset()
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			if lerr := s.leave(op, 0); lerr != nil {
@@ -300,18 +319,18 @@ func (s *Semaphore) Acquire(ctx context.Context, n uint64) error {
 			}
 			return newErr(op, s.r.name, s.off, nil, err)
 		}
-		if h != last {
-			last, since = h, time.Now()
-		}
 		if time.Since(since) >= lockCheckAfter && time.Since(checked) >= lockCheckAfter {
-			if _, err := s.sweep(bg); err != nil {
+			cleared, err := s.sweep(bg)
+			if err != nil {
 				return errors.Join(s.wrap(op, err), s.leave(op, 0))
 			}
 			checked = time.Now()
-			bo.reset()
+			if cleared {
+				read = time.Time{}
+			}
 			continue
 		}
-		bo.wait()
+		pace.wait()
 	}
 }
 
@@ -392,6 +411,10 @@ func (s *Semaphore) Release(n uint64) error {
 			return s.wrap(op, err)
 		}
 		if ok {
+			// Wake the head of the line. The units are back even if
+			// this fails: the head reads the holder words once a
+			// second all the same.
+			_, _ = s.r.AddUint64(ctx, s.word(semReleasesWord), 1)
 			return nil
 		}
 	}

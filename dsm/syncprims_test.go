@@ -28,6 +28,13 @@ func setupEngine(t *testing.T) (*Client, *Region) {
 	}
 	t.Cleanup(func() { n.Close() })
 	ctx := ctxT(t)
+	// A region created before the node is an alive member has no homes.
+	for len(n.Directory().View().Alive()) == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("the node never became an alive member")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	c := dial(t, ctx, n.Addrs().Socket)
 	if err := c.CreateRegion(ctx, "r", 64<<10); err != nil {
 		t.Fatal(err)
@@ -441,5 +448,59 @@ func TestBarrierDeadParty(t *testing.T) {
 		if err != nil {
 			t.Fatalf("a round after Reset with a new party: %v", err)
 		}
+	}
+}
+
+// A Release whose wake-up of the head of the line is lost (its process
+// died between its two steps) delays the head by at most the check
+// interval: it reads the holder words on its own then.
+func TestSemaphoreLostWake(t *testing.T) {
+	shortLockWaits(t)
+	_, r := setupEngine(t)
+	ctx := ctxT(t)
+	const off = 256
+	s := r.Semaphore(off, 1)
+	if err := s.Acquire(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() { res <- r.Semaphore(off, 1).Acquire(ctx, 1) }()
+	waitWord(t, r, off, 2) // the second ticket is taken
+	holder := off + 8*int64(semHolderWord)
+	w := mustLoad(t, r, holder)
+	if ok, err := r.CompareAndSwapUint64(ctx, holder, w, 0); err != nil || !ok {
+		t.Fatalf("clearing the holder word: %v %v", ok, err)
+	}
+	if err := <-res; err != nil {
+		t.Fatalf("Acquire after a release without a wake: %v", err)
+	}
+	if err := s.Release(1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The sizes are part of the layout other languages follow
+// (docs/synchronization.md).
+func TestSyncLayout(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want int
+	}{
+		{"MutexSize", MutexSize, 80},
+		{"SemaphoreSize", SemaphoreSize, 224},
+		{"BarrierSize", BarrierSize, 544},
+		{"SemaphoreHolders", SemaphoreHolders, 16},
+		{"MaxBarrierParties", MaxBarrierParties, 64},
+		{"MaxSemaphoreCapacity", MaxSemaphoreCapacity, 1<<22 - 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	if w := partyWord(0x3ff_0000_0001, 5); w != 0x3ff_0000_0001<<22|1<<21|5 {
+		t.Errorf("party word %#x", w)
+	}
+	if w := holderWord(0x3ff_0000_0001, 7); w != 0x3ff_0000_0001<<22|7 {
+		t.Errorf("holder word %#x", w)
 	}
 }
