@@ -31,10 +31,12 @@ const MaxBarrierParties = 64
 // arrival, in the same compare-and-swap, which releases the others: they
 // poll the state word, whose Shared copy stays valid until that move.
 //
-// Exactly the number of parties given must use the barrier. On its first
-// Wait a party records its mapping session in a party word, which it
-// keeps; so at most that many processes can take part (a further one gets
-// ErrTooManyParties, unless a recorded party is dead: it takes its word).
+// Exactly the number of parties given must use the barrier. At each Wait
+// a party makes sure that its mapping session is recorded in one of as
+// many party words (parties of one session share a word), so that the
+// others can ask dsmd about it; so at most that many sessions can take
+// part (one more gets ErrTooManyParties, unless a recorded session is
+// dead: it takes its word).
 //
 // # When a party dies
 //
@@ -60,7 +62,7 @@ type Barrier struct {
 	parties int
 
 	mu      sync.Mutex
-	slot    int  // this party's word, or -1 before its first Wait
+	slot    int  // the word of this party's session at its last Wait, or -1
 	checked bool // the parties word holds parties
 }
 
@@ -156,68 +158,80 @@ func (b *Barrier) broken(ctx context.Context, op string) error {
 	return newErr(op, b.r.name, b.off, ErrBarrierBroken, cause)
 }
 
-// register makes sure this party has a party word, recording generation
-// gen in it, and returns the word's index.
+// register makes sure this party's session has a party word, recording
+// generation gen in it, and returns the word's index. Parties of one
+// session (several Barrier values of one Region) share its word: the word
+// is there for dsmd to be asked whether the session is alive.
 func (b *Barrier) register(ctx context.Context, gen uint64) (int, error) {
 	me := sessionField(b.r.m.Session())
 	b.mu.Lock()
 	slot := b.slot
 	b.mu.Unlock()
-	if slot >= 0 {
-		for {
+	for {
+		words := make([]uint64, b.parties)
+		mine := -1
+		if slot >= 0 && slot < b.parties {
+			// Usually the word this value used last still names it:
+			// one load instead of all.
 			w, err := b.r.LoadUint64(ctx, b.word(barrierPartyWord+slot))
 			if err != nil {
 				return -1, err
 			}
-			if w == 0 || partySession(w) != me {
-				break // freed by a Reset that judged this session dead
+			if w != 0 && partySession(w) == me {
+				words[slot], mine = w, slot
 			}
-			ok, err := b.r.CompareAndSwapUint64(ctx, b.word(barrierPartyWord+slot), w, partyWord(me, gen))
+		}
+		if mine < 0 {
+			for i := range words {
+				w, err := b.r.LoadUint64(ctx, b.word(barrierPartyWord+i))
+				if err != nil {
+					return -1, err
+				}
+				words[i] = w
+				if mine < 0 && w != 0 && partySession(w) == me {
+					mine = i
+				}
+			}
+		}
+		take := func(i int) (bool, error) {
+			ok, err := b.r.CompareAndSwapUint64(ctx, b.word(barrierPartyWord+i), words[i], partyWord(me, gen))
+			if ok {
+				b.mu.Lock()
+				b.slot = i
+				b.mu.Unlock()
+			}
+			return ok, err
+		}
+		if mine >= 0 {
+			ok, err := take(mine)
 			if err != nil || ok {
-				return slot, err
+				return mine, err
+			}
+			slot = -1
+			continue // a party of this session arrived meanwhile
+		}
+		for i, w := range words {
+			if w != 0 {
+				continue
+			}
+			if ok, err := take(i); err != nil || ok {
+				return i, err
 			}
 		}
-	}
-	words := make([]uint64, b.parties)
-	for i := range words {
-		w, err := b.r.LoadUint64(ctx, b.word(barrierPartyWord+i))
-		if err != nil {
-			return -1, err
-		}
-		words[i] = w
-	}
-	take := func(i int) (bool, error) {
-		ok, err := b.r.CompareAndSwapUint64(ctx, b.word(barrierPartyWord+i), words[i], partyWord(me, gen))
-		if ok {
-			b.mu.Lock()
-			b.slot = i
-			b.mu.Unlock()
-		}
-		return ok, err
-	}
-	for i, w := range words {
-		if w != 0 {
-			continue
-		}
-		if ok, err := take(i); err != nil || ok {
-			return i, err
-		}
-	}
-	tokens := make([]uint64, len(words))
-	for i, w := range words {
-		if w != 0 && partySession(w) != me {
+		tokens := make([]uint64, len(words))
+		for i, w := range words {
 			tokens[i] = partySession(w)
 		}
-	}
-	for i, dead := range b.r.deadSessions(ctx, tokens) {
-		if !dead {
-			continue
+		for i, dead := range b.r.deadSessions(ctx, tokens) {
+			if !dead {
+				continue
+			}
+			if ok, err := take(i); err != nil || ok {
+				return i, err
+			}
 		}
-		if ok, err := take(i); err != nil || ok {
-			return i, err
-		}
+		return -1, newErr("wait", b.r.name, b.off, ErrTooManyParties, fmt.Errorf("its %d party words name live sessions", b.parties))
 	}
-	return -1, newErr("wait", b.r.name, b.off, ErrTooManyParties, fmt.Errorf("its %d party words name live sessions", b.parties))
 }
 
 // Wait arrives at the barrier and waits until every party has arrived in

@@ -335,13 +335,16 @@ func TestBarrier(t *testing.T) {
 	if _, err := r1.Barrier(4100, 2).Wait(ctx); !errors.Is(err, ErrUnaligned) {
 		t.Fatalf("Barrier at 4100: %v, want ErrUnaligned", err)
 	}
-	// Every party word of a barrier of 1 is taken by a live party.
-	one := r1.Barrier(8192, 1)
-	if _, err := one.Wait(ctx); err != nil {
+	// The party word of a barrier of 1 names a live session: another
+	// session cannot take part; another value of the same one shares it.
+	if _, err := r1.Barrier(8192, 1).Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r1.Barrier(8192, 1).Wait(ctx); !errors.Is(err, ErrTooManyParties) {
-		t.Fatalf("a second party of a barrier of 1: %v, want ErrTooManyParties", err)
+	if _, err := r2.Barrier(8192, 1).Wait(ctx); !errors.Is(err, ErrTooManyParties) {
+		t.Fatalf("a second session on a barrier of 1: %v, want ErrTooManyParties", err)
+	}
+	if gen, err := r1.Barrier(8192, 1).Wait(ctx); err != nil || gen != 1 {
+		t.Fatalf("another value of the recorded session: %d %v, want generation 1", gen, err)
 	}
 }
 
