@@ -507,3 +507,59 @@ func TestSyncLayout(t *testing.T) {
 		t.Errorf("holder word %#x", w)
 	}
 }
+
+// The acquirer at the head of the line dies waiting for units (its
+// mapping is closed): the one behind it takes its place and gets the
+// units when they are released.
+func TestSemaphoreDeadHeadOfLine(t *testing.T) {
+	shortLockWaits(t)
+	c, r := setupEngine(t)
+	ctx := ctxT(t)
+	const off = 2048
+	s := r.Semaphore(off, 1)
+	if err := s.Acquire(ctx, 1); err != nil { // ticket 0
+		t.Fatal(err)
+	}
+	gone, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make(chan error, 1)
+	go func() { head <- gone.Semaphore(off, 1).Acquire(ctx, 1) }() // ticket 1
+	waitWord(t, r, off, 2)
+	// The head holds the line's Mutex once its owner word says so.
+	for {
+		if _, st, _ := ownerOf(mustLoad(t, r, off+8*(2+1))); st == ownerHolding {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r2, err := c.Map(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	behind := make(chan error, 1)
+	go func() { behind <- r2.Semaphore(off, 1).Acquire(ctx, 1) }() // ticket 2
+	waitWord(t, r, off, 3)
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-head; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Acquire of a closed mapping: %v, want ErrClosed", err)
+	}
+	if err := s.Release(1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-behind:
+		if err != nil {
+			t.Fatalf("Acquire behind a dead head of the line: %v", err)
+		}
+	case <-time.After(hang):
+		t.Fatal("the Acquire behind a dead head of the line never returned")
+	}
+	if err := r2.Semaphore(off, 1).Release(1); err != nil {
+		t.Fatal(err)
+	}
+}
