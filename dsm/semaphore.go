@@ -334,8 +334,9 @@ func (s *Semaphore) Acquire(ctx context.Context, n uint64) error {
 	}
 }
 
-// TryAcquire takes n units if they are free now and nobody waits ahead,
-// without waiting, and reports whether it did. When too few are free it
+// TryAcquire takes n units if they are free now and no other acquirer is
+// in the line (waiting, or taking its units at that instant), without
+// waiting, and reports whether it did. When too few are free it
 // first clears the holder words of dead sessions (asking dsmd, at most
 // once a second per Semaphore value).
 func (s *Semaphore) TryAcquire(ctx context.Context, n uint64) (bool, error) {

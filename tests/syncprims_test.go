@@ -58,7 +58,7 @@ func TestBarrierAcrossProcesses(t *testing.T) {
 	// Each process adds to a counter before every Wait, and checks after
 	// it that every party's addition is there.
 	c.concurrently(t, region, "ok", func(int) []string {
-		return []string{"barrier-loop", "0", "3", "20", "8192"}
+		return []string{"barrier-loop", "0", "3", "15", "8192"}
 	})
 
 	// A fresh set of parties on another barrier, one of which is killed.
@@ -121,7 +121,7 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 	const region = "sem"
 	c := syncCluster(t, region)
 	c.concurrently(t, region, "ok", func(int) []string {
-		return []string{"sem-check", "0", "2", "8192", "30"}
+		return []string{"sem-check", "0", "2", "8192", "15"}
 	})
 
 	const off, capacity = "4096", "2"
