@@ -67,6 +67,7 @@ type Semaphore struct {
 
 	mu      sync.Mutex
 	swept   time.Time // dead holders were last looked for by TryAcquire
+	slot    int       // the holder word this value last used; -1: none
 	checked bool      // the capacity word holds this capacity
 }
 
@@ -105,7 +106,7 @@ func sessionField(token uint64) uint64 { return token & (1<<(64-holderUnitBits) 
 // the same capacity: the calls fail with ErrCountMismatch when the memory
 // was first used with another.
 func (r *Region) Semaphore(off int64, capacity uint64) *Semaphore {
-	return &Semaphore{r: r, off: off, capacity: capacity, q: r.Mutex(off)}
+	return &Semaphore{r: r, off: off, capacity: capacity, q: r.Mutex(off), slot: -1}
 }
 
 func (s *Semaphore) word(i int) int64 { return s.off + 8*int64(i) }
@@ -212,6 +213,11 @@ func (s *Semaphore) take(ctx context.Context, n uint64) (bool, [SemaphoreHolders
 		}
 		_, units := holderOf(h[i])
 		ok, err := s.r.CompareAndSwapUint64(ctx, s.word(semHolderWord+i), h[i], holderWord(me, units+n))
+		if ok {
+			s.mu.Lock()
+			s.slot = i
+			s.mu.Unlock()
+		}
 		if err != nil || ok {
 			return ok, h, err
 		}
@@ -393,21 +399,15 @@ func (s *Semaphore) Release(n uint64) error {
 	}
 	me := s.r.m.Session()
 	for {
-		h, err := s.holders(ctx)
+		i, w, err := s.mine(ctx)
 		if err != nil {
 			return s.wrap(op, err)
 		}
-		i, held := -1, uint64(0)
-		for j, w := range h {
-			if session, units := holderOf(w); w != 0 && session == sessionField(me) {
-				i, held = j, units
-				break
-			}
-		}
+		_, held := holderOf(w)
 		if i < 0 || held < n {
 			return newErr(op, s.r.name, s.off, ErrNotHeld, fmt.Errorf("this mapping holds %d units, releases %d", held, n))
 		}
-		ok, err := s.r.CompareAndSwapUint64(ctx, s.word(semHolderWord+i), h[i], holderWord(me, held-n))
+		ok, err := s.r.CompareAndSwapUint64(ctx, s.word(semHolderWord+i), w, holderWord(me, held-n))
 		if err != nil {
 			return s.wrap(op, err)
 		}
@@ -419,6 +419,37 @@ func (s *Semaphore) Release(n uint64) error {
 			return nil
 		}
 	}
+}
+
+// mine returns the index and value of this session's holder word, or -1.
+// It looks first at the word this value took or released units in last.
+func (s *Semaphore) mine(ctx context.Context) (int, uint64, error) {
+	me := sessionField(s.r.m.Session())
+	s.mu.Lock()
+	last := s.slot
+	s.mu.Unlock()
+	if last >= 0 {
+		w, err := s.r.LoadUint64(ctx, s.word(semHolderWord+last))
+		if err != nil {
+			return -1, 0, err
+		}
+		if session, _ := holderOf(w); w != 0 && session == me {
+			return last, w, nil
+		}
+	}
+	h, err := s.holders(ctx)
+	if err != nil {
+		return -1, 0, err
+	}
+	for i, w := range h {
+		if session, _ := holderOf(w); w != 0 && session == me {
+			s.mu.Lock()
+			s.slot = i
+			s.mu.Unlock()
+			return i, w, nil
+		}
+	}
+	return -1, 0, nil
 }
 
 // Available returns the units free now: the capacity less the units the

@@ -14,7 +14,7 @@ import (
 
 // setupEngine is setup with a dsmd that runs its coherence engine, which
 // hands out the session tokens the Barrier and the Semaphore need.
-func setupEngine(t *testing.T) (*Client, *Region) {
+func setupEngine(t testing.TB) (*Client, *Region) {
 	t.Helper()
 	if _, err := uffd.Probe(); err != nil {
 		t.Skipf("no userfaultfd: %v", err)
