@@ -104,14 +104,14 @@ var (
 
 // DeadPartyError is the cause of an ErrBarrierBroken error when a party
 // of the barrier was found dead: Session is that party's mapping-session
-// token (the dsmd incarnation that served it in the high 32 bits, the
-// session's number there in the low ones).
+// token (the protocol id of the dsmd incarnation that served it in the
+// high 32 bits, the session's number there in the low ones).
 type DeadPartyError struct {
 	Session uint64
 }
 
 func (e *DeadPartyError) Error() string {
-	return fmt.Sprintf("party with session %#x (dsmd incarnation %d, session %d) died", e.Session, e.Session>>32, e.Session&(1<<32-1))
+	return fmt.Sprintf("party with session %#x (protocol id %d of its dsmd, session %d) died", e.Session, e.Session>>32, e.Session&(1<<32-1))
 }
 
 // pageUnavailableReason is the google.rpc.ErrorInfo reason dsmd attaches
