@@ -71,6 +71,23 @@
 // critical sections short and do not hold a lock across anything that can
 // fail for long.
 //
+// # Barrier and Semaphore
+//
+// Region.Barrier is a reusable barrier for a fixed number of parties, with
+// numbered generations, on BarrierSize bytes; Region.Semaphore a counting
+// semaphore, FIFO like the Mutex (its line is a Mutex), on SemaphoreSize
+// bytes. Like the Mutex they keep no state in any dsmd, and they record
+// the session of each process that takes part, so that dsmd can be asked
+// whether it is dead (they need a dsmd that hands out session tokens,
+// ErrUnsupported otherwise). A party that dies breaks a barrier: after a
+// second without progress the waiters ask dsmd, and every Wait fails with
+// ErrBarrierBroken, naming the dead party's session (DeadPartyError),
+// until Reset. The units of a semaphore holder that dies come back: the
+// acquirer at the head of the line, after a second without enough units
+// free, clears the holder words of dead sessions. The layouts and
+// algorithms, for implementations in other languages, are in
+// docs/synchronization.md.
+//
 // # Failures
 //
 // Every error is an *Error that says the operation, region and offset,

@@ -60,6 +60,23 @@ var (
 	// the data the lock protects may be half updated. The caller holds the
 	// lock and must Unlock it.
 	ErrOwnerDied = errors.New("dsm: mutex acquired; its previous holder died holding it")
+	// ErrBarrierBroken: Barrier.Wait cannot complete: a party of the
+	// barrier died (dsmd says its mapping session is over) while the
+	// others waited, or Reset was called while this party waited. The
+	// barrier stays broken, and every Wait fails at once with this error,
+	// until Reset. When a dead party broke it, the error's cause is a
+	// *DeadPartyError that names the party's session.
+	ErrBarrierBroken = errors.New("dsm: barrier broken")
+	// ErrTooManyParties: a Barrier's party words are all taken by live
+	// parties, so one more process cannot wait on it.
+	ErrTooManyParties = errors.New("dsm: barrier has all its parties")
+	// ErrNotHeld: Semaphore.Release of more units than this mapping holds
+	// (none, or fewer, or its units were taken back because dsmd judged
+	// its session dead).
+	ErrNotHeld = errors.New("dsm: semaphore units not held")
+	// ErrCountMismatch: a Barrier or Semaphore used with another count
+	// (parties, capacity) than the one its memory was first used with.
+	ErrCountMismatch = errors.New("dsm: barrier or semaphore in use with another count")
 	// ErrUnsupported: this dsmd does not implement the request (an older or
 	// partial build).
 	ErrUnsupported = errors.New("dsm: not supported by this dsmd")
@@ -84,6 +101,18 @@ var (
 	// and write need write access; Load and ReadMemory read access).
 	ErrPermissionDenied = errors.New("dsm: permission denied")
 )
+
+// DeadPartyError is the cause of an ErrBarrierBroken error when a party
+// of the barrier was found dead: Session is that party's mapping-session
+// token (the protocol id of the dsmd incarnation that served it in the
+// high 32 bits, the session's number there in the low ones).
+type DeadPartyError struct {
+	Session uint64
+}
+
+func (e *DeadPartyError) Error() string {
+	return fmt.Sprintf("party with session %#x (protocol id %d of its dsmd, session %d) died", e.Session, e.Session>>32, e.Session&(1<<32-1))
+}
 
 // pageUnavailableReason is the google.rpc.ErrorInfo reason dsmd attaches
 // to an UNAVAILABLE status for a page (types.proto).

@@ -69,3 +69,57 @@ func Example() {
 		fmt.Println("no such region")
 	}
 }
+
+// Workers on any machines run in phases: none starts phase k+1 before all
+// have finished phase k. A worker that dies breaks the barrier.
+func ExampleRegion_Barrier() {
+	ctx := context.Background()
+	c, err := dsm.Dial(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Map(ctx, "grid")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+
+	const workers = 4
+	b := r.Barrier(0, workers) // BarrierSize bytes from offset 0
+	for phase := 0; phase < 10; phase++ {
+		// ... compute this worker's part of the phase ...
+		gen, err := b.Wait(ctx)
+		var dead *dsm.DeadPartyError
+		if errors.As(err, &dead) {
+			log.Fatalf("phase %d: a worker died (session %#x)", phase, dead.Session)
+		}
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("all workers finished generation", gen)
+	}
+}
+
+// At most 8 processes, cluster-wide, talk to a backend at a time; the
+// units of a process that dies come back.
+func ExampleRegion_Semaphore() {
+	ctx := context.Background()
+	c, err := dsm.Dial(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Map(ctx, "limits")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+
+	s := r.Semaphore(4096, 8) // SemaphoreSize bytes from offset 4096
+	if err := s.Acquire(ctx, 1); err != nil {
+		log.Fatal(err)
+	}
+	defer s.Release(1)
+	// ... talk to the backend ...
+}

@@ -6,8 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"time"
-
-	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
 
 // MutexSize is the number of bytes of region memory a Mutex uses, from its
@@ -339,16 +337,7 @@ func (m *Mutex) advance(ctx context.Context, sw, head uint64, died bool) error {
 // dead asks dsmd whether the mapping session is over for good; a session
 // it cannot judge (or a token of 0: a dsmd that gives none) is not dead.
 func (m *Mutex) dead(ctx context.Context, session uint64) bool {
-	if session == 0 {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(ctx, lockAskDeadline)
-	defer cancel()
-	resp, err := m.r.c.rpc.SessionsAlive(ctx, &dsmpb.SessionsAliveRequest{Tokens: []uint64{session}})
-	if err != nil || len(resp.GetStates()) != 1 {
-		return false
-	}
-	return resp.GetStates()[0] == dsmpb.SessionState_SESSION_STATE_DEAD
+	return m.r.deadSessions(ctx, []uint64{session})[0]
 }
 
 // TryLock acquires the lock if it is free now, without waiting, and

@@ -189,6 +189,12 @@ func (r *Region) Len() int64 { return r.m.Len() }
 // PageSize is the region's page size: its unit of coherence.
 func (r *Region) PageSize() int64 { return r.m.PageSize() }
 
+// Session is the token by which dsmd names this mapping session in the
+// whole cluster (0 when dsmd gave none): the Mutex, Barrier and Semaphore
+// record it in region memory, and a *DeadPartyError names a dead party by
+// it.
+func (r *Region) Session() uint64 { return r.m.Session() }
+
 // Bytes returns the coherent mapping: plain loads and stores, at memory
 // speed on pages this machine holds. A load or store that misses blocks its
 // OS thread in the kernel until dsmd has fetched the page; the Go runtime

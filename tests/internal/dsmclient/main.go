@@ -23,6 +23,24 @@
 //	                         Unlock; prints "ok"
 //	history N SEED OFF...    N random Load/Store/CAS on the words at OFF...;
 //	                         prints one JSON object (Event) per operation
+//	session                  print the mapping's session token (%#x)
+//	barrier OFF PARTIES      Barrier.Wait; prints "passed GEN", or "broken"
+//	                         and, when a dead party broke it, "session
+//	                         TOKEN" (%#x)
+//	barrier-reset OFF PARTIES
+//	                         Barrier.Reset; prints "ok"
+//	barrier-loop OFF PARTIES N CNTOFF
+//	                         N times: AddUint64(CNTOFF, 1), Wait, then check
+//	                         that the counter is at least PARTIES times the
+//	                         generations passed; prints "ok"
+//	sem-acquire OFF CAP N    Semaphore.Acquire of N units; prints "ok"
+//	sem-try OFF CAP N        Semaphore.TryAcquire; prints "true" or "false"
+//	sem-release OFF CAP N    Semaphore.Release; prints "ok"
+//	sem-available OFF CAP    Semaphore.Available; prints the units free
+//	sem-check OFF CAP CNTOFF N
+//	                         N times: Acquire 1 unit, AddUint64(CNTOFF, 1)
+//	                         and check that at most CAP are inside, add -1,
+//	                         Release; prints "ok"
 //	fill OFF LEN SEED        write a pattern over [OFF, OFF+LEN) through
 //	                         Bytes(), page by page; prints "ok"
 //	check OFF LEN SEED       compare [OFF, OFF+LEN) with the pattern; prints
@@ -47,7 +65,8 @@
 //	map-direct SOCK          map the region through the mapping socket SOCK
 //	                         directly (no gRPC call first); prints "mapped"
 //	repl                     read commands (put-bytes, get-bytes, add,
-//	                         mutex-inc, fill, check, touch-sparse, read-u64)
+//	                         mutex-inc, fill, check, touch-sparse, read-u64,
+//	                         lock, unlock, session, barrier..., sem-...)
 //	                         from stdin, one a line, on one mapping held
 //	                         until stdin closes; answer each with one line:
 //	                         its output, or "ERR " and the error
@@ -115,6 +134,22 @@ type client struct {
 	r      *dsm.Region
 	out    *bufio.Writer
 	locks  map[int64]*dsm.Mutex // lock and unlock, by offset
+	// barriers are this process's parties, by offset: one per barrier, so
+	// that a repl waits as the same party each time.
+	barriers map[int64]*dsm.Barrier
+}
+
+// barrier returns this process's party of the barrier at off.
+func (cl *client) barrier(off int64, parties int) *dsm.Barrier {
+	if cl.barriers == nil {
+		cl.barriers = map[int64]*dsm.Barrier{}
+	}
+	b := cl.barriers[off]
+	if b == nil {
+		b = cl.r.Barrier(off, parties)
+		cl.barriers[off] = b
+	}
+	return b
 }
 
 func main() {
@@ -393,6 +428,98 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 			return "owner-died", nil
 		case err != nil:
 			return "", err
+		}
+		return "ok", nil
+	case "session":
+		return fmt.Sprintf("%#x", cl.r.Session()), nil
+	case "barrier", "barrier-reset":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("%s OFF PARTIES", cmd)
+		}
+		b := cl.barrier(v[0], int(v[1]))
+		if cmd == "barrier-reset" {
+			return "ok", b.Reset(ctx)
+		}
+		gen, err := b.Wait(ctx)
+		if errors.Is(err, dsm.ErrBarrierBroken) {
+			var dp *dsm.DeadPartyError
+			if errors.As(err, &dp) {
+				return fmt.Sprintf("broken session %#x", dp.Session), nil
+			}
+			return "broken", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("passed %d", gen), nil
+	case "barrier-loop":
+		v, err := ints(args)
+		if err != nil || len(v) != 4 {
+			return "", usagef("barrier-loop OFF PARTIES N CNTOFF")
+		}
+		b := cl.barrier(v[0], int(v[1]))
+		for range v[2] {
+			if _, err := cl.r.AddUint64(ctx, v[3], 1); err != nil {
+				return "", err
+			}
+			gen, err := b.Wait(ctx)
+			if err != nil {
+				return "", err
+			}
+			got, err := cl.r.LoadUint64(ctx, v[3])
+			if err != nil {
+				return "", err
+			}
+			if want := uint64(v[1]) * (gen + 1); got < want {
+				return "", fmt.Errorf("generation %d passed with %d arrivals counted, want %d", gen, got, want)
+			}
+		}
+		return "ok", nil
+	case "sem-acquire", "sem-try", "sem-release":
+		v, err := ints(args)
+		if err != nil || len(v) != 3 {
+			return "", usagef("%s OFF CAP N", cmd)
+		}
+		s := cl.r.Semaphore(v[0], uint64(v[1]))
+		switch cmd {
+		case "sem-acquire":
+			return "ok", s.Acquire(ctx, uint64(v[2]))
+		case "sem-release":
+			return "ok", s.Release(uint64(v[2]))
+		}
+		ok, err := s.TryAcquire(ctx, uint64(v[2]))
+		return strconv.FormatBool(ok), err
+	case "sem-available":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("sem-available OFF CAP")
+		}
+		n, err := cl.r.Semaphore(v[0], uint64(v[1])).Available(ctx)
+		return strconv.FormatUint(n, 10), err
+	case "sem-check":
+		v, err := ints(args)
+		if err != nil || len(v) != 4 {
+			return "", usagef("sem-check OFF CAP CNTOFF N")
+		}
+		s := cl.r.Semaphore(v[0], uint64(v[1]))
+		for range v[3] {
+			if err := s.Acquire(ctx, 1); err != nil {
+				return "", err
+			}
+			in, err := cl.r.AddUint64(ctx, v[2], 1)
+			if err != nil {
+				return "", err
+			}
+			if in > uint64(v[1]) {
+				return "", fmt.Errorf("%d holders inside a semaphore of %d", in, v[1])
+			}
+			if _, err := cl.r.AddUint64(ctx, v[2], ^uint64(0)); err != nil {
+				return "", err
+			}
+			if err := s.Release(1); err != nil {
+				return "", err
+			}
 		}
 		return "ok", nil
 	case "mutex-inc":
