@@ -37,6 +37,9 @@ func (n *Node) control(ctx context.Context, id localsock.Identity, req mapproto.
 		if err != nil {
 			return mapproto.Ctl{}, controlError(err)
 		}
+		if why := resp.GetNotServed(); why != "" {
+			return mapproto.Ctl{}, localcache.Refuse(mapproto.CodeUnavailable, controlText{why})
+		}
 		return regionCtl(resp.GetRegion(), false), nil
 	case mapproto.TypeDelete:
 		resp, err := cs.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: req.Name, Force: req.Force})

@@ -90,6 +90,8 @@ static void set_last(const char *s, size_t n)
 	last_err[n] = 0;
 }
 
+static void set_text(const char *s) { set_last(s, strlen(s)); }
+
 const char *dsm_last_error(void) { return last_err; }
 
 struct buf {
@@ -163,7 +165,7 @@ static int error_reply(const unsigned char *b, size_t n)
 	unsigned code = (unsigned)get_le(&r, 2);
 	size_t tl = (size_t)get_le(&r, 2);
 	if (r.bad || n - r.at != tl) {
-		set_last("malformed error message from dsmd", 33);
+		set_text("malformed error message from dsmd");
 		return -EPROTO;
 	}
 	set_last((const char *)b + r.at, tl);
@@ -375,7 +377,7 @@ static ssize_t call(dsm_client *c, const struct buf *req, unsigned char *rep, in
 			n = -EPROTONOSUPPORT;
 		}
 	} else if (n >= 0 && (n < 2 || rep[0] != PROTO_VERSION || rep[1] != want)) {
-		set_last("unexpected reply from dsmd", 26);
+		set_text("unexpected reply from dsmd");
 		close(c->ctl);
 		c->ctl = -1;
 		n = -EPROTO;
@@ -540,7 +542,7 @@ static int uffd_open(void)
 	close(fd);
 	uint64_t offered = api.features;
 	if ((offered & F_REQUIRED) != F_REQUIRED) {
-		set_last("the kernel's userfaultfd lacks features the service requires (Linux 5.19 or later)", 83);
+		set_text("the kernel's userfaultfd lacks features the service requires (Linux 5.19 or later)");
 		return -EOPNOTSUPP;
 	}
 	fd = uffd_new();
@@ -555,7 +557,9 @@ static int uffd_open(void)
 	return fd;
 }
 
-dsm_region *dsm_map(dsm_client *c, const char *name)
+/* map_once runs one mapping session's handshake; *id is the region id
+ * dsmd's page cache maps. */
+static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 {
 	last_err[0] = 0;
 	int e = 0, memfd = -1, uffd = -1;
@@ -596,7 +600,7 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 		e = -EPROTO;
 		goto fail;
 	}
-	get_le(&rr, 4);
+	*id = (uint32_t)get_le(&rr, 4);
 	uint64_t size = get_le(&rr, 8);
 	uint64_t ps = get_le(&rr, 4);
 	long sys = sysconf(_SC_PAGESIZE);
@@ -681,6 +685,70 @@ fail:
 	close(conn);
 	errno = -e;
 	return NULL;
+}
+
+static int lookup(dsm_client *c, const char *name, struct region_info *ri)
+{
+	struct buf w;
+	start(&w, T_LOOKUP);
+	if (put_name(&w, name))
+		return -EINVAL;
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_REGION);
+	if (n < 0)
+		return (int)n;
+	return region_reply(rep, n, ri);
+}
+
+/* The page cache may lag behind the directory (a region created a moment
+ * ago through another node): dsm_map waits this long for it, like the Go
+ * library. */
+#define MAP_LAG_NS (10 * 1000000000LL)
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+dsm_region *dsm_map(dsm_client *c, const char *name)
+{
+	if (c == NULL) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* The directory is the authority on which regions exist and on their
+	 * ids; never hand out a mapping of another region of that name. */
+	struct region_info ri;
+	int e = lookup(c, name, &ri);
+	if (e) {
+		errno = -e;
+		return NULL;
+	}
+	int64_t start_ns = mono_ns(), wait = 5000000;
+	for (;;) {
+		uint32_t id = 0;
+		dsm_region *r = map_once(c, name, &id);
+		if (r != NULL && id == ri.id)
+			return r;
+		if (r != NULL)
+			dsm_unmap(r); /* the page cache serves another region of that name */
+		else if (errno != ENOENT)
+			return NULL;
+		if ((e = lookup(c, name, &ri)) != 0) {
+			errno = -e;
+			return NULL;
+		}
+		if (mono_ns() - start_ns > MAP_LAG_NS) {
+			set_text("the directory has the region but this node's page cache still does not serve it");
+			errno = EAGAIN;
+			return NULL;
+		}
+		struct timespec ts = {0, wait};
+		nanosleep(&ts, NULL);
+		wait = wait * 2 < 100000000 ? wait * 2 : 100000000;
+	}
 }
 
 void *dsm_addr(dsm_region *r) { return r ? r->base : NULL; }
@@ -1098,7 +1166,7 @@ int dsm_mutex_unlock(dsm_mutex *m)
 	if ((e = load(m, slot_of(m, ticket), &w)))
 		return e;
 	if (serving != ticket || !names(w, ticket) || owner_state(w) != OWNER_HOLDING) {
-		set_last("the lock was taken over: its holder was found dead", 50);
+		set_text("the lock was taken over: its holder was found dead");
 		return -EPERM;
 	}
 	int ok = cas(m, mw(m, 1), sw, serving + 1);

@@ -205,6 +205,12 @@ class Region:
         """dsmd's token of this mapping (0: none)."""
         return _lib.dsm_session(self._ptr())
 
+    def view(self):
+        """A memoryview of the mapping with format "B". memoryview(region)
+        has ctypes' format "<B", which slice assignment from bytes does not
+        take (region[i:j] = b"..." does)."""
+        return memoryview(self).cast("B")
+
     def err(self):
         """None while dsmd serves the mapping, else the DSMError saying why not."""
         rc = _lib.dsm_region_err(self._ptr())

@@ -54,8 +54,13 @@ def test_buffer_protocol(region):
     m = memoryview(region)
     assert m.nbytes == len(region) == 1 << 16
     assert not m.readonly
-    m[100:105] = b"hello"
-    assert bytes(region[100:105]) == b"hello"
+    assert m.format in ("B", "<B")
+    region[100:105] = b"hello"
+    assert bytes(m[100:105]) == b"hello"
+    v = region.view()
+    assert v.format == "B"
+    v[200:203] = b"abc"
+    assert bytes(region[200:203]) == b"abc"
 
 
 def test_numpy_zero_copy(region):
