@@ -134,7 +134,8 @@ func runTool(t *testing.T, env []string, name string, args ...string) string {
 // nodes against the same regions: text a C program writes on one node is
 // read by Go and C on others; a numpy array written on one node is read by
 // Go and C on others; a counter incremented under the mutex from all three
-// languages at once sums exactly; the Python package's own tests pass.
+// languages at once sums exactly; a holder of the mutex that dies is
+// found dead across languages; the Python package's own tests pass.
 func TestClientsAcrossLanguages(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -227,6 +228,8 @@ func TestClientsAcrossLanguages(t *testing.T) {
 		t.Fatalf("counter %s after 4 x %d increments under the mutex from Go, C and Python", got, n)
 	}
 	t.Logf("4 x %d increments under the mutex (Go, C, C, Python on three nodes) in %v", n, time.Since(start).Round(time.Millisecond))
+
+	mutexDeadHolder(t, c, cclient)
 
 	// The Python package's tests, against n2.
 	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", filepath.Join(root, "clients", "python", "tests"))
@@ -345,4 +348,43 @@ func (u *unixPacket) roundTrip(t *testing.T, b []byte) []byte {
 		t.Fatalf("no answer to %x: %v", b, err)
 	}
 	return reply
+}
+
+// mutexDeadHolder: the C mutex is the Go Mutex. A C holder that dies is found dead by a Go
+// waiter on another node (the C process's session token, recorded in the
+// owner word, names its mapping), and a Go holder that dies is found dead
+// by a C waiter (which asks dsmd through the control protocol).
+func mutexDeadHolder(t *testing.T, c *dsmCluster, cclient string) {
+	const region = "cmx"
+	c.createRegion(t, 1, region, 1<<16)
+
+	// A C holder on n1 is killed; a Go waiter on n2 gets the lock, told
+	// that the holder died.
+	holder := exec.Command(cclient, c.nodes[0].socket, region, "lock-hold", "0")
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 7)
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "locked\n" {
+		t.Fatalf("C holder: %q %v", line, err)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	waiter := c.startClient(t, 2, region, "repl")
+	if got := waiter.call(t, "lock 0"); got != "owner-died" {
+		t.Fatalf("Go Lock after the C holder was killed: %q, want owner-died", got)
+	}
+	// Now the Go process holds the lock and is killed; a C waiter on n1
+	// gets it, told that the holder died.
+	waiter.kill(t)
+	if got := runTool(t, nil, cclient, c.nodes[0].socket, region, "lock", "0"); got != "owner-died" {
+		t.Fatalf("C lock after the Go holder was killed: %q, want owner-died", got)
+	}
+	if got := runTool(t, nil, cclient, c.nodes[1].socket, region, "lock", "0"); got != "ok" {
+		t.Fatalf("C lock after that: %q, want ok", got)
+	}
 }

@@ -6,12 +6,15 @@
  *   cclient ADDR REGION mutex-inc LOCKOFF N CNTOFF   (plain increments under the mutex)
  *   cclient ADDR REGION add OFF DELTA N              (prints the last new value)
  *   cclient ADDR REGION hex OFF LEN                  (plain loads, as hex)
+ *   cclient ADDR REGION lock LOCKOFF                 (lock, print ok or owner-died, unlock)
+ *   cclient ADDR REGION lock-hold LOCKOFF            (lock, print locked, hold until killed)
  */
 #include <dsm.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void die(const char *what, int e)
 {
@@ -59,6 +62,23 @@ int main(int argc, char **argv)
 		}
 		dsm_mutex_free(m);
 		puts("ok");
+	} else if ((strcmp(cmd, "lock") == 0 || strcmp(cmd, "lock-hold") == 0) && argc == 5) {
+		dsm_mutex *m = dsm_mutex_new(r, num(argv[4]));
+		if (m == NULL)
+			die("mutex", errno);
+		e = dsm_mutex_lock(m);
+		if (e != 0 && e != -EOWNERDEAD)
+			die("lock", e);
+		if (strcmp(cmd, "lock-hold") == 0) {
+			puts("locked");
+			fflush(stdout);
+			for (;;)
+				pause();
+		}
+		puts(e == -EOWNERDEAD ? "owner-died" : "ok");
+		if ((e = dsm_mutex_unlock(m)))
+			die("unlock", e);
+		dsm_mutex_free(m);
 	} else if (strcmp(cmd, "add") == 0 && argc == 7) {
 		uint64_t v = 0, n = num(argv[6]);
 		for (uint64_t i = 0; i < n; i++)
