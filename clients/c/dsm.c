@@ -1192,6 +1192,7 @@ const char *dsm_strerror(int err)
 	case EEXIST: return "dsm: a region of that name exists with another spec";
 	case EBUSY: return "dsm: the region is mapped";
 	case EPERM: return "dsm: the mutex is not held through this value";
+	case EACCES: return "dsm: permission denied";
 	}
 	return strerror(err);
 }

@@ -3,6 +3,7 @@
  * region of the dsmd at ADDR, printing its result on stdout.
  *
  *   cclient ADDR REGION create SIZE
+ *   cclient ADDR REGION delete
  *   cclient ADDR REGION mutex-inc LOCKOFF N CNTOFF   (plain increments under the mutex)
  *   cclient ADDR REGION add OFF DELTA N              (prints the last new value)
  *   cclient ADDR REGION hex OFF LEN                  (plain loads, as hex)
@@ -38,6 +39,12 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "create") == 0 && argc == 5) {
 		if ((e = dsm_create(c, region, num(argv[4]))))
 			die("create", e);
+		puts("ok");
+		return 0;
+	}
+	if (strcmp(cmd, "delete") == 0 && argc == 4) {
+		if ((e = dsm_delete(c, region)))
+			die("delete", e);
 		puts("ok");
 		return 0;
 	}
