@@ -36,7 +36,7 @@ var (
 )
 
 // needTool fails (under CI) or skips t for a missing prerequisite.
-func needTool(t *testing.T, format string, args ...any) {
+func needTool(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if os.Getenv("CI") != "" {
@@ -46,7 +46,7 @@ func needTool(t *testing.T, format string, args ...any) {
 }
 
 // repoRoot is the repository's top directory (tests/..).
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Dir(filepath.Dir(file))
@@ -54,7 +54,7 @@ func repoRoot(t *testing.T) string {
 
 // buildClib builds libdsm.so and the cclient test tool once, beside dsmd,
 // straight from the sources (the source tree is left as it is).
-func buildClib(t *testing.T) string {
+func buildClib(t testing.TB) string {
 	t.Helper()
 	cc := os.Getenv("CC")
 	if cc == "" {

@@ -9,9 +9,13 @@
  *   cclient ADDR REGION hex OFF LEN                  (plain loads, as hex)
  *   cclient ADDR REGION lock LOCKOFF                 (lock, print ok or owner-died, unlock)
  *   cclient ADDR REGION lock-hold LOCKOFF            (lock, print locked, hold until killed)
+ *   cclient ADDR REGION pong OFF                     (the C end of the same-host ping-pong
+ *                                                     benchmark, as tests/internal/pingpong)
  */
 #include <dsm.h>
 #include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +90,32 @@ int main(int argc, char **argv)
 		if ((e = dsm_mutex_unlock(m)))
 			die("unlock", e);
 		dsm_mutex_free(m);
+	} else if (strcmp(cmd, "pong") == 0 && argc == 5) {
+		/* A 32-byte message at off (a sequence word, then 24 bytes);
+		 * the answer at off+128, its sequence word stored last. */
+		uint64_t off = num(argv[4]), v;
+		if (off % 64 || off + 256 > dsm_len(r))
+			die("pong", EINVAL);
+		if ((e = dsm_load_u64(r, off, &v)) || (e = dsm_store_u64(r, off + 128, 0)))
+			die("pong", e);
+		_Atomic uint64_t *ping = (_Atomic uint64_t *)(b + off), *pong = (_Atomic uint64_t *)(b + off + 128);
+		uint64_t last = atomic_load_explicit(ping, memory_order_acquire);
+		puts("ready");
+		fflush(stdout);
+		for (unsigned long spins = 0;; spins++) {
+			uint64_t seq = atomic_load_explicit(ping, memory_order_acquire);
+			if (seq == last) {
+				if ((spins & 0xffff) == 0) {
+					struct pollfd p = {.fd = 0, .events = POLLIN};
+					if (poll(&p, 1, 0) > 0)
+						break; /* stdin closed (or written): done */
+				}
+				continue;
+			}
+			memcpy(b + off + 128 + 8, b + off + 8, 24);
+			atomic_store_explicit(pong, seq, memory_order_release);
+			last = seq;
+		}
 	} else if (strcmp(cmd, "add") == 0 && argc == 7) {
 		uint64_t v = 0, n = num(argv[6]);
 		for (uint64_t i = 0; i < n; i++)
