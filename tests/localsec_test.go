@@ -274,8 +274,8 @@ func TestRegionAccess(t *testing.T) {
 // stranger from mapping or deleting it, and its writer may.
 func TestControlAccess(t *testing.T) {
 	t.Parallel()
-	lib := buildClib(t)
 	c, _, msock := localCluster(t, "0666")
+	lib := buildClib(t)
 	if out, errs, code := c.ctl(1, "region", "create", "csec", "64KiB", "--allow-uid", "3001"); code != 0 {
 		t.Fatalf("region create with access: exit %d: %s%s", code, out, errs)
 	}
