@@ -326,8 +326,11 @@ dsm_client *dsm_connect(const char *addr)
 		free(p);
 		return NULL;
 	}
+	/* The probe is closed at once (dsmd drops a connection that says
+	 * nothing for long); the control session opens with the first call. */
+	close(fd);
 	c->path = p;
-	c->ctl = fd; /* the probe becomes the control session */
+	c->ctl = -1;
 	atomic_init(&c->refs, 1);
 	pthread_mutex_init(&c->mu, NULL);
 	return c;
