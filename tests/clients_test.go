@@ -70,12 +70,13 @@ func buildClib(t testing.TB) string {
 			return
 		}
 		src := filepath.Join(root, "clients", "c")
+		warn := []string{"-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter"}
+		obj := filepath.Join(clibDir, "dsm.o")
 		for _, args := range [][]string{
-			{"-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-fPIC", "-shared", "-o", filepath.Join(clibDir, "libdsm.so"), filepath.Join(src, "dsm.c"), "-lpthread"},
-			{"-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-I", src, "-o", filepath.Join(clibDir, "cclient"),
-				filepath.Join(root, "tests", "internal", "cclient", "main.c"), filepath.Join(src, "dsm.c"), "-lpthread"},
-			{"-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-I", src, "-o", filepath.Join(clibDir, "shm_example"),
-				filepath.Join(src, "examples", "shm_example.c"), filepath.Join(src, "dsm.c"), "-lpthread"},
+			append(warn, "-fPIC", "-c", "-o", obj, filepath.Join(src, "dsm.c")),
+			{"-shared", "-o", filepath.Join(clibDir, "libdsm.so"), obj, "-lpthread"},
+			append(warn, "-I", src, "-o", filepath.Join(clibDir, "cclient"), filepath.Join(root, "tests", "internal", "cclient", "main.c"), obj, "-lpthread"),
+			append(warn, "-I", src, "-o", filepath.Join(clibDir, "shm_example"), filepath.Join(src, "examples", "shm_example.c"), obj, "-lpthread"),
 		} {
 			if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 				clibErr = fmt.Errorf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, out)
