@@ -724,14 +724,17 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 	/* The directory is the authority on which regions exist and on their
 	 * ids; never hand out a mapping of another region of that name. */
 	struct region_info ri;
+	uint32_t id;
 	int e = lookup(c, name, &ri);
+	if (e == -EPROTONOSUPPORT)
+		return map_once(c, name, &id); /* a dsmd without control requests */
 	if (e) {
 		errno = -e;
 		return NULL;
 	}
 	int64_t start_ns = mono_ns(), wait = 5000000;
 	for (;;) {
-		uint32_t id = 0;
+		id = 0;
 		dsm_region *r = map_once(c, name, &id);
 		if (r != NULL && id == ri.id)
 			return r;
