@@ -13,7 +13,7 @@ ENGINE_SEEDS ?= 20000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
-.PHONY: chaos failover soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+.PHONY: chaos failover soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -84,5 +84,12 @@ failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+clients: ## the C library (clients/c: libdsm.a, libdsm.so, dsm.pc) and its example; the Python package is clients/python (docs/clients.md)
+	$(MAKE) -C clients/c PREFIX=$(or $(PREFIX),/usr/local)
+
+install-clients: ## install dsm.h, libdsm.a, libdsm.so and dsm.pc under PREFIX (default /usr/local): PREFIX/include, PREFIX/lib, PREFIX/lib/pkgconfig
+	$(MAKE) -C clients/c install PREFIX=$(or $(PREFIX),/usr/local)
+
 clean: ## remove build outputs and local run data
 	rm -rf bin .run
+	$(MAKE) -C clients/c clean

@@ -205,6 +205,7 @@ func (n *Node) Start() (err error) {
 		SocketPerm:    sa.Perm,
 		Admit:         n.admitConn(n.socketPolicy(n.addrs.MapSocket), rf),
 		MayMap:        n.mayMap,
+		Control:       n.control,
 	})
 	if err != nil {
 		return fmt.Errorf("node: page cache: %w", err)

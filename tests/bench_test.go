@@ -165,6 +165,35 @@ func BenchmarkCluster(b *testing.B) {
 		}
 		reportCycles(b, ghz)
 	})
+	b.Run("PingPong32B/mapped-region-c-partner", func(b *testing.B) {
+		// The far end is a C process (libdsm) instead of a Go one.
+		cclient := filepath.Join(buildClib(b), "cclient")
+		stop := startPartner(b, cclient, c.nodes[0].socket, "bench-pingpong", "pong", "512")
+		defer stop()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if err := pp.Prefault(512, 256, true); err != nil {
+			b.Fatal(err)
+		}
+		mem := pp.Bytes()[512:]
+		ping := (*uint64)(unsafe.Pointer(&mem[0]))
+		pong := (*uint64)(unsafe.Pointer(&mem[128]))
+		seq := atomic.LoadUint64(ping)
+		for b.Loop() {
+			seq++
+			copy(mem[8:32], "twenty-four byte payload")
+			atomic.StoreUint64(ping, seq)
+			for spins := 0; atomic.LoadUint64(pong) != seq; spins++ {
+				if spins&0xfffff == 0xfffff && ctx.Err() != nil {
+					b.Fatalf("no answer to ping %d", seq)
+				}
+			}
+			if mem[128+8] != 't' {
+				b.Fatalf("pong carries %q", mem[128+8:128+32])
+			}
+		}
+		reportCycles(b, ghz)
+	})
 	b.Run("PingPong32B/unix-socket", func(b *testing.B) {
 		path := filepath.Join(b.TempDir(), "pp.sock")
 		stop := startPingPong(b, "-unix", path)
@@ -275,7 +304,14 @@ func startPingPong(b *testing.B, args ...string) (stop func()) {
 	if pingpongErr != nil {
 		b.Fatal(pingpongErr)
 	}
-	cmd := exec.Command(pingpongBin, args...)
+	return startPartner(b, pingpongBin, args...)
+}
+
+// startPartner runs the far end of a ping-pong, bin with args, waits until
+// it prints "ready" and returns a function that stops it (by closing its
+// stdin).
+func startPartner(b *testing.B, bin string, args ...string) (stop func()) {
+	cmd := exec.Command(bin, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)

@@ -267,3 +267,29 @@ func TestRegionAccess(t *testing.T) {
 		t.Errorf("region access says %q", got)
 	}
 }
+
+// TestControlAccess: libdsm's region calls (the control protocol on the
+// mapping socket) are checked like the gRPC calls they stand for: a user
+// outside the socket group is refused, a region's access list keeps a
+// stranger from mapping or deleting it, and its writer may.
+func TestControlAccess(t *testing.T) {
+	t.Parallel()
+	c, _, msock := localCluster(t, "0666")
+	lib := buildClib(t)
+	if out, errs, code := c.ctl(1, "region", "create", "csec", "64KiB", "--allow-uid", "3001"); code != 0 {
+		t.Fatalf("region create with access: exit %d: %s%s", code, out, errs)
+	}
+	cclient := filepath.Join(lib, "cclient")
+	writer := user{uid: 3001, gid: 3001, groups: []uint32{socketGroup}}
+	stranger := user{uid: 3003, gid: 3003, groups: []uint32{socketGroup}}
+	outsider := user{uid: 3005, gid: 3005}
+	out, err := as(t, outsider, cclient, msock, "csec", "create", "65536")
+	mustFail(t, "outsider create", out, err, "permission denied", "uid 3005", "may not use dsmd's socket")
+	out, err = as(t, stranger, cclient, msock, "csec", "hex", "0", "4")
+	mustFail(t, "stranger map", out, err, "permission denied", "uid 3003")
+	out, err = as(t, stranger, cclient, msock, "csec", "delete")
+	mustFail(t, "stranger delete", out, err, "permission denied", "uid 3003", "not on the region's access list")
+	mustOK(t, "writer create (idempotent)")(as(t, writer, cclient, msock, "csec", "create", "65536"))
+	mustOK(t, "writer add")(as(t, writer, cclient, msock, "csec", "add", "0", "1", "3"))
+	mustOK(t, "writer delete")(as(t, writer, cclient, msock, "csec", "delete"))
+}

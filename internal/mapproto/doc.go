@@ -54,6 +54,35 @@
 //	(madvise MADV_DONTNEED of the page: the poison marker goes,
 //	 the next access faults as usual)
 //
+// # A control session
+//
+// A client that does not speak gRPC (the C library, docs/clients.md)
+// creates, looks up and deletes regions, syncs them and asks about
+// sessions on the same socket. A connection whose first message is a
+// control request (Create, Lookup, Delete, Sync, SessionsAlive: types 32
+// and up, type Ctl) is a control session, and carries no descriptors:
+//
+//	client                                   dsmd
+//	Create{Name, Size, PageSize, Durability} ->
+//	                                 <-      Region{Region, Size, PageSize, Durability, Existed}
+//	Lookup{Name}                     ->
+//	                                 <-      Region{...}  or  Error{CodeUnknownRegion, ...}
+//	Sync{Name, Offset, Len}          ->
+//	                                 <-      Done{Count}
+//	SessionsAlive{Tokens}            ->
+//	                                 <-      States{States}
+//	Delete{Name, Force}              ->
+//	                                 <-      Done{Count}  or  Error{CodeBusy, ...}
+//	close the socket                 ->
+//
+// Each request gets exactly one answer, in order; an Error answers the
+// request and the session goes on. A malformed message, a mapping message
+// or a descriptor ends the session after an Error{CodeBadRequest}. dsmd
+// applies to each request the checks of the gRPC call it stands for (the
+// socket's admission by SO_PEERCRED, the region's access list). A dsmd
+// that predates control sessions answers the first request with
+// Error{CodeBadRequest} ("unknown type") and closes the connection.
+//
 // # Compatibility
 //
 // FaultTimeout is an optional trailing field of Map (milliseconds; absent

@@ -92,6 +92,22 @@ func (t Type) String() string {
 		return "available"
 	case TypePoison:
 		return "poison"
+	case TypeCreate:
+		return "create"
+	case TypeLookup:
+		return "lookup"
+	case TypeDelete:
+		return "delete"
+	case TypeSync:
+		return "sync"
+	case TypeSessionsAlive:
+		return "sessions-alive"
+	case TypeRegion:
+		return "region"
+	case TypeDone:
+		return "done"
+	case TypeStates:
+		return "states"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }
@@ -107,6 +123,9 @@ const (
 	CodeUnavailable                      // dsmd cannot serve now (closing, out of resources)
 	CodeInternal                         // anything else
 	CodePermissionDenied                 // the peer may not use the socket, or not map that region
+	CodeExists                           // Create: a region of that name exists with another spec
+	CodeBusy                             // Delete: the region is mapped (or dsmd cannot tell)
+	CodeNoSpace                          // Create: no room for the region in the cluster
 )
 
 func (c Code) String() string {
@@ -123,6 +142,12 @@ func (c Code) String() string {
 		return "internal error"
 	case CodePermissionDenied:
 		return "permission denied"
+	case CodeExists:
+		return "exists"
+	case CodeBusy:
+		return "busy"
+	case CodeNoSpace:
+		return "no space"
 	}
 	return fmt.Sprintf("code(%d)", uint16(c))
 }

@@ -180,3 +180,96 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+var ctlSamples = []Ctl{
+	{Type: TypeCreate, Name: "kv", Size: 1 << 30},
+	{Type: TypeCreate, Name: "kv", Size: 1 << 20, PageSize: 65536, Durability: DurabilityDurable},
+	{Type: TypeLookup, Name: strings.Repeat("n", MaxName)},
+	{Type: TypeDelete, Name: "kv", Force: true},
+	{Type: TypeDelete, Name: "kv"},
+	{Type: TypeSync, Name: "kv", Offset: 4096, Len: 8192},
+	{Type: TypeSessionsAlive, Tokens: []uint64{3<<32 | 1, 0}},
+	{Type: TypeRegion, Region: 4, Size: 1 << 20, PageSize: 4096, Durability: DurabilityMemory, Existed: true},
+	{Type: TypeDone, Count: 3},
+	{Type: TypeStates, States: []SessionState{SessionAlive, SessionDead, SessionUnknown}},
+}
+
+func TestCtlRoundTrip(t *testing.T) {
+	for _, m := range ctlSamples {
+		b, err := EncodeCtl(m)
+		if err != nil {
+			t.Fatalf("encode %+v: %v", m, err)
+		}
+		got, err := DecodeCtl(b)
+		if err != nil {
+			t.Fatalf("decode %+v: %v", m, err)
+		}
+		again, _ := EncodeCtl(got)
+		if !bytes.Equal(again, b) || got.Type != m.Type || got.Name != m.Name {
+			t.Fatalf("%+v decodes as %+v", m, got)
+		}
+		// A control message is no mapping message, and the other way round.
+		if _, err := Decode(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("Decode of %s: %v, want ErrMalformed", m.Type, err)
+		}
+	}
+	for _, m := range samples {
+		b, _ := Encode(m)
+		if _, err := DecodeCtl(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("DecodeCtl of %s: %v, want ErrMalformed", m.Type, err)
+		}
+	}
+}
+
+func TestCtlRefused(t *testing.T) {
+	le := binary.LittleEndian
+	tooMany := le.AppendUint16([]byte{Version, byte(TypeSessionsAlive)}, MaxTokens+1)
+	for range MaxTokens + 1 {
+		tooMany = le.AppendUint64(tooMany, 1)
+	}
+	bad := map[string][]byte{
+		"no tokens":        {Version, byte(TypeSessionsAlive), 0, 0},
+		"too many tokens":  tooMany,
+		"short token list": {Version, byte(TypeSessionsAlive), 2, 0, 1, 0, 0, 0, 0, 0, 0, 0},
+		"force 2":          {Version, byte(TypeDelete), 1, 0, 'k', 2},
+		"empty name":       {Version, byte(TypeLookup), 0, 0},
+		"bad durability":   append(le.AppendUint32(le.AppendUint64([]byte{Version, byte(TypeCreate), 1, 0, 'k'}, 4096), 0), 3),
+		"state 0":          {Version, byte(TypeStates), 1, 0, 0},
+		"trailing":         {Version, byte(TypeDone), 1, 0, 0, 0, 0, 0, 0, 0, 9},
+		"unknown type":     {Version, byte(ctlRequestEnd)},
+	}
+	for name, b := range bad {
+		if _, err := DecodeCtl(b); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := DecodeCtl([]byte{2, byte(TypeLookup)}); !errors.Is(err, ErrVersion) {
+		t.Errorf("version 2: %v", err)
+	}
+}
+
+// FuzzDecodeCtl: DecodeCtl never panics, and what it accepts encodes back
+// to the same bytes.
+func FuzzDecodeCtl(f *testing.F) {
+	for _, m := range ctlSamples {
+		b, _ := EncodeCtl(m)
+		f.Add(b)
+	}
+	f.Add([]byte{Version, byte(TypeSessionsAlive), 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeCtl(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrVersion) {
+				t.Fatalf("error %v wraps no sentinel", err)
+			}
+			return
+		}
+		again, err := EncodeCtl(m)
+		if err != nil {
+			t.Fatalf("decoded %+v does not encode: %v", m, err)
+		}
+		if !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding %+v: %x, want %x", m, again, b)
+		}
+	})
+}

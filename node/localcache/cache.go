@@ -87,6 +87,11 @@ type Config struct {
 	// MayMap, when set, decides whether an admitted peer may map the
 	// region named; its error is the refusal's text. Nil allows all.
 	MayMap func(peer localsock.Identity, region string) error
+	// Control, when set, answers the requests of control sessions
+	// (mapproto.Ctl) for the admitted peer; an error made by Refuse
+	// carries its code to the client, any other is CodeInternal. Nil:
+	// control sessions are refused (CodeBadRequest).
+	Control func(ctx context.Context, peer localsock.Identity, req mapproto.Ctl) (mapproto.Ctl, error)
 }
 
 // RegionSpec describes a region to serve.
@@ -120,6 +125,7 @@ type Cache struct {
 	perm      localsock.Perm
 	admit     func(net.Conn) *localsock.Addr
 	mayMap    func(localsock.Identity, string) error
+	control   func(context.Context, localsock.Identity, mapproto.Ctl) (mapproto.Ctl, error)
 	sessions  map[*net.UnixConn]struct{}
 
 	lruMu sync.Mutex
@@ -159,6 +165,7 @@ func New(cfg Config) (*Cache, error) {
 		perm:      cfg.SocketPerm,
 		admit:     cfg.Admit,
 		mayMap:    cfg.MayMap,
+		control:   cfg.Control,
 		sessions:  make(map[*net.UnixConn]struct{}),
 	}, nil
 }

@@ -168,6 +168,9 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 		return nil, err
 	}
 	closeFDs(fds)
+	if n >= 2 && buf[0] == mapproto.Version && mapproto.IsControl(mapproto.Type(buf[1])) {
+		return nil, c.controlSession(conn, peer, buf[:n])
+	}
 	req, err := mapproto.Decode(buf[:n])
 	if err != nil {
 		return nil, refuse(mapproto.CodeBadRequest, "%v", err)

@@ -1,0 +1,1204 @@
+/*
+ * libdsm: the C client of the DSM service. It speaks dsmd's mapping-socket
+ * protocol (internal/mapproto in the Go tree; docs/clients.md): mapping
+ * sessions that hand dsmd a userfaultfd, and control sessions for region
+ * calls. The mutex mirrors dsm/mutex.go word for word.
+ */
+#define _GNU_SOURCE
+#include "dsm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef USERFAULTFD_IOC_NEW
+#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
+#endif
+
+#define DEFAULT_SOCKET "/run/dsm/dsmd.sock"
+
+/* ---- the wire (mapproto) ---- */
+
+enum {
+	PROTO_VERSION = 1,
+	MAX_MSG = 4096,
+	MAX_NAME = 255,
+	MAX_TOKENS = 256,
+
+	T_MAP = 1,
+	T_MAPPED = 2,
+	T_REGISTER = 3,
+	T_REGISTERED = 4,
+	T_ERROR = 5,
+	T_CREATE = 32,
+	T_LOOKUP = 33,
+	T_DELETE = 34,
+	T_SYNC = 35,
+	T_SESSIONS_ALIVE = 36,
+	T_REGION = 48,
+	T_DONE = 49,
+	T_STATES = 50,
+
+	FEATURE_SESSION = 1,
+	SESSION_DEAD = 3,
+};
+
+/* Error codes of dsmd (mapproto.Code) as errno values. */
+static int code_errno(unsigned code)
+{
+	switch (code) {
+	case 1: return ENOENT;  /* unknown region */
+	case 2: return EINVAL;  /* size mismatch */
+	case 3: return EINVAL;  /* bad request */
+	case 4: return EAGAIN;  /* unavailable */
+	case 6: return EACCES;  /* permission denied */
+	case 7: return EEXIST;  /* exists with another spec */
+	case 8: return EBUSY;   /* mapped */
+	case 9: return ENOSPC;  /* no space */
+	default: return EIO;    /* internal */
+	}
+}
+
+static __thread char last_err[1100];
+
+static void set_last(const char *s, size_t n)
+{
+	if (n >= sizeof last_err)
+		n = sizeof last_err - 1;
+	memcpy(last_err, s, n);
+	last_err[n] = 0;
+}
+
+static void set_text(const char *s) { set_last(s, strlen(s)); }
+
+const char *dsm_last_error(void) { return last_err; }
+
+struct buf {
+	unsigned char b[MAX_MSG];
+	size_t n;
+	int bad;
+};
+
+static void put(struct buf *w, const void *p, size_t n)
+{
+	if (w->n + n > sizeof w->b) {
+		w->bad = 1;
+		return;
+	}
+	memcpy(w->b + w->n, p, n);
+	w->n += n;
+}
+
+static void put_le(struct buf *w, uint64_t v, int bytes)
+{
+	unsigned char t[8];
+	for (int i = 0; i < bytes; i++)
+		t[i] = (unsigned char)(v >> (8 * i));
+	put(w, t, (size_t)bytes);
+}
+
+static int put_name(struct buf *w, const char *name)
+{
+	if (name == NULL)
+		return -EINVAL;
+	size_t n = strlen(name);
+	if (n == 0 || n > MAX_NAME)
+		return -EINVAL;
+	put_le(w, n, 2);
+	put(w, name, n);
+	return 0;
+}
+
+static void start(struct buf *w, int type)
+{
+	w->n = 0;
+	w->bad = 0;
+	unsigned char h[2] = {PROTO_VERSION, (unsigned char)type};
+	put(w, h, 2);
+}
+
+struct rd {
+	const unsigned char *b;
+	size_t n, at;
+	int bad;
+};
+
+static uint64_t get_le(struct rd *r, int bytes)
+{
+	if (r->bad || r->n - r->at < (size_t)bytes) {
+		r->bad = 1;
+		return 0;
+	}
+	uint64_t v = 0;
+	for (int i = 0; i < bytes; i++)
+		v |= (uint64_t)r->b[r->at + i] << (8 * i);
+	r->at += (size_t)bytes;
+	return v;
+}
+
+/* error_reply decodes an Error message into an errno value and records
+ * its text; -EPROTO when it is malformed. */
+static int error_reply(const unsigned char *b, size_t n)
+{
+	struct rd r = {b, n, 2, 0};
+	unsigned code = (unsigned)get_le(&r, 2);
+	size_t tl = (size_t)get_le(&r, 2);
+	if (r.bad || n - r.at != tl) {
+		set_text("malformed error message from dsmd");
+		return -EPROTO;
+	}
+	set_last((const char *)b + r.at, tl);
+	return -code_errno(code);
+}
+
+/* ---- sockets ---- */
+
+static int seq_connect(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof sa.sun_path)
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+static int send_msg(int fd, const struct buf *w, int pass_fd)
+{
+	if (w->bad)
+		return -EINVAL;
+	struct iovec iov = {(void *)w->b, w->n};
+	union {
+		struct cmsghdr h;
+		char c[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (pass_fd >= 0) {
+		memset(&u, 0, sizeof u);
+		mh.msg_control = u.c;
+		mh.msg_controllen = sizeof u.c;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+	}
+	for (;;) {
+		ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (n >= 0)
+			return 0;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/* recv_msg reads one datagram into b (MAX_MSG bytes) and at most one
+ * descriptor into *got_fd (-1: none). It returns the length, or -ENOTCONN
+ * at end of stream, or another negative errno value. */
+static ssize_t recv_msg(int fd, unsigned char *b, int *got_fd, int flags)
+{
+	struct iovec iov = {b, MAX_MSG};
+	union {
+		struct cmsghdr h;
+		char c[CMSG_SPACE(4 * sizeof(int))];
+	} u;
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.c, .msg_controllen = sizeof u.c};
+	ssize_t n;
+	do
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | flags);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	if (got_fd)
+		*got_fd = -1;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int d;
+			memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
+			if (got_fd && *got_fd < 0)
+				*got_fd = d;
+			else
+				close(d);
+		}
+	}
+	if (n == 0)
+		return -ENOTCONN;
+	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		if (got_fd && *got_fd >= 0) {
+			close(*got_fd);
+			*got_fd = -1;
+		}
+		return -EPROTO;
+	}
+	return n;
+}
+
+/* ---- the client ---- */
+
+struct dsm_client {
+	char *path; /* the mapping socket */
+	atomic_int refs;
+	pthread_mutex_t mu; /* guards ctl */
+	int ctl;            /* control session, -1 when none */
+};
+
+static void client_unref(dsm_client *c)
+{
+	if (atomic_fetch_sub(&c->refs, 1) != 1)
+		return;
+	if (c->ctl >= 0)
+		close(c->ctl);
+	pthread_mutex_destroy(&c->mu);
+	free(c->path);
+	free(c);
+}
+
+dsm_client *dsm_connect(const char *addr)
+{
+	const char *path = addr;
+	if (path == NULL || *path == 0) {
+		path = getenv("DSM_MAP_SOCKET");
+		if (path == NULL || *path == 0)
+			path = getenv("DSM_ADDR");
+		if (path == NULL || *path == 0)
+			path = DEFAULT_SOCKET;
+	}
+	if (strncmp(path, "unix://", 7) == 0)
+		path += 7;
+	char *p = strdup(path);
+	if (p == NULL)
+		return NULL;
+	int fd = seq_connect(p);
+	if (fd == -EPROTOTYPE) {
+		/* The gRPC socket: the mapping socket is map.sock beside it. */
+		char *slash = strrchr(p, '/');
+		size_t dir = slash ? (size_t)(slash - p + 1) : 0;
+		char *q = malloc(dir + sizeof "map.sock");
+		if (q == NULL) {
+			free(p);
+			return NULL;
+		}
+		memcpy(q, p, dir);
+		strcpy(q + dir, "map.sock");
+		free(p);
+		p = q;
+		fd = seq_connect(p);
+	}
+	if (fd < 0) {
+		free(p);
+		errno = -fd;
+		return NULL;
+	}
+	dsm_client *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		close(fd);
+		free(p);
+		return NULL;
+	}
+	/* The probe is closed at once (dsmd drops a connection that says
+	 * nothing for long); the control session opens with the first call. */
+	close(fd);
+	c->path = p;
+	c->ctl = -1;
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->mu, NULL);
+	return c;
+}
+
+void dsm_close(dsm_client *c)
+{
+	if (c)
+		client_unref(c);
+}
+
+/* call sends a control request and reads its reply into rep (MAX_MSG),
+ * reconnecting once if the control session is gone. It returns the
+ * reply's length, or a negative errno value (dsmd's refusals included). */
+static ssize_t call(dsm_client *c, const struct buf *req, unsigned char *rep, int want)
+{
+	last_err[0] = 0;
+	pthread_mutex_lock(&c->mu);
+	ssize_t n = -ENOTCONN;
+	for (int try = 0; try < 2; try++) {
+		if (c->ctl < 0) {
+			int fd = seq_connect(c->path);
+			if (fd < 0) {
+				n = fd;
+				break;
+			}
+			c->ctl = fd;
+		}
+		int e = send_msg(c->ctl, req, -1);
+		if (e == 0)
+			n = recv_msg(c->ctl, rep, NULL, 0);
+		else
+			n = e;
+		if (n >= 0)
+			break;
+		close(c->ctl);
+		c->ctl = -1;
+		if (n != -ENOTCONN && n != -EPIPE && n != -ECONNRESET)
+			break;
+	}
+	if (n >= 2 && rep[1] == T_ERROR) {
+		n = error_reply(rep, (size_t)n);
+		if (n == -EINVAL && strstr(last_err, "unknown type")) {
+			/* A dsmd that predates control sessions closed the socket. */
+			close(c->ctl);
+			c->ctl = -1;
+			n = -EPROTONOSUPPORT;
+		}
+	} else if (n >= 0 && (n < 2 || rep[0] != PROTO_VERSION || rep[1] != want)) {
+		set_text("unexpected reply from dsmd");
+		close(c->ctl);
+		c->ctl = -1;
+		n = -EPROTO;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+struct region_info {
+	uint32_t id;
+	uint64_t size;
+	uint32_t page_size;
+};
+
+static int region_reply(const unsigned char *b, ssize_t n, struct region_info *ri)
+{
+	struct rd r = {b, (size_t)n, 2, 0};
+	ri->id = (uint32_t)get_le(&r, 4);
+	ri->size = get_le(&r, 8);
+	ri->page_size = (uint32_t)get_le(&r, 4);
+	get_le(&r, 1);
+	get_le(&r, 1);
+	if (r.bad || r.at != r.n)
+		return -EPROTO;
+	return 0;
+}
+
+int dsm_create_ex(dsm_client *c, const char *name, uint64_t size, uint32_t page_size, int durable)
+{
+	if (c == NULL || size == 0)
+		return -EINVAL;
+	struct buf w;
+	start(&w, T_CREATE);
+	if (put_name(&w, name))
+		return -EINVAL;
+	put_le(&w, size, 8);
+	put_le(&w, page_size, 4);
+	put_le(&w, durable ? 2 : 0, 1);
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_REGION);
+	if (n < 0)
+		return (int)n;
+	struct region_info ri;
+	int e = region_reply(rep, n, &ri);
+	if (e)
+		return e;
+	if (ri.size != size)
+		return -EEXIST; /* dsmd refuses another spec; belt and braces */
+	return 0;
+}
+
+int dsm_create(dsm_client *c, const char *name, uint64_t size)
+{
+	return dsm_create_ex(c, name, size, 0, 0);
+}
+
+int dsm_delete_ex(dsm_client *c, const char *name, int force)
+{
+	if (c == NULL)
+		return -EINVAL;
+	struct buf w;
+	start(&w, T_DELETE);
+	if (put_name(&w, name))
+		return -EINVAL;
+	put_le(&w, force ? 1 : 0, 1);
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_DONE);
+	return n < 0 ? (int)n : 0;
+}
+
+int dsm_delete(dsm_client *c, const char *name) { return dsm_delete_ex(c, name, 0); }
+
+int dsm_region_size(dsm_client *c, const char *name, uint64_t *size)
+{
+	if (c == NULL || size == NULL)
+		return -EINVAL;
+	struct buf w;
+	start(&w, T_LOOKUP);
+	if (put_name(&w, name))
+		return -EINVAL;
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_REGION);
+	if (n < 0)
+		return (int)n;
+	struct region_info ri;
+	int e = region_reply(rep, n, &ri);
+	if (e == 0)
+		*size = ri.size;
+	return e;
+}
+
+/* session_dead asks dsmd whether a mapping session is over for good; one
+ * it cannot judge is not dead. */
+static int session_dead(dsm_client *c, uint64_t token)
+{
+	if (token == 0)
+		return 0;
+	struct buf w;
+	start(&w, T_SESSIONS_ALIVE);
+	put_le(&w, 1, 2);
+	put_le(&w, token, 8);
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_STATES);
+	if (n != 5)
+		return 0;
+	return rep[2] == 1 && rep[3] == 0 && rep[4] == SESSION_DEAD;
+}
+
+/* ---- a mapping ---- */
+
+enum { LIVE, GONE, DELETED, DENIED };
+
+struct dsm_region {
+	dsm_client *c;
+	char *name;
+	unsigned char *base;
+	uint64_t len;
+	uint64_t page_size;
+	uint64_t session;
+	int conn; /* the mapping session */
+	int uffd; /* this process's copy of the userfaultfd, never read */
+	pthread_mutex_t mu; /* guards reading conn */
+	atomic_int state;
+};
+
+/* userfaultfd features (linux/userfaultfd.h), named here so that older
+ * headers do. */
+#define F_PAGEFAULT_FLAG_WP (1ULL << 0)
+#define F_MISSING_SHMEM (1ULL << 5)
+#define F_THREAD_ID (1ULL << 8)
+#define F_MINOR_SHMEM (1ULL << 10)
+#define F_WP_HUGETLBFS_SHMEM (1ULL << 12)
+#define F_WP_UNPOPULATED (1ULL << 13)
+#define F_REQUIRED (F_MISSING_SHMEM | F_PAGEFAULT_FLAG_WP | F_MINOR_SHMEM | F_WP_HUGETLBFS_SHMEM)
+#define F_OPTIONAL (F_THREAD_ID | F_WP_UNPOPULATED)
+
+static int uffd_new(void)
+{
+	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	if (fd >= 0)
+		return fd;
+	int e = errno;
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	if (dev < 0)
+		return -e;
+	fd = ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK);
+	close(dev);
+	return fd >= 0 ? fd : -e;
+}
+
+static int uffd_open(void)
+{
+	int fd = uffd_new();
+	if (fd < 0)
+		return fd;
+	struct uffdio_api api = {.api = UFFD_API};
+	if (ioctl(fd, UFFDIO_API, &api) != 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	close(fd);
+	uint64_t offered = api.features;
+	if ((offered & F_REQUIRED) != F_REQUIRED) {
+		set_text("the kernel's userfaultfd lacks features the service requires (Linux 5.19 or later)");
+		return -EOPNOTSUPP;
+	}
+	fd = uffd_new();
+	if (fd < 0)
+		return fd;
+	struct uffdio_api want = {.api = UFFD_API, .features = F_REQUIRED | (F_OPTIONAL & offered)};
+	if (ioctl(fd, UFFDIO_API, &want) != 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+/* map_once runs one mapping session's handshake; *id is the region id
+ * dsmd's page cache maps. */
+static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
+{
+	last_err[0] = 0;
+	int e = 0, memfd = -1, uffd = -1;
+	unsigned char *base = MAP_FAILED;
+	dsm_region *r = NULL;
+	if (c == NULL) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct buf w;
+	start(&w, T_MAP);
+	if (put_name(&w, name)) {
+		errno = EINVAL;
+		return NULL;
+	}
+	put_le(&w, 0, 8);               /* size: any */
+	put_le(&w, 0, 8);               /* fault timeout: none */
+	put_le(&w, FEATURE_SESSION, 8); /* the session's token, for the mutex */
+	int conn = seq_connect(c->path);
+	if (conn < 0) {
+		errno = -conn;
+		return NULL;
+	}
+	unsigned char rep[MAX_MSG];
+	if ((e = send_msg(conn, &w, -1)))
+		goto fail;
+	ssize_t n = recv_msg(conn, rep, &memfd, 0);
+	if (n < 0) {
+		e = (int)n;
+		goto fail;
+	}
+	if (n >= 2 && rep[1] == T_ERROR) {
+		e = error_reply(rep, (size_t)n);
+		goto fail;
+	}
+	struct rd rr = {rep, (size_t)n, 2, 0};
+	if (n < 2 || rep[0] != PROTO_VERSION || rep[1] != T_MAPPED || memfd < 0) {
+		e = -EPROTO;
+		goto fail;
+	}
+	*id = (uint32_t)get_le(&rr, 4);
+	uint64_t size = get_le(&rr, 8);
+	uint64_t ps = get_le(&rr, 4);
+	long sys = sysconf(_SC_PAGESIZE);
+	struct stat st;
+	if (rr.bad || rr.at != rr.n || ps == 0 || ps % (uint64_t)sys || size == 0 || size % ps ||
+	    fstat(memfd, &st) != 0 || (uint64_t)st.st_size != size) {
+		e = -EPROTO;
+		goto fail;
+	}
+	base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (base == MAP_FAILED) {
+		e = -errno;
+		goto fail;
+	}
+	close(memfd);
+	memfd = -1;
+	if (madvise(base, size, MADV_DONTFORK) != 0) {
+		e = -errno;
+		goto fail;
+	}
+	uffd = uffd_open();
+	if (uffd < 0) {
+		e = uffd;
+		uffd = -1;
+		goto fail;
+	}
+	struct uffdio_register reg = {
+		.range = {.start = (uintptr_t)base, .len = size},
+		.mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP | UFFDIO_REGISTER_MODE_MINOR,
+	};
+	if (ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) {
+		e = -errno;
+		goto fail;
+	}
+	start(&w, T_REGISTER);
+	put_le(&w, (uintptr_t)base, 8);
+	put_le(&w, size, 8);
+	if ((e = send_msg(conn, &w, uffd)))
+		goto fail;
+	n = recv_msg(conn, rep, NULL, 0);
+	if (n < 0) {
+		e = (int)n;
+		goto fail;
+	}
+	if (n >= 2 && rep[1] == T_ERROR) {
+		e = error_reply(rep, (size_t)n);
+		goto fail;
+	}
+	uint64_t session = 0;
+	if (n == 10 && rep[0] == PROTO_VERSION && rep[1] == T_REGISTERED) {
+		struct rd s = {rep, (size_t)n, 2, 0};
+		session = get_le(&s, 8);
+	} else if (!(n == 2 && rep[0] == PROTO_VERSION && rep[1] == T_REGISTERED)) {
+		e = -EPROTO;
+		goto fail;
+	}
+	r = calloc(1, sizeof *r);
+	if (r == NULL || (r->name = strdup(name)) == NULL) {
+		free(r);
+		r = NULL;
+		e = -ENOMEM;
+		goto fail;
+	}
+	atomic_fetch_add(&c->refs, 1);
+	r->c = c;
+	r->base = base;
+	r->len = size;
+	r->page_size = ps;
+	r->session = session;
+	r->conn = conn;
+	r->uffd = uffd;
+	pthread_mutex_init(&r->mu, NULL);
+	atomic_init(&r->state, LIVE);
+	return r;
+fail:
+	if (base != MAP_FAILED)
+		munmap(base, size);
+	if (uffd >= 0)
+		close(uffd);
+	if (memfd >= 0)
+		close(memfd);
+	close(conn);
+	errno = -e;
+	return NULL;
+}
+
+static int lookup(dsm_client *c, const char *name, struct region_info *ri)
+{
+	struct buf w;
+	start(&w, T_LOOKUP);
+	if (put_name(&w, name))
+		return -EINVAL;
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(c, &w, rep, T_REGION);
+	if (n < 0)
+		return (int)n;
+	return region_reply(rep, n, ri);
+}
+
+/* The page cache may lag behind the directory (a region created a moment
+ * ago through another node): dsm_map waits this long for it, like the Go
+ * library. */
+#define MAP_LAG_NS (10 * 1000000000LL)
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+dsm_region *dsm_map(dsm_client *c, const char *name)
+{
+	if (c == NULL) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* The directory is the authority on which regions exist and on their
+	 * ids; never hand out a mapping of another region of that name. */
+	struct region_info ri;
+	uint32_t id;
+	int e = lookup(c, name, &ri);
+	if (e == -EPROTONOSUPPORT)
+		return map_once(c, name, &id); /* a dsmd without control requests */
+	if (e) {
+		errno = -e;
+		return NULL;
+	}
+	int64_t start_ns = mono_ns(), wait = 5000000;
+	for (;;) {
+		id = 0;
+		dsm_region *r = map_once(c, name, &id);
+		if (r != NULL && id == ri.id)
+			return r;
+		if (r != NULL)
+			dsm_unmap(r); /* the page cache serves another region of that name */
+		else if (errno != ENOENT)
+			return NULL;
+		if ((e = lookup(c, name, &ri)) != 0) {
+			errno = -e;
+			return NULL;
+		}
+		if (mono_ns() - start_ns > MAP_LAG_NS) {
+			set_text("the directory has the region but this node's page cache still does not serve it");
+			errno = EAGAIN;
+			return NULL;
+		}
+		struct timespec ts = {0, wait};
+		nanosleep(&ts, NULL);
+		wait = wait * 2 < 100000000 ? wait * 2 : 100000000;
+	}
+}
+
+void *dsm_addr(dsm_region *r) { return r ? r->base : NULL; }
+uint64_t dsm_len(dsm_region *r) { return r ? r->len : 0; }
+uint64_t dsm_page_size(dsm_region *r) { return r ? r->page_size : 0; }
+uint64_t dsm_session(dsm_region *r) { return r ? r->session : 0; }
+
+static int state_errno(int st)
+{
+	switch (st) {
+	case LIVE: return 0;
+	case DELETED: return -EIDRM;
+	case DENIED: return -EACCES;
+	default: return -ENOTCONN;
+	}
+}
+
+int dsm_region_err(dsm_region *r)
+{
+	if (r == NULL)
+		return -EINVAL;
+	int st = atomic_load(&r->state);
+	if (st != LIVE)
+		return state_errno(st);
+	struct pollfd p = {.fd = r->conn, .events = POLLIN};
+	if (poll(&p, 1, 0) <= 0)
+		return 0;
+	/* dsmd said something: after Registered only the end of the session. */
+	pthread_mutex_lock(&r->mu);
+	st = atomic_load(&r->state);
+	if (st == LIVE) {
+		unsigned char b[MAX_MSG];
+		ssize_t n = recv_msg(r->conn, b, NULL, MSG_DONTWAIT);
+		if (n == -EAGAIN) {
+			st = LIVE;
+		} else if (n >= 6 && b[1] == T_ERROR) {
+			int e = error_reply(b, (size_t)n);
+			st = e == -ENOENT ? DELETED : e == -EACCES ? DENIED : GONE;
+		} else {
+			st = GONE;
+		}
+		atomic_store(&r->state, st);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return state_errno(st);
+}
+
+/* word checks the word at off and faults its page in from a syscall. */
+static int word(dsm_region *r, uint64_t off, int write)
+{
+	if (r == NULL || off % 8 || r->len < 8 || off > r->len - 8)
+		return -EINVAL;
+	int e = dsm_region_err(r);
+	if (e)
+		return e;
+	uint64_t sys = (uint64_t)sysconf(_SC_PAGESIZE);
+	unsigned char *lo = r->base + off / sys * sys;
+	while (madvise(lo, sys, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0) {
+		if (errno == EINTR)
+			continue;
+		e = -errno;
+		int s = dsm_region_err(r);
+		return s ? s : e;
+	}
+	return 0;
+}
+
+#define WORD(r, off) ((_Atomic uint64_t *)((r)->base + (off)))
+
+int dsm_load_u64(dsm_region *r, uint64_t off, uint64_t *value)
+{
+	int e = word(r, off, 0);
+	if (e)
+		return e;
+	uint64_t v = atomic_load(WORD(r, off));
+	if ((e = dsm_region_err(r)))
+		return e;
+	if (value)
+		*value = v;
+	return 0;
+}
+
+int dsm_store_u64(dsm_region *r, uint64_t off, uint64_t value)
+{
+	int e = word(r, off, 1);
+	if (e)
+		return e;
+	atomic_store(WORD(r, off), value);
+	return dsm_region_err(r);
+}
+
+int dsm_add_u64(dsm_region *r, uint64_t off, uint64_t delta, uint64_t *new_value)
+{
+	int e = word(r, off, 1);
+	if (e)
+		return e;
+	uint64_t v = atomic_fetch_add(WORD(r, off), delta) + delta;
+	if ((e = dsm_region_err(r)))
+		return e;
+	if (new_value)
+		*new_value = v;
+	return 0;
+}
+
+int dsm_cas_u64(dsm_region *r, uint64_t off, uint64_t expected, uint64_t desired)
+{
+	int e = word(r, off, 1);
+	if (e)
+		return e;
+	int ok = atomic_compare_exchange_strong(WORD(r, off), &expected, desired);
+	if ((e = dsm_region_err(r)))
+		return e;
+	return ok;
+}
+
+int dsm_sync(dsm_region *r)
+{
+	if (r == NULL)
+		return -EINVAL;
+	int e = dsm_region_err(r);
+	if (e)
+		return e;
+	struct buf w;
+	start(&w, T_SYNC);
+	put_name(&w, r->name);
+	put_le(&w, 0, 8);
+	put_le(&w, 0, 8);
+	unsigned char rep[MAX_MSG];
+	ssize_t n = call(r->c, &w, rep, T_DONE);
+	if ((e = dsm_region_err(r)))
+		return e;
+	return n < 0 ? (int)n : 0;
+}
+
+int dsm_unmap(dsm_region *r)
+{
+	if (r == NULL)
+		return -EINVAL;
+	close(r->conn);
+	/* Unmap before closing the userfaultfd: that wakes any thread still
+	 * waiting on a fault, which must then find no mapping. */
+	int e = munmap(r->base, r->len) ? -errno : 0;
+	close(r->uffd);
+	pthread_mutex_destroy(&r->mu);
+	client_unref(r->c);
+	free(r->name);
+	free(r);
+	return e;
+}
+
+/* ---- the mutex: dsm/mutex.go, in C ---- */
+
+enum {
+	OWNER_SLOTS = 8,
+	MUTEX_WORDS = 2 + OWNER_SLOTS,
+	TICKET_BITS = 19,
+	STATE_BITS = 3,
+	SESSION_SHIFT = TICKET_BITS + STATE_BITS,
+	LOCK_SPINS = 16,
+};
+#define TICKET_MASK ((1ULL << TICKET_BITS) - 1)
+#define DIED_BIT (1ULL << 63)
+#define NS 1000000000LL
+
+enum { OWNER_WAITING = 1, OWNER_HOLDING, OWNER_SKIPPED, OWNER_DIED };
+
+static const int64_t lock_min_sleep = 2000;          /* ns */
+static const int64_t lock_max_sleep = 1000000;       /* ns */
+static const int64_t lock_check_after = 1 * NS;      /* per ticket ahead */
+static const int64_t lock_unrecorded = 5 * NS;       /* a head that never recorded itself */
+
+struct dsm_mutex {
+	dsm_region *r;
+	uint64_t off;
+	uint64_t ticket;
+	int held;
+};
+
+static uint64_t owner_word(uint64_t ticket, unsigned st, uint64_t session)
+{
+	return (ticket & TICKET_MASK) | (uint64_t)st << TICKET_BITS | session << SESSION_SHIFT;
+}
+
+static unsigned owner_state(uint64_t w) { return (unsigned)(w >> TICKET_BITS & ((1u << STATE_BITS) - 1)); }
+
+static int names(uint64_t w, uint64_t t) { return owner_state(w) != 0 && (w & TICKET_MASK) == (t & TICKET_MASK); }
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * NS + ts.tv_nsec;
+}
+
+static uint64_t mw(dsm_mutex *m, int i) { return m->off + 8 * (uint64_t)i; }
+static uint64_t slot_of(dsm_mutex *m, uint64_t ticket) { return mw(m, 2 + (int)(ticket % OWNER_SLOTS)); }
+
+static int load(dsm_mutex *m, uint64_t off, uint64_t *v) { return dsm_load_u64(m->r, off, v); }
+static int cas(dsm_mutex *m, uint64_t off, uint64_t old, uint64_t new_) { return dsm_cas_u64(m->r, off, old, new_); }
+
+dsm_mutex *dsm_mutex_new(dsm_region *r, uint64_t off)
+{
+	if (r == NULL || off % 8 || r->len < DSM_MUTEX_SIZE || off > r->len - DSM_MUTEX_SIZE) {
+		errno = EINVAL;
+		return NULL;
+	}
+	dsm_mutex *m = calloc(1, sizeof *m);
+	if (m == NULL)
+		return NULL;
+	m->r = r;
+	m->off = off;
+	return m;
+}
+
+void dsm_mutex_free(dsm_mutex *m) { free(m); }
+
+/* advance moves the now-serving word from sw past head, keeping (or
+ * setting, when the skipped taker held the lock) the died bit. */
+static int advance(dsm_mutex *m, uint64_t sw, uint64_t head, int died)
+{
+	uint64_t next = (head + 1) | (sw & DIED_BIT);
+	if (died)
+		next |= DIED_BIT;
+	int e = cas(m, mw(m, 1), sw, next);
+	return e < 0 ? e : 0;
+}
+
+/* check_head skips the ticket being served (sw's), stalled for stalled
+ * ns, if its taker is dead, gave it up, or never recorded itself. */
+static int check_head(dsm_mutex *m, uint64_t sw, int64_t stalled)
+{
+	uint64_t head = sw & ~DIED_BIT, slot = slot_of(m, head), w, skipped;
+	int e = load(m, slot, &w);
+	if (e)
+		return e;
+	unsigned st = owner_state(w);
+	uint64_t session = w >> SESSION_SHIFT;
+	if (!names(w, head)) {
+		if (stalled < lock_unrecorded)
+			return 0;
+		skipped = owner_word(head, OWNER_SKIPPED, 0);
+	} else if (st == OWNER_SKIPPED || st == OWNER_DIED) {
+		return advance(m, sw, head, st == OWNER_DIED);
+	} else {
+		if (!session_dead(m->r->c, session))
+			return 0;
+		skipped = owner_word(w & TICKET_MASK, st == OWNER_HOLDING ? OWNER_DIED : OWNER_SKIPPED, session);
+	}
+	int ok = cas(m, slot, w, skipped);
+	if (ok <= 0)
+		return ok;
+	return advance(m, sw, head, owner_state(skipped) == OWNER_DIED);
+}
+
+/* wait_turn records the taker of ticket and waits for its turn: 1 got the
+ * lock (*died: the previous holder died holding it), 0 skipped, or a
+ * negative errno value. */
+static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died)
+{
+	uint64_t me = m->r->session, slot = slot_of(m, ticket), last = 0;
+	int recorded = 0, e;
+	int64_t sleep = lock_min_sleep, since = now_ns(), checked = 0;
+	for (int i = 0;; i++) {
+		uint64_t sw;
+		if ((e = load(m, mw(m, 1), &sw)))
+			return e;
+		uint64_t serving = sw & ~DIED_BIT;
+		if (serving > ticket)
+			return 0;
+		if (sw != last) {
+			last = sw;
+			since = now_ns();
+		}
+		if (!recorded && ticket - serving < OWNER_SLOTS) {
+			uint64_t cur;
+			if ((e = load(m, slot, &cur)))
+				return e;
+			if (names(cur, ticket))
+				return 0;
+			int ok = cas(m, slot, cur, owner_word(ticket, OWNER_WAITING, me));
+			if (ok < 0)
+				return ok;
+			recorded = ok;
+			continue;
+		}
+		if (recorded && serving == ticket) {
+			int ok = cas(m, slot, owner_word(ticket, OWNER_WAITING, me), owner_word(ticket, OWNER_HOLDING, me));
+			if (ok <= 0)
+				return ok;
+			if (sw & DIED_BIT)
+				(void)cas(m, mw(m, 1), sw, serving); /* else Unlock clears it */
+			*died = (sw & DIED_BIT) != 0;
+			return 1;
+		}
+		int64_t after = lock_check_after * (int64_t)(ticket - serving), t = now_ns();
+		if (recorded && t - since >= after && t - checked >= after) {
+			if ((e = check_head(m, sw, t - since)))
+				return e;
+			checked = now_ns();
+			continue;
+		}
+		if (i < LOCK_SPINS) {
+			sched_yield();
+			continue;
+		}
+		struct timespec ts = {sleep / NS, sleep % NS};
+		nanosleep(&ts, NULL);
+		sleep = sleep * 2 < lock_max_sleep ? sleep * 2 : lock_max_sleep;
+	}
+}
+
+int dsm_mutex_lock(dsm_mutex *m)
+{
+	if (m == NULL)
+		return -EINVAL;
+	for (;;) {
+		uint64_t next;
+		int e = dsm_add_u64(m->r, m->off, 1, &next);
+		if (e)
+			return e;
+		uint64_t ticket = next - 1;
+		int died = 0;
+		int got = wait_turn(m, ticket, &died);
+		if (got < 0) {
+			/* Give the ticket up, so that the next waiter skips it. */
+			uint64_t me = m->r->session;
+			(void)cas(m, slot_of(m, ticket), owner_word(ticket, OWNER_WAITING, me), owner_word(ticket, OWNER_SKIPPED, me));
+			return got;
+		}
+		if (got == 0)
+			continue; /* skipped: take a new ticket */
+		m->ticket = ticket;
+		m->held = 1;
+		return died ? -EOWNERDEAD : 0;
+	}
+}
+
+/* pass_given_up moves the now-serving word past tickets given up from sw
+ * on. */
+static int pass_given_up(dsm_mutex *m, uint64_t sw)
+{
+	for (int i = 0; i < OWNER_SLOTS; i++) {
+		uint64_t head = sw & ~DIED_BIT, w;
+		int e = load(m, slot_of(m, head), &w);
+		if (e)
+			return e;
+		if (!names(w, head) || owner_state(w) != OWNER_SKIPPED)
+			return 0;
+		uint64_t next = (head + 1) | (sw & DIED_BIT);
+		int ok = cas(m, mw(m, 1), sw, next);
+		if (ok <= 0)
+			return ok;
+		sw = next;
+	}
+	return 0;
+}
+
+int dsm_mutex_trylock(dsm_mutex *m)
+{
+	if (m == NULL)
+		return -EINVAL;
+	uint64_t sw;
+	int e = load(m, mw(m, 1), &sw);
+	if (e)
+		return e;
+	if ((e = pass_given_up(m, sw)))
+		return e;
+	if ((e = load(m, mw(m, 1), &sw)))
+		return e;
+	uint64_t serving = sw & ~DIED_BIT;
+	int ok = cas(m, m->off, serving, serving + 1);
+	if (ok <= 0)
+		return ok;
+	uint64_t me = m->r->session, slot = slot_of(m, serving);
+	for (;;) {
+		uint64_t cur;
+		if ((e = load(m, slot, &cur)))
+			return e;
+		if (names(cur, serving))
+			return 0; /* skipped as never recorded */
+		ok = cas(m, slot, cur, owner_word(serving, OWNER_HOLDING, me));
+		if (ok < 0)
+			return ok;
+		if (ok)
+			break;
+	}
+	m->ticket = serving;
+	m->held = 1;
+	if (sw & DIED_BIT) {
+		(void)cas(m, mw(m, 1), sw, serving);
+		return -EOWNERDEAD;
+	}
+	return 1;
+}
+
+int dsm_mutex_unlock(dsm_mutex *m)
+{
+	if (m == NULL)
+		return -EINVAL;
+	uint64_t sw, w;
+	int e = load(m, mw(m, 1), &sw);
+	if (e)
+		return e;
+	uint64_t serving = sw & ~DIED_BIT, ticket = m->ticket;
+	int held = m->held;
+	m->held = 0;
+	if (!held) {
+		uint64_t next;
+		ticket = serving;
+		if ((e = load(m, m->off, &next)))
+			return e;
+		if (next == serving)
+			return -EPERM;
+	}
+	if ((e = load(m, slot_of(m, ticket), &w)))
+		return e;
+	if (serving != ticket || !names(w, ticket) || owner_state(w) != OWNER_HOLDING) {
+		set_text("the lock was taken over: its holder was found dead");
+		return -EPERM;
+	}
+	int ok = cas(m, mw(m, 1), sw, serving + 1);
+	if (ok < 0)
+		return ok;
+	if (!ok)
+		return -EPERM;
+	return pass_given_up(m, serving + 1);
+}
+
+const char *dsm_strerror(int err)
+{
+	if (err < 0)
+		err = -err;
+	switch (err) {
+	case 0: return "success";
+	case EIDRM: return "dsm: the region was deleted";
+	case ENOTCONN: return "dsm: dsmd went away (the mapping is no longer served)";
+	case EOWNERDEAD: return "dsm: the previous holder of the mutex died holding it";
+	case EPROTO: return "dsm: dsmd sent a malformed or unexpected message";
+	case EPROTONOSUPPORT: return "dsm: this dsmd does not serve control requests (too old)";
+	case ENOENT: return "dsm: no such region (or no dsmd socket)";
+	case EEXIST: return "dsm: a region of that name exists with another spec";
+	case EBUSY: return "dsm: the region is mapped";
+	case EPERM: return "dsm: the mutex is not held through this value";
+	case EACCES: return "dsm: permission denied";
+	}
+	return strerror(err);
+}

@@ -1,0 +1,304 @@
+"""Python client of the DSM service: cluster-wide shared memory regions.
+
+A region mapped with Client.map is a buffer: memoryview(region) and
+numpy.frombuffer(region, dtype=...) see the mapping itself, with no copy;
+plain loads and stores through them are coherent across the cluster, and
+processes on one machine share the same pages. This package is a ctypes
+binding of libdsm (the C client), found through $DSM_LIBRARY, else the
+loader path.
+
+    import dsm, numpy as np
+    c = dsm.connect()                 # $DSM_ADDR, else /run/dsm/dsmd.sock
+    c.create("feat", 1 << 20)
+    r = c.map("feat")
+    a = np.frombuffer(r, dtype=np.float64)
+    a[:4] = [1, 2, 3, 4]
+    r.sync()
+
+Arrays and memoryviews made from a region keep it alive; after an
+explicit Region.close() they must no longer be used (the memory is
+unmapped).
+"""
+
+import ctypes
+import ctypes.util
+import errno as _errno
+import os
+
+__all__ = ["connect", "Client", "Region", "Mutex", "DSMError", "OwnerDiedError", "MUTEX_SIZE"]
+
+#: Bytes of region memory a Mutex uses.
+MUTEX_SIZE = 80
+
+
+def _load():
+    path = os.environ.get("DSM_LIBRARY")
+    if path:
+        return ctypes.CDLL(path, use_errno=True)
+    name = ctypes.util.find_library("dsm")
+    try:
+        return ctypes.CDLL(name or "libdsm.so", use_errno=True)
+    except OSError as e:
+        raise ImportError(
+            "dsm: libdsm not found: install it (make install-clients PREFIX=...) "
+            "where the loader finds it, or set DSM_LIBRARY to its path (%s)" % e
+        ) from e
+
+
+_lib = _load()
+_P = ctypes.c_void_p
+_U64 = ctypes.c_uint64
+_sigs = {
+    "dsm_connect": (_P, [ctypes.c_char_p]),
+    "dsm_close": (None, [_P]),
+    "dsm_create_ex": (ctypes.c_int, [_P, ctypes.c_char_p, _U64, ctypes.c_uint32, ctypes.c_int]),
+    "dsm_delete_ex": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
+    "dsm_region_size": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(_U64)]),
+    "dsm_map": (_P, [_P, ctypes.c_char_p]),
+    "dsm_addr": (_P, [_P]),
+    "dsm_len": (_U64, [_P]),
+    "dsm_page_size": (_U64, [_P]),
+    "dsm_session": (_U64, [_P]),
+    "dsm_region_err": (ctypes.c_int, [_P]),
+    "dsm_load_u64": (ctypes.c_int, [_P, _U64, ctypes.POINTER(_U64)]),
+    "dsm_store_u64": (ctypes.c_int, [_P, _U64, _U64]),
+    "dsm_add_u64": (ctypes.c_int, [_P, _U64, _U64, ctypes.POINTER(_U64)]),
+    "dsm_cas_u64": (ctypes.c_int, [_P, _U64, _U64, _U64]),
+    "dsm_sync": (ctypes.c_int, [_P]),
+    "dsm_unmap": (ctypes.c_int, [_P]),
+    "dsm_mutex_new": (_P, [_P, _U64]),
+    "dsm_mutex_lock": (ctypes.c_int, [_P]),
+    "dsm_mutex_trylock": (ctypes.c_int, [_P]),
+    "dsm_mutex_unlock": (ctypes.c_int, [_P]),
+    "dsm_mutex_free": (None, [_P]),
+    "dsm_strerror": (ctypes.c_char_p, [ctypes.c_int]),
+    "dsm_last_error": (ctypes.c_char_p, []),
+}
+for _name, (_res, _args) in _sigs.items():
+    _f = getattr(_lib, _name)
+    _f.restype, _f.argtypes = _res, _args
+
+
+class DSMError(OSError):
+    """A failed call: errno is the error code, strerror libdsm's name for
+    it, and detail dsmd's own explanation when it gave one."""
+
+    def __init__(self, code, op, detail=""):
+        code = abs(code)
+        msg = _lib.dsm_strerror(code).decode()
+        if detail:
+            msg = "%s: %s" % (msg, detail)
+        super().__init__(code, "%s: %s" % (op, msg))
+        self.detail = detail
+
+
+class OwnerDiedError(DSMError):
+    """Mutex.lock acquired the lock, but its previous holder died holding
+    it: the data it protects may be half updated. The lock is held."""
+
+
+def _check(rc, op):
+    if rc < 0:
+        detail = _lib.dsm_last_error().decode(errors="replace")
+        if -rc == _errno.EOWNERDEAD:
+            raise OwnerDiedError(rc, op, detail)
+        raise DSMError(rc, op, detail)
+    return rc
+
+
+def _name(name):
+    if not isinstance(name, str) or not name:
+        raise ValueError("a region name is a non-empty str")
+    return name.encode()
+
+
+def connect(addr=None):
+    """Connect to the local dsmd: addr is its socket (the mapping socket,
+    or the gRPC socket with map.sock beside it); None means $DSM_ADDR,
+    else /run/dsm/dsmd.sock."""
+    return Client(addr)
+
+
+class Client:
+    """A client of the local dsmd. Regions it maps outlive it."""
+
+    def __init__(self, addr=None):
+        p = _lib.dsm_connect(addr.encode() if addr else None)
+        if not p:
+            e = ctypes.get_errno()
+            raise DSMError(e, "connect %s" % (addr or "(default)"), _lib.dsm_last_error().decode(errors="replace"))
+        self._p = p
+
+    def _ptr(self):
+        if not self._p:
+            raise ValueError("dsm: client closed")
+        return self._p
+
+    def create(self, name, size, page_size=0, durable=False):
+        """Create region name of size bytes; a region of that name and spec
+        already there is not an error (idempotent), one of another is."""
+        _check(_lib.dsm_create_ex(self._ptr(), _name(name), size, page_size, 1 if durable else 0), "create %s" % name)
+
+    def delete(self, name, force=False):
+        """Delete region name; without force, refused while it is mapped."""
+        _check(_lib.dsm_delete_ex(self._ptr(), _name(name), 1 if force else 0), "delete %s" % name)
+
+    def size(self, name):
+        """The size of region name in bytes."""
+        v = _U64()
+        _check(_lib.dsm_region_size(self._ptr(), _name(name), ctypes.byref(v)), "look up %s" % name)
+        return v.value
+
+    def map(self, name):
+        """Map region name: a Region, which is a writable buffer."""
+        p = _lib.dsm_map(self._ptr(), _name(name))
+        if not p:
+            e = ctypes.get_errno()
+            raise DSMError(e, "map %s" % name, _lib.dsm_last_error().decode(errors="replace"))
+        n = _lib.dsm_len(p)
+        cls = type("Region", (Region, ctypes.c_ubyte * n), {})
+        r = cls.from_address(_lib.dsm_addr(p))
+        r._p, r._name = p, name
+        return r
+
+    def close(self):
+        if self._p:
+            _lib.dsm_close(self._p)
+            self._p = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Region:
+    """A mapped region: a ctypes array of its bytes over the mapping, so a
+    buffer (memoryview, numpy.frombuffer) with no copy. Made by
+    Client.map."""
+
+    _p = None
+    _name = ""
+
+    def _ptr(self):
+        if not self._p:
+            raise ValueError("dsm: region closed")
+        return self._p
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def page_size(self):
+        return _lib.dsm_page_size(self._ptr())
+
+    @property
+    def session(self):
+        """dsmd's token of this mapping (0: none)."""
+        return _lib.dsm_session(self._ptr())
+
+    def view(self):
+        """A memoryview of the mapping with format "B". memoryview(region)
+        has ctypes' format "<B", which slice assignment from bytes does not
+        take (region[i:j] = b"..." does)."""
+        return memoryview(self).cast("B")
+
+    def err(self):
+        """None while dsmd serves the mapping, else the DSMError saying why not."""
+        rc = _lib.dsm_region_err(self._ptr())
+        return DSMError(rc, "region %s" % self._name) if rc else None
+
+    def load_u64(self, off):
+        v = _U64()
+        _check(_lib.dsm_load_u64(self._ptr(), off, ctypes.byref(v)), "load %s@%d" % (self._name, off))
+        return v.value
+
+    def store_u64(self, off, value):
+        _check(_lib.dsm_store_u64(self._ptr(), off, value), "store %s@%d" % (self._name, off))
+
+    def add_u64(self, off, delta):
+        """Add delta (mod 2**64) to the word at off; the new value."""
+        v = _U64()
+        _check(_lib.dsm_add_u64(self._ptr(), off, delta & (2**64 - 1), ctypes.byref(v)), "add %s@%d" % (self._name, off))
+        return v.value
+
+    def cas_u64(self, off, old, new):
+        """Set the word at off to new if it holds old; whether it did."""
+        return _check(_lib.dsm_cas_u64(self._ptr(), off, old, new), "cas %s@%d" % (self._name, off)) == 1
+
+    def sync(self):
+        """Write back what this node holds modified (like msync)."""
+        _check(_lib.dsm_sync(self._ptr()), "sync %s" % self._name)
+
+    def mutex(self, off):
+        """The Mutex at off (MUTEX_SIZE bytes, 8-byte aligned), the same
+        lock as the Go and C libraries' at that offset."""
+        return Mutex(self, off)
+
+    def close(self):
+        """Unmap. Views of the region must no longer be used."""
+        if self._p:
+            p, self._p = self._p, None
+            _check(_lib.dsm_unmap(p), "unmap %s" % self._name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return "<dsm.Region %r, %d bytes>" % (self._name, len(self))
+
+
+class Mutex:
+    """The cluster-wide mutex at an offset of a region (see dsm.h and the Go
+    library's dsm.Mutex). lock raises OwnerDiedError, with the lock held,
+    when the previous holder died holding it; used as a context manager,
+    that case sets owner_died and enters."""
+
+    def __init__(self, region, off):
+        p = _lib.dsm_mutex_new(region._ptr(), off)
+        if not p:
+            raise DSMError(ctypes.get_errno(), "mutex at %d" % off)
+        self._region, self._p, self.owner_died = region, p, False
+
+    def lock(self):
+        _check(_lib.dsm_mutex_lock(self._p), "lock")
+
+    def trylock(self):
+        """Take the lock if it is free now; whether it did."""
+        return _check(_lib.dsm_mutex_trylock(self._p), "trylock") == 1
+
+    def unlock(self):
+        _check(_lib.dsm_mutex_unlock(self._p), "unlock")
+
+    def __enter__(self):
+        try:
+            self.lock()
+            self.owner_died = False
+        except OwnerDiedError:
+            self.owner_died = True
+        return self
+
+    def __exit__(self, *exc):
+        self.unlock()
+
+    def __del__(self):
+        if self._p:
+            _lib.dsm_mutex_free(self._p)
+            self._p = None
