@@ -13,13 +13,28 @@ ENGINE_SEEDS ?= 20000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
-.PHONY: chaos failover soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean
+IMAGE       ?= dsmkit/dsm:dev
+# docker compose (the plugin) where it is installed, else docker-compose.
+COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+.PHONY: chaos failover soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
 
 run: ## a local three-node dsmd cluster on loopback (data under .run/); Ctrl-C stops it
 	GO=$(GO) ./deploy/local/run-cluster.sh
+
+image: ## the container image IMAGE from static binaries built here (deploy/docker/Dockerfile.prebuilt: no registry needed)
+	rm -rf .image && mkdir -p .image/bin .image/empty
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o .image/bin/ ./cmd/dsmd ./cmd/dsmctl
+	docker build -f deploy/docker/Dockerfile.prebuilt -t $(IMAGE) .image
+
+image-multistage: ## the container image IMAGE built inside docker from a golang image (deploy/docker/Dockerfile: needs a registry)
+	docker build -f deploy/docker/Dockerfile -t $(IMAGE) .
+
+run-docker: image ## a three-node cluster in containers on loopback (deploy/compose); Ctrl-C stops it
+	DSM_IMAGE=$(IMAGE) $(COMPOSE) -f deploy/compose/compose.yaml up
 
 demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transport
 	$(GO) run ./rdma/internal/demo
@@ -85,4 +100,4 @@ tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 clean: ## remove build outputs and local run data
-	rm -rf bin .run
+	rm -rf bin .run .image
