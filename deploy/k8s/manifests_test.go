@@ -192,6 +192,9 @@ func TestStatefulSet(t *testing.T) {
 	if spec.PodManagementPolicy != appsv1.ParallelPodManagement {
 		t.Error("podManagementPolicy must be Parallel: no pod is ready before three nodes bootstrap together")
 	}
+	if spec.UpdateStrategy.Type != appsv1.OnDeleteStatefulSetStrategyType {
+		t.Error("updateStrategy must be OnDelete: a restarted node's homed pages are lost, the operator decides when")
+	}
 	if spec.ServiceName != svc.Name || svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses {
 		t.Errorf("serviceName %q: want the headless Service %q (clusterIP None, publishNotReadyAddresses)", spec.ServiceName, svc.Name)
 	}
