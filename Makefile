@@ -13,7 +13,11 @@ ENGINE_SEEDS ?= 20000
 BENCHCOUNT  ?= 5
 DURATION    ?= 10m
 
-.PHONY: chaos failover soak bench-cluster help run demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
+IMAGE       ?= dsmkit/dsm:dev
+# docker compose (the plugin) where it is installed, else docker-compose.
+COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+
+.PHONY: chaos failover soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -21,11 +25,23 @@ help: ## list the targets
 run: ## a local three-node dsmd cluster on loopback (data under .run/); Ctrl-C stops it
 	GO=$(GO) ./deploy/local/run-cluster.sh
 
+image: ## the container image IMAGE from static binaries built here (deploy/docker/Dockerfile.prebuilt: no registry needed)
+	rm -rf .image && mkdir -p .image/bin .image/empty
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags=-s -o .image/bin/ ./cmd/dsmd ./cmd/dsmctl
+	docker build -f deploy/docker/Dockerfile.prebuilt -t $(IMAGE) .image
+
+image-multistage: ## the container image IMAGE built inside docker from a golang image (deploy/docker/Dockerfile: needs a registry)
+	docker build -f deploy/docker/Dockerfile -t $(IMAGE) .
+
+run-docker: image ## a three-node cluster in containers on loopback (deploy/compose); Ctrl-C stops it
+	DSM_IMAGE=$(IMAGE) $(COMPOSE) -f deploy/compose/compose.yaml up
+
 demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transport
 	$(GO) run ./rdma/internal/demo
 
-test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), and the ofi suite when libfabric is installed
+test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), the Kubernetes manifests (a module of their own), and the ofi suite when libfabric is installed
 	$(GO) test -race -parallel 4 -timeout 20m ./...
+	cd deploy/k8s && $(GO) test -race -timeout 5m ./...
 	$(GO) test -count=1 -timeout 10m ./coherence/...
 	$(GO) test -count=1 -timeout 10m -run '^TestEngineSim' ./node/engine
 	$(GO) run ./tests/chaos/cmd/chaos -short -out $(CURDIR)/tests/chaos/out
@@ -43,6 +59,7 @@ testrace: test ## alias of test: the race detector is always on
 lint: tools ## go vet and staticcheck (with the ofi tag too when libfabric is installed)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	cd deploy/k8s && $(GO) vet ./... && $(STATICCHECK) ./...
 ifeq ($(HAVE_OFI),yes)
 	$(GO) vet -tags ofi ./rdma/...
 	$(STATICCHECK) -tags ofi ./rdma/...
@@ -91,5 +108,5 @@ install-clients: ## install dsm.h, libdsm.a, libdsm.so and dsm.pc under PREFIX (
 	$(MAKE) -C clients/c install PREFIX=$(or $(PREFIX),/usr/local)
 
 clean: ## remove build outputs and local run data
-	rm -rf bin .run
+	rm -rf bin .run .image
 	$(MAKE) -C clients/c clean

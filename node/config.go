@@ -256,7 +256,7 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&c.TLSDir, "tls-dir", c.TLSDir, "directory with ca.pem, node-ID.pem and node-ID-key.pem (made by `dsmctl tls`): mutual TLS on every TCP listener")
+	fs.StringVar(&c.TLSDir, "tls-dir", c.TLSDir, "directory with ca.pem, node-ID.pem and node-ID-key.pem (made by dsmctl tls): mutual TLS on every TCP listener")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate file (overrides --tls-dir)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "this node's certificate file, naming its --id (overrides --tls-dir)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "this node's key file (overrides --tls-dir)")

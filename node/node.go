@@ -45,6 +45,11 @@ type Options struct {
 	Coherence localcache.Coherence
 	// Reload, in Run, reloads the TLS files at each receive (dsmd: SIGHUP).
 	Reload <-chan os.Signal
+	// Notify, when set, is told the service states of Run: "READY=1" once
+	// the node has started (its listeners and local sockets accept
+	// connections and it has joined gossip), "STOPPING=1" when it begins
+	// to leave. dsmd passes them to systemd (package internal/sdnotify).
+	Notify func(states ...string)
 }
 
 // Node is one running dsmd: directory replica, verbs endpoint, gRPC services
@@ -521,6 +526,11 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 	if err := n.Start(); err != nil {
 		return err
 	}
+	notify := opts.Notify
+	if notify == nil {
+		notify = func(...string) {}
+	}
+	notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -532,6 +542,7 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		}
 	}
 	n.log.Info("dsmd: leaving the cluster")
+	notify("STOPPING=1", "STATUS=leaving the cluster")
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	return n.Shutdown(lctx)

@@ -1,6 +1,7 @@
 // Command dsmd is the daemon of the DSM service on one machine. It only
 // reads its flags and the signals (SIGTERM, SIGINT: leave; SIGHUP: reload
-// the TLS files), and runs package node; dsmd --help
+// the TLS files), runs package node, and tells systemd (sd_notify, when
+// $NOTIFY_SOCKET is set) when it serves and when it stops; dsmd --help
 // explains every setting.
 package main
 
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dsmkit/dsm/internal/sdnotify"
 	"github.com/dsmkit/dsm/node"
 )
 
@@ -38,7 +40,14 @@ func main() {
 	defer stop()
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	if err := node.Run(ctx, cfg, node.Options{Logger: log, Reload: hup}, 10*time.Second); err != nil {
+	// Under systemd (Type=notify) the service manager learns when dsmd
+	// serves and when it begins to leave; elsewhere nothing is sent.
+	notify := func(states ...string) {
+		if _, err := sdnotify.Notify(states...); err != nil {
+			log.Warn("telling the service manager failed", "states", states, "err", err)
+		}
+	}
+	if err := node.Run(ctx, cfg, node.Options{Logger: log, Reload: hup, Notify: notify}, 10*time.Second); err != nil {
 		log.Error("dsmd failed", "err", err)
 		os.Exit(1)
 	}
