@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -127,7 +128,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // metricsHandler serves /metrics from a registry of this node only (no
-// package globals): the Go runtime, the process, and the node's collector.
+// package globals): the Go runtime, the process, and the node's collector;
+// /healthz; the web console at / and its JSON API under /api/; and, with
+// --pprof, the Go profiler under /debug/pprof/.
 func (n *Node) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collector{n})
@@ -136,5 +139,13 @@ func (n *Node) metricsHandler() http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
+	n.consoleMux(mux)
+	if n.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
