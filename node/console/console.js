@@ -4,7 +4,6 @@
 "use strict";
 
 const POLL_MS = 2000;
-const COLS = 64; // cells per row of the page map
 const MAX_CELLS = 4096; // cells asked for at a time
 // One color per owner node of Modified pages, in node order.
 const OWNER_COLORS = ["#d62728", "#1f77b4", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22"];
@@ -142,9 +141,10 @@ function ownerColor(id) {
 }
 
 // sharedColor darkens with the number of sharers.
+const SHARED_SHADES = ["#b7e4c7", "#74c69d", "#40916c", "#2d6a4f", "#1b4332"];
+
 function sharedColor(k) {
-  const shades = ["#b7e4c7", "#74c69d", "#40916c", "#2d6a4f", "#1b4332"];
-  return shades[Math.min(Math.max(k, 1), shades.length) - 1];
+  return SHARED_SHADES[Math.min(Math.max(k, 1), SHARED_SHADES.length) - 1];
 }
 
 function cellColor(c) {
@@ -167,19 +167,27 @@ function cellSymbol(c) {
   return "?";
 }
 
+// layout says how the cells of p sit on the canvas: cols per row, size
+// pixels a side.
+function layout(p) {
+  const n = p.cells.length;
+  const cols = n > 1024 ? 128 : Math.max(1, Math.min(64, n));
+  return { cols: cols, size: Math.floor(1024 / Math.max(cols, 64)) };
+}
+
 function renderPages(p) {
   view.pages = p;
   const canvas = $("pagemap");
-  const rows = Math.max(1, Math.ceil(p.cells.length / COLS));
-  const size = Math.max(4, Math.min(16, Math.floor(1024 / COLS)));
-  canvas.width = COLS * size;
-  canvas.height = rows * size;
+  const { cols, size } = layout(p);
+  canvas.width = cols * size;
+  canvas.height = Math.max(1, Math.ceil(p.cells.length / cols)) * size;
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = "#ffffff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
+  const gap = size > 4 ? 1 : 0;
   p.cells.forEach((c, i) => {
     ctx.fillStyle = cellColor(c);
-    ctx.fillRect((i % COLS) * size, Math.floor(i / COLS) * size, size - 1, size - 1);
+    ctx.fillRect((i % cols) * size, Math.floor(i / cols) * size, size - gap, size - gap);
   });
   // What the picture shows, for tools and tests that read the page.
   canvas.dataset.region = p.region.name;
@@ -197,7 +205,11 @@ function renderPages(p) {
 
   const owners = [...new Set(p.cells.filter((c) => c.state === "M").map((c) => c.owners[0]))].sort((a, b) => a - b);
   const items = owners.map((id) => [ownerColor(id), `M at n${id}`]);
-  items.push([MULTI_M, "M at several nodes"], [sharedColor(1), "S at 1 node"], [sharedColor(3), "S at 3+ nodes"], [INVALID, "I: no copy"]);
+  items.push([MULTI_M, "M at several nodes"]);
+  for (let k = 1; k <= SHARED_SHADES.length; k++) {
+    items.push([sharedColor(k), `S at ${k}${k === SHARED_SHADES.length ? "+" : ""} node${k > 1 ? "s" : ""}`]);
+  }
+  items.push([INVALID, "I: no copy"]);
   $("legend").replaceChildren(...items.map(([color, text]) => {
     const s = document.createElement("span");
     const i = document.createElement("i");
@@ -214,8 +226,8 @@ function cellAt(ev) {
   const r = canvas.getBoundingClientRect();
   const x = (ev.clientX - r.left) * canvas.width / r.width;
   const y = (ev.clientY - r.top) * canvas.height / r.height;
-  const size = canvas.width / COLS;
-  const i = Math.floor(y / size) * COLS + Math.floor(x / size);
+  const { cols, size } = layout(p);
+  const i = Math.floor(y / size) * cols + Math.floor(x / size);
   return i >= 0 && i < p.cells.length ? p.cells[i] : null;
 }
 
@@ -360,7 +372,7 @@ function start() {
     const c = cellAt(ev);
     const p = view.pages;
     if (!c || !p) return;
-    const count = Math.max(Math.min(p.region.pages, COLS), Math.ceil(p.page_count / 8));
+    const count = Math.max(Math.min(p.region.pages, 64), Math.ceil(p.page_count / 8));
     zoomTo(c.first_page + c.pages / 2 - count / 2, count);
   });
   $("zoomout").addEventListener("click", () => {
