@@ -150,6 +150,15 @@ func TestConsoleAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("dirty bytes", func(t *testing.T) {
+		m := mustGet(t, addr, "/metrics")
+		for _, want := range []string{`dsm_cache_bytes{kind="dirty"} 8192`, `dsm_cache_bytes{kind="resident"} 8192`} {
+			if !strings.Contains(m, want+"\n") {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
+	})
+
 	t.Run("errors", func(t *testing.T) {
 		for _, tc := range []struct {
 			path string

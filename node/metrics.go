@@ -30,6 +30,7 @@ var (
 	descCacheFaults = prometheus.NewDesc("dsm_cache_faults_total", "Fault messages read from clients, by kind.", []string{"kind"}, nil)
 	descCacheOps    = prometheus.NewDesc("dsm_cache_ops_total", "Page cache operations by kind.", []string{"op"}, nil)
 	descCachePages  = prometheus.NewDesc("dsm_cache_pages", "Pages held by the page cache: resident and dirty.", []string{"kind"}, nil)
+	descCacheBytes  = prometheus.NewDesc("dsm_cache_bytes", "Bytes of the pages held by the page cache (each at its region's page size): resident, and dirty (Modified here, lost if this node dies before a sync).", []string{"kind"}, nil)
 	descCacheCli    = prometheus.NewDesc("dsm_cache_clients", "Client mappings attached to the page cache.", nil, nil)
 	descMsgs        = prometheus.NewDesc("dsm_protocol_messages_total", "Coherence protocol messages, by direction.", []string{"dir"}, nil)
 	descInvSent     = prometheus.NewDesc("dsm_invalidations_sent_total", "Invalidation messages sent (retransmissions included).", nil, nil)
@@ -104,6 +105,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descCachePages, float64(st.ResidentPages), "resident")
 	g(descCachePages, float64(st.DirtyPages), "dirty")
+	g(descCacheBytes, float64(st.ResidentBytes), "resident")
+	g(descCacheBytes, float64(st.DirtyBytes), "dirty")
 	g(descCacheCli, float64(st.Clients))
 	if n.eng == nil {
 		return
