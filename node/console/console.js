@@ -21,6 +21,26 @@ const view = {
   local: false,
 };
 let lastStats = null;
+let pagesSeq = 0;
+
+// The view lives in the address's fragment (#region=NAME&first=N&count=N&local=1),
+// so that a zoomed view can be bookmarked and shared.
+function loadView() {
+  const h = new URLSearchParams(location.hash.slice(1));
+  view.region = h.get("region") || "";
+  view.first = Math.max(0, parseInt(h.get("first"), 10) || 0);
+  view.count = Math.max(0, parseInt(h.get("count"), 10) || 0);
+  view.local = h.get("local") === "1";
+}
+
+function saveView() {
+  const h = new URLSearchParams();
+  if (view.region) h.set("region", view.region);
+  if (view.first) h.set("first", view.first);
+  if (view.count) h.set("count", view.count);
+  if (view.local) h.set("local", "1");
+  history.replaceState(null, "", "#" + h);
+}
 let regions = [];
 
 function fmtBytes(n) {
@@ -132,6 +152,7 @@ function selectRegion(name) {
     view.first = 0;
     view.count = 0;
   }
+  saveView();
   refreshPages();
 }
 
@@ -249,6 +270,7 @@ function zoomTo(first, count) {
   first = Math.max(0, Math.min(total - count, Math.round(first)));
   view.first = first;
   view.count = count === total ? 0 : count;
+  saveView();
   refreshPages();
 }
 
@@ -261,11 +283,17 @@ async function refreshPages() {
   const q = new URLSearchParams({ region: view.region, first: view.first, cells: MAX_CELLS });
   if (view.count) q.set("count", view.count);
   if (view.local) q.set("local", "true");
+  // Only the answer to the latest request is drawn: a poll that was
+  // under way when the view changed must not draw the old view.
+  const seq = ++pagesSeq;
   try {
-    renderPages(await getJSON("api/pages?" + q));
-    showError(null);
+    const p = await getJSON("api/pages?" + q);
+    if (seq === pagesSeq) {
+      renderPages(p);
+      showError(null);
+    }
   } catch (err) {
-    showError(err);
+    if (seq === pagesSeq) showError(err);
   }
 }
 
@@ -307,7 +335,7 @@ function renderHistogram(h) {
   const svg = $("histogram");
   const ns = "http://www.w3.org/2000/svg";
   const W = +svg.getAttribute("width"), H = +svg.getAttribute("height");
-  const pad = { l: 40, r: 8, t: 8, b: 46 };
+  const pad = { l: 40, r: 40, t: 8, b: 46 };
   const bars = [];
   let prev = 0;
   for (const b of h.buckets) {
@@ -341,7 +369,7 @@ function renderHistogram(h) {
   svg.replaceChildren(...kids);
   svg.dataset.count = h.count;
   $("latency").textContent = h.count
-    ? `${h.count} misses · p50 ${fmtNs(h.p50_ns)} · p99 ${fmtNs(h.p99_ns)} · max ${fmtNs(h.max_ns)}`
+    ? `${h.count} miss${h.count === 1 ? "" : "es"} · p50 ${fmtNs(h.p50_ns)} · p99 ${fmtNs(h.p99_ns)} · max ${fmtNs(h.max_ns)}`
     : "no misses yet";
 }
 
@@ -361,7 +389,10 @@ async function poll() {
 
 function start() {
   $("regionselect").addEventListener("change", (ev) => selectRegion(ev.target.value));
-  $("localview").addEventListener("change", (ev) => { view.local = ev.target.checked; refreshPages(); });
+  loadView();
+  $("localview").checked = view.local;
+  $("localview").addEventListener("change", (ev) => { view.local = ev.target.checked; saveView(); refreshPages(); });
+  window.addEventListener("hashchange", () => { loadView(); $("localview").checked = view.local; refreshPages(); });
   const canvas = $("pagemap");
   canvas.addEventListener("mousemove", (ev) => {
     const c = cellAt(ev);
@@ -384,6 +415,7 @@ function start() {
   $("zoomall").addEventListener("click", () => {
     view.first = 0;
     view.count = 0;
+    saveView();
     refreshPages();
   });
   poll();
