@@ -227,7 +227,8 @@ func TestPprofFlag(t *testing.T) {
 	// Served with the flag.
 	n := &Node{cfg: c}
 	srv := n.metricsHandler()
-	for path, want := range map[string]int{"/debug/pprof/": 200, "/debug/pprof/cmdline": 200, "/metrics": 200} {
+	for path, want := range map[string]int{"/debug/pprof/": 200, "/debug/pprof/heap": 200, "/debug/pprof/goroutine?debug=1": 200,
+		"/debug/pprof/symbol": 200, "/debug/pprof/cmdline": 404, "/metrics": 200} {
 		rec := httptest.NewRecorder()
 		srv.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
 		if rec.Code != want {

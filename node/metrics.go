@@ -144,8 +144,9 @@ func (n *Node) metricsHandler() http.Handler {
 	})
 	n.consoleMux(mux)
 	if n.cfg.Pprof {
+		// Not /debug/pprof/cmdline: the command line may hold
+		// --gossip-key, and go tool pprof does not need it.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,10 @@ func TestWebConsole(t *testing.T) {
 	c.waitHealthy(2)
 
 	url := "http://" + c.metrics[1] + "/" // n2's console
+	// The profiler is off without --pprof.
+	if code := httpGet(t, url+"debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("dsmd without --pprof: GET /debug/pprof/: %d, want 404", code)
+	}
 	// Each view is loaded in its own Chromium, all at once (a browser's
 	// start is most of the time), until every check passes.
 	views := map[string]func(dom string) error{

@@ -63,6 +63,18 @@ func TestMetricNames(t *testing.T) {
 	}
 }
 
+// httpGet returns the status of a GET of url.
+func httpGet(t *testing.T, url string) int {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 // exportedNames scrapes addr's /metrics and returns every series name it
 // exports (a histogram's _bucket, _sum and _count included).
 func exportedNames(t *testing.T, addr string) map[string]bool {
@@ -179,8 +191,12 @@ func TestAlertsAndDashboardMetrics(t *testing.T) {
 		}
 	}
 
-	c := startClusterWith(t, 1, nil)
+	// With --pprof, which the names do not depend on: the profiler answers.
+	c := startClusterWith(t, 1, map[int][]string{1: {"--pprof"}})
 	c.waitHealthy(1)
+	if code := httpGet(t, "http://"+c.metrics[0]+"/debug/pprof/heap?debug=1"); code != http.StatusOK {
+		t.Errorf("dsmd --pprof: GET /debug/pprof/heap: %d", code)
+	}
 	exported := exportedNames(t, c.metrics[0])
 	for _, want := range []string{"dsm_health", "dsm_miss_latency_seconds_bucket", "go_goroutines", "process_resident_memory_bytes"} {
 		if !exported[want] {
