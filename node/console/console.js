@@ -418,8 +418,13 @@ function start() {
     saveView();
     refreshPages();
   });
-  poll();
-  setInterval(poll, POLL_MS);
+  // The next poll starts POLL_MS after one ends: a slow cluster is never
+  // asked twice at once.
+  const loop = async () => {
+    await poll();
+    setTimeout(loop, POLL_MS);
+  };
+  loop();
 }
 
 start();
