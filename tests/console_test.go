@@ -153,14 +153,16 @@ func TestWebConsole(t *testing.T) {
 				}
 				mu.Lock()
 				defer mu.Unlock()
-				if err == nil {
-					delete(views, frag)
-				} else {
-					failed[frag] = err
-				}
+				failed[frag] = err
 			}()
 		}
 		wg.Wait()
+		for frag, err := range failed {
+			if err == nil {
+				delete(views, frag)
+				delete(failed, frag)
+			}
+		}
 		if len(views) > 0 && time.Now().After(deadline) {
 			t.Fatalf("the console does not show what it should: %v", failed)
 		}
