@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -217,6 +218,24 @@ func TestAlertsAndDashboardMetrics(t *testing.T) {
 					t.Errorf("%s, %s: %s is not exported by dsmd (in %q)", file, where, n, expr)
 				}
 			}
+		}
+	}
+}
+
+// TestAlertRules checks alerts.yml with promtool, and runs its unit tests
+// (alerts_test.yml: the alerts fire on the series they are about, and not
+// before their time). Without promtool on $PATH (Debian's prometheus
+// package has it) it is skipped.
+func TestAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("no promtool on $PATH (apt-get install prometheus): the alert rules are not checked by Prometheus")
+	}
+	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = "../deploy/prometheus"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 }
