@@ -3,6 +3,9 @@ package tests
 import (
 	"context"
 	"fmt"
+	"html"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -78,6 +81,63 @@ func attr(dom, id, name string) string {
 	return m[1]
 }
 
+// clickHTML is a page that shows the console in a frame, clicks cell 1250
+// of its page map once it shows region big in groups of 4 pages, and
+// writes what the page map shows after the zoom into its <pre id="out">.
+// Chromium lets it reach into the frame with --disable-web-security.
+const clickHTML = `<!doctype html>
+<html><body>
+<iframe id="f" src="CONSOLE_URL" width="1200" height="1200"></iframe>
+<pre id="out">waiting</pre>
+<script>
+const f = document.getElementById("f");
+const out = document.getElementById("out");
+function canvas() {
+  try {
+    const d = f.contentDocument;
+    return d && d.getElementById("pagemap");
+  } catch (e) {
+    out.textContent = "error: " + e;
+    return null;
+  }
+}
+function clickCell() {
+  const c = canvas();
+  if (!c || c.dataset.region !== "big" || c.dataset.group !== "4") { setTimeout(clickCell, 100); return; }
+  const r = c.getBoundingClientRect(), i = 1250, cols = 128, size = r.width / cols;
+  c.dispatchEvent(new MouseEvent("click", { bubbles: true,
+    clientX: r.left + (i % cols + 0.5) * size, clientY: r.top + (Math.floor(i / cols) + 0.5) * size }));
+  zoomed();
+}
+function zoomed() {
+  const c = canvas();
+  if (!c || c.dataset.group !== "1") { setTimeout(zoomed, 100); return; }
+  out.textContent = JSON.stringify({ first: c.dataset.first, count: c.dataset.count,
+    m: c.dataset.states.indexOf("M"), hash: f.contentWindow.location.hash });
+}
+clickCell();
+</script>
+</body></html>
+`
+
+// clickHarness serves clickHTML around consoleURL on a loopback port
+// until the test ends, and returns its address.
+func clickHarness(t *testing.T, consoleURL string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", freeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := strings.ReplaceAll(clickHTML, "CONSOLE_URL", consoleURL)
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, page)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/"
+}
+
 // TestWebConsole loads the console of a real three-node cluster in
 // headless Chromium and checks what it shows: the members and their
 // health, the region, and the page map's cells in the states the writes
@@ -106,8 +166,13 @@ func TestWebConsole(t *testing.T) {
 	}
 	// Each view is loaded in its own Chromium, all at once (a browser's
 	// start is most of the time), until every check passes.
-	views := map[string]func(dom string) error{
-		"#region=console": func(dom string) error {
+	type view struct {
+		url   string
+		args  []string
+		check func(dom string) error
+	}
+	views := map[string]view{
+		"console": {url + "#region=console", nil, func(dom string) error {
 			if m := regexp.MustCompile(`<p id="error"[^>]*>([^<]*)<`).FindStringSubmatch(dom); m == nil || m[1] != "" {
 				return fmt.Errorf("the page shows an error: %q", m)
 			}
@@ -126,41 +191,55 @@ func TestWebConsole(t *testing.T) {
 			}
 			return pageMap(dom, "console", "1", "M..M...S"+strings.Repeat(".", 56), "1,,,2"+strings.Repeat(",", 60),
 				"n2 · ", "M 2 · S 1 · I 61", "M at n1", "M at n2", "pages 0–63 of 64 · 1 cell = 1 page · cluster view from n2")
-		},
+		}},
 		// The big region, whole, then zoomed in.
-		"#region=big": func(dom string) error {
+		"big": {url + "#region=big", nil, func(dom string) error {
 			return pageMap(dom, "big", "4", strings.Repeat(".", 1250)+"M"+strings.Repeat(".", 4096-1251),
 				strings.Repeat(",", 1250)+"3"+strings.Repeat(",", 4096-1251), "1 cell = 4 pages", "M 1 · S 0 · I 16383")
-		},
-		"#region=big&first=4992&count=64": func(dom string) error {
+		}},
+		"big zoomed": {url + "#region=big&first=4992&count=64", nil, func(dom string) error {
 			return pageMap(dom, "big", "1", strings.Repeat(".", 9)+"M"+strings.Repeat(".", 54),
 				strings.Repeat(",", 9)+"3"+strings.Repeat(",", 54), "pages 4992–5055 of 16384")
-		},
+		}},
+		// A click on cell 1250 of the whole big region zooms in 8 times
+		// around it: 2048 pages from 3978, one a cell, page 5001 the
+		// 1024th, and the address says so.
+		"click": {clickHarness(t, url+"#region=big"), []string{"--disable-web-security", "--disable-site-isolation-trials"}, func(dom string) error {
+			m := regexp.MustCompile(`<pre id="out">([^<]*)</pre>`).FindStringSubmatch(dom)
+			if m == nil {
+				return fmt.Errorf("the harness has no result")
+			}
+			want := `{"first":"3978","count":"2048","m":1023,"hash":"#region=big&first=3978&count=2048"}`
+			if got := html.UnescapeString(m[1]); got != want {
+				return fmt.Errorf("after a click on cell 1250: %s, want %s", got, want)
+			}
+			return nil
+		}},
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for len(views) > 0 {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		failed := map[string]error{}
-		for frag, check := range views {
+		for name, v := range views {
 			wg.Add(1)
 			dir := t.TempDir()
 			go func() {
 				defer wg.Done()
-				dom, err := chromium(bin, dir, url+frag, 2500, "--dump-dom")
+				dom, err := chromium(bin, dir, v.url, 2500, append([]string{"--dump-dom"}, v.args...)...)
 				if err == nil {
-					err = check(dom)
+					err = v.check(dom)
 				}
 				mu.Lock()
 				defer mu.Unlock()
-				failed[frag] = err
+				failed[name] = err
 			}()
 		}
 		wg.Wait()
-		for frag, err := range failed {
+		for name, err := range failed {
 			if err == nil {
-				delete(views, frag)
-				delete(failed, frag)
+				delete(views, name)
+				delete(failed, name)
 			}
 		}
 		if len(views) > 0 && time.Now().After(deadline) {
