@@ -475,7 +475,7 @@ func (n *Node) cacheFigures(ns *dsmpb.NodeStatus) {
 	ns.CacheCapacityBytes = uint64(n.cfg.CacheSize)
 	if n.cache != nil {
 		st := n.cache.Stats()
-		ns.CacheBytes = uint64(st.ResidentPages) * dsmPageSize
+		ns.CacheBytes = uint64(st.ResidentBytes)
 		ns.DirtyPages = uint64(st.DirtyPages)
 	}
 }
@@ -557,9 +557,6 @@ func (n *Node) askPeer(ctx context.Context, ns *dsmpb.NodeStatus) error {
 	}
 	return fmt.Errorf("its answer has no line for itself (node id %d answered)", st.NodeId)
 }
-
-// dsmPageSize is the unit of localcache's page counts.
-const dsmPageSize = 4096
 
 func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*dsmpb.MembersResponse, error) {
 	v := s.n.dir.View()

@@ -103,6 +103,9 @@ type Config struct {
 	CacheSize Size `json:"cache_size"`
 	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
 	MetricsAddr string `json:"metrics_addr"`
+	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/
+	// of the metrics address; off by default.
+	Pprof bool `json:"pprof"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `json:"log_level"`
 	// TLSDir holds the cluster CA and this node's certificate under the
@@ -254,7 +257,8 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "encrypt gossip with this `key` (base64 of 16, 24 or 32 bytes; dsmctl keygen makes one); every member needs it. Once started, the data directory keeps the keyring and dsmctl keyring changes it")
 	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics (default off)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics and the web console at http://ADDR/ (plain HTTP, read-only; default off)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve the Go profiler at http://METRICS_ADDR/debug/pprof/ (needs --metrics-addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.TLSDir, "tls-dir", c.TLSDir, "directory with ca.pem, node-ID.pem and node-ID-key.pem (made by dsmctl tls): mutual TLS on every TCP listener")
 	fs.StringVar(&c.TLSCA, "tls-ca", c.TLSCA, "cluster CA certificate file (overrides --tls-dir)")
@@ -390,6 +394,9 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return &ConfigError{name, fmt.Sprintf("%q is not host:port", a)}
 		}
+	}
+	if c.Pprof && c.MetricsAddr == "" {
+		return &ConfigError{"pprof", "needs --metrics-addr: the profiler is served there"}
 	}
 	if _, err := c.SocketPerm(); err != nil {
 		return err

@@ -24,7 +24,11 @@
 //   - Prometheus metrics on Config.MetricsAddr (/metrics, /healthz): the Go
 //     runtime and process, the directory's epoch, regions and members, Raft
 //     term, leader and indexes, the health verdict, and the page cache's
-//     counters when the cache runs. They are read at scrape time.
+//     counters when the cache runs. They are read at scrape time. The same
+//     address serves the web console at / (console.go: embedded static
+//     files and a read-only JSON API under /api/ built on the Admin
+//     service's Status, Regions, Pages and Stats) and, with Config.Pprof,
+//     net/http/pprof under /debug/pprof/ (docs/console.md).
 //
 //   - The page cache and its mapping-session socket (node/localcache,
 //     Config.MapSocket), and one coherence engine per region (node/engine)

@@ -432,7 +432,7 @@ func (n *Node) localStats() *dsmpb.NodeStats {
 		RecallsReceived:       st.Downgrades,
 		Evictions:             st.Evictions,
 		Writebacks:            st.Writebacks,
-		CacheBytes:            uint64(st.ResidentPages) * dsmPageSize,
+		CacheBytes:            uint64(st.ResidentBytes),
 		CacheCapacityBytes:    uint64(n.cfg.CacheSize),
 		CachePages:            uint64(st.ResidentPages),
 		DirtyPages:            uint64(st.DirtyPages),

@@ -2,6 +2,7 @@ package node
 
 import (
 	"net/http"
+	"net/http/pprof"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -29,6 +30,7 @@ var (
 	descCacheFaults = prometheus.NewDesc("dsm_cache_faults_total", "Fault messages read from clients, by kind.", []string{"kind"}, nil)
 	descCacheOps    = prometheus.NewDesc("dsm_cache_ops_total", "Page cache operations by kind.", []string{"op"}, nil)
 	descCachePages  = prometheus.NewDesc("dsm_cache_pages", "Pages held by the page cache: resident and dirty.", []string{"kind"}, nil)
+	descCacheBytes  = prometheus.NewDesc("dsm_cache_bytes", "Bytes of the pages held by the page cache (each at its region's page size): resident, and dirty (Modified here, lost if this node dies before a sync).", []string{"kind"}, nil)
 	descCacheCli    = prometheus.NewDesc("dsm_cache_clients", "Client mappings attached to the page cache.", nil, nil)
 	descMsgs        = prometheus.NewDesc("dsm_protocol_messages_total", "Coherence protocol messages, by direction.", []string{"dir"}, nil)
 	descInvSent     = prometheus.NewDesc("dsm_invalidations_sent_total", "Invalidation messages sent (retransmissions included).", nil, nil)
@@ -103,6 +105,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descCachePages, float64(st.ResidentPages), "resident")
 	g(descCachePages, float64(st.DirtyPages), "dirty")
+	g(descCacheBytes, float64(st.ResidentBytes), "resident")
+	g(descCacheBytes, float64(st.DirtyBytes), "dirty")
 	g(descCacheCli, float64(st.Clients))
 	if n.eng == nil {
 		return
@@ -127,7 +131,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // metricsHandler serves /metrics from a registry of this node only (no
-// package globals): the Go runtime, the process, and the node's collector.
+// package globals): the Go runtime, the process, and the node's collector;
+// /healthz; the web console at / and its JSON API under /api/; and, with
+// --pprof, the Go profiler under /debug/pprof/.
 func (n *Node) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collector{n})
@@ -136,5 +142,14 @@ func (n *Node) metricsHandler() http.Handler {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
+	n.consoleMux(mux)
+	if n.cfg.Pprof {
+		// Not /debug/pprof/cmdline: the command line may hold
+		// --gossip-key, and go tool pprof does not need it.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }

@@ -572,7 +572,7 @@ func TestDsmdHelp(t *testing.T) {
 	}
 	for _, f := range []string{"id", "data-dir", "bind", "port-base", "gossip-addr", "raft-addr", "rpc-addr",
 		"verbs-addr", "grpc-addr", "join", "bootstrap-expect", "socket", "map-socket", "cache-size",
-		"metrics-addr", "log-level", "config"} {
+		"metrics-addr", "pprof", "log-level", "config"} {
 		if !strings.Contains(string(out), "-"+f+" ") && !strings.Contains(string(out), "-"+f+"\n") {
 			t.Errorf("dsmd --help does not explain --%s", f)
 		}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,6 +90,23 @@ func TestRunClusterScript(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "health: healthy") || !strings.Contains(out.String(), "export DSM_ADDR=") {
 		t.Fatalf("script did not report a healthy cluster and how to reach it")
+	}
+	// The script names n1's web console, and it answers.
+	m := regexp.MustCompile(`Web console: (http://\S+/) `).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatal("the script does not print the web console's address")
+	}
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for path, want := range map[string]string{"": "<title>DSM console</title>", "api/overview": `"node_id": 1`} {
+		resp, err := hc.Get(m[1] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+			t.Errorf("GET %s%s: %s, lacks %q", m[1], path, resp.Status, want)
+		}
 	}
 	ctl := exec.Command(filepath.Join(binDir, "dsmctl"), "status")
 	ctl.Env = append(os.Environ(), "DSM_ADDR="+filepath.Join(runDir, "n2", "dsmd.sock"))

@@ -81,7 +81,7 @@ for i in $(seq 1 $N); do
 		--bootstrap-expect $N --join "$join" --gossip-keyring-file "$KEYRING" ${tls_args[@]+"${tls_args[@]}"} \
 		--metrics-addr "127.0.0.1:$((base + 5))" >"$dir/dsmd.log" 2>&1 &
 	pids+=($!)
-	echo "n$i: pid $! socket $dir/dsmd.sock metrics http://127.0.0.1:$((base + 5))/metrics log $dir/dsmd.log"
+	echo "n$i: pid $! socket $dir/dsmd.sock console http://127.0.0.1:$((base + 5))/ metrics http://127.0.0.1:$((base + 5))/metrics log $dir/dsmd.log"
 done
 
 echo "waiting for a healthy cluster"
@@ -108,7 +108,8 @@ fi
 "$BIN/dsmctl" --addr "$RUN_DIR/n1/dsmd.sock" status || true
 cat <<MSG
 
-The cluster is up. In another shell:
+The cluster is up. Web console: http://127.0.0.1:$((PORT_BASE + 5))/ (n1's; every node serves one)
+In another shell:
   export DSM_ADDR=$RUN_DIR/n1/dsmd.sock     # or n2, n3
   $BIN/dsmctl status
   $BIN/dsmctl region create demo 64MiB

@@ -370,9 +370,11 @@ func (c *Cache) setState(pg *page, s State) {
 	pg.state.Store(uint32(s))
 	if old == Modified {
 		c.st.dirty.Add(-1)
+		c.st.dirtyBytes.Add(-pg.r.pageSize)
 	}
 	if s == Modified {
 		c.st.dirty.Add(1)
+		c.st.dirtyBytes.Add(pg.r.pageSize)
 	}
 	c.lruMu.Lock()
 	defer c.lruMu.Unlock()
@@ -380,10 +382,12 @@ func (c *Cache) setState(pg *page, s State) {
 	case old == Invalid:
 		pg.elem = c.lru.PushBack(pg)
 		c.st.resident.Add(1)
+		c.st.residentBytes.Add(pg.r.pageSize)
 	case s == Invalid:
 		c.lru.Remove(pg.elem)
 		pg.elem = nil
 		c.st.resident.Add(-1)
+		c.st.residentBytes.Add(-pg.r.pageSize)
 	}
 }
 
@@ -737,11 +741,13 @@ func (c *Cache) freeRegion(r *region) error {
 		switch pg.State() {
 		case Modified:
 			c.st.dirty.Add(-1)
+			c.st.dirtyBytes.Add(-r.pageSize)
 			fallthrough
 		case Shared:
 			c.lru.Remove(pg.elem)
 			pg.elem = nil
 			c.st.resident.Add(-1)
+			c.st.residentBytes.Add(-r.pageSize)
 		}
 		pg.state.Store(uint32(Invalid))
 	}

@@ -978,3 +978,31 @@ func TestEvictionWriteBack(t *testing.T) {
 		t.Fatalf("memfd holds %d pages, want 3", n)
 	}
 }
+
+// The byte counters count each page at its region's page size.
+func TestByteCounters(t *testing.T) {
+	d := newDaemon(t, 0)
+	const wide ids.RegionID = 3
+	if err := d.c.AddRegion(RegionSpec{ID: wide, Name: "wide", Size: 1 << 20, PageSize: 64 << 10}); err != nil {
+		t.Fatal(err)
+	}
+	a := d.client("A", "r")
+	a.store(0, 1)
+	b := d.client("B", "wide")
+	b.store(0, 2)
+	b.store(3<<16+8, 3)
+	eventually(t, "no fault in flight", func() bool { return d.c.Stats().FaultsInFlight == 0 })
+	s := d.c.Stats()
+	want := int64(4096 + 2<<16)
+	if s.DirtyPages != 3 || s.DirtyBytes != want || s.ResidentBytes != want {
+		t.Fatalf("dirty %d pages, %d bytes, resident %d bytes; want 3 pages, %d bytes", s.DirtyPages, s.DirtyBytes, s.ResidentBytes, want)
+	}
+	b.ok("close")
+	if err := d.c.RemoveRegion(context.Background(), wide, "test"); err != nil {
+		t.Fatal(err)
+	}
+	if s := d.c.Stats(); s.DirtyBytes != 4096 || s.ResidentBytes != 4096 {
+		t.Fatalf("after removing the region: dirty %d bytes, resident %d bytes; want 4096", s.DirtyBytes, s.ResidentBytes)
+	}
+	a.ok("close")
+}

@@ -29,7 +29,11 @@ type Stats struct {
 	// Modified; EvictErrors, evictions the engine refused.
 	Evictions, Writebacks, EvictErrors uint64
 	// ResidentPages held Shared or Modified; DirtyPages held Modified.
+	// Pages of every region count one each, whatever their size.
 	ResidentPages, DirtyPages int64
+	// ResidentBytes and DirtyBytes are the same pages in bytes (each
+	// counts its region's page size).
+	ResidentBytes, DirtyBytes int64
 	// Clients attached (mappings served); FaultsInFlight, pages being
 	// resolved for some client.
 	Clients, FaultsInFlight int64
@@ -52,6 +56,7 @@ type counters struct {
 	evictions, writebacks, evictErrors       atomic.Uint64
 	sessionErrors, poisoned, unpoisoned      atomic.Uint64
 	resident, dirty, clients, faultsInFlight atomic.Int64
+	residentBytes, dirtyBytes                atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -65,6 +70,7 @@ func (c *Cache) Stats() Stats {
 		Invalidations: s.invalidations.Load(), Downgrades: s.downgrades.Load(),
 		Evictions: s.evictions.Load(), Writebacks: s.writebacks.Load(), EvictErrors: s.evictErrors.Load(),
 		ResidentPages: s.resident.Load(), DirtyPages: s.dirty.Load(),
+		ResidentBytes: s.residentBytes.Load(), DirtyBytes: s.dirtyBytes.Load(),
 		Clients: s.clients.Load(), FaultsInFlight: s.faultsInFlight.Load(),
 		SessionErrors: s.sessionErrors.Load(),
 		Poisoned:      s.poisoned.Load(), Unpoisoned: s.unpoisoned.Load(),
