@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand"
 	"slices"
 	"strings"
@@ -745,7 +746,9 @@ func (s *Sim) crash(id ids.NodeID) error {
 	n.client = nil
 	s.gone[id] = true
 	s.lagging = slices.DeleteFunc(s.lagging, func(x ids.NodeID) bool { return x == id })
-	for p, sl := range s.slots {
+	pages := slices.Sorted(maps.Keys(s.slots)) // a trace in a stable order
+	for _, p := range pages {
+		sl := s.slots[p]
 		w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
 		// The word names the holder, except while the page is frozen
 		// for a rebuild: then the node's own claim counts.
@@ -754,8 +757,8 @@ func (s *Sim) crash(id ids.NodeID) error {
 			s.tracef("%v held %v: it reverts to the home copy", id, p)
 		}
 	}
-	for p, sl := range s.slots {
-		if sl.home == id {
+	for _, p := range pages {
+		if sl := s.slots[p]; sl.home == id {
 			s.moving[p] = slices.Clone(sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)])
 			s.tracef("%v was the home of %v: it moves at the next reconfiguration", id, p)
 		}
