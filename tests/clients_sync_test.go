@@ -104,6 +104,42 @@ func TestSyncAcrossLanguages(t *testing.T) {
 	}
 
 	barrierDeadCParty(t, c, region, cclient, tool(pyEnv, py, worker, sock(3), region, "barrier-twice", "16384", "3"))
+	semaphoreDeadHolders(t, c, cclient)
+}
+
+// semaphoreDeadHolders: a Go process on n1 holds both units of a semaphore
+// and is killed; a C acquirer waiting on n2 gets a unit (it found the Go
+// holder dead) and exits holding it; a C TryAcquire of both units on n3
+// takes them (it found the exited C holder dead).
+func semaphoreDeadHolders(t *testing.T, c *dsmCluster, cclient string) {
+	const region, off, capacity = "xsync", "20480", "2"
+	holder := c.startClient(t, 1, region, "repl")
+	if got := holder.call(t, "sem-acquire "+off+" "+capacity+" 2"); got != "ok" {
+		t.Fatalf("Go Acquire of both units: %q", got)
+	}
+	acquired := make(chan string, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), clientHang)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, cclient, c.nodes[1].socket, region, "sem-acquire", off, capacity, "1").CombinedOutput()
+		acquired <- fmt.Sprintf("%s%v", out, err)
+	}()
+	// The C acquirer took the second ticket of the semaphore's queue.
+	eventually(t, "the C acquirer on n2 joins the line", clientHang, func() error {
+		if got := strings.TrimSpace(c.mustClient(t, 3, region, "read-u64", off)); got != "2" {
+			return fmt.Errorf("ticket word %s", got)
+		}
+		return nil
+	})
+	holder.kill(t)
+	killed := time.Now()
+	if got := <-acquired; got != "ok\n<nil>" {
+		t.Fatalf("C Acquire behind a killed Go holder: %q", got)
+	}
+	t.Logf("the C acquirer got a unit %v after the Go holder was killed", time.Since(killed).Round(10*time.Millisecond))
+	if got := runTool(t, nil, cclient, c.nodes[2].socket, region, "sem-try", off, capacity, "2"); got != "true" {
+		t.Fatalf("C TryAcquire of both units, one held by an exited C process: %q", got)
+	}
 }
 
 // barrierDeadCParty: three parties (C on n1, Go on n2, Python on n3) pass

@@ -15,6 +15,8 @@
  *   cclient ADDR REGION barrier-loop OFF PARTIES N CNTOFF
  *                                                    (N times: add 1 at CNTOFF, wait, check that
  *                                                     every party's addition is there)
+ *   cclient ADDR REGION sem-acquire OFF CAP N        (acquire N units, print ok, exit holding them)
+ *   cclient ADDR REGION sem-try OFF CAP N            (try-acquire: print true or false, exit)
  *   cclient ADDR REGION sem-check OFF CAP CNTOFF N [MAXOFF]
  *                                                    (N times: acquire 1, count the holders
  *                                                     inside at CNTOFF, fail above CAP, keep
@@ -143,6 +145,14 @@ int main(int argc, char **argv)
 		}
 		dsm_barrier_free(bar);
 		puts("ok");
+	} else if (strcmp(cmd, "sem-acquire") == 0 && argc == 7) {
+		if ((e = dsm_sem_acquire(r, num(argv[4]), num(argv[5]), num(argv[6]))))
+			die("acquire", e);
+		puts("ok");
+	} else if (strcmp(cmd, "sem-try") == 0 && argc == 7) {
+		if ((e = dsm_sem_tryacquire(r, num(argv[4]), num(argv[5]), num(argv[6]))) < 0)
+			die("try-acquire", e);
+		puts(e ? "true" : "false");
 	} else if (strcmp(cmd, "sem-check") == 0 && (argc == 8 || argc == 9)) {
 		uint64_t off = num(argv[4]), cap = num(argv[5]), cnt = num(argv[6]), n = num(argv[7]), in, most;
 		for (uint64_t i = 0; i < n; i++) {
