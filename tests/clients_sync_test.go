@@ -19,7 +19,9 @@ import (
 // words on three nodes: parties in all three languages pass generations
 // in step; holders in all three never exceed the semaphore's capacity;
 // a C party that is killed breaks the barrier, and a Go and a Python
-// waiter are told so, naming the C process's session.
+// waiter are told so, naming the C process's session; a Go party that is
+// killed is found dead by a Python waiter (through libdsm); the units of
+// a killed Go holder and of an exited C holder come back to C acquirers.
 func TestSyncAcrossLanguages(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -104,6 +106,7 @@ func TestSyncAcrossLanguages(t *testing.T) {
 	}
 
 	barrierDeadCParty(t, c, region, cclient, tool(pyEnv, py, worker, sock(3), region, "barrier-twice", "16384", "3"))
+	barrierDeadGoParty(t, c, region, tool(pyEnv, py, worker, sock(3), region, "barrier-twice", "24576", "2"))
 	semaphoreDeadHolders(t, c, cclient)
 }
 
@@ -192,5 +195,27 @@ func barrierDeadCParty(t *testing.T, c *dsmCluster, region, cclient string, pyTw
 	r := <-pyDone
 	if r.err != nil || r.out != "passed 0\n"+want+"\n" {
 		t.Fatalf("Python party: %q, %v; want passed 0, then %s", r.out, r.err, want)
+	}
+}
+
+// barrierDeadGoParty: two parties (Go on n1, Python on n3) pass generation
+// 0; the Go process is killed; the Python party, the only waiter, finds it
+// dead through libdsm and is told the barrier is broken, naming it.
+func barrierDeadGoParty(t *testing.T, c *dsmCluster, region string, pyTwice func() (string, error)) {
+	const off, parties = "24576", "2"
+	goParty := c.startClient(t, 1, region, "repl")
+	session := goParty.call(t, "session")
+	type result struct {
+		out string
+		err error
+	}
+	pyDone := make(chan result, 1)
+	go func() { o, err := pyTwice(); pyDone <- result{o, err} }()
+	if got := goParty.call(t, "barrier "+off+" "+parties); got != "passed 0" {
+		t.Fatalf("Go party, generation 0: %q", got)
+	}
+	goParty.kill(t)
+	if r := <-pyDone; r.err != nil || r.out != "passed 0\nbroken session "+session+"\n" {
+		t.Fatalf("Python party with the Go party killed: %q, %v; want passed 0, then broken session %s", r.out, r.err, session)
 	}
 }
