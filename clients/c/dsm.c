@@ -1267,6 +1267,13 @@ static int64_t deadline_of(int64_t timeout_ns)
 	return d == 0 ? 1 : d;
 }
 
+int dsm_mutex_timedlock(dsm_mutex *m, int64_t timeout_ns)
+{
+	if (m == NULL)
+		return -EINVAL;
+	return mutex_lock_until(m, deadline_of(timeout_ns));
+}
+
 /* init_count records count in the word at off if it is zero, and fails
  * with -EINVAL if it holds another (the object was made with another
  * capacity or number of parties). */

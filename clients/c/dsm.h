@@ -129,6 +129,9 @@ int dsm_unmap(dsm_region *r);
  * dsm_mutex_lock waits for the lock. It returns 0, or -EOWNERDEAD with
  * the lock held when the previous holder died holding it (the data it
  * protects may be half updated), or another negative errno value.
+ * dsm_mutex_timedlock gives up after timeout_ns (negative: never) with
+ * -ETIMEDOUT, leaving its place in the line (like a Go Lock whose context
+ * ends; a waiter more than 8 places back gives up once it is within 8).
  * dsm_mutex_trylock returns 1 (locked; or -EOWNERDEAD, locked) or 0
  * (busy). dsm_mutex_unlock returns -EPERM when the lock is not held
  * through this value (or was taken over because its holder was found
@@ -136,6 +139,7 @@ int dsm_unmap(dsm_region *r);
  */
 dsm_mutex *dsm_mutex_new(dsm_region *r, uint64_t off);
 int dsm_mutex_lock(dsm_mutex *m);
+int dsm_mutex_timedlock(dsm_mutex *m, int64_t timeout_ns);
 int dsm_mutex_trylock(dsm_mutex *m);
 int dsm_mutex_unlock(dsm_mutex *m);
 void dsm_mutex_free(dsm_mutex *m);

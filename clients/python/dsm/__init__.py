@@ -93,6 +93,7 @@ _sigs = {
     "dsm_unmap": (ctypes.c_int, [_P]),
     "dsm_mutex_new": (_P, [_P, _U64]),
     "dsm_mutex_lock": (ctypes.c_int, [_P]),
+    "dsm_mutex_timedlock": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dsm_mutex_trylock": (ctypes.c_int, [_P]),
     "dsm_mutex_unlock": (ctypes.c_int, [_P]),
     "dsm_mutex_free": (None, [_P]),
@@ -347,8 +348,17 @@ class Mutex:
             raise DSMError(ctypes.get_errno(), "mutex at %d" % off)
         self._region, self._p, self.owner_died = region, p, False
 
-    def lock(self):
-        _check(_lib.dsm_mutex_lock(self._p), "lock")
+    def lock(self, timeout=None):
+        """Take the lock, waiting for it (at most timeout seconds, when
+        given: False if it gave up, leaving its place in the line)."""
+        if timeout is None:
+            _check(_lib.dsm_mutex_lock(self._p), "lock")
+            return True
+        try:
+            _check(_lib.dsm_mutex_timedlock(self._p, _timeout_ns(timeout)), "lock")
+        except DSMTimeoutError:
+            return False
+        return True
 
     def trylock(self):
         """Take the lock if it is free now; whether it did."""

@@ -104,6 +104,15 @@ def test_mutex(region):
         m.unlock()
 
 
+def test_mutex_timeout(region):
+    m, other = region.mutex(256), region.mutex(256)
+    assert m.lock()
+    assert not other.lock(timeout=0.05)  # gives its ticket up
+    m.unlock()  # passes the given-up ticket
+    assert other.lock(timeout=5)
+    other.unlock()
+
+
 def test_semaphore(region):
     s = region.semaphore(1024, 2)
     assert s.available() == 2
