@@ -235,9 +235,11 @@ func TestClientsAcrossLanguages(t *testing.T) {
 	// The Python package's tests, against n2.
 	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", filepath.Join(root, "clients", "python", "tests"))
 	cmd.Env = append(os.Environ(), append(pyEnv, "DSM_ADDR="+sock(2))...)
-	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "passed") || strings.Contains(string(out), "skipped") {
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "passed") || strings.Contains(string(out), "skipped") {
 		t.Fatalf("pytest clients/python/tests: %v\n%s", err, out)
 	}
+	t.Logf("pytest clients/python/tests: %s", strings.TrimSpace(string(out)))
 }
 
 // waitRegion waits until every node's directory has region.

@@ -2,7 +2,9 @@
  * libdsm: the C client of the DSM service. It speaks dsmd's mapping-socket
  * protocol (internal/mapproto in the Go tree; docs/clients.md): mapping
  * sessions that hand dsmd a userfaultfd, and control sessions for region
- * calls. The mutex mirrors dsm/mutex.go word for word.
+ * calls. The mutex, the semaphore and the barrier mirror dsm/mutex.go,
+ * dsm/semaphore.go and dsm/barrier.go word for word
+ * (docs/synchronization.md).
  */
 #define _GNU_SOURCE
 #include "dsm.h"
@@ -504,6 +506,7 @@ struct dsm_region {
 	int uffd; /* this process's copy of the userfaultfd, never read */
 	pthread_mutex_t mu; /* guards reading conn */
 	atomic_int state;
+	_Atomic int64_t swept; /* a semaphore try-acquire last looked for dead holders (ns) */
 };
 
 /* userfaultfd features (linux/userfaultfd.h), named here so that older
@@ -1012,7 +1015,7 @@ static int check_head(dsm_mutex *m, uint64_t sw, int64_t stalled)
 /* wait_turn records the taker of ticket and waits for its turn: 1 got the
  * lock (*died: the previous holder died holding it), 0 skipped, or a
  * negative errno value. */
-static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died)
+static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died, int64_t deadline)
 {
 	uint64_t me = m->r->session, slot = slot_of(m, ticket), last = 0;
 	int recorded = 0, e;
@@ -1050,6 +1053,15 @@ static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died)
 			return 1;
 		}
 		int64_t after = lock_check_after * (int64_t)(ticket - serving), t = now_ns();
+		if (recorded && deadline && t >= deadline) {
+			/* Give the ticket up; the waiter after it skips it. */
+			int ok = cas(m, slot, owner_word(ticket, OWNER_WAITING, me), owner_word(ticket, OWNER_SKIPPED, me));
+			if (ok < 0)
+				return ok;
+			if (ok)
+				return -ETIMEDOUT;
+			continue; /* its turn came: take the lock */
+		}
 		if (recorded && t - since >= after && t - checked >= after) {
 			if ((e = check_head(m, sw, t - since)))
 				return e;
@@ -1066,10 +1078,10 @@ static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died)
 	}
 }
 
-int dsm_mutex_lock(dsm_mutex *m)
+/* mutex_lock_until is dsm_mutex_lock that gives up, -ETIMEDOUT, at
+ * deadline (CLOCK_MONOTONIC ns; 0: never) while it waits in the line. */
+static int mutex_lock_until(dsm_mutex *m, int64_t deadline)
 {
-	if (m == NULL)
-		return -EINVAL;
 	for (;;) {
 		uint64_t next;
 		int e = dsm_add_u64(m->r, m->off, 1, &next);
@@ -1077,7 +1089,7 @@ int dsm_mutex_lock(dsm_mutex *m)
 			return e;
 		uint64_t ticket = next - 1;
 		int died = 0;
-		int got = wait_turn(m, ticket, &died);
+		int got = wait_turn(m, ticket, &died, deadline);
 		if (got < 0) {
 			/* Give the ticket up, so that the next waiter skips it. */
 			uint64_t me = m->r->session;
@@ -1090,6 +1102,13 @@ int dsm_mutex_lock(dsm_mutex *m)
 		m->held = 1;
 		return died ? -EOWNERDEAD : 0;
 	}
+}
+
+int dsm_mutex_lock(dsm_mutex *m)
+{
+	if (m == NULL)
+		return -EINVAL;
+	return mutex_lock_until(m, 0);
 }
 
 /* pass_given_up moves the now-serving word past tickets given up from sw
@@ -1183,6 +1202,663 @@ int dsm_mutex_unlock(dsm_mutex *m)
 	return pass_given_up(m, serving + 1);
 }
 
+/* ---- liveness and pacing, shared by the barrier and the semaphore ---- */
+
+/* A session token as the barrier's and the semaphore's words record it
+ * (docs/synchronization.md: 42 bits hold every token whole). */
+#define SESSION_FIELD(t) ((t) & ((1ULL << 42) - 1))
+
+enum { MAX_ASK = 64 };
+
+/* sessions_dead asks dsmd, in one call, which of the n sessions in tokens
+ * (0: none) are over for good, setting dead[i]. A session it cannot judge,
+ * or every session when the call fails, is not dead. */
+static void sessions_dead(dsm_client *c, const uint64_t *tokens, int n, int *dead)
+{
+	int at[MAX_ASK], k = 0;
+	struct buf w;
+	start(&w, T_SESSIONS_ALIVE);
+	for (int i = 0; i < n && i < MAX_ASK; i++) {
+		dead[i] = 0;
+		if (tokens[i] != 0)
+			at[k++] = i;
+	}
+	if (k == 0)
+		return;
+	put_le(&w, (uint64_t)k, 2);
+	for (int j = 0; j < k; j++)
+		put_le(&w, tokens[at[j]], 8);
+	unsigned char rep[MAX_MSG];
+	ssize_t got = call(c, &w, rep, T_STATES);
+	if (got != 4 + k || (rep[2] | rep[3] << 8) != k)
+		return;
+	for (int j = 0; j < k; j++)
+		dead[at[j]] = rep[4 + j] == SESSION_DEAD;
+}
+
+/* pace paces the poll of a word like the mutex: a few yields, then sleeps
+ * doubling from lock_min_sleep to lock_max_sleep. */
+struct pace {
+	int i;
+	int64_t sleep;
+};
+
+static void pace_wait(struct pace *p)
+{
+	if (p->i < LOCK_SPINS) {
+		p->i++;
+		sched_yield();
+		return;
+	}
+	if (p->sleep == 0)
+		p->sleep = lock_min_sleep;
+	struct timespec ts = {p->sleep / NS, p->sleep % NS};
+	nanosleep(&ts, NULL);
+	p->sleep = p->sleep * 2 < lock_max_sleep ? p->sleep * 2 : lock_max_sleep;
+}
+
+/* deadline_of turns a timeout in ns (negative: none) into a deadline for
+ * mutex_lock_until and the waits below (0: none). */
+static int64_t deadline_of(int64_t timeout_ns)
+{
+	if (timeout_ns < 0)
+		return 0;
+	int64_t d = now_ns() + timeout_ns;
+	return d == 0 ? 1 : d;
+}
+
+int dsm_mutex_timedlock(dsm_mutex *m, int64_t timeout_ns)
+{
+	if (m == NULL)
+		return -EINVAL;
+	return mutex_lock_until(m, deadline_of(timeout_ns));
+}
+
+/* init_count records count in the word at off if it is zero, and fails
+ * with -EINVAL if it holds another (the object was made with another
+ * capacity or number of parties). */
+static int init_count(dsm_region *r, uint64_t off, uint64_t count)
+{
+	int e = dsm_cas_u64(r, off, 0, count);
+	if (e < 0)
+		return e;
+	uint64_t got;
+	if ((e = dsm_load_u64(r, off, &got)))
+		return e;
+	if (got != count) {
+		char t[128];
+		snprintf(t, sizeof t, "made with %llu, in use with %llu", (unsigned long long)count, (unsigned long long)got);
+		set_text(t);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* place checks that size bytes at off are 8-byte aligned words inside r. */
+static int place(dsm_region *r, uint64_t off, uint64_t size)
+{
+	if (r == NULL || off % 8 || r->len < size || off > r->len - size)
+		return -EINVAL;
+	if (r->session == 0) {
+		set_text("dsmd gave this mapping no session token");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/* ---- the semaphore (dsm/semaphore.go) ---- */
+
+enum {
+	SEM_CAPACITY = MUTEX_WORDS,
+	SEM_RELEASES,
+	SEM_HOLDER,
+	SEM_HOLDERS = 16,
+	SEM_WORDS = SEM_HOLDER + SEM_HOLDERS,
+	UNIT_BITS = 22,
+};
+#define UNIT_MASK ((1ULL << UNIT_BITS) - 1)
+
+_Static_assert(8 * SEM_WORDS == DSM_SEMAPHORE_SIZE, "semaphore layout");
+_Static_assert(SEM_HOLDERS == DSM_SEMAPHORE_HOLDERS, "semaphore holders");
+_Static_assert(UNIT_MASK == DSM_SEMAPHORE_MAX, "semaphore units");
+
+static uint64_t holder_word(uint64_t session, uint64_t units)
+{
+	return units == 0 ? 0 : SESSION_FIELD(session) << UNIT_BITS | units;
+}
+
+static uint64_t holder_session(uint64_t w) { return w >> UNIT_BITS; }
+
+static uint64_t sem_word(uint64_t off, int i) { return off + 8 * (uint64_t)i; }
+
+/* sem_check validates a semaphore call and records or compares its
+ * capacity. */
+static int sem_check(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n)
+{
+	int e = place(r, off, DSM_SEMAPHORE_SIZE);
+	if (e)
+		return e;
+	if (capacity == 0 || capacity > DSM_SEMAPHORE_MAX || n > capacity)
+		return -EINVAL;
+	return init_count(r, sem_word(off, SEM_CAPACITY), capacity);
+}
+
+static int sem_holders(dsm_region *r, uint64_t off, uint64_t *h)
+{
+	for (int i = 0; i < SEM_HOLDERS; i++) {
+		int e = dsm_load_u64(r, sem_word(off, SEM_HOLDER + i), &h[i]);
+		if (e)
+			return e;
+	}
+	return 0;
+}
+
+/* sem_take takes n units if they are free, in the holder word of this
+ * session or a free one: 1 taken, 0 not there now, or a negative errno
+ * value; h is left with the holder words it read last. Only the head of
+ * the queue calls it. */
+static int sem_take(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n, uint64_t *h)
+{
+	uint64_t me = SESSION_FIELD(r->session);
+	for (;;) {
+		int e = sem_holders(r, off, h);
+		if (e)
+			return e;
+		uint64_t used = 0;
+		int mine = -1, free_ = -1;
+		for (int i = 0; i < SEM_HOLDERS; i++) {
+			used += h[i] & UNIT_MASK;
+			if (h[i] != 0 && holder_session(h[i]) == me)
+				mine = i;
+			else if (h[i] == 0 && free_ < 0)
+				free_ = i;
+		}
+		int i = mine >= 0 ? mine : free_;
+		if (used > capacity || capacity - used < n || i < 0)
+			return 0;
+		int ok = dsm_cas_u64(r, sem_word(off, SEM_HOLDER + i), h[i], holder_word(me, (h[i] & UNIT_MASK) + n));
+		if (ok)
+			return ok;
+	}
+}
+
+/* sem_sweep clears the holder words of sessions dsmd says are dead: 1 if
+ * it cleared one, 0 if not, or a negative errno value. */
+static int sem_sweep(dsm_region *r, uint64_t off)
+{
+	uint64_t h[SEM_HOLDERS], tokens[SEM_HOLDERS], me = SESSION_FIELD(r->session);
+	int dead[SEM_HOLDERS], cleared = 0;
+	int e = sem_holders(r, off, h);
+	if (e)
+		return e;
+	for (int i = 0; i < SEM_HOLDERS; i++)
+		tokens[i] = h[i] != 0 && holder_session(h[i]) != me ? holder_session(h[i]) : 0;
+	sessions_dead(r->c, tokens, SEM_HOLDERS, dead);
+	for (int i = 0; i < SEM_HOLDERS; i++) {
+		if (!dead[i])
+			continue;
+		int ok = dsm_cas_u64(r, sem_word(off, SEM_HOLDER + i), h[i], 0);
+		if (ok < 0)
+			return ok;
+		cleared |= ok;
+	}
+	return cleared;
+}
+
+/* sem_leave unlocks the queue; should that fail, the took units taken are
+ * given back, so that a caller told of an error holds nothing. */
+static int sem_leave(dsm_mutex *q, uint64_t capacity, uint64_t took)
+{
+	int e = dsm_mutex_unlock(q);
+	if (e && took)
+		(void)dsm_sem_release(q->r, q->off, capacity, took);
+	return e;
+}
+
+static int sem_acquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n, int64_t deadline)
+{
+	int e = sem_check(r, off, capacity, n);
+	if (e || n == 0)
+		return e;
+	dsm_mutex q = {.r = r, .off = off};
+	/* A head before that died waiting leaves nothing to repair. */
+	if ((e = mutex_lock_until(&q, deadline)) && e != -EOWNERDEAD)
+		return e;
+	uint64_t h[SEM_HOLDERS], last[SEM_HOLDERS] = {0}, releases = 0;
+	int64_t read = 0, since = now_ns(), checked = 0;
+	int first = 1;
+	struct pace p = {0};
+	for (;;) {
+		uint64_t rel;
+		if ((e = dsm_load_u64(r, sem_word(off, SEM_RELEASES), &rel))) {
+			(void)sem_leave(&q, capacity, 0);
+			return e;
+		}
+		/* One word to poll: the holder words are read again when a
+		 * release says so, and once a second all the same (a releaser
+		 * may die between its two steps). */
+		if (first || rel != releases || now_ns() - read >= lock_check_after) {
+			first = 0;
+			releases = rel;
+			read = now_ns();
+			int ok = sem_take(r, off, capacity, n, h);
+			if (ok < 0) {
+				(void)sem_leave(&q, capacity, 0);
+				return ok;
+			}
+			if (ok)
+				return sem_leave(&q, capacity, n);
+			if (memcmp(h, last, sizeof h) != 0) {
+				memcpy(last, h, sizeof h);
+				since = now_ns();
+				p = (struct pace){0};
+			}
+		}
+		int64_t t = now_ns();
+		if (deadline && t >= deadline) {
+			if ((e = sem_leave(&q, capacity, 0)))
+				return e;
+			return -ETIMEDOUT;
+		}
+		if (t - since >= lock_check_after && (checked == 0 || t - checked >= lock_check_after)) {
+			int cleared = sem_sweep(r, off);
+			if (cleared < 0) {
+				(void)sem_leave(&q, capacity, 0);
+				return cleared;
+			}
+			checked = now_ns();
+			if (cleared)
+				first = 1;
+			continue;
+		}
+		pace_wait(&p);
+	}
+}
+
+int dsm_sem_acquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n)
+{
+	return sem_acquire(r, off, capacity, n, 0);
+}
+
+int dsm_sem_timedacquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n, int64_t timeout_ns)
+{
+	return sem_acquire(r, off, capacity, n, deadline_of(timeout_ns));
+}
+
+int dsm_sem_tryacquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n)
+{
+	int e = sem_check(r, off, capacity, n);
+	if (e)
+		return e;
+	if (n == 0)
+		return 1;
+	dsm_mutex q = {.r = r, .off = off};
+	int ok = dsm_mutex_trylock(&q);
+	if (ok == 0 || (ok < 0 && ok != -EOWNERDEAD))
+		return ok;
+	uint64_t h[SEM_HOLDERS];
+	int took = sem_take(r, off, capacity, n, h);
+	if (took == 0) {
+		int64_t t = now_ns(), swept = atomic_load(&r->swept);
+		if ((swept == 0 || t - swept >= lock_check_after) && atomic_compare_exchange_strong(&r->swept, &swept, t)) {
+			int cleared = sem_sweep(r, off);
+			took = cleared > 0 ? sem_take(r, off, capacity, n, h) : cleared;
+		}
+	}
+	if (took < 0) {
+		(void)sem_leave(&q, capacity, 0);
+		return took;
+	}
+	if ((e = sem_leave(&q, capacity, took ? n : 0)))
+		return e;
+	return took;
+}
+
+int dsm_sem_release(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n)
+{
+	int e = sem_check(r, off, capacity, n);
+	if (e || n == 0)
+		return e;
+	uint64_t me = SESSION_FIELD(r->session), h[SEM_HOLDERS];
+	for (;;) {
+		if ((e = sem_holders(r, off, h)))
+			return e;
+		int i = 0;
+		while (i < SEM_HOLDERS && !(h[i] != 0 && holder_session(h[i]) == me))
+			i++;
+		uint64_t held = i < SEM_HOLDERS ? h[i] & UNIT_MASK : 0;
+		if (held < n) {
+			char t[96];
+			snprintf(t, sizeof t, "this mapping holds %llu units, releases %llu", (unsigned long long)held, (unsigned long long)n);
+			set_text(t);
+			return -EPERM;
+		}
+		int ok = dsm_cas_u64(r, sem_word(off, SEM_HOLDER + i), h[i], holder_word(me, held - n));
+		if (ok < 0)
+			return ok;
+		if (ok) {
+			/* Wake the head of the line; the units are back even if
+			 * this fails (it reads the holder words once a second). */
+			(void)dsm_add_u64(r, sem_word(off, SEM_RELEASES), 1, NULL);
+			return 0;
+		}
+	}
+}
+
+int dsm_sem_available(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t *units)
+{
+	int e = sem_check(r, off, capacity, 0);
+	if (e)
+		return e;
+	uint64_t h[SEM_HOLDERS], used = 0;
+	if ((e = sem_holders(r, off, h)))
+		return e;
+	for (int i = 0; i < SEM_HOLDERS; i++)
+		used += h[i] & UNIT_MASK;
+	*units = used > capacity ? 0 : capacity - used;
+	return 0;
+}
+
+/* ---- the barrier (dsm/barrier.go) ---- */
+
+enum {
+	BAR_STATE = 0,
+	BAR_PARTIES = 1,
+	BAR_BROKEN_BY = 2,
+	BAR_PARTY = 4,
+	BAR_WORDS = BAR_PARTY + DSM_BARRIER_MAX_PARTIES,
+	PARTY_GEN_BITS = 21,
+	PARTY_SESSION_SHIFT = PARTY_GEN_BITS + 1,
+};
+#define BAR_BROKEN (1ULL << 63)
+#define BAR_GEN_MASK ((1ULL << 31) - 1)
+#define BAR_COUNT_MASK ((1ULL << 32) - 1)
+#define BAR_GEN(s) ((s) >> 32 & BAR_GEN_MASK)
+#define PARTY_RECORDED (1ULL << PARTY_GEN_BITS)
+
+_Static_assert(8 * BAR_WORDS == DSM_BARRIER_SIZE, "barrier layout");
+
+struct dsm_barrier {
+	dsm_region *r;
+	uint64_t off;
+	unsigned parties;
+	int slot;	    /* the word of this party's session at its last wait, or -1 */
+	int checked;	    /* the parties word holds parties */
+	uint64_t broken_by; /* the dead party of the last -EPIPE, or 0 */
+};
+
+static uint64_t party_word(uint64_t session, uint64_t gen)
+{
+	return SESSION_FIELD(session) << PARTY_SESSION_SHIFT | PARTY_RECORDED | (gen & (PARTY_RECORDED - 1));
+}
+
+static uint64_t party_session(uint64_t w) { return w >> PARTY_SESSION_SHIFT; }
+
+static uint64_t bw(dsm_barrier *b, int i) { return b->off + 8 * (uint64_t)i; }
+
+dsm_barrier *dsm_barrier_new(dsm_region *r, uint64_t off, unsigned parties)
+{
+	int e = place(r, off, DSM_BARRIER_SIZE);
+	if (e == 0 && (parties < 1 || parties > DSM_BARRIER_MAX_PARTIES))
+		e = -EINVAL;
+	if (e) {
+		errno = -e;
+		return NULL;
+	}
+	dsm_barrier *b = calloc(1, sizeof *b);
+	if (b == NULL)
+		return NULL;
+	b->r = r;
+	b->off = off;
+	b->parties = parties;
+	b->slot = -1;
+	return b;
+}
+
+void dsm_barrier_free(dsm_barrier *b) { free(b); }
+
+uint64_t dsm_barrier_broken_by(dsm_barrier *b) { return b ? b->broken_by : 0; }
+
+static int bar_check(dsm_barrier *b)
+{
+	if (b == NULL)
+		return -EINVAL;
+	if (b->checked)
+		return 0;
+	int e = init_count(b->r, bw(b, BAR_PARTIES), b->parties);
+	if (e == 0)
+		b->checked = 1;
+	return e;
+}
+
+/* bar_broken is the result of a wait on a broken barrier. */
+static int bar_broken(dsm_barrier *b)
+{
+	int e = dsm_load_u64(b->r, bw(b, BAR_BROKEN_BY), &b->broken_by);
+	if (e)
+		return e;
+	char t[96];
+	if (b->broken_by)
+		snprintf(t, sizeof t, "the barrier is broken: party session %#llx died", (unsigned long long)b->broken_by);
+	else
+		snprintf(t, sizeof t, "the barrier is broken");
+	set_text(t);
+	return -EPIPE;
+}
+
+/* party_words reads the party words into words, and into tokens the
+ * sessions recorded there, 0 for free words and for this session. */
+static int party_words(dsm_barrier *b, uint64_t *words, uint64_t *tokens)
+{
+	uint64_t me = SESSION_FIELD(b->r->session);
+	for (unsigned i = 0; i < b->parties; i++) {
+		int e = dsm_load_u64(b->r, bw(b, BAR_PARTY + (int)i), &words[i]);
+		if (e)
+			return e;
+		if (tokens)
+			tokens[i] = words[i] != 0 && party_session(words[i]) != me ? party_session(words[i]) : 0;
+	}
+	return 0;
+}
+
+/* bar_register makes sure this party's session has a party word, and
+ * records gen in it. Parties of one session share its word. */
+static int bar_register(dsm_barrier *b, uint64_t gen)
+{
+	uint64_t me = SESSION_FIELD(b->r->session), words[DSM_BARRIER_MAX_PARTIES], tokens[DSM_BARRIER_MAX_PARTIES] = {0};
+	uint64_t pw = party_word(me, gen);
+	int n = (int)b->parties, slot = b->slot, dead[DSM_BARRIER_MAX_PARTIES], e, ok;
+	for (;;) {
+		int mine = -1;
+		if (slot >= 0 && slot < n) {
+			/* Usually the word used last still names this session. */
+			if ((e = dsm_load_u64(b->r, bw(b, BAR_PARTY + slot), &words[slot])))
+				return e;
+			if (words[slot] != 0 && party_session(words[slot]) == me)
+				mine = slot;
+		}
+		if (mine < 0) {
+			if ((e = party_words(b, words, NULL)))
+				return e;
+			for (int i = 0; i < n && mine < 0; i++)
+				if (words[i] != 0 && party_session(words[i]) == me)
+					mine = i;
+		}
+		if (mine >= 0) {
+			if ((ok = dsm_cas_u64(b->r, bw(b, BAR_PARTY + mine), words[mine], pw)) < 0)
+				return ok;
+			if (ok) {
+				b->slot = mine;
+				return 0;
+			}
+			slot = -1;
+			continue; /* a party of this session arrived meanwhile */
+		}
+		for (int i = 0; i < n; i++) {
+			if (words[i] != 0)
+				continue;
+			if ((ok = dsm_cas_u64(b->r, bw(b, BAR_PARTY + i), 0, pw)) < 0)
+				return ok;
+			if (ok) {
+				b->slot = i;
+				return 0;
+			}
+		}
+		for (int i = 0; i < n; i++)
+			tokens[i] = party_session(words[i]);
+		sessions_dead(b->r->c, tokens, n, dead);
+		for (int i = 0; i < n; i++) {
+			if (!dead[i])
+				continue;
+			if ((ok = dsm_cas_u64(b->r, bw(b, BAR_PARTY + i), words[i], pw)) < 0)
+				return ok;
+			if (ok) {
+				b->slot = i;
+				return 0;
+			}
+		}
+		set_text("every party word names a live session");
+		return -EUSERS;
+	}
+}
+
+/* bar_break_if_dead asks dsmd about the recorded parties of a generation
+ * stalled at state s, and breaks the barrier if one of them is dead. */
+static int bar_break_if_dead(dsm_barrier *b, uint64_t s)
+{
+	uint64_t words[DSM_BARRIER_MAX_PARTIES], tokens[DSM_BARRIER_MAX_PARTIES];
+	int dead[DSM_BARRIER_MAX_PARTIES], e;
+	if ((e = party_words(b, words, tokens)))
+		return e;
+	sessions_dead(b->r->c, tokens, (int)b->parties, dead);
+	for (unsigned i = 0; i < b->parties; i++) {
+		if (!dead[i])
+			continue;
+		/* The session first, so that whoever sees the broken bit can
+		 * name it. */
+		if ((e = dsm_cas_u64(b->r, bw(b, BAR_BROKEN_BY), 0, tokens[i])) < 0)
+			return e;
+		e = dsm_cas_u64(b->r, bw(b, BAR_STATE), s, s | BAR_BROKEN);
+		return e < 0 ? e : 0;
+	}
+	return 0;
+}
+
+static int bar_wait(dsm_barrier *b, int64_t deadline)
+{
+	int e = bar_check(b), ok;
+	if (e)
+		return e;
+	b->broken_by = 0;
+	uint64_t n = b->parties, s, gen;
+	for (;;) {
+		if ((e = dsm_load_u64(b->r, bw(b, BAR_STATE), &s)))
+			return e;
+		if (s & BAR_BROKEN)
+			return bar_broken(b);
+		gen = BAR_GEN(s);
+		if ((e = bar_register(b, gen)))
+			return e;
+		uint64_t arrived = s & BAR_COUNT_MASK, next = s + 1;
+		if (arrived + 1 >= n)
+			next = ((gen + 1) & BAR_GEN_MASK) << 32; /* all arrived: the next generation */
+		if ((ok = dsm_cas_u64(b->r, bw(b, BAR_STATE), s, next)) < 0)
+			return ok;
+		if (!ok)
+			continue;
+		if (arrived + 1 >= n)
+			return (int)gen;
+		s = next;
+		break;
+	}
+	uint64_t last = s;
+	int64_t since = now_ns(), checked = 0;
+	struct pace p = {0};
+	for (;;) {
+		uint64_t cur;
+		if ((e = dsm_load_u64(b->r, bw(b, BAR_STATE), &cur)))
+			return e;
+		uint64_t d = (BAR_GEN(cur) - gen) & BAR_GEN_MASK;
+		if (d == 1)
+			return (int)gen;
+		if (d >= 2) {
+			/* Reset while this party waited: its arrival is void. */
+			set_text("the barrier was reset while this party waited");
+			return -EPIPE;
+		}
+		if (cur & BAR_BROKEN)
+			return bar_broken(b);
+		if (cur != last) {
+			last = cur;
+			since = now_ns();
+			p = (struct pace){0};
+		}
+		int64_t t = now_ns();
+		if (deadline && t >= deadline) {
+			/* Withdraw: one arrival fewer in this generation. */
+			if ((ok = dsm_cas_u64(b->r, bw(b, BAR_STATE), cur, cur - 1)) < 0)
+				return ok;
+			if (ok)
+				return -ETIMEDOUT;
+			continue;
+		}
+		if (t - since >= lock_check_after && (checked == 0 || t - checked >= lock_check_after)) {
+			if ((e = bar_break_if_dead(b, cur)))
+				return e;
+			checked = now_ns();
+			continue;
+		}
+		pace_wait(&p);
+	}
+}
+
+int dsm_barrier_wait(dsm_barrier *b) { return bar_wait(b, 0); }
+
+int dsm_barrier_timedwait(dsm_barrier *b, int64_t timeout_ns) { return bar_wait(b, deadline_of(timeout_ns)); }
+
+int dsm_barrier_reset(dsm_barrier *b)
+{
+	int e = bar_check(b), ok;
+	if (e)
+		return e;
+	uint64_t tok, s;
+	if ((e = dsm_load_u64(b->r, bw(b, BAR_BROKEN_BY), &tok)))
+		return e;
+	do {
+		if ((e = dsm_load_u64(b->r, bw(b, BAR_STATE), &s)))
+			return e;
+		/* Two generations on: a waiter of this one tells a reset from
+		 * its release. */
+		ok = dsm_cas_u64(b->r, bw(b, BAR_STATE), s, ((BAR_GEN(s) + 2) & BAR_GEN_MASK) << 32);
+		if (ok < 0)
+			return ok;
+	} while (!ok);
+	if (tok != 0 && (e = dsm_cas_u64(b->r, bw(b, BAR_BROKEN_BY), tok, 0)) < 0)
+		return e;
+	uint64_t words[DSM_BARRIER_MAX_PARTIES], tokens[DSM_BARRIER_MAX_PARTIES];
+	int dead[DSM_BARRIER_MAX_PARTIES];
+	if ((e = party_words(b, words, tokens)))
+		return e;
+	sessions_dead(b->r->c, tokens, (int)b->parties, dead);
+	for (unsigned i = 0; i < b->parties; i++)
+		if (dead[i] && (e = dsm_cas_u64(b->r, bw(b, BAR_PARTY + (int)i), words[i], 0)) < 0)
+			return e;
+	return 0;
+}
+
+int dsm_barrier_generation(dsm_barrier *b, uint64_t *gen)
+{
+	int e = bar_check(b);
+	if (e)
+		return e;
+	uint64_t s;
+	if ((e = dsm_load_u64(b->r, bw(b, BAR_STATE), &s)))
+		return e;
+	if (gen)
+		*gen = BAR_GEN(s);
+	return (s & BAR_BROKEN) != 0;
+}
+
 const char *dsm_strerror(int err)
 {
 	if (err < 0)
@@ -1199,6 +1875,8 @@ const char *dsm_strerror(int err)
 	case EBUSY: return "dsm: the region is mapped";
 	case EPERM: return "dsm: the mutex is not held through this value";
 	case EACCES: return "dsm: permission denied";
+	case EPIPE: return "dsm: the barrier is broken (a party died, or it was reset)";
+	case EUSERS: return "dsm: more sessions than the barrier's parties take part";
 	}
 	return strerror(err);
 }

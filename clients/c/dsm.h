@@ -14,7 +14,8 @@
  * refused request, when there was one.
  *
  * Thread safety: a dsm_client and a dsm_region may be used by several
- * threads at once; a dsm_mutex value by one thread at a time.
+ * threads at once; a dsm_mutex or dsm_barrier value by one thread at a
+ * time.
  */
 #ifndef DSM_H
 #define DSM_H
@@ -29,10 +30,19 @@ extern "C" {
 
 /* The bytes of region memory a mutex uses, from its offset. */
 #define DSM_MUTEX_SIZE 80
+/* The bytes a semaphore uses; its largest capacity; how many sessions
+ * (mappings) can hold units of one semaphore at a time. */
+#define DSM_SEMAPHORE_SIZE 224
+#define DSM_SEMAPHORE_MAX 4194303
+#define DSM_SEMAPHORE_HOLDERS 16
+/* The bytes a barrier uses; its largest number of parties. */
+#define DSM_BARRIER_SIZE 544
+#define DSM_BARRIER_MAX_PARTIES 64
 
 typedef struct dsm_client dsm_client;
 typedef struct dsm_region dsm_region;
 typedef struct dsm_mutex dsm_mutex;
+typedef struct dsm_barrier dsm_barrier;
 
 /*
  * dsm_connect returns a client of the local dsmd. addr is dsmd's mapping
@@ -119,6 +129,9 @@ int dsm_unmap(dsm_region *r);
  * dsm_mutex_lock waits for the lock. It returns 0, or -EOWNERDEAD with
  * the lock held when the previous holder died holding it (the data it
  * protects may be half updated), or another negative errno value.
+ * dsm_mutex_timedlock gives up after timeout_ns (negative: never) with
+ * -ETIMEDOUT, leaving its place in the line (like a Go Lock whose context
+ * ends; a waiter more than 8 places back gives up once it is within 8).
  * dsm_mutex_trylock returns 1 (locked; or -EOWNERDEAD, locked) or 0
  * (busy). dsm_mutex_unlock returns -EPERM when the lock is not held
  * through this value (or was taken over because its holder was found
@@ -126,9 +139,79 @@ int dsm_unmap(dsm_region *r);
  */
 dsm_mutex *dsm_mutex_new(dsm_region *r, uint64_t off);
 int dsm_mutex_lock(dsm_mutex *m);
+int dsm_mutex_timedlock(dsm_mutex *m, int64_t timeout_ns);
 int dsm_mutex_trylock(dsm_mutex *m);
 int dsm_mutex_unlock(dsm_mutex *m);
 void dsm_mutex_free(dsm_mutex *m);
+
+/*
+ * A counting semaphore in region memory, the same as the Go library's
+ * dsm.Semaphore at the same offset with the same capacity: fair (FIFO
+ * among acquirers), DSM_SEMAPHORE_SIZE bytes at off, 8-byte aligned, zero
+ * to start with, used for nothing else; the first use records capacity
+ * (1..DSM_SEMAPHORE_MAX) there. The units belong to the mapping (r), not
+ * to a thread: any thread may release them. The units of a process that
+ * dies (or unmaps, or whose dsmd restarts or leaves the cluster) come
+ * back without an error: the acquirer at the head of the line asks dsmd
+ * about the holders after a second without units, and a try-acquire that
+ * lacks units asks too (at most once a second per mapping). At most
+ * DSM_SEMAPHORE_HOLDERS mappings hold units at a time.
+ *
+ * Every call returns -EINVAL for a bad place, a capacity out of range or
+ * n > capacity, or when the memory was first used with another capacity
+ * (dsm_last_error says which), and -EOPNOTSUPP when dsmd gave the mapping
+ * no session token (a dsmd without its coherence engine).
+ *
+ * dsm_sem_acquire waits for n units and returns 0 (n == 0: at once).
+ * dsm_sem_timedacquire gives up after timeout_ns (negative: never) with
+ * -ETIMEDOUT, holding nothing. dsm_sem_tryacquire takes them if they are
+ * free now and nobody waits ahead: 1 taken, 0 not. dsm_sem_release gives
+ * back n units this mapping holds: -EPERM, changing nothing, if it holds
+ * fewer. dsm_sem_available stores the units free now in *units (those of
+ * dead holders not yet taken back count as held).
+ */
+int dsm_sem_acquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n);
+int dsm_sem_timedacquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n, int64_t timeout_ns);
+int dsm_sem_tryacquire(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n);
+int dsm_sem_release(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t n);
+int dsm_sem_available(dsm_region *r, uint64_t off, uint64_t capacity, uint64_t *units);
+
+/*
+ * A reusable barrier in region memory for parties processes, the same as
+ * the Go library's dsm.Barrier at the same offset with the same number of
+ * parties: DSM_BARRIER_SIZE bytes at off, 8-byte aligned, zero to start
+ * with, used for nothing else; the first use records parties
+ * (1..DSM_BARRIER_MAX_PARTIES) there. Each dsm_barrier value is one
+ * party. dsm_barrier_new returns NULL with errno EINVAL (bad place or
+ * parties) or EOPNOTSUPP (dsmd gave the mapping no session token).
+ *
+ * dsm_barrier_wait arrives and waits until every party has arrived in
+ * this generation; it returns the generation's number (0, 1, ...;
+ * modulo 2^31), or a negative errno value: -EPIPE when the barrier is
+ * broken (at once if it already was), -EUSERS when more sessions than
+ * parties take part, -EINVAL when the memory was first used with another
+ * number of parties. When a party dies the barrier breaks: a waiter
+ * that sees no progress for a second asks dsmd about the recorded
+ * parties, and a dead one is recorded as the breaker; dsm_barrier_broken_by
+ * then returns its session token (0: the barrier was reset while this
+ * party waited, or nobody was named). Every wait fails with -EPIPE until
+ * dsm_barrier_reset. dsm_barrier_timedwait gives up after timeout_ns
+ * (negative: never) with -ETIMEDOUT, withdrawing its arrival (unless the
+ * generation completed first: then it returns its number).
+ *
+ * dsm_barrier_reset starts a new generation (two on from the current one)
+ * with no arrival, not broken, and frees the words of parties dsmd says
+ * are dead; call it once every live party has seen the barrier broken.
+ * dsm_barrier_generation stores the generation now waited for in *gen
+ * and returns 1 if the barrier is broken, 0 if not.
+ */
+dsm_barrier *dsm_barrier_new(dsm_region *r, uint64_t off, unsigned parties);
+int dsm_barrier_wait(dsm_barrier *b);
+int dsm_barrier_timedwait(dsm_barrier *b, int64_t timeout_ns);
+uint64_t dsm_barrier_broken_by(dsm_barrier *b);
+int dsm_barrier_reset(dsm_barrier *b);
+int dsm_barrier_generation(dsm_barrier *b, uint64_t *gen);
+void dsm_barrier_free(dsm_barrier *b);
 
 /* dsm_strerror names an error code (negative or positive errno). */
 const char *dsm_strerror(int err);

@@ -25,10 +25,35 @@ import ctypes.util
 import errno as _errno
 import os
 
-__all__ = ["connect", "Client", "Region", "Mutex", "DSMError", "OwnerDiedError", "MUTEX_SIZE"]
+__all__ = [
+    "connect",
+    "Client",
+    "Region",
+    "Mutex",
+    "Semaphore",
+    "Barrier",
+    "DSMError",
+    "OwnerDiedError",
+    "BarrierBrokenError",
+    "DSMTimeoutError",
+    "MUTEX_SIZE",
+    "SEMAPHORE_SIZE",
+    "SEMAPHORE_MAX",
+    "SEMAPHORE_HOLDERS",
+    "BARRIER_SIZE",
+    "BARRIER_MAX_PARTIES",
+]
 
 #: Bytes of region memory a Mutex uses.
 MUTEX_SIZE = 80
+#: Bytes of region memory a Semaphore uses; its largest capacity; how many
+#: mappings can hold units of one at a time.
+SEMAPHORE_SIZE = 224
+SEMAPHORE_MAX = (1 << 22) - 1
+SEMAPHORE_HOLDERS = 16
+#: Bytes of region memory a Barrier uses; its largest number of parties.
+BARRIER_SIZE = 544
+BARRIER_MAX_PARTIES = 64
 
 
 def _load():
@@ -68,9 +93,22 @@ _sigs = {
     "dsm_unmap": (ctypes.c_int, [_P]),
     "dsm_mutex_new": (_P, [_P, _U64]),
     "dsm_mutex_lock": (ctypes.c_int, [_P]),
+    "dsm_mutex_timedlock": (ctypes.c_int, [_P, ctypes.c_int64]),
     "dsm_mutex_trylock": (ctypes.c_int, [_P]),
     "dsm_mutex_unlock": (ctypes.c_int, [_P]),
     "dsm_mutex_free": (None, [_P]),
+    "dsm_sem_acquire": (ctypes.c_int, [_P, _U64, _U64, _U64]),
+    "dsm_sem_timedacquire": (ctypes.c_int, [_P, _U64, _U64, _U64, ctypes.c_int64]),
+    "dsm_sem_tryacquire": (ctypes.c_int, [_P, _U64, _U64, _U64]),
+    "dsm_sem_release": (ctypes.c_int, [_P, _U64, _U64, _U64]),
+    "dsm_sem_available": (ctypes.c_int, [_P, _U64, _U64, ctypes.POINTER(_U64)]),
+    "dsm_barrier_new": (_P, [_P, _U64, ctypes.c_uint]),
+    "dsm_barrier_wait": (ctypes.c_int, [_P]),
+    "dsm_barrier_timedwait": (ctypes.c_int, [_P, ctypes.c_int64]),
+    "dsm_barrier_broken_by": (_U64, [_P]),
+    "dsm_barrier_reset": (ctypes.c_int, [_P]),
+    "dsm_barrier_generation": (ctypes.c_int, [_P, ctypes.POINTER(_U64)]),
+    "dsm_barrier_free": (None, [_P]),
     "dsm_strerror": (ctypes.c_char_p, [ctypes.c_int]),
     "dsm_last_error": (ctypes.c_char_p, []),
 }
@@ -97,13 +135,36 @@ class OwnerDiedError(DSMError):
     it: the data it protects may be half updated. The lock is held."""
 
 
+class BarrierBrokenError(DSMError):
+    """Barrier.wait on a broken barrier (a party died, or a reset ended the
+    generation it waited in). session is the token of the dead party that
+    broke it, or 0 when none is named."""
+
+    def __init__(self, code, op, detail="", session=0):
+        super().__init__(code, op, detail)
+        self.session = session
+
+
+class DSMTimeoutError(DSMError, TimeoutError):
+    """A wait with a timeout gave up (it holds nothing, and a barrier
+    arrival is withdrawn)."""
+
+
 def _check(rc, op):
     if rc < 0:
         detail = _lib.dsm_last_error().decode(errors="replace")
         if -rc == _errno.EOWNERDEAD:
             raise OwnerDiedError(rc, op, detail)
+        if -rc == _errno.ETIMEDOUT:
+            raise DSMTimeoutError(rc, op, detail)
         raise DSMError(rc, op, detail)
     return rc
+
+
+def _timeout_ns(timeout):
+    if timeout is None:
+        return -1
+    return max(0, int(timeout * 1e9))
 
 
 def _name(name):
@@ -243,6 +304,16 @@ class Region:
         lock as the Go and C libraries' at that offset."""
         return Mutex(self, off)
 
+    def semaphore(self, off, capacity):
+        """The Semaphore of capacity units at off (SEMAPHORE_SIZE bytes,
+        8-byte aligned), the same as the Go and C libraries' there."""
+        return Semaphore(self, off, capacity)
+
+    def barrier(self, off, parties):
+        """A party of the Barrier of parties parties at off (BARRIER_SIZE
+        bytes, 8-byte aligned), the same as the Go and C libraries' there."""
+        return Barrier(self, off, parties)
+
     def close(self):
         """Unmap. Views of the region must no longer be used."""
         if self._p:
@@ -277,8 +348,17 @@ class Mutex:
             raise DSMError(ctypes.get_errno(), "mutex at %d" % off)
         self._region, self._p, self.owner_died = region, p, False
 
-    def lock(self):
-        _check(_lib.dsm_mutex_lock(self._p), "lock")
+    def lock(self, timeout=None):
+        """Take the lock, waiting for it (at most timeout seconds, when
+        given: False if it gave up, leaving its place in the line)."""
+        if timeout is None:
+            _check(_lib.dsm_mutex_lock(self._p), "lock")
+            return True
+        try:
+            _check(_lib.dsm_mutex_timedlock(self._p, _timeout_ns(timeout)), "lock")
+        except DSMTimeoutError:
+            return False
+        return True
 
     def trylock(self):
         """Take the lock if it is free now; whether it did."""
@@ -301,4 +381,111 @@ class Mutex:
     def __del__(self):
         if self._p:
             _lib.dsm_mutex_free(self._p)
+            self._p = None
+
+
+class Semaphore:
+    """The cluster-wide counting semaphore at an offset of a region (see
+    dsm.h and the Go library's dsm.Semaphore): fair (FIFO), its units held
+    by the mapping, those of a holder that dies given back. Used as a
+    context manager, it acquires and releases one unit."""
+
+    def __init__(self, region, off, capacity):
+        region._ptr()
+        self._region, self.off, self.capacity = region, off, capacity
+
+    def _op(self, what):
+        return "%s semaphore %s@%d" % (what, self._region.name, self.off)
+
+    def acquire(self, n=1, blocking=True, timeout=None):
+        """Take n units, waiting for them (at most timeout seconds, when
+        given) unless blocking is false; whether they were taken."""
+        r = self._region._ptr()
+        if not blocking:
+            return self.try_acquire(n)
+        if timeout is None:
+            _check(_lib.dsm_sem_acquire(r, self.off, self.capacity, n), self._op("acquire"))
+            return True
+        try:
+            _check(_lib.dsm_sem_timedacquire(r, self.off, self.capacity, n, _timeout_ns(timeout)), self._op("acquire"))
+        except DSMTimeoutError:
+            return False
+        return True
+
+    def try_acquire(self, n=1):
+        """Take n units if they are free now and nobody waits ahead."""
+        return _check(_lib.dsm_sem_tryacquire(self._region._ptr(), self.off, self.capacity, n), self._op("try-acquire")) == 1
+
+    def release(self, n=1):
+        """Give back n units this mapping holds (DSMError EPERM if fewer)."""
+        _check(_lib.dsm_sem_release(self._region._ptr(), self.off, self.capacity, n), self._op("release"))
+
+    def available(self):
+        """The units free now (a dead holder's count as held until taken back)."""
+        v = _U64()
+        _check(_lib.dsm_sem_available(self._region._ptr(), self.off, self.capacity, ctypes.byref(v)), self._op("available"))
+        return v.value
+
+    def __enter__(self):
+        self.acquire(1)
+        return self
+
+    def __exit__(self, *exc):
+        self.release(1)
+
+
+class Barrier:
+    """One party of the cluster-wide barrier at an offset of a region (see
+    dsm.h and the Go library's dsm.Barrier). wait returns the generation
+    passed; it raises BarrierBrokenError when a party died (its session
+    named) or a reset ended the generation, until reset is called."""
+
+    _p = None
+
+    def __init__(self, region, off, parties):
+        p = _lib.dsm_barrier_new(region._ptr(), off, parties)
+        if not p:
+            raise DSMError(ctypes.get_errno(), "barrier at %d" % off, _lib.dsm_last_error().decode(errors="replace"))
+        self._region, self._p, self.off, self.parties = region, p, off, parties
+
+    def _op(self, what):
+        return "%s barrier %s@%d" % (what, self._region.name, self.off)
+
+    def wait(self, timeout=None):
+        """Arrive and wait for every party (at most timeout seconds, when
+        given: then DSMTimeoutError, the arrival withdrawn); the generation."""
+        self._region._ptr()
+        if timeout is None:
+            rc = _lib.dsm_barrier_wait(self._p)
+        else:
+            rc = _lib.dsm_barrier_timedwait(self._p, _timeout_ns(timeout))
+        if rc == -_errno.EPIPE:
+            detail = _lib.dsm_last_error().decode(errors="replace")
+            raise BarrierBrokenError(rc, self._op("wait"), detail, _lib.dsm_barrier_broken_by(self._p))
+        return _check(rc, self._op("wait"))
+
+    def reset(self):
+        """Start a new generation, not broken, freeing dead parties' words."""
+        self._region._ptr()
+        _check(_lib.dsm_barrier_reset(self._p), self._op("reset"))
+
+    @property
+    def generation(self):
+        """The generation now waited for."""
+        return self.state()[0]
+
+    @property
+    def broken(self):
+        return self.state()[1]
+
+    def state(self):
+        """(generation now waited for, whether the barrier is broken)."""
+        self._region._ptr()
+        g = _U64()
+        b = _check(_lib.dsm_barrier_generation(self._p, ctypes.byref(g)), self._op("read"))
+        return g.value, b == 1
+
+    def __del__(self):
+        if self._p:
+            _lib.dsm_barrier_free(self._p)
             self._p = None

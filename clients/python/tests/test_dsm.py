@@ -5,6 +5,8 @@ region names."""
 
 import ctypes
 import os
+import threading
+import time
 import uuid
 
 import pytest
@@ -100,6 +102,90 @@ def test_mutex(region):
     m.unlock()
     with pytest.raises(dsm.DSMError):
         m.unlock()
+
+
+def test_mutex_timeout(region):
+    m, other = region.mutex(256), region.mutex(256)
+    assert m.lock()
+    assert not other.lock(timeout=0.05)  # gives its ticket up
+    m.unlock()  # passes the given-up ticket
+    assert other.lock(timeout=5)
+    other.unlock()
+
+
+def test_semaphore(region):
+    s = region.semaphore(1024, 2)
+    assert s.available() == 2
+    assert s.acquire()
+    assert s.try_acquire()
+    assert s.available() == 0
+    assert not s.try_acquire()
+    assert not s.acquire(timeout=0.05)
+    s.release(2)
+    assert s.available() == 2
+    with pytest.raises(dsm.DSMError) as e:
+        s.release()  # none held
+    assert e.value.errno == 1  # EPERM
+    with s:
+        assert s.available() == 1
+        # The units are the mapping's: another value sees them.
+        assert region.semaphore(1024, 2).available() == 1
+    assert s.available() == 2
+    with pytest.raises(dsm.DSMError) as e:
+        region.semaphore(1024, 3).acquire()  # made with 2
+    assert e.value.errno == 22
+
+
+def test_semaphore_waits_for_release(region):
+    s = region.semaphore(1024, 1)
+    s.acquire()
+    got = []
+    t = threading.Thread(target=lambda: got.append(s.acquire(timeout=10)))
+    t.start()
+    time.sleep(0.1)
+    assert not got  # still waiting
+    s.release()
+    t.join()
+    assert got == [True]
+    s.release()
+
+
+def test_barrier(region):
+    one = region.barrier(2048, 1)
+    assert [one.wait() for _ in range(3)] == [0, 1, 2]
+
+    a, b = region.barrier(4096, 2), region.barrier(4096, 2)
+    gens = []
+
+    def party(p, n):
+        for _ in range(n):
+            gens.append(p.wait(timeout=10))
+
+    t = threading.Thread(target=party, args=(b, 2))
+    t.start()
+    party(a, 2)
+    t.join()
+    assert sorted(gens) == [0, 0, 1, 1]
+
+    # A wait that times out withdraws its arrival.
+    with pytest.raises(dsm.DSMTimeoutError):
+        a.wait(timeout=0.05)
+    assert a.state() == (2, False)
+
+    # Reset moves two generations on.
+    a.reset()
+    assert a.generation == 4 and not a.broken
+    t = threading.Thread(target=party, args=(b, 1))
+    t.start()
+    party(a, 1)
+    t.join()
+    assert gens[-2:] == [4, 4]
+
+    with pytest.raises(dsm.DSMError) as e:
+        region.barrier(4096, 3).wait()  # made with 2
+    assert e.value.errno == 22
+    with pytest.raises(dsm.DSMError):
+        region.barrier(4096, 65)
 
 
 def test_delete_refused_while_mapped(client, region):

@@ -9,6 +9,18 @@
  *   cclient ADDR REGION hex OFF LEN                  (plain loads, as hex)
  *   cclient ADDR REGION lock LOCKOFF                 (lock, print ok or owner-died, unlock)
  *   cclient ADDR REGION lock-hold LOCKOFF            (lock, print locked, hold until killed)
+ *   cclient ADDR REGION barrier OFF PARTIES          (wait once: "passed GEN", or "broken session 0x..")
+ *   cclient ADDR REGION barrier-hold OFF PARTIES     (print "session 0x..", wait once, print
+ *                                                     "passed GEN", hold until killed)
+ *   cclient ADDR REGION barrier-loop OFF PARTIES N CNTOFF
+ *                                                    (N times: add 1 at CNTOFF, wait, check that
+ *                                                     every party's addition is there)
+ *   cclient ADDR REGION sem-acquire OFF CAP N        (acquire N units, print ok, exit holding them)
+ *   cclient ADDR REGION sem-try OFF CAP N            (try-acquire: print true or false, exit)
+ *   cclient ADDR REGION sem-check OFF CAP CNTOFF N [MAXOFF]
+ *                                                    (N times: acquire 1, count the holders
+ *                                                     inside at CNTOFF, fail above CAP, keep
+ *                                                     the most seen at MAXOFF, release)
  *   cclient ADDR REGION pong OFF                     (the C end of the same-host ping-pong
  *                                                     benchmark, as tests/internal/pingpong)
  */
@@ -90,6 +102,79 @@ int main(int argc, char **argv)
 		if ((e = dsm_mutex_unlock(m)))
 			die("unlock", e);
 		dsm_mutex_free(m);
+	} else if ((strcmp(cmd, "barrier") == 0 || strcmp(cmd, "barrier-hold") == 0) && argc == 6) {
+		dsm_barrier *bar = dsm_barrier_new(r, num(argv[4]), (unsigned)num(argv[5]));
+		if (bar == NULL)
+			die("barrier", errno);
+		int hold = strcmp(cmd, "barrier-hold") == 0;
+		if (hold) {
+			printf("session %#llx\n", (unsigned long long)dsm_session(r));
+			fflush(stdout);
+		}
+		int gen = dsm_barrier_wait(bar);
+		if (gen == -EPIPE && dsm_barrier_broken_by(bar))
+			printf("broken session %#llx\n", (unsigned long long)dsm_barrier_broken_by(bar));
+		else if (gen == -EPIPE)
+			puts("broken");
+		else if (gen < 0)
+			die("barrier wait", gen);
+		else
+			printf("passed %d\n", gen);
+		fflush(stdout);
+		if (hold)
+			for (;;)
+				pause();
+		dsm_barrier_free(bar);
+	} else if (strcmp(cmd, "barrier-loop") == 0 && argc == 8) {
+		uint64_t parties = num(argv[5]), n = num(argv[6]), cnt = num(argv[7]), got;
+		dsm_barrier *bar = dsm_barrier_new(r, num(argv[4]), (unsigned)parties);
+		if (bar == NULL)
+			die("barrier", errno);
+		for (uint64_t i = 0; i < n; i++) {
+			if ((e = dsm_add_u64(r, cnt, 1, NULL)))
+				die("add", e);
+			int gen = dsm_barrier_wait(bar);
+			if (gen < 0)
+				die("barrier wait", gen);
+			if ((e = dsm_load_u64(r, cnt, &got)))
+				die("load", e);
+			if (got < parties * ((uint64_t)gen + 1)) {
+				fprintf(stderr, "cclient: generation %d passed with %llu arrivals counted\n", gen, (unsigned long long)got);
+				return 1;
+			}
+		}
+		dsm_barrier_free(bar);
+		puts("ok");
+	} else if (strcmp(cmd, "sem-acquire") == 0 && argc == 7) {
+		if ((e = dsm_sem_acquire(r, num(argv[4]), num(argv[5]), num(argv[6]))))
+			die("acquire", e);
+		puts("ok");
+	} else if (strcmp(cmd, "sem-try") == 0 && argc == 7) {
+		if ((e = dsm_sem_tryacquire(r, num(argv[4]), num(argv[5]), num(argv[6]))) < 0)
+			die("try-acquire", e);
+		puts(e ? "true" : "false");
+	} else if (strcmp(cmd, "sem-check") == 0 && (argc == 8 || argc == 9)) {
+		uint64_t off = num(argv[4]), cap = num(argv[5]), cnt = num(argv[6]), n = num(argv[7]), in, most;
+		for (uint64_t i = 0; i < n; i++) {
+			if ((e = dsm_sem_acquire(r, off, cap, 1)))
+				die("acquire", e);
+			if ((e = dsm_add_u64(r, cnt, 1, &in)))
+				die("add", e);
+			if (in > cap) {
+				fprintf(stderr, "cclient: %llu holders inside a semaphore of %llu\n", (unsigned long long)in, (unsigned long long)cap);
+				return 1;
+			}
+			while (argc == 9 && (e = dsm_load_u64(r, num(argv[8]), &most)) == 0 && most < in)
+				if ((e = dsm_cas_u64(r, num(argv[8]), most, in)) < 0)
+					break;
+			if (e < 0)
+				die("max", e);
+			if ((e = dsm_add_u64(r, cnt, ~0ULL, NULL)))
+				die("add", e);
+			if ((e = dsm_sem_release(r, off, cap, 1)))
+				die("release", e);
+		}
+		puts("ok");
 	} else if (strcmp(cmd, "pong") == 0 && argc == 5) {
 		/* A 32-byte message at off (a sequence word, then 24 bytes);
 		 * the answer at off+128, its sequence word stored last. */

@@ -37,9 +37,10 @@
 //	sem-try OFF CAP N        Semaphore.TryAcquire; prints "true" or "false"
 //	sem-release OFF CAP N    Semaphore.Release; prints "ok"
 //	sem-available OFF CAP    Semaphore.Available; prints the units free
-//	sem-check OFF CAP CNTOFF N
+//	sem-check OFF CAP CNTOFF N [MAXOFF]
 //	                         N times: Acquire 1 unit, AddUint64(CNTOFF, 1)
-//	                         and check that at most CAP are inside, add -1,
+//	                         and check that at most CAP are inside, raise
+//	                         the word at MAXOFF to the count seen, add -1,
 //	                         Release; prints "ok"
 //	fill OFF LEN SEED        write a pattern over [OFF, OFF+LEN) through
 //	                         Bytes(), page by page; prints "ok"
@@ -499,8 +500,8 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 		return strconv.FormatUint(n, 10), err
 	case "sem-check":
 		v, err := ints(args)
-		if err != nil || len(v) != 4 {
-			return "", usagef("sem-check OFF CAP CNTOFF N")
+		if err != nil || len(v) != 4 && len(v) != 5 {
+			return "", usagef("sem-check OFF CAP CNTOFF N [MAXOFF]")
 		}
 		s := cl.r.Semaphore(v[0], uint64(v[1]))
 		for range v[3] {
@@ -513,6 +514,11 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 			}
 			if in > uint64(v[1]) {
 				return "", fmt.Errorf("%d holders inside a semaphore of %d", in, v[1])
+			}
+			if len(v) == 5 {
+				if err := raiseTo(ctx, cl.r, v[4], in); err != nil {
+					return "", err
+				}
 			}
 			if _, err := cl.r.AddUint64(ctx, v[2], ^uint64(0)); err != nil {
 				return "", err
@@ -588,6 +594,19 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 }
 
 // patternWord is the uint64 the pattern of seed holds at off.
+// raiseTo raises the word at off to v if it holds less.
+func raiseTo(ctx context.Context, r *dsm.Region, off int64, v uint64) error {
+	for {
+		cur, err := r.LoadUint64(ctx, off)
+		if err != nil || cur >= v {
+			return err
+		}
+		if ok, err := r.CompareAndSwapUint64(ctx, off, cur, v); err != nil || ok {
+			return err
+		}
+	}
+}
+
 func patternWord(seed uint64, off int64) uint64 {
 	x := seed*0x9e3779b97f4a7c15 ^ uint64(off)
 	x ^= x >> 31
