@@ -21,6 +21,8 @@ const (
 	hPoll                      // READ of the word
 	hPass                      // CAS passing the reservation to the next in line
 	hRebuild                   // CAS writing the rebuilt word
+	hBkRead                    // READ of the home copy, to refresh the backups
+	hBkWrite                   // WRITE of the home copy and its stamp to a backup
 )
 
 // homeDuty is the home's side of one page it serves: the repair after a
@@ -50,6 +52,16 @@ type homeDuty struct {
 	known      bool
 	rebuilt    Word // the word as rebuilt
 	rebuiltVer uint16
+
+	// Before it repairs a word whose holder departed, the home writes its
+	// copy (bkData) and the stamp of the departed tenure to every backup
+	// (bkAcked): that tenure's release may have written its data to some
+	// backups before the holder died, and the repair makes the home copy
+	// the page's data for everyone from then on (docs/failover.md §7).
+	// bkFor is the word the refresh is for.
+	bkFor   Word
+	bkData  []byte
+	bkAcked map[ids.NodeID]bool
 
 	queue   []ids.NodeID // starving nodes, first come first served
 	granted ids.NodeID   // holder of the reservation, None when none is out
@@ -153,6 +165,9 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	clear(n.queryAt)
 	for _, h := range n.homes {
 		clear(h.reports)
+	}
+	if rc.Backups != nil {
+		n.backupsFn = rc.Backups
 	}
 	if rc.HomeOf != nil {
 		prev := n.homeFn
@@ -315,16 +330,31 @@ func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
 func (n *Node) driveHome(h *homeDuty) {
 	for h.inflight == 0 && n.now >= h.retryAt {
 		if h.rebuilding {
-			if !n.movesReported() {
-				return // every member's reports first
+			if !n.movesReported() || !n.synced {
+				// Every member's reports first, and every member in
+				// the epoch: its acknowledgement waits for the batches
+				// it posted before, a backup write to this slot among
+				// them (docs/failover.md §8).
+				return
 			}
 			h.used = maps.Clone(h.reports)
-			n.homeCAS(h, hRebuild, n.rebuiltWord(h))
+			next := n.rebuiltWord(h)
+			if next.Holder() == ids.None && n.refreshBackups(h) {
+				// The slot's data becomes the page's for everyone:
+				// the other backups get it first (the stamp says
+				// which tenure; a releaser that died may have
+				// written its data to some of them).
+				return
+			}
+			n.homeCAS(h, hRebuild, next)
 			return
 		}
 		if h.pending {
 			if !n.synced {
 				return // every member must be in the new epoch first
+			}
+			if n.refreshBackups(h) {
+				return
 			}
 			n.homeCAS(h, hRepair, n.repaired(h.guess))
 			return
@@ -378,6 +408,49 @@ func (n *Node) driveHome(h *homeDuty) {
 	}
 }
 
+// refreshBackups posts the next step of the refresh of the backups that
+// must precede the repair of h's word, if one is needed; it reports whether
+// it posted. Needed when the word (as guessed: a CAS succeeds only on the
+// word it expects) names a departed holder: its tenure ends without a
+// release, and the home copy becomes the data, but the holder may have
+// written its data and stamp to some backups before it died. While the
+// word names the holder nobody acquires the page or validates a read of
+// it, so nothing else writes the backups meanwhile.
+func (n *Node) refreshBackups(h *homeDuty) bool {
+	w := h.guess
+	if n.backupsFn == nil || w.Holder() == ids.None || n.isMember(w.Holder()) || h.rebuilding && !h.known {
+		return false
+	}
+	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
+	if h.bkFor != key {
+		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
+	}
+	for _, b := range n.backupsFn(h.no) {
+		if b == n.cfg.ID || h.bkAcked[b] || !n.isMember(b) {
+			continue
+		}
+		if h.bkData == nil {
+			// The word and the copy in one READ: the guess may be
+			// stale (a word that named the holder may have been
+			// released since), and the copy must be the one beside
+			// the word that names it.
+			n.postHome(h, hBkRead, Verb{Kind: VerbRead, Page: h.no, Span: SpanSlot})
+			return true
+		}
+		n.nextID++
+		id := n.nextID
+		verbs := []Verb{
+			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData)},
+			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
+		}
+		n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: b, epoch: n.epoch}
+		n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: b, Verbs: verbs})
+		h.inflight, h.op = id, hBkWrite
+		return true
+	}
+	return false
+}
+
 // sendGrant tells the reserver that the page is reserved for it.
 func (n *Node) sendGrant(h *homeDuty) {
 	h.grantAt = n.now
@@ -416,6 +489,23 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 			}
 		}
 		h.retryAt = n.now + 1
+		return
+	}
+	switch op {
+	case hBkRead:
+		w := Word(binary.LittleEndian.Uint64(d.Results[0].Data))
+		if w.withoutSharers().withTag(0).withResv(ids.None) != h.bkFor {
+			// Not the word the refresh is for: judge that one.
+			h.guess, h.fresh, h.known = w, true, true
+			h.bkFor = 0
+		} else {
+			h.bkData = slices.Clone(d.Results[0].Data[8:])
+		}
+		n.driveHome(h)
+		return
+	case hBkWrite:
+		h.bkAcked[rec.to] = true
+		n.driveHome(h)
 		return
 	}
 	var w Word

@@ -151,6 +151,12 @@ func TestRebuildAcrossDeparture(t *testing.T) {
 	if err := n.Step(Receive{Msg: Message{Type: MsgMoveReport, From: 2, To: 1, Epoch: 2, Page: 1}}); err != nil {
 		t.Fatal(err)
 	}
+	if rd := n.Ready(); len(rd.Batches) != 0 {
+		t.Fatalf("before n2 acknowledged the epoch: %+v, want no rebuild yet", rd)
+	}
+	if err := n.Step(Receive{Msg: Message{Type: MsgEpochAck, From: 2, To: 1, Epoch: 2}}); err != nil {
+		t.Fatal(err)
+	}
 	rd := n.Ready()
 	if len(rd.Batches) != 1 || rd.Batches[0].Verbs[0].Kind != VerbCAS {
 		t.Fatalf("with every report: %+v, want the rebuild CAS", rd)

@@ -18,10 +18,12 @@ import (
 // that drives a simulated cluster step by step and prints what every step
 // did. Rewrite the expectations with -rewrite.
 //
-//	add-nodes N [pages=P] [lazy] [epoch=E]
+//	add-nodes N [pages=P] [lazy] [epoch=E] [backups=K]
 //	                                a cluster of N nodes, page p homed on n(p%H+1), H=(P+1)/2,
 //	                                in epoch E (default 1); lazy: homes list no pages and their
-//	                                slots start zero, never touched
+//	                                slots start zero, never touched; backups: every page has
+//	                                K backups, the first-epoch nodes after its home, and a
+//	                                crashed home's pages move to the first live one
 //	read nX page=P [off=O]          a load
 //	write nX page=P [off=O] v=V     a store
 //	add nX page=P [off=O] v=V       an atomic add
@@ -141,6 +143,7 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 			d.Fatalf(t, "add-nodes N")
 		}
 		s, err = sim.New(2, sim.Options{Nodes: n, Pages: intArg(t, d, "pages", 1), Crashes: n, HomeCrashes: n, Trace: true,
+			Backups:   intArg(t, d, "backups", -1),
 			LazyHomes: d.HasArg("lazy"), Epoch: ids.Epoch(intArg(t, d, "epoch", 1))})
 		if err != nil {
 			d.Fatalf(t, "%v", err)

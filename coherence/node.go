@@ -60,6 +60,10 @@ type Config struct {
 	// that home says that its moves are done (MsgMoveDone). A node is not
 	// created as the new home of a page whose move is not done.
 	HomeOf func(ids.PageNo) ids.NodeID
+	// Backups names the backups of a page (never its home): every
+	// release writes the page's data and Stamp of its tenure to each of
+	// them before its CAS at the home. Nil: no backups.
+	Backups func(ids.PageNo) []ids.NodeID
 	// Targets are, for a joining node, the new homes whose moves may not
 	// be done yet (the targets of recent epochs that moved pages): every
 	// page they home waits until they say that their moves are done.
@@ -130,9 +134,12 @@ const (
 	// outcome that is not known (VerbsDone.Unknown); a READ of the word
 	// decides whether it took effect (resolve.go).
 	phResolve
+	// phBackup: the release writes the data and its stamp to each backup,
+	// one after the other, before phRelease (docs/failover.md §7).
+	phBackup
 )
 
-var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn", "resolve"}
+var phaseNames = [...]string{"idle", "read", "acquire", "wait-acks", "release", "evict", "pass-turn", "resolve", "backup"}
 
 func (p phase) String() string { return phaseNames[p] }
 
@@ -214,6 +221,9 @@ type page struct {
 	recallWrite bool
 	recallVer   uint16
 
+	// phBackup: the backups that hold this release's data and stamp
+	bkAcked map[ids.NodeID]bool
+
 	// phRelease
 	relWrite  bool   // release to I (write recall, eviction) rather than S
 	wroteBack bool   // the WRITE of the page executed
@@ -249,6 +259,7 @@ type Node struct {
 	// MsgMoveDone this node waits for; sent: per new home, the pages
 	// reported to it in this epoch; moveAt: the last MsgMoveReports.
 	homeFn    func(ids.PageNo) ids.NodeID
+	backupsFn func(ids.PageNo) []ids.NodeID
 	hist      []func(ids.PageNo) ids.NodeID
 	moveAll   bool
 	owed      map[ids.NodeID]bool
@@ -310,6 +321,7 @@ func NewNode(cfg Config) (*Node, error) {
 		epoch:     cfg.Epoch,
 		members:   sortedIDs(cfg.Members),
 		homeFn:    cfg.HomeOf,
+		backupsFn: cfg.Backups,
 		hist:      []func(ids.PageNo) ids.NodeID{cfg.HomeOf},
 		owed:      map[ids.NodeID]bool{},
 		sent:      map[ids.NodeID]map[ids.PageNo]bool{},
@@ -445,6 +457,15 @@ func (n *Node) post(p *page, home bool, verbs ...Verb) uint64 {
 	return id
 }
 
+// postTo posts a batch of page p's client side to node to (a backup).
+func (n *Node) postTo(p *page, to ids.NodeID, verbs ...Verb) uint64 {
+	n.nextID++
+	id := n.nextID
+	n.batches[id] = batchRec{page: p.no, verbs: verbs, to: to, epoch: n.epoch}
+	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: to, Verbs: verbs})
+	return id
+}
+
 func (n *Node) send(t MsgType, to ids.NodeID, pg ids.PageNo, ver uint16, write bool) {
 	n.rd.Messages = append(n.rd.Messages, Message{
 		Type: t, From: n.cfg.ID, To: to, Epoch: n.epoch, Page: pg, Version: ver, Write: write,
@@ -490,6 +511,8 @@ func (n *Node) drive(p *page) {
 				p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanPage})
 			}
 			return
+		case phBackup:
+			n.postBackup(p)
 		case phRelease:
 			n.postRelease(p)
 		case phEvict:
@@ -601,6 +624,17 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return nil // a batch abandoned when the page's home moved
 	}
 	p.inflight = 0
+	if p.ph == phBackup {
+		// Writes to a backup are idempotent while the tenure is ours:
+		// one that failed, or whose outcome is unknown, is posted again.
+		if d.Err == nil && len(d.Results) == len(rec.verbs) {
+			p.bkAcked[rec.to] = true
+		} else {
+			p.retryAt = n.now + 1
+		}
+		n.drive(p)
+		return nil
+	}
 	if d.Err != nil && d.Unknown && changesWord(rec.verbs) {
 		// It may have executed: find out before anything else is
 		// posted (resolve.go).

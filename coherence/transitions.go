@@ -279,9 +279,32 @@ func (n *Node) startRelease(p *page, write bool) {
 		p.state = Shared
 		n.effect(PageDowngrade, p)
 	}
-	p.ph = phRelease
 	p.relWrite = write
 	p.wroteBack = false
+	p.ph = phBackup
+	p.bkAcked = map[ids.NodeID]bool{}
+	n.postBackup(p)
+}
+
+// postBackup writes the data of the tenure being released, then its stamp,
+// to the next backup of the page (in the current epoch) that does not hold
+// them yet; when every backup does, the release goes on at the home. Data
+// before stamp, in one batch: a stamp never names data that is not there.
+// One backup at a time: no two batches of a page are in flight.
+func (n *Node) postBackup(p *page) {
+	if n.backupsFn != nil {
+		for _, b := range n.backupsFn(p.no) {
+			if b == p.home || p.bkAcked[b] || !n.isMember(b) {
+				continue
+			}
+			p.inflight = n.postTo(p, b,
+				Verb{Kind: VerbWrite, Page: p.no, Span: SpanPage, Data: slices.Clone(p.wbData)},
+				Verb{Kind: VerbWrite, Page: p.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(p.copyVer)))})
+			return
+		}
+	}
+	p.bkAcked = nil
+	p.ph = phRelease
 	n.postRelease(p)
 }
 
@@ -289,7 +312,7 @@ func (n *Node) startRelease(p *page, write bool) {
 // resolution of a release batch of unknown outcome: either way the node
 // may still hold the tenure, and wbData its only up-to-date data.
 func (p *page) releasing() bool {
-	return p.ph == phRelease || p.ph == phResolve && p.resolving == phRelease
+	return p.ph == phBackup || p.ph == phRelease || p.ph == phResolve && p.resolving == phRelease
 }
 
 func (n *Node) releaseTarget(g Word, write bool) Word {

@@ -309,6 +309,12 @@ type Reconfigure struct {
 	// shards; the core cannot list pages). Only they collect reports, and
 	// only their pages wait. Required with HomeOf.
 	Targets []ids.NodeID
+	// Backups, when not nil, are the backups of every page from this
+	// epoch on (never its home): a release writes the page's data and
+	// Stamp of its tenure to each of them before the CAS at the home
+	// (docs/failover.md §7). Nil keeps the backups of the last
+	// configuration.
+	Backups func(ids.PageNo) []ids.NodeID
 	// SlotsPending says that the node layer has not prepared the new
 	// home slots of the pages moving to this node yet: the node completes
 	// no move before a SlotsReady of this epoch or a later one.

@@ -33,6 +33,11 @@ const (
 	// MaxNodeID is the largest node id the word can name. A cluster may
 	// have up to MaxNodeID members; Config validation refuses larger ids.
 	MaxNodeID = idMask - 1
+	// NotHome, in the holder field, marks a slot that is not the page's
+	// home slot: a backup copy, whose word is Stamp(v). No CAS of the
+	// protocol expects it; the node layer turns a stamp into a home word
+	// (InitialWord(e).WithVersion(v)) before a backup becomes home.
+	NotHome ids.NodeID = idMask
 	// HomeTurn is the reservation value that hands the turn back to the
 	// home: the reserver is done, the home passes the reservation to the
 	// next node in its queue (or clears it).
@@ -46,6 +51,10 @@ const (
 // InitialWord is the word of a page that nobody caches, in epoch e. Homes
 // initialise every word of the pages they serve to it.
 func InitialWord(e ids.Epoch) Word { return Word(0).withTag(epochTag(e)) }
+
+// Stamp is the word a release writes beside its data in a backup's slot:
+// the page's data there is the data of tenure v (docs/failover.md §7).
+func Stamp(v uint16) Word { return Word(0).withHolder(NotHome).withVersion(v) }
 
 // WithVersion returns w with the version set to v. A home may start a
 // page's word at any version (the simulator starts some near the wrap).

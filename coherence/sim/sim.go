@@ -88,6 +88,13 @@ type Options struct {
 	EmptyEpochs int
 	// Linearizability checks the recorded history with porcupine.
 	Linearizability bool
+	// Backups is the number of backups of every page (each release writes
+	// its data and stamp to them; a crashed home's pages move to their
+	// first live backup). 0: as many as Crashes when HomeCrashes is set
+	// (a copy always survives), else none; negative: none (then a crashed
+	// home's pages move to a random first-epoch node whose slot gets the
+	// old home copy, a stand-in for a backup).
+	Backups int
 	// SlowSlots reconfigures with SlotsPending: each new home of moved
 	// pages learns that its slots are ready (SlotsReady) at a random later
 	// step, as dsmd's node layer prepares them, and completes no move
@@ -296,18 +303,23 @@ type Sim struct {
 	restarts    int // crashes that are restarts, so far
 	toJoin      int // new ids the pending reconfiguration adds
 	homeOf      func(ids.PageNo) ids.NodeID
-	moving      map[ids.PageNo][]byte // pages whose home crashed -> backup data
-	moved       map[ids.PageNo]bool   // pages the last reconfiguration moved
-	moveEpochs  int                   // epochs since the first move
-	slotsDue    map[ids.NodeID]ids.Epoch
-	reconf      int                   // steps until the pending reconfiguration; -1 none
-	rc          coherence.Reconfigure // the latest reconfiguration
-	lagging     []ids.NodeID          // live nodes that have not received rc yet
-	stats       Stats
-	history     []op
-	grants      map[ids.PageNo]int // exclusive grants per page
-	csOwner     ids.NodeID
-	csCount     uint64
+	moving      map[ids.PageNo][]byte // pages whose home crashed -> the home copy at the crash
+	movingWord  map[ids.PageNo]coherence.Word
+	// bslots are the backup slots: page -> backup node -> its slot there
+	// (8+PageSize bytes, a word then the data). Every page of a run with
+	// home crashes has backups (backupList), written by every release.
+	bslots     map[ids.PageNo]map[ids.NodeID]rdma.Registration
+	moved      map[ids.PageNo]bool // pages the last reconfiguration moved
+	moveEpochs int                 // epochs since the first move
+	slotsDue   map[ids.NodeID]ids.Epoch
+	reconf     int                   // steps until the pending reconfiguration; -1 none
+	rc         coherence.Reconfigure // the latest reconfiguration
+	lagging    []ids.NodeID          // live nodes that have not received rc yet
+	stats      Stats
+	history    []op
+	grants     map[ids.PageNo]int // exclusive grants per page
+	csOwner    ids.NodeID
+	csCount    uint64
 
 	trace []string
 	err   error
@@ -325,9 +337,11 @@ func New(seed int64, o Options) (*Sim, error) {
 		net:   mem.NewNetwork(mem.Manual()),
 		slots: map[ids.PageNo]slot{}, ref: map[ids.PageNo][]byte{},
 		epoch: o.Epoch, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{},
-		moving:   map[ids.PageNo][]byte{},
-		moved:    map[ids.PageNo]bool{},
-		slotsDue: map[ids.NodeID]ids.Epoch{},
+		moving:     map[ids.PageNo][]byte{},
+		movingWord: map[ids.PageNo]coherence.Word{},
+		bslots:     map[ids.PageNo]map[ids.NodeID]rdma.Registration{},
+		moved:      map[ids.PageNo]bool{},
+		slotsDue:   map[ids.NodeID]ids.Epoch{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -365,7 +379,7 @@ func New(seed int64, o Options) (*Sim, error) {
 		}
 		sm, err := coherence.NewNode(coherence.Config{
 			ID: id, PageSize: o.PageSize, Epoch: o.Epoch, Members: members,
-			HomeOf: homeOf, HomedPages: listed,
+			HomeOf: homeOf, HomedPages: listed, Backups: s.backupsNow(),
 		})
 		if err != nil {
 			return nil, err
@@ -385,11 +399,64 @@ func New(seed int64, o Options) (*Sim, error) {
 				s.ref[p] = make([]byte, o.PageSize)
 			}
 		}
+		for p := 0; p < o.Pages; p++ {
+			if !slices.Contains(s.backupList(ids.PageNo(p)), id) {
+				continue
+			}
+			reg, err := ep.Register(make([]byte, slotLen), rdma.AccessAll)
+			if err != nil {
+				return nil, err
+			}
+			if s.bslots[ids.PageNo(p)] == nil {
+				s.bslots[ids.PageNo(p)] = map[ids.NodeID]rdma.Registration{}
+			}
+			s.bslots[ids.PageNo(p)][id] = reg
+		}
 		n := &simNode{id: id, sm: sm, ep: ep, alive: true}
 		ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
 		s.nodes[i] = n
 	}
 	return s, nil
+}
+
+// backupList is the backups of page p for the whole run, in the order in
+// which they become its home: the first-epoch nodes after its first home,
+// as many as there are crashes (so that a copy always survives), in runs
+// with home crashes; none otherwise.
+func (s *Sim) backupList(p ids.PageNo) []ids.NodeID {
+	k := s.Opts.Backups
+	if k == 0 && s.Opts.HomeCrashes > 0 {
+		k = s.Opts.Crashes
+	}
+	k = min(k, s.Opts.Nodes-1)
+	h := int(s.homeOf(p))
+	out := make([]ids.NodeID, 0, max(k, 0))
+	for i := 1; i <= k; i++ {
+		out = append(out, ids.NodeID((h-1+i)%s.Opts.Nodes+1))
+	}
+	return out
+}
+
+// backupsNow is the backups of every page in the current epoch: its backup
+// list without its home and without the nodes that crashed.
+func (s *Sim) backupsNow() func(ids.PageNo) []ids.NodeID {
+	if len(s.backupList(0)) == 0 {
+		return nil
+	}
+	cur := make([][]ids.NodeID, s.Opts.Pages)
+	for p := range cur {
+		for _, b := range s.backupList(ids.PageNo(p)) {
+			if !s.gone[b] && b != s.slots[ids.PageNo(p)].home {
+				cur[p] = append(cur[p], b)
+			}
+		}
+	}
+	return func(p ids.PageNo) []ids.NodeID {
+		if int(p) < len(cur) {
+			return cur[p]
+		}
+		return nil
+	}
 }
 
 func (s *Sim) tracef(format string, args ...any) {
@@ -456,13 +523,30 @@ func (s *Sim) postBatch(n *simNode, b coherence.Batch) {
 		s.done = append(s.done, pendingDone{node: n.id, batch: b, err: &rdma.PeerError{Peer: b.Home, Err: rdma.ErrPeerUnreachable}})
 		return
 	}
-	if !ok || sl.home != b.Home {
+	if ok && sl.home != b.Home {
+		// A backup's slot (a release writes its data and stamp there).
+		reg, isBackup := s.bslots[b.Verbs[0].Page][b.Home]
+		for _, v := range b.Verbs {
+			if v.Kind != coherence.VerbWrite || v.Page != b.Verbs[0].Page {
+				isBackup = false
+			}
+		}
+		if !isBackup {
+			s.fail("%v posted %v to a node that is neither the home nor a backup", n.id, b)
+			return
+		}
+		sl = slot{home: b.Home, reg: reg}
+	}
+	if !ok {
 		s.fail("%v posted %v to a node that is not the home", n.id, b)
 		return
 	}
 	ops := make([]rdma.Op, len(b.Verbs))
 	for i, v := range b.Verbs {
 		vs := s.slots[v.Page]
+		if v.Page == b.Verbs[0].Page {
+			vs = sl
+		}
 		op := rdma.Op{RKey: vs.reg.Descriptor().RKey, Offset: vs.off + v.Span.Offset()}
 		switch v.Kind {
 		case coherence.VerbRead:
@@ -760,6 +844,7 @@ func (s *Sim) crash(id ids.NodeID) error {
 	for _, p := range pages {
 		if sl := s.slots[p]; sl.home == id {
 			s.moving[p] = slices.Clone(sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)])
+			s.movingWord[p] = coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
 			s.tracef("%v was the home of %v: it moves at the next reconfiguration", id, p)
 		}
 	}
@@ -811,20 +896,29 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 		// list as members when nobody joined).
 		cand := slices.DeleteFunc(slices.Clone(members), func(id ids.NodeID) bool { return int(id) > s.Opts.Nodes })
 		for _, p := range pages {
-			home := cand[s.rng.Intn(len(cand))]
-			buf := make([]byte, 8+s.Opts.PageSize)
-			reg, err := s.nodes[home].ep.Register(buf, rdma.AccessAll)
-			if err != nil {
-				s.fail("register the new slot of %v at %v: %v", p, home, err)
+			if len(s.backupList(p)) == 0 {
+				// No backups (transcripts that script a home crash
+				// without them): the new home's slot gets the old home
+				// copy, a stand-in for a backup.
+				home := cand[s.rng.Intn(len(cand))]
+				reg, err := s.nodes[home].ep.Register(make([]byte, 8+s.Opts.PageSize), rdma.AccessAll)
+				if err != nil {
+					s.fail("register the new slot of %v at %v: %v", p, home, err)
+					return
+				}
+				rdma.StoreWord(reg.Bytes(), 0, uint64(coherence.InitialWord(s.epoch)))
+				copy(reg.Bytes()[8:], s.moving[p])
+				s.slots[p] = slot{home: home, reg: reg}
+				s.moved[p] = true
+				s.tracef("%v moves to %v", p, home)
+				continue
+			}
+			if !s.promoteBackup(p) {
 				return
 			}
-			rdma.StoreWord(reg.Bytes(), 0, uint64(coherence.InitialWord(s.epoch)))
-			copy(reg.Bytes()[8:], s.moving[p])
-			s.slots[p] = slot{home: home, reg: reg}
-			s.moved[p] = true
-			s.tracef("%v moves to %v", p, home)
 		}
 		clear(s.moving)
+		clear(s.movingWord)
 		homeOf = s.placement()
 		for p := range s.moved {
 			if h := s.slots[p].home; !slices.Contains(targets, h) {
@@ -836,7 +930,7 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 	if homeOf != nil || s.moveEpochs > 0 {
 		s.moveEpochs++
 	}
-	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil}
+	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil, Backups: s.backupsNow()}
 	if s.rc.SlotsPending {
 		for _, t := range targets {
 			s.slotsDue[t] = s.epoch
@@ -859,6 +953,88 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 			s.reconfigureOne(0)
 		}
 	}
+}
+
+// promoteBackup makes the first live backup of page p, whose home crashed,
+// its home: its backup slot becomes the home slot, the stamp a home word
+// (the node layer's job in dsmd). The backup must hold the home copy as it
+// was at the crash, or the data of the tenure the home's word names as
+// held, written by a release whose CAS did not happen: then, unless the
+// releaser lives (it claims the tenure and the rebuild decides), that
+// write takes effect (the releaser's last write before it died).
+func (s *Sim) promoteBackup(p ids.PageNo) bool {
+	var home ids.NodeID
+	for _, b := range s.backupList(p) {
+		if !s.gone[b] && b != s.slots[p].home {
+			home = b
+			break
+		}
+	}
+	reg, ok := s.bslots[p][home]
+	if home == ids.None || !ok {
+		s.fail("%v has no live backup left", p)
+		return false
+	}
+	delete(s.bslots[p], home)
+	w := coherence.Word(rdma.LoadWord(reg.Bytes(), 0))
+	data := reg.Bytes()[8 : 8+s.Opts.PageSize]
+	old := s.movingWord[p]
+	// A batch of unknown outcome may have executed in part: the data of
+	// the held tenure under the stamp of the one before (or under no
+	// stamp at all).
+	held := old.Holder() != ids.None && old.Holder() != coherence.NotHome &&
+		(w == 0 || w.Version() == old.Version() || w.Version()+1 == old.Version())
+	switch {
+	case w != 0 && w.Holder() != coherence.NotHome:
+		s.fail("backup of %v at %v: word %v is no stamp", p, home, w)
+		return false
+	case bytes.Equal(data, s.moving[p]):
+	case held:
+		if h := s.nodes[old.Holder()]; h == nil || !h.alive {
+			copy(s.ref[p], data)
+			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect", p, home, old.Version(), old.Holder())
+		}
+	case s.liveTenure(p):
+		// A live node holds or claims the tenure: the rebuild decides
+		// from the reports, and its copy is the data if it keeps the
+		// tenure (a lagging releaser may have written its data to this
+		// slot while it was a backup: before the rebuild, which waits
+		// for its acknowledgement of the epoch).
+	case old.Holder() == coherence.NotHome:
+		// The old home was a promoted backup whose stamp nobody
+		// replaced: no read took data there (a reader validates only a
+		// word without a holder; the first use repairs the stamp, and
+		// the repair writes the home copy to every backup first), and
+		// the slot may hold the last write of a releaser that died
+		// after writing some backups (a lagging one even writes the
+		// slot that just became a home). That write takes effect or
+		// not, unseen; the checks of every copy against the data
+		// still hold.
+		copy(s.ref[p], data)
+		s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data", p, home)
+	default:
+		s.fail("backup of %v at %v (stamp %v, data %v) is neither the home copy (%v) nor the held tenure's (home word %v)", p, home, w, data, s.moving[p], old)
+		return false
+	}
+	// The stamp stays: the first access finds a holder that is no
+	// member and asks the home to repair the word (MsgStamp), which
+	// writes the home copy to the other backups first. A rebuild
+	// replaces it as well.
+	s.slots[p] = slot{home: home, reg: reg}
+	s.moved[p] = true
+	s.tracef("%v moves to %v", p, home)
+	return true
+}
+
+// liveTenure reports whether a live node holds page p in M or claims its
+// tenure (a release under way, or frozen by a move).
+func (s *Sim) liveTenure(p ids.PageNo) bool {
+	for _, n := range s.nodes[1:] {
+		if n.alive && n.sm.Page(p).Tenure {
+			return true
+		}
+	}
+	return false
 }
 
 // placement is the current homes of the pages, as a function of the page
@@ -931,7 +1107,7 @@ func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
 	}
 	sm, err := coherence.NewNode(coherence.Config{
 		ID: id, PageSize: s.Opts.PageSize, Epoch: s.epoch, Members: members,
-		HomeOf: s.placement(), Targets: s.movedTo(), Joining: true,
+		HomeOf: s.placement(), Targets: s.movedTo(), Backups: s.backupsNow(), Joining: true,
 	})
 	if err != nil {
 		return err
@@ -1089,6 +1265,11 @@ func (s *Sim) executePrefix(d *mem.Delivery, k int) {
 			if sl.home == d.To && sl.reg.Descriptor().RKey == op.RKey {
 				mem = sl.reg.Bytes()
 				break
+			}
+		}
+		for _, bs := range s.bslots {
+			if reg, ok := bs[d.To]; ok && mem == nil && reg.Descriptor().RKey == op.RKey {
+				mem = reg.Bytes()
 			}
 		}
 		if mem == nil {
