@@ -129,7 +129,7 @@ func LANTiming() Timing {
 
 		GossipProbeInterval:    200 * time.Millisecond,
 		GossipProbeTimeout:     100 * time.Millisecond,
-		GossipInterval:         50 * time.Millisecond,
+		GossipInterval:         200 * time.Millisecond,
 		GossipSuspicionMult:    4,
 		GossipSuspicionMaxMult: 4,
 
