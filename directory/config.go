@@ -116,7 +116,12 @@ func LANTiming() Timing {
 		RaftHeartbeat:   500 * time.Millisecond,
 		RaftElection:    500 * time.Millisecond,
 		RaftLeaderLease: 250 * time.Millisecond,
-		RaftCommit:      20 * time.Millisecond,
+		// The commit timeout paces the leader's appends when nothing new
+		// is logged: they only tell followers the commit index, which
+		// applyLocal announces at once after each command, and retry a
+		// follower that fell behind. Shorter, an idle leader wakes every
+		// 20-40 ms per follower for nothing (docs/benchmarks.md, idle CPU).
+		RaftCommit: 250 * time.Millisecond,
 
 		SnapshotInterval:  30 * time.Second,
 		SnapshotThreshold: 4096,
@@ -124,7 +129,7 @@ func LANTiming() Timing {
 
 		GossipProbeInterval:    200 * time.Millisecond,
 		GossipProbeTimeout:     100 * time.Millisecond,
-		GossipInterval:         50 * time.Millisecond,
+		GossipInterval:         200 * time.Millisecond,
 		GossipSuspicionMult:    4,
 		GossipSuspicionMaxMult: 4,
 

@@ -535,11 +535,25 @@ func (d *Directory) applyLocal(ctx context.Context, cmd []byte) (applyResult, er
 	if err := raftErr(f.Error()); err != nil {
 		return applyResult{}, err
 	}
+	d.announceCommit()
 	res, ok := f.Response().(applyResult)
 	if !ok {
 		return applyResult{}, fmt.Errorf("directory: unexpected apply response %T", f.Response())
 	}
 	return res, nil
+}
+
+// announceCommit makes the leader tell the followers now that the command
+// it has just applied is committed, instead of at its next idle append
+// (Timing.RaftCommit, long so that an idle leader sleeps): hashicorp/raft
+// sends the commit index only with an AppendEntries, and sends one at once
+// only for a new log entry. The entry is a barrier, which no FSM sees; the
+// AppendEntries that carries it carries a commit index that covers the
+// command, so a follower waiting in apply or waitApplied wakes about one
+// round trip later. The barrier's own commit travels with the next append.
+// Nothing waits for it: a leader that lost its place fails it, harmlessly.
+func (d *Directory) announceCommit() {
+	_ = d.raft.Barrier(d.cfg.Timing.RPCTimeout)
 }
 
 // callLeader sends req to the current leader's forwarding port.

@@ -59,7 +59,11 @@
 // length-prefixed JSON frames on RPCAddr). LinearizableView asks the leader
 // for a read index (Barrier, then VerifyLeader) and waits until the local
 // replica has applied that far; every other read uses the local replica and
-// may be stale by a few milliseconds.
+// may be stale by a few milliseconds. Raft tells followers the commit index
+// only with an AppendEntries, so the leader follows each command it applies
+// with a barrier entry (announceCommit) rather than relying on its idle
+// appends, which Timing.RaftCommit spaces widely so that an idle leader
+// sleeps.
 //
 // The Raft log and stable store live in one pebble database
 // (internal/raftstore), behind raft's log cache; snapshots are files in

@@ -139,64 +139,22 @@ func BenchmarkCluster(b *testing.B) {
 	ghz := cpuGHz()
 	pp := mapRegion("bench-pingpong", 1<<20)
 	b.Run("PingPong32B/mapped-region", func(b *testing.B) {
-		stop := startPingPong(b, "-addr", c.nodes[0].socket, "-region", "bench-pingpong", "-off", "0")
+		stop, start := startPingPong(b, "-addr", c.nodes[0].socket, "-region", "bench-pingpong", "-off", "0")
 		defer stop()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		if err := pp.Prefault(0, 256, true); err != nil {
-			b.Fatal(err)
-		}
-		mem := pp.Bytes()
-		ping := (*uint64)(unsafe.Pointer(&mem[0]))
-		pong := (*uint64)(unsafe.Pointer(&mem[128]))
-		seq := atomic.LoadUint64(ping)
-		for b.Loop() {
-			seq++
-			copy(mem[8:32], "twenty-four byte payload")
-			atomic.StoreUint64(ping, seq)
-			for spins := 0; atomic.LoadUint64(pong) != seq; spins++ {
-				if spins&0xfffff == 0xfffff && ctx.Err() != nil {
-					b.Fatalf("no answer to ping %d", seq)
-				}
-			}
-			if mem[128+8] != 't' {
-				b.Fatalf("pong carries %q", mem[128+8:128+32])
-			}
-		}
+		pingRegion(b, ctx, pp, 0, start)
 		reportCycles(b, ghz)
 	})
 	b.Run("PingPong32B/mapped-region-c-partner", func(b *testing.B) {
 		// The far end is a C process (libdsm) instead of a Go one.
 		cclient := filepath.Join(buildClib(b), "cclient")
-		stop := startPartner(b, cclient, c.nodes[0].socket, "bench-pingpong", "pong", "512")
+		stop, start := startPartner(b, cclient, c.nodes[0].socket, "bench-pingpong", "pong", "512")
 		defer stop()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		if err := pp.Prefault(512, 256, true); err != nil {
-			b.Fatal(err)
-		}
-		mem := pp.Bytes()[512:]
-		ping := (*uint64)(unsafe.Pointer(&mem[0]))
-		pong := (*uint64)(unsafe.Pointer(&mem[128]))
-		seq := atomic.LoadUint64(ping)
-		for b.Loop() {
-			seq++
-			copy(mem[8:32], "twenty-four byte payload")
-			atomic.StoreUint64(ping, seq)
-			for spins := 0; atomic.LoadUint64(pong) != seq; spins++ {
-				if spins&0xfffff == 0xfffff && ctx.Err() != nil {
-					b.Fatalf("no answer to ping %d", seq)
-				}
-			}
-			if mem[128+8] != 't' {
-				b.Fatalf("pong carries %q", mem[128+8:128+32])
-			}
-		}
+		pingRegion(b, ctx, pp, 512, start)
 		reportCycles(b, ghz)
 	})
 	b.Run("PingPong32B/unix-socket", func(b *testing.B) {
 		path := filepath.Join(b.TempDir(), "pp.sock")
-		stop := startPingPong(b, "-unix", path)
+		stop, _ := startPingPong(b, "-unix", path)
 		defer stop()
 		conn, err := net.Dial("unix", path)
 		if err != nil {
@@ -218,6 +176,38 @@ func BenchmarkCluster(b *testing.B) {
 }
 
 var sink atomic.Uint64
+
+// pingRegion is the pinger of a ping-pong through region r at off with a
+// partner that announced start as the sequence word it holds for "no ping
+// yet": it stores start+1, start+2, ... and waits for each to come back at
+// off+128. Starting from the partner's word rather than from a load of its
+// own leaves nothing to race: whatever the word held when the partner read
+// it, the first ping differs from it.
+func pingRegion(b *testing.B, ctx context.Context, r *dsm.Region, off int64, start uint64) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := r.Prefault(off, 256, true); err != nil {
+		b.Fatal(err)
+	}
+	mem := r.Bytes()[off:]
+	ping := (*uint64)(unsafe.Pointer(&mem[0]))
+	pong := (*uint64)(unsafe.Pointer(&mem[128]))
+	seq := start
+	for b.Loop() {
+		seq++
+		copy(mem[8:32], "twenty-four byte payload")
+		atomic.StoreUint64(ping, seq)
+		for spins := 0; atomic.LoadUint64(pong) != seq; spins++ {
+			if spins&0xfffff == 0xfffff && ctx.Err() != nil {
+				b.Fatalf("no answer to ping %d (partner started at %d, ping word %d, pong word %d)",
+					seq, start, atomic.LoadUint64(ping), atomic.LoadUint64(pong))
+			}
+		}
+		if mem[128+8] != 't' {
+			b.Fatalf("pong carries %q", mem[128+8:128+32])
+		}
+	}
+}
 
 // remotePages lists the pages of region whose home is not node self.
 func remotePages(b *testing.B, adm dsmpb.AdminClient, region string, self uint32) []uint64 {
@@ -291,9 +281,8 @@ var (
 	pingpongErr  error
 )
 
-// startPingPong runs tests/internal/pingpong with args, waits until it is
-// ready and returns a function that stops it.
-func startPingPong(b *testing.B, args ...string) (stop func()) {
+// startPingPong runs tests/internal/pingpong with args; see startPartner.
+func startPingPong(b *testing.B, args ...string) (stop func(), start uint64) {
 	pingpongOnce.Do(func() {
 		pingpongBin = filepath.Join(filepath.Dir(dsmdBin), "pingpong")
 		out, err := exec.Command("go", "build", "-o", pingpongBin, "github.com/dsmkit/dsm/tests/internal/pingpong").CombinedOutput()
@@ -309,8 +298,10 @@ func startPingPong(b *testing.B, args ...string) (stop func()) {
 
 // startPartner runs the far end of a ping-pong, bin with args, waits until
 // it prints "ready" and returns a function that stops it (by closing its
-// stdin).
-func startPartner(b *testing.B, bin string, args ...string) (stop func()) {
+// stdin). A partner through a region prints "ready SEQ": SEQ is the
+// sequence word it read before printing and takes for "no ping yet"; start
+// is that word (0 for a bare "ready").
+func startPartner(b *testing.B, bin string, args ...string) (stop func(), start uint64) {
 	cmd := exec.Command(bin, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -325,7 +316,11 @@ func startPartner(b *testing.B, bin string, args ...string) (stop func()) {
 		b.Fatal(err)
 	}
 	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
+	word, seq, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if seq != "" && err == nil {
+		start, err = strconv.ParseUint(seq, 10, 64)
+	}
+	if err != nil || word != "ready" {
 		cmd.Process.Kill()
 		cmd.Wait()
 		b.Fatalf("pingpong did not get ready: %q %v", line, err)
@@ -340,7 +335,7 @@ func startPartner(b *testing.B, bin string, args ...string) (stop func()) {
 			cmd.Process.Kill()
 			<-done
 		}
-	}
+	}, start
 }
 
 // cpuGHz is the clock of the first CPU as /proc/cpuinfo reports it (0 when

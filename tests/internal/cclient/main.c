@@ -22,7 +22,8 @@
  *                                                     inside at CNTOFF, fail above CAP, keep
  *                                                     the most seen at MAXOFF, release)
  *   cclient ADDR REGION pong OFF                     (the C end of the same-host ping-pong
- *                                                     benchmark, as tests/internal/pingpong)
+ *                                                     benchmark, as tests/internal/pingpong:
+ *                                                     prints "ready SEQ", then answers)
  */
 #include <dsm.h>
 #include <errno.h>
@@ -184,8 +185,11 @@ int main(int argc, char **argv)
 		if ((e = dsm_load_u64(r, off, &v)) || (e = dsm_store_u64(r, off + 128, 0)))
 			die("pong", e);
 		_Atomic uint64_t *ping = (_Atomic uint64_t *)(b + off), *pong = (_Atomic uint64_t *)(b + off + 128);
+		/* The word before "ready", announced with it: the pinger counts
+		 * on from it, so a first ping stored at any time after this load
+		 * differs from last and is answered. */
 		uint64_t last = atomic_load_explicit(ping, memory_order_acquire);
-		puts("ready");
+		printf("ready %llu\n", (unsigned long long)last);
 		fflush(stdout);
 		for (unsigned long spins = 0;; spins++) {
 			uint64_t seq = atomic_load_explicit(ping, memory_order_acquire);

@@ -8,7 +8,9 @@
 // the sequence word; pingpong spins until the sequence word changes,
 // copies the message and stores the answer's sequence word last. Both
 // processes map the same memfd page on one node: after the first fault of
-// each, every exchange is plain memory, with no message to dsmd.
+// each, every exchange is plain memory, with no message to dsmd. It prints
+// "ready SEQ" once it listens, SEQ being the sequence word it takes for
+// "no ping yet"; the pinger counts on from SEQ.
 //
 // Over a Unix socket, it echoes every 32-byte message it reads.
 package main
@@ -82,12 +84,13 @@ func serveRegion(addr, name string, off int64) error {
 	b := r.Bytes()
 	ping := (*uint64)(unsafe.Pointer(&b[off]))
 	pong := (*uint64)(unsafe.Pointer(&b[off+128]))
-	// The sequence word as it is before "ready": the pinger stores its
-	// first ping only after reading that line, so every later value is a
-	// ping to answer. (Read after it, a ping stored in between was taken
-	// for the old value and never answered.)
+	// The sequence word as it is before "ready", announced with it: the
+	// pinger starts counting from the announced word, not from a load of
+	// its own, and stores its first ping only after reading the line, so
+	// every later value is a ping to answer. (Read after "ready", a ping
+	// stored in between was taken for the old value and never answered.)
 	last := atomic.LoadUint64(ping)
-	fmt.Println("ready")
+	fmt.Println("ready", last)
 	done := stdinClosed()
 	for spins := 0; ; spins++ {
 		seq := atomic.LoadUint64(ping)
