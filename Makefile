@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: chaos failover soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -53,6 +53,9 @@ ifeq ($(HAVE_OFI),yes)
 else
 	@echo "SKIPPED: ofi backend tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
 endif
+
+mixed-version: ## one dsmd of the previous release (commit d23d42c, built from git) with two of this build: the old one is refused (docs/operations.md, Upgrade)
+	DSM_MIXED_VERSION=1 $(GO) test -race -count=1 -run '^TestMixedVersions$$' -timeout 10m ./tests
 
 testrace: test ## alias of test: the race detector is always on
 

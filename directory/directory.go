@@ -167,7 +167,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 		ID: cfg.NodeID, GRPCAddr: cfg.GRPCAddr, VerbsAddr: cfg.VerbsAddr,
 		RaftAddr: string(d.trans.LocalAddr()), RPCAddr: d.rpc.addr(),
 		Expect: cfg.BootstrapExpect, HasState: hasState, Nonce: cfg.Nonce,
-	})
+	}, d.log)
 	d.gossipRef.Store(d.gossip)
 	if stream != nil {
 		f := d.nodeAtRaftAddr

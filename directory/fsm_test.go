@@ -242,7 +242,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 }
 
 func FuzzDecodeMeta(f *testing.F) {
-	f.Add(encodeMeta(nodeMeta{ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Expect: 3, Nonce: 0x1234}))
+	f.Add(encodeMeta(nodeMeta{Proto: ProtoVersion, ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Expect: 3, Nonce: 0x1234}))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMeta(b)

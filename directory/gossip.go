@@ -3,7 +3,9 @@ package directory
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,9 +16,22 @@ import (
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
+// ProtoVersion is the version of the protocols between dsmd nodes (gossip
+// metadata, directory RPC, Raft commands, coherence messages) that this
+// build speaks. A node admits into its directory only the nodes that
+// gossip the same version: nodes of two releases whose protocols differ
+// never form one cluster (docs/operations.md, Upgrade). Raise it with any
+// change that a node of the previous release would misread. Version 0 is
+// the releases before the field existed (they refuse metadata with it).
+const ProtoVersion = 1
+
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).
 type nodeMeta struct {
+	// Proto is the node's ProtoVersion. Releases without the field refuse
+	// the metadata of those with it (unknown field), and the others refuse
+	// theirs (version 0): each side logs the other as of another release.
+	Proto     int        `json:"proto"`
 	ID        ids.NodeID `json:"id"`
 	GRPCAddr  string     `json:"grpc,omitempty"`
 	VerbsAddr string     `json:"verbs,omitempty"`
@@ -54,6 +69,9 @@ func decodeMeta(b []byte) (nodeMeta, error) {
 	}
 	if dec.More() {
 		return nodeMeta{}, fmt.Errorf("%w: trailing data", ErrBadMeta)
+	}
+	if m.Proto != ProtoVersion {
+		return nodeMeta{ID: m.ID, Proto: m.Proto}, fmt.Errorf("%w: node %v speaks gossip protocol version %d, this node speaks %d", ErrProtoVersion, m.ID, m.Proto, ProtoVersion)
 	}
 	if m.ID == ids.None || m.RaftAddr == "" || m.RPCAddr == "" || m.Expect < 0 || m.Expect > 7 || m.Nonce == 0 {
 		return nodeMeta{}, fmt.Errorf("%w: id %v raft %q rpc %q expect %d nonce %#x", ErrBadMeta, m.ID, m.RaftAddr, m.RPCAddr, m.Expect, m.Nonce)
@@ -99,6 +117,12 @@ type gossip struct {
 	signal  chan struct{}
 	dropped atomic.Uint64 // events whose metadata did not decode
 
+	log *slog.Logger
+	// refused is, per memberlist node name, the protocol version for which
+	// the node was last logged as refused (so that it is logged once, not
+	// on every update); guarded by mu.
+	refused map[string]int
+
 	// members is the latest gossip state per node, kept by the directory's
 	// run loop from the queue; guarded by mu.
 	members map[ids.NodeID]gossipEntry
@@ -111,8 +135,13 @@ type gossip struct {
 	onMsg func([]byte)
 }
 
-func newGossip(m nodeMeta) *gossip {
-	g := &gossip{signal: make(chan struct{}, 1), members: map[ids.NodeID]gossipEntry{}, seen: map[string]time.Time{}}
+func newGossip(m nodeMeta, log *slog.Logger) *gossip {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m.Proto = ProtoVersion
+	g := &gossip{signal: make(chan struct{}, 1), members: map[ids.NodeID]gossipEntry{}, seen: map[string]time.Time{},
+		log: log, refused: map[string]int{}}
 	g.meta.Store(&m)
 	return g
 }
@@ -168,6 +197,9 @@ func (g *gossip) lastSeen(id ids.NodeID) time.Time {
 
 func (g *gossip) push(n *memberlist.Node, st gossipState) {
 	m, err := decodeMeta(n.Meta)
+	if errors.Is(err, ErrProtoVersion) {
+		g.refuse(n, m.Proto, err)
+	}
 	if err != nil || nodeName(m.ID) != n.Name {
 		g.dropped.Add(1)
 		return
@@ -182,6 +214,20 @@ func (g *gossip) push(n *memberlist.Node, st gossipState) {
 	case g.signal <- struct{}{}:
 	default:
 	}
+}
+
+// refuse logs, once per node and version, that n gossips another protocol
+// version: it never enters the directory.
+func (g *gossip) refuse(n *memberlist.Node, proto int, err error) {
+	g.mu.Lock()
+	v, logged := g.refused[n.Name]
+	g.refused[n.Name] = proto
+	g.mu.Unlock()
+	if logged && v == proto {
+		return
+	}
+	g.log.Error("directory: refusing a node of another release: "+err.Error()+"; nodes of two releases cannot form one cluster (docs/operations.md, Upgrade)",
+		"peer", n.Name, "gossip", n.Address(), "peer_proto", proto, "proto", ProtoVersion)
 }
 
 // drain applies queued events to the member map and reports whether there

@@ -29,7 +29,10 @@ var (
 	ErrBadSnapshot    = errors.New("directory: malformed snapshot")
 	ErrBadFrame       = errors.New("directory: malformed rpc frame")
 	ErrBadMeta        = errors.New("directory: malformed gossip metadata")
-	ErrInvalidConfig  = errors.New("directory: invalid config")
+	// ErrProtoVersion: gossip metadata of a node that speaks another
+	// ProtoVersion (another release).
+	ErrProtoVersion  = errors.New("directory: another protocol version")
+	ErrInvalidConfig = errors.New("directory: invalid config")
 	// ErrStaleIncarnation: a member update carries the nonce of one of the
 	// node's earlier incarnations (a late message of a process that has
 	// restarted since); it changes nothing.

@@ -59,6 +59,7 @@ func freeAddr(t testing.TB) string { return testports.Addr(t) }
 // proc is one dsmd process.
 type proc struct {
 	id     int
+	bin    string // the dsmd binary: dsmdBin when empty
 	args   []string
 	socket string
 	cmd    *exec.Cmd
@@ -83,6 +84,12 @@ func startCluster(t testing.TB, n int) *cluster {
 // ends they get SIGTERM, and their logs are shown if it failed.
 func launch(t testing.TB, n int, more func(i int) []string) *cluster {
 	t.Helper()
+	return launchBins(t, n, more, nil)
+}
+
+// launchBins is launch with node i running bin(i) (nil, or "": dsmdBin).
+func launchBins(t testing.TB, n int, more func(i int) []string, bin func(i int) string) *cluster {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")
 	}
@@ -96,6 +103,9 @@ func launch(t testing.TB, n int, more func(i int) []string) *cluster {
 			join = gossip
 		}
 		p := &proc{id: i, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{}}
+		if bin != nil {
+			p.bin = bin(i)
+		}
 		p.args = []string{"--id", fmt.Sprint(i), "--data-dir", dir,
 			"--gossip-addr", gossip, "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
 			"--bootstrap-expect", fmt.Sprint(min(n, 3)), "--join", join, "--log-level", "info"}
@@ -137,7 +147,11 @@ func launch(t testing.TB, n int, more func(i int) []string) *cluster {
 func (p *proc) start(t testing.TB) {
 	t.Helper()
 	p.done = make(chan struct{})
-	p.cmd = exec.Command(dsmdBin, p.args...)
+	b := p.bin
+	if b == "" {
+		b = dsmdBin
+	}
+	p.cmd = exec.Command(b, p.args...)
 	sw := &syncWriter{w: p.log}
 	p.cmd.Stdout, p.cmd.Stderr = sw, sw
 	if err := p.cmd.Start(); err != nil {
