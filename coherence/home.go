@@ -646,7 +646,7 @@ func (n *Node) epochAckDue(to ids.NodeID) {
 
 // ---- moves ----
 
-// A move, in short (docs/protocol.md, "Moves"): in an epoch whose
+// A move, in short (docs/protocol.md, "Epochs and failures"): in an epoch whose
 // placement changed, every node freezes the pages it has state for whose
 // home changed and reports each to its new home (MsgReport), then tells
 // every member how many pages it reported to it in this epoch

@@ -251,7 +251,7 @@ type Node struct {
 	members []ids.NodeID // sorted; the authority on who may be named in a word
 	now     uint64
 
-	// Placement and moves (docs/failover.md §5, docs/protocol.md "Moves").
+	// Placement and moves (docs/failover.md §5, docs/protocol.md, "Epochs and failures").
 	// homeFn is the current placement; hist the placements since the
 	// oldest move this node may still wait for, the current one last.
 	// moveAll: a joining node treats every page as moved until the
