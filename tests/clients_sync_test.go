@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -37,19 +36,6 @@ func TestSyncAcrossLanguages(t *testing.T) {
 	pyEnv := []string{"DSM_LIBRARY=" + filepath.Join(lib, "libdsm.so"), "PYTHONPATH=" + filepath.Join(root, "clients", "python"),
 		"PYTHONDONTWRITEBYTECODE=1"}
 	worker := filepath.Join(root, "tests", "internal", "pyclient", "worker.py")
-	tool := func(env []string, name string, args ...string) func() (string, error) {
-		return func() (string, error) {
-			ctx, cancel := context.WithTimeout(context.Background(), clientHang)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, name, args...)
-			cmd.Env = append(os.Environ(), env...)
-			out, err := cmd.Output()
-			if ee, ok := err.(*exec.ExitError); ok {
-				err = fmt.Errorf("%s %v: %v: %s", filepath.Base(name), args, err, ee.Stderr)
-			}
-			return string(out), err
-		}
-	}
 	// all runs the workers at once and fails t unless each prints "ok".
 	all := func(what string, workers ...func() (string, error)) {
 		t.Helper()
@@ -82,9 +68,9 @@ func TestSyncAcrossLanguages(t *testing.T) {
 	}
 	all("4 parties (Go, C, C, Python on three nodes) through "+gens+" generations of a barrier",
 		goParty(1, "barrier-loop", "0", "4", gens, "8192"),
-		tool(nil, cclient, sock(2), region, "barrier-loop", "0", "4", gens, "8192"),
-		tool(nil, cclient, sock(1), region, "barrier-loop", "0", "4", gens, "8192"),
-		tool(pyEnv, py, worker, sock(3), region, "barrier-loop", "0", "4", gens, "8192"))
+		clientTool(nil, cclient, sock(2), region, "barrier-loop", "0", "4", gens, "8192"),
+		clientTool(nil, cclient, sock(1), region, "barrier-loop", "0", "4", gens, "8192"),
+		clientTool(pyEnv, py, worker, sock(3), region, "barrier-loop", "0", "4", gens, "8192"))
 	if got := c.mustClient(t, 2, region, "read-u64", "8192"); got != strconv.Itoa(4*10) {
 		t.Fatalf("barrier counter %s after 4 parties x 10 generations", got)
 	}
@@ -95,9 +81,9 @@ func TestSyncAcrossLanguages(t *testing.T) {
 	const semOff, capacity, inside, most, rounds = "4096", "2", "8200", "8208", "15"
 	all("4 holders (Go, C, C, Python) of a semaphore of 2, "+rounds+" rounds each",
 		goParty(1, "sem-check", semOff, capacity, inside, rounds, most),
-		tool(nil, cclient, sock(2), region, "sem-check", semOff, capacity, inside, rounds, most),
-		tool(nil, cclient, sock(3), region, "sem-check", semOff, capacity, inside, rounds, most),
-		tool(pyEnv, py, worker, sock(3), region, "sem-check", semOff, capacity, inside, rounds, most))
+		clientTool(nil, cclient, sock(2), region, "sem-check", semOff, capacity, inside, rounds, most),
+		clientTool(nil, cclient, sock(3), region, "sem-check", semOff, capacity, inside, rounds, most),
+		clientTool(pyEnv, py, worker, sock(3), region, "sem-check", semOff, capacity, inside, rounds, most))
 	if got := c.mustClient(t, 1, region, "read-u64", most); got != "1" && got != "2" {
 		t.Fatalf("most holders seen inside the semaphore of 2: %s", got)
 	}
@@ -105,8 +91,8 @@ func TestSyncAcrossLanguages(t *testing.T) {
 		t.Fatalf("semaphore units free at the end: %s, want 2", got)
 	}
 
-	barrierDeadCParty(t, c, region, cclient, tool(pyEnv, py, worker, sock(3), region, "barrier-twice", "16384", "3"))
-	barrierDeadGoParty(t, c, region, tool(pyEnv, py, worker, sock(3), region, "barrier-twice", "24576", "2"))
+	barrierDeadCParty(t, c, region, cclient, clientTool(pyEnv, py, worker, sock(3), region, "barrier-twice", "16384", "3"))
+	barrierDeadGoParty(t, c, region, clientTool(pyEnv, py, worker, sock(3), region, "barrier-twice", "24576", "2"))
 	semaphoreDeadHolders(t, c, cclient)
 }
 

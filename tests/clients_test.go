@@ -203,23 +203,10 @@ func TestClientsAcrossLanguages(t *testing.T) {
 			}
 		}()
 	}
-	tool := func(env []string, name string, args ...string) func() (string, error) {
-		return func() (string, error) {
-			ctx, cancel := context.WithTimeout(context.Background(), clientHang)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, name, args...)
-			cmd.Env = append(os.Environ(), env...)
-			out, err := cmd.Output()
-			if ee, ok := err.(*exec.ExitError); ok {
-				err = fmt.Errorf("%s %v: %v: %s", filepath.Base(name), args, err, ee.Stderr)
-			}
-			return string(out), err
-		}
-	}
 	run(func() (string, error) { return c.client(1, region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff) })
-	run(tool(nil, cclient, sock(2), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
-	run(tool(nil, cclient, sock(1), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
-	run(tool(pyEnv, py, worker, sock(3), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
+	run(clientTool(nil, cclient, sock(2), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
+	run(clientTool(nil, cclient, sock(1), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
+	run(clientTool(pyEnv, py, worker, sock(3), region, "mutex-inc", lockOff, strconv.Itoa(n), cntOff))
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -389,5 +376,22 @@ func mutexDeadHolder(t *testing.T, c *dsmCluster, cclient string) {
 	}
 	if got := runTool(t, nil, cclient, c.nodes[1].socket, region, "lock", "0"); got != "ok" {
 		t.Fatalf("C lock after that: %q, want ok", got)
+	}
+}
+
+// clientTool returns a run of program name with args and env added to the
+// test's environment, bounded by clientHang: its standard output, or an
+// error that carries its standard error.
+func clientTool(env []string, name string, args ...string) func() (string, error) {
+	return func() (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), clientHang)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.Output()
+		if ee, ok := err.(*exec.ExitError); ok {
+			err = fmt.Errorf("%s %v: %v: %s", filepath.Base(name), args, err, ee.Stderr)
+		}
+		return string(out), err
 	}
 }

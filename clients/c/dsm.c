@@ -455,20 +455,14 @@ int dsm_delete_ex(dsm_client *c, const char *name, int force)
 
 int dsm_delete(dsm_client *c, const char *name) { return dsm_delete_ex(c, name, 0); }
 
+static int lookup(dsm_client *c, const char *name, struct region_info *ri);
+
 int dsm_region_size(dsm_client *c, const char *name, uint64_t *size)
 {
 	if (c == NULL || size == NULL)
 		return -EINVAL;
-	struct buf w;
-	start(&w, T_LOOKUP);
-	if (put_name(&w, name))
-		return -EINVAL;
-	unsigned char rep[MAX_MSG];
-	ssize_t n = call(c, &w, rep, T_REGION);
-	if (n < 0)
-		return (int)n;
 	struct region_info ri;
-	int e = region_reply(rep, n, &ri);
+	int e = lookup(c, name, &ri);
 	if (e == 0)
 		*size = ri.size;
 	return e;
