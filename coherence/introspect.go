@@ -68,6 +68,10 @@ func (n *Node) Copy(no ids.PageNo) (State, []byte) {
 // nothing is posted meanwhile.
 func (n *Node) Joining() bool { return n.joining }
 
+// Home is the home of page no in the node's current epoch (ids.None when
+// the placement names none).
+func (n *Node) Home(no ids.PageNo) ids.NodeID { return n.homeOf(no) }
+
 // Members is the node's current member list, sorted.
 func (n *Node) Members() []ids.NodeID { return slices.Clone(n.members) }
 

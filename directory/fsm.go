@@ -165,6 +165,9 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		next.Epoch++
 		old.State = c.State
 		old.Epoch = next.Epoch
+		if c.State == StateFailed && old.FailedAt == 0 {
+			old.FailedAt = next.Epoch
+		}
 		next.setMember(old)
 		return &next, applyResult{changed: true}
 	}
@@ -191,7 +194,7 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 func putMember(v *View, c command) (*View, applyResult) {
 	next := *v
 	m := c.Member.clone()
-	m.Incarnation, m.Proto, m.PastNonces = 0, 0, nil
+	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt = 0, 0, nil, 0
 	old, ok := v.Member(m.ID)
 	switch {
 	case !ok && m.Nonce == 0:
@@ -207,7 +210,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 		if m.Nonce == 0 {
 			m.Nonce = old.Nonce
 		}
-		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
+		m.Incarnation, m.Proto, m.PastNonces, m.FailedAt = old.Incarnation, old.Proto, old.PastNonces, old.FailedAt
 		if m.Proto == ids.None && m.Nonce != 0 {
 			m.Proto = v.freeProto(ids.None)
 			if m.Proto == ids.None {
@@ -225,8 +228,13 @@ func putMember(v *View, c command) (*View, applyResult) {
 	default:
 		// A restart. The old incarnation departs and the new one joins in
 		// this one epoch.
+		// The old incarnation departs now, or departed when it left.
+		leftAt := v.Epoch + 1
+		if old.State == StateLeft && old.Epoch > 0 {
+			leftAt = old.Epoch
+		}
 		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
-			Proto: old.Proto, LeftAt: v.Epoch + 1, Node: old.ID, Incarnation: old.Incarnation})
+			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation, FailedAt: old.FailedAt})
 		m.Proto = next.freeProto(old.Proto)
 		if m.Proto == ids.None {
 			// Nobody can take the node's place: the old incarnation still
@@ -239,6 +247,9 @@ func putMember(v *View, c command) (*View, applyResult) {
 			next.Epoch++
 			old.State = StateFailed
 			old.Epoch = next.Epoch
+			if old.FailedAt == 0 {
+				old.FailedAt = next.Epoch
+			}
 			next.setMember(old)
 			return &next, applyResult{changed: true, Err: fmt.Errorf("%w: %v cannot start incarnation %d; incarnation %d marked failed", ErrNoProtoIDs, m.ID, old.Incarnation+1, old.Incarnation)}
 		}

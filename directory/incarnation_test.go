@@ -144,7 +144,9 @@ func TestRestartIsNewIncarnation(t *testing.T) {
 	if res.Err != nil || res.Epoch != e+1 || m.Incarnation != 2 || m.Proto != 4 || m.State != StateAlive || string(m.Descriptors) != "new memory" {
 		t.Fatalf("failed member restarted: epoch %v err %v record %+v", res.Epoch, res.Err, m)
 	}
-	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1}) {
+	// The departed incarnation keeps the epoch it failed in: it was no
+	// complete backup from then on.
+	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e}) {
 		t.Fatalf("quarantine %+v", q)
 	}
 }
@@ -393,5 +395,54 @@ func TestSnapshotV1Decode(t *testing.T) {
 		if _, err := decodeSnapshot([]byte(s)); !errors.Is(err, ErrBadSnapshot) {
 			t.Errorf("%s: %v, want ErrBadSnapshot", name, err)
 		}
+	}
+}
+
+// FailedAt records the first failure of an incarnation: it stays when the
+// incarnation comes back alive (it may have missed writes as a backup),
+// goes with it into the quarantine, and a new incarnation starts without
+// it. A member that left and comes back departed when it left.
+func TestFailedAtIsKeptPerIncarnation(t *testing.T) {
+	f := newFSM(newNotifier())
+	applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: member(1)},
+		{Type: cmdPutMember, Member: member(2)},
+		{Type: cmdPutMember, Member: member(3)},
+	})
+	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102}})
+	failed := viewOf(f).Epoch
+	if m, _ := viewOf(f).Member(2); m.FailedAt != failed {
+		t.Fatalf("failed member: %+v, want FailedAt %v", m, failed)
+	}
+	// Alive again (the same process), then failed again: the first failure
+	// is what counts.
+	back := member(2)
+	back.FailedAt = 99 // a put cannot choose it
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: back}})
+	if m, _ := viewOf(f).Member(2); m.State != StateAlive || m.FailedAt != failed {
+		t.Fatalf("member back alive: %+v, want FailedAt %v", m, failed)
+	}
+	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102}})
+	if m, _ := viewOf(f).Member(2); m.FailedAt != failed {
+		t.Fatalf("failed twice: %+v, want FailedAt %v", m, failed)
+	}
+	// A new incarnation starts clean; the old one's failure goes into the
+	// quarantine.
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(2, 2)}})
+	v := viewOf(f)
+	if m, _ := v.Member(2); m.Incarnation != 2 || m.FailedAt != 0 {
+		t.Fatalf("new incarnation: %+v", m)
+	}
+	if q := v.Quarantine(); len(q) != 1 || q[0].FailedAt != failed || q[0].LeftAt != v.Epoch {
+		t.Fatalf("quarantine %+v, want FailedAt %v LeftAt %v", q, failed, v.Epoch)
+	}
+	// Node 3 leaves, then comes back as a new process: its old id departed
+	// in the epoch it left.
+	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 3, State: StateLeft, Nonce: 103}})
+	left := viewOf(f).Epoch
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(3, 2)}})
+	q := viewOf(f).Quarantine()
+	if len(q) != 2 || q[1].Proto != 3 || q[1].LeftAt != left || q[1].FailedAt != 0 {
+		t.Fatalf("quarantine %+v, want n3 left in %v", q, left)
 	}
 }

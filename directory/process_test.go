@@ -576,8 +576,14 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 		protos[m.Proto] = true
 		// The old id is quarantined in the epoch of the restart, and that
 		// one epoch is where the new incarnation appears.
+		// It may have been declared failed before it came back (FailedAt).
 		q := v.Quarantine()
-		if len(q) != round+1 || q[round] != (directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation}) {
+		var failedAt ids.Epoch
+		if len(q) == round+1 {
+			failedAt = q[round].FailedAt
+		}
+		if len(q) != round+1 || failedAt >= m.Epoch ||
+			q[round] != (directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation, FailedAt: failedAt}) {
 			t.Fatalf("round %d: quarantine %+v, want %v left in %v", round, q, old.Proto, m.Epoch)
 		}
 		if v.ProtoIDsLeft() != int(directory.MaxProtoID)-3-(round+1) {

@@ -205,14 +205,15 @@ type Region struct {
 	CreatedAt time.Time
 	// Homes are the members alive when the region was created, sorted:
 	// the nodes among which the coherence engines place the region's
-	// pages (placement.Home over them, per shard). They do not change
-	// when members come and go (the engines do not move homes yet), so
-	// they can differ from Placement, which follows the alive members.
+	// pages and their backups (placement.Rank over them, per shard: the
+	// shard's chain). They do not change when members come and go: a
+	// shard moves along its chain when its home departs (node/placement.go),
+	// and nodes that joined later hold no copy (filling one is not built),
+	// so they can differ from Placement, which follows the alive members.
 	Homes []ids.NodeID `json:",omitempty"`
 	// HomeIncarnations[i] is the incarnation of Homes[i] when the region
-	// was created (same length as Homes). Until engines follow epochs, a
-	// node refuses the pages of a home whose incarnation has changed
-	// since: the restarted process does not have them.
+	// was created (same length as Homes): a later incarnation of the same
+	// node does not have its copies.
 	HomeIncarnations []uint64 `json:",omitempty"`
 	// Access says which local users may map, read and write the region;
 	// nil: every process allowed on dsmd's socket. Set at creation,
@@ -325,6 +326,12 @@ type Member struct {
 	Descriptors []byte
 	// Epoch is the epoch in which this record last changed.
 	Epoch ids.Epoch
+	// FailedAt is the epoch in which the failure detector first declared
+	// this incarnation failed (0: never). It stays when the incarnation
+	// comes back alive: it may have missed writes meanwhile, so the data
+	// plane never counts it as a complete backup copy again (docs/failover.md
+	// §7). Assigned by the directory; ignored in a put.
+	FailedAt ids.Epoch `json:",omitempty"`
 }
 
 func (m Member) clone() Member {
@@ -363,12 +370,14 @@ func (m Member) validate() error {
 // docs/failover.md §2: for now, never).
 type Quarantined struct {
 	Proto ids.NodeID
-	// LeftAt is the epoch of the command that retired the id: its
-	// incarnation is no member from this epoch on.
+	// LeftAt is the epoch from which its incarnation is no member: that
+	// of the command that retired the id (a restart), or of its leave.
 	LeftAt ids.Epoch
 	// Node and Incarnation say whose id it was.
 	Node        ids.NodeID
 	Incarnation uint64
+	// FailedAt is the incarnation's Member.FailedAt when it departed.
+	FailedAt ids.Epoch `json:",omitempty"`
 }
 
 // ProtoMember is one coherence member of an epoch: an incarnation and its

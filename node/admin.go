@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -311,80 +313,120 @@ func protoIDsHealth(left int) []string {
 	return []string{fmt.Sprintf("only %d protocol ids are left for new incarnations: every restart of a dsmd takes one, and they are not reused yet (docs/failover.md); at 0, a restarted dsmd cannot take part", left)}
 }
 
-// homesHealth names the regions whose homes (the incarnations recorded at
-// their creation: homes do not move yet) are gone or down: the pages they
-// are home of fail with PAGE_UNAVAILABLE. A home that restarted or left
-// took its pages with it; one that failed may come back with them.
-func homesHealth(v *directory.View) []string {
+// homesHealth names the regions whose pages are lost, unavailable or
+// short of backups in the data plane (node/placement.go): a shard whose
+// home departed with no complete backup left is lost (its pages fail with
+// PAGE_UNAVAILABLE for good); one whose home failed is unavailable until
+// it is back or departs (then it moves to a backup); one with fewer
+// complete backups than its region asks for survives fewer failures (new
+// copies are not made yet: docs/failover.md §6).
+func homesHealth(v *directory.View, ds *dataSummary) []string {
 	var out []string
 	for _, r := range v.Regions() {
-		var lost, down []string
-		for _, h := range r.Homes {
-			inc, _ := r.HomeIncarnation(h)
-			m, ok := v.Member(h)
-			switch {
-			case !ok:
-				lost = append(lost, h.String()+" (not a member)")
-			case inc != 0 && m.Incarnation != inc:
-				lost = append(lost, fmt.Sprintf("%v (restarted: incarnation %d, the region's was %d)", h, m.Incarnation, inc))
-			case m.State == directory.StateLeft:
-				lost = append(lost, h.String()+" (left)")
-			case m.State == directory.StateFailed:
-				down = append(down, h.String())
-			}
+		rs := ds.regions[r.ID]
+		if rs == nil {
+			continue
 		}
-		if len(lost) > 0 {
-			out = append(out, fmt.Sprintf("region %q lost the pages homed at %s: they fail as unavailable (homes do not move yet)",
-				r.Name, strings.Join(lost, ", ")))
+		if len(rs.lost) > 0 {
+			out = append(out, fmt.Sprintf("region %q lost the pages of %s: no complete backup was left when the home departed; they fail as unavailable",
+				r.Name, shardsAt(rs.lost, ds.why)))
 		}
-		if len(down) > 0 {
-			out = append(out, fmt.Sprintf("region %q: the pages homed at %s are unavailable while it is down", r.Name, strings.Join(down, ", ")))
+		if len(rs.down) > 0 {
+			out = append(out, fmt.Sprintf("region %q: the pages of %s are unavailable while it is down", r.Name, shardsAt(rs.down, nil)))
+		}
+		if rs.thin > 0 {
+			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; new copies are not made yet)",
+				r.Name, rs.thin, r.Shards(), r.Backups))
 		}
 	}
 	return out
 }
 
-// shardCounter counts, per node, the shards it is home for over every
-// region of a view: the homes the engines use (the region's home set at
-// the incarnations of its creation; homes do not move yet), not the
-// placement over the members alive now. The count is exact (a rendezvous
-// score per shard and home: about 0.5 s for the 16M shards of MaxTotalSize in 2 MiB
-// shards over 3 members, measured on a 2-core VM), so it is kept for the
-// last view asked about: views are immutable and change only with the
-// directory.
-type shardCounter struct {
-	mu    sync.Mutex
-	v     *directory.View
-	homes map[ids.NodeID]uint32
+// shardsAt says "N shards homed at nX (why), ...".
+func shardsAt(m map[ids.NodeID]uint64, why map[ids.NodeID]string) string {
+	var parts []string
+	for _, h := range slices.Sorted(maps.Keys(m)) {
+		s := fmt.Sprintf("%d shards homed at %v", m[h], h)
+		if w := why[h]; w != "" {
+			s += " (" + w + ")"
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, ", ")
 }
 
-func (sc *shardCounter) count(v *directory.View) map[ids.NodeID]uint32 {
+// dataSummary is where the data plane has every region's shards in one
+// view (node/placement.go): the homes the engines use, not the placement
+// over the members alive now.
+type dataSummary struct {
+	// homes counts, per node, the shards its current incarnation is home
+	// of over every region.
+	homes   map[ids.NodeID]uint32
+	regions map[ids.RegionID]*regionSummary
+	// why says what happened to the departed homes of lost shards.
+	why map[ids.NodeID]string
+}
+
+type regionSummary struct {
+	// lost and down count shards by home node: departed with no complete
+	// backup, and failed (a member that may come back).
+	lost, down map[ids.NodeID]uint64
+	// thin counts the shards with fewer complete backups than asked.
+	thin uint64
+}
+
+// shardCounter computes the dataSummary of a view. It is exact (the chain
+// of every shard: about a second for the 16M shards of MaxTotalSize in 2
+// MiB shards over 3 members, on a 2-core VM), so it is kept for the last
+// view asked about: views are immutable and change only with the
+// directory.
+type shardCounter struct {
+	mu sync.Mutex
+	v  *directory.View
+	ds *dataSummary
+}
+
+func (sc *shardCounter) count(v *directory.View) *dataSummary {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if sc.v == v {
-		return sc.homes
+		return sc.ds
 	}
-	homes := map[ids.NodeID]uint32{}
+	pm := newProtoMap(v)
+	ds := &dataSummary{homes: map[ids.NodeID]uint32{}, regions: map[ids.RegionID]*regionSummary{}, why: map[ids.NodeID]string{}}
 	for _, r := range v.Regions() {
 		if len(r.Homes) == 0 {
 			continue
 		}
-		// The engines' homes: the incarnations recorded at the region's
-		// creation. A shard whose home restarted or left is nobody's.
-		live := map[ids.NodeID]bool{}
-		for _, h := range r.Homes {
-			inc, _ := r.HomeIncarnation(h)
-			m, ok := v.Member(h)
-			live[h] = ok && (inc == 0 || m.Incarnation == inc) && m.State != directory.StateLeft
+		protos, err := pm.homeProtos(r)
+		if err != nil {
+			continue
 		}
+		rc := newRegionChains(r, protos)
+		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, down: map[ids.NodeID]uint64{}}
+		want := min(r.Backups, len(r.Homes)-1)
 		for i := uint64(0); i < r.Shards(); i++ {
-			if h := placement.Home(placement.Shard{Region: r.ID, Index: i}, r.Homes); live[h] {
-				homes[h]++
+			s := placement.Shard{Region: r.ID, Index: i}
+			home := rc.shardHome(s, pm)
+			in := pm.byProto[home]
+			switch {
+			case in.departed:
+				rs.lost[in.node]++
+				ds.why[in.node] = in.why
+			case in.failed:
+				rs.down[in.node]++
+				ds.homes[in.node]++
+			default:
+				ds.homes[in.node]++
+			}
+			if !in.departed && len(rc.shardBackups(s, pm)) < want {
+				rs.thin++
 			}
 		}
+		ds.regions[r.ID] = rs
 	}
-	sc.v, sc.homes = v, homes
-	return homes
+	sc.v, sc.ds = v, ds
+	return ds
 }
 
 // Health is the verdict of Status and its reasons, worst first.
@@ -427,7 +469,7 @@ func (n *Node) judge(v *directory.View, rs directory.RaftStats, rows []memberRow
 	for _, r := range homeless {
 		bad = append(bad, fmt.Sprintf("region %q has a shard with no live home", r))
 	}
-	warn = append(warn, homesHealth(v)...)
+	warn = append(warn, homesHealth(v, n.shards.count(v))...)
 	warn = append(warn, short...)
 	warn = append(warn, protoIDsHealth(v.ProtoIDsLeft())...)
 	switch {
@@ -445,7 +487,7 @@ func (s *adminServer) Status(ctx context.Context, _ *dsmpb.StatusRequest) (*dsmp
 	rs := n.dir.RaftStats()
 	rows := n.members(v)
 	short, homeless := placementHealth(v)
-	homes := n.shards.count(v)
+	homes := n.shards.count(v).homes
 	h := n.judge(v, rs, rows, homeless, short)
 	voters := map[ids.NodeID]bool{}
 	for _, id := range rs.Voters {
@@ -647,26 +689,32 @@ func (s *adminServer) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoReque
 	end := min(total, first+limit)
 	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch), ShardCount: total, NextShard: end}
 	pps := r.PagesPerShard()
-	lost := map[ids.NodeID]bool{}
-	for _, h := range r.Homes {
-		inc, _ := r.HomeIncarnation(h)
-		m, ok := v.Member(h)
-		lost[h] = !ok || inc != 0 && m.Incarnation != inc || m.State == directory.StateLeft
+	// The data plane's placement (node/placement.go); a region recorded
+	// without homes shows the placement over the members alive now.
+	pm := newProtoMap(v)
+	var rc *regionChains
+	if protos, err := pm.homeProtos(r); err == nil && len(r.Homes) > 0 {
+		rc = newRegionChains(r, protos)
 	}
 	for i := first; i < end; i++ {
 		shard := placement.Shard{Region: r.ID, Index: i}
-		p, err := v.ShardPlacement(shard, r.Backups)
-		if err != nil {
-			return nil, statusError(err)
-		}
-		home := p.Home
-		if len(r.Homes) > 0 {
-			home = placement.Home(shard, r.Homes)
-		}
 		fp := i * pps
-		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: fp, PageCount: min(pps, r.Pages()-fp), Home: uint32(home), HomeLost: lost[home]}
-		for _, b := range p.Backups {
-			sh.Backups = append(sh.Backups, uint32(b))
+		sh := &dsmpb.Shard{Index: uint32(i), FirstPage: fp, PageCount: min(pps, r.Pages()-fp)}
+		if rc != nil {
+			home := pm.byProto[rc.shardHome(shard, pm)]
+			sh.Home, sh.HomeLost = uint32(home.node), home.departed
+			for _, b := range rc.shardBackups(shard, pm) {
+				sh.Backups = append(sh.Backups, uint32(pm.byProto[b].node))
+			}
+		} else {
+			p, err := v.ShardPlacement(shard, r.Backups)
+			if err != nil {
+				return nil, statusError(err)
+			}
+			sh.Home = uint32(p.Home)
+			for _, b := range p.Backups {
+				sh.Backups = append(sh.Backups, uint32(b))
+			}
 		}
 		resp.Shards = append(resp.Shards, sh)
 	}

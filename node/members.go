@@ -12,9 +12,9 @@ import (
 // The coherence protocol names each process incarnation by its protocol id
 // (directory.Member.Proto): a restarted dsmd is a new id, and a departed
 // id never comes back. Every member takes part in every region's protocol
-// under its id; a region's homes stay the incarnations alive at its
-// creation (Region.Homes and HomeIncarnations: homes do not move yet, see
-// docs/failover.md).
+// under its id; a region's pages are homed and backed up by the
+// incarnations alive at its creation (Region.Homes and HomeIncarnations),
+// and move along their chains when a home departs (placement.go).
 
 // incarnation is one protocol id's process.
 type incarnation struct {
@@ -27,6 +27,9 @@ type incarnation struct {
 	// why says what happened to it, for errors (a verb phrase), when it
 	// departed or failed.
 	why string
+	// leftAt is the directory epoch of its departure (0: a member);
+	// failedAt that in which it was first declared failed (0: never).
+	leftAt, failedAt ids.Epoch
 }
 
 // protoMap is the protocol's view of one directory view.
@@ -36,43 +39,67 @@ type protoMap struct {
 	// the member table that did not leave. Sorted.
 	members []ids.NodeID
 	// epoch is the protocol epoch of members: coherenceEpoch plus the
-	// number of ids ever given out plus the number departed. Ids are
-	// given out and depart once each, and every node computes this from
-	// the same table, so one epoch names one member set on every node,
-	// whichever views it skipped.
+	// number of ids ever given out, plus the number departed, plus the
+	// number ever declared failed (which drops them from the backups).
+	// Ids are given out, depart and fail once each, and every node
+	// computes this from the same table, so one epoch names one member
+	// set and one placement on every node, whichever views it skipped.
 	epoch ids.Epoch
 }
 
+// departedAt implements eventsOf.
+func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
+
+// failedAt implements eventsOf.
+func (pm *protoMap) failedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].failedAt }
+
 func newProtoMap(v *directory.View) *protoMap {
+	return buildProtoMap(v.Members(), v.Quarantine())
+}
+
+// buildProtoMap is newProtoMap of a view's member table and quarantine.
+func buildProtoMap(members []directory.Member, quarantine []directory.Quarantined) *protoMap {
 	pm := &protoMap{byProto: map[ids.NodeID]incarnation{}}
-	departed := 0
-	for _, m := range v.Members() {
+	departed, failed := 0, 0
+	byNode := map[ids.NodeID]directory.Member{}
+	for _, m := range members {
+		byNode[m.ID] = m
 		if m.Proto == ids.None {
 			continue
 		}
-		in := incarnation{node: m.ID, inc: m.Incarnation}
+		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt}
 		switch m.State {
 		case directory.StateLeft:
 			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
+			in.leftAt = max(m.Epoch, 1)
 			departed++
 		case directory.StateFailed:
 			in.failed, in.why = true, fmt.Sprintf("failed in epoch %d", m.Epoch)
+			if in.failedAt == 0 {
+				in.failedAt = max(m.Epoch, 1) // recorded before FailedAt was
+			}
 			pm.members = append(pm.members, m.Proto)
 		default:
 			pm.members = append(pm.members, m.Proto)
 		}
 		pm.byProto[m.Proto] = in
 	}
-	for _, q := range v.Quarantine() {
-		why := fmt.Sprintf("restarted in epoch %d (incarnation %d was replaced): the pages it was home of were lost with that process", q.LeftAt, q.Incarnation)
-		if m, ok := v.Member(q.Node); ok && m.Incarnation > q.Incarnation {
-			why = fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of were lost with its previous process", m.Incarnation, q.LeftAt)
+	for _, q := range quarantine {
+		why := fmt.Sprintf("restarted in epoch %d (incarnation %d was replaced): the pages it was home of and nobody backed up were lost with that process", q.LeftAt, q.Incarnation)
+		if m, ok := byNode[q.Node]; ok && m.Incarnation > q.Incarnation {
+			why = fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of and nobody backed up were lost with its previous process", m.Incarnation, q.LeftAt)
 		}
-		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why}
+		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why,
+			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt}
 		departed++
 	}
+	for _, in := range pm.byProto {
+		if in.failedAt != 0 {
+			failed++
+		}
+	}
 	slices.Sort(pm.members)
-	pm.epoch = coherenceEpoch + ids.Epoch(len(pm.byProto)+departed)
+	pm.epoch = coherenceEpoch + ids.Epoch(len(pm.byProto)+departed+failed)
 	return pm
 }
 

@@ -13,7 +13,6 @@ import (
 
 	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/directory"
-	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
@@ -59,8 +58,12 @@ type regionEngine struct {
 	peers map[ids.NodeID]rdma.Descriptor
 	// down are the homes set down in the engine, and why (under es.mu).
 	down map[ids.NodeID]string
-	// epoch is the protocol epoch the engine was last given (under es.mu).
+	// epoch is the protocol epoch the engine was last given, and last the
+	// protocol view it was computed from (under es.mu).
 	epoch ids.Epoch
+	last  *protoMap
+	// chains place the region's pages (placement.go).
+	chains *regionChains
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -275,35 +278,49 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 	return changed
 }
 
-// follow hands every engine the protocol's member set of the view (a
-// Reconfigure when it changed: departed incarnations leave the protocol,
-// their words are repaired by the homes, and new ones join), and tells it
-// which incarnations are down: departed (restarted, left) or failed. Calls
-// on the pages a down incarnation is home of fail at once with
+// follow hands every engine the protocol's configuration of the view (a
+// Reconfigure when its epoch changed: departed incarnations leave the
+// protocol and their words are repaired by the homes; new ones join; the
+// shards of a departed home move to their first complete backup, which
+// rebuilds their words from every member's reports; incarnations declared
+// failed leave every backup set: see placement.go), and tells it which
+// incarnations are down: departed (restarted, left) or failed. Calls on
+// the pages a down incarnation is still home of fail at once with
 // engine.ErrUnavailable instead of waiting for an answer that cannot come
-// (the pages of a departed home are lost until homes move: see
-// docs/failover.md), and calls waiting for one as holder or sharer fail
-// after engine.DefaultUnavailableAfter. A failed incarnation stays a
+// (a failed home's until it is back or departs; a departed home's when no
+// complete backup was left), and calls waiting for one as holder or sharer
+// fail after engine.DefaultUnavailableAfter. A failed incarnation stays a
 // member: it may be alive behind a partition with a Modified copy, and
-// nothing fences it yet (leases), so its words are not repaired.
+// nothing fences it yet (leases), so its words are not repaired and its
+// homes do not move.
 func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	es.mu.Lock()
 	// Reconfigure waits for the engine's loop, which may be busy sending
 	// to a slow peer: it is called after es.mu is released, so that misses
 	// of other regions go on meanwhile.
-	var reconf []*regionEngine
+	type reconf struct {
+		re *regionEngine
+		rc coherence.Reconfigure
+	}
+	var todo []reconf
 	defer func() {
 		es.mu.Unlock()
-		for _, re := range reconf {
-			re.e.Reconfigure(pm.epoch, pm.members)
+		for _, t := range todo {
+			t.re.e.Reconfigure(t.rc)
 		}
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
 		if member && pm.epoch > re.epoch {
+			rc := coherence.Reconfigure{Epoch: pm.epoch, Members: pm.members, Backups: re.chains.backupsOf(pm)}
+			if rc.Targets = re.chains.targets(re.last, pm); len(rc.Targets) > 0 {
+				rc.HomeOf = re.chains.homeOf(pm)
+				es.log.Info("region pages move to new homes", "region", re.region.Name, "targets", rc.Targets,
+					"protocol_epoch", pm.epoch)
+			}
 			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
-			reconf = append(reconf, re)
-			re.epoch = pm.epoch
+			todo = append(todo, reconf{re, rc})
+			re.epoch, re.last = pm.epoch, pm
 		}
 		for p, in := range pm.byProto {
 			if p == self {
@@ -336,11 +353,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	if err != nil {
 		return err
 	}
-	protoOfHome := make(map[ids.NodeID]ids.NodeID, len(homes))
-	for i, h := range r.Homes {
-		protoOfHome[h] = homes[i]
-	}
-	nodes := slices.Clone(r.Homes)
+	chains := newRegionChains(r, homes)
 	// A node that was a home at the region's creation, in this
 	// incarnation, took part from the region's first epoch. Any other
 	// (joined later, restarted since, or not alive then) is new to the
@@ -354,7 +367,11 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	e, err := engine.New(engine.Config{
 		ID: self, Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
 		Epoch: pm.epoch, Members: pm.members, Joining: joining,
-		HomeOf:    func(p ids.PageNo) ids.NodeID { return protoOfHome[placement.Home(r.ShardOf(p), nodes)] },
+		HomeOf:  chains.homeOf(pm),
+		Backups: chains.backupsOf(pm),
+		// A new member waits for the moves that may not be done yet:
+		// those to every home that is not the first of its chain.
+		Targets:   chains.targets(noEvents{}, pm),
 		NodeOf:    es.pv.nodeOf,
 		Transport: es.n.verbs,
 		Send:      es.sender(r.ID),
@@ -366,7 +383,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		return err
 	}
 	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
-		down: map[ids.NodeID]string{}, epoch: pm.epoch}
+		down: map[ids.NodeID]string{}, epoch: pm.epoch, last: pm, chains: chains}
 	es.mu.Lock()
 	es.byID[r.ID] = re
 	es.mu.Unlock()

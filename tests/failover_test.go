@@ -49,10 +49,11 @@ func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint3
 // checks that reading those pages through a survivor fails with one line
 // that names the page, the dead home and "unavailable", soon after the
 // failure is detected (no hang up to the caller's deadline), while the
-// pages homed on the survivors are served with their data.
-//
-// The pages of the dead home are not served again: moving homes and
-// backups are not built yet (docs/failover.md).
+// pages homed on the survivors are served with their data, and written
+// (the dead node left their backup sets). A failed node may be alive
+// behind a partition, so its homes stay where they are until it departs:
+// when it restarts, the shards it was home of move to their backups, which
+// serve the data written back before the kill, on every node.
 func TestHomeFailureIsLoud(t *testing.T) {
 	const region = "fo"
 	c, homes := threeNodesWithRegion(t, region)
@@ -142,23 +143,41 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	// n3 restarts from its data directory: a new incarnation with empty
 	// memory and a new protocol id. Nobody may read its empty memory as the
 	// region's data (that read zeros before incarnations existed): the
-	// pages it homed stay unavailable, named as lost with the previous
-	// process, on every node, n3 included. The new n3 takes part in the
-	// region as a member that is home of nothing.
+	// shards it was home of move to their backups (n1 or n2), which hold
+	// every page written back before the kill, and serve them on every
+	// node, n3 included. The new n3 takes part in the region as a member
+	// that is home of nothing.
 	victim.log.Reset()
 	victim.start(t)
+	restarted := time.Now()
 	c.waitAllAlive(3)
 	for _, node := range []int{1, 2, 3} {
-		eventually(t, fmt.Sprintf("n%d says the page homed at n3 was lost with its previous process", node), 60*time.Second, func() error {
-			out, errs, code := c.ctl(node, "get", region, untouched, "11")
-			if code == 0 {
-				t.Fatalf("n%d reads %q from the restarted n3's memory", node, out)
-			}
-			if !strings.Contains(errs, "unavailable") || !strings.Contains(errs, "restarted") {
+		eventually(t, fmt.Sprintf("n%d reads the page homed at the old n3 from its backup", node), 60*time.Second, func() error {
+			out, errs, code := c.ctl(node, "get", region, offOf(3), "11")
+			if code != 0 {
 				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+			}
+			if !strings.Contains(out, "homed-at-n3") {
+				t.Fatalf("n%d reads %q at the page homed at the old n3; want its last write-back, homed-at-n3", node, out)
 			}
 			return nil
 		})
+	}
+	t.Logf("the pages of the old n3 were served again %v after its restart", time.Since(restarted).Round(100*time.Millisecond))
+	// A page of that shard nobody wrote reads as zeros (it is one), and
+	// both take writes.
+	if out := c.mustCtl(t, 1, "get", region, untouched, "4", "--raw"); out != "\x00\x00\x00\x00" {
+		t.Fatalf("n1 reads %q at a page never written", out)
+	}
+	c.mustCtl(t, 1, "put", region, offOf(3), "moved-by-n1")
+	c.mustCtl(t, 2, "put", region, untouched, "fresh-by-n2")
+	for _, node := range []int{1, 2, 3} {
+		if out := c.mustCtl(t, node, "get", region, offOf(3), "11"); !strings.Contains(out, "moved-by-n1") {
+			t.Fatalf("n%d reads %q after n1's write of a moved page", node, out)
+		}
+		if out := c.mustCtl(t, node, "get", region, untouched, "11"); !strings.Contains(out, "fresh-by-n2") {
+			t.Fatalf("n%d reads %q after n2's write of a moved page", node, out)
+		}
 	}
 	var members struct {
 		Members []struct {
@@ -191,22 +210,37 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		t.Fatalf("n2 reads %q after n1's write", out)
 	}
 
-	// dsmctl status says what was lost, and exits 3 (degraded).
-	out, _, code := c.ctl(1, "status")
-	if code != 3 || !strings.Contains(out, `region "fo" lost the pages homed at n3 (restarted`) {
-		t.Errorf("dsmctl status after n3's restart: exit %d, want 3 and the lost pages named:\n%s", code, out)
-	}
+	// Every shard has a live home that is not the new n3, and none is lost;
+	// the shards that moved have no backup left (new copies are not made
+	// yet), which dsmctl status says, with exit 3 (degraded).
 	var info struct {
 		Shards []struct {
-			Home     uint32 `json:"home"`
-			HomeLost bool   `json:"home_lost"`
+			Home     uint32   `json:"home"`
+			HomeLost bool     `json:"home_lost"`
+			Backups  []uint32 `json:"backups"`
 		} `json:"shards"`
 	}
 	c.ctlJSON(2, &info, "region", "info", region, "--shards", "0:")
+	moved := 0
 	for i, sh := range info.Shards {
-		if sh.HomeLost != (sh.Home == 3) {
+		if sh.HomeLost || sh.Home == 3 || sh.Home == 0 {
 			t.Errorf("region info after n3's restart: shard %d homed at n%d, lost %t", i, sh.Home, sh.HomeLost)
 		}
+		for _, b := range sh.Backups {
+			if b == 3 {
+				t.Errorf("region info after n3's restart: shard %d has the new n3 as backup %v", i, sh.Backups)
+			}
+		}
+		if len(sh.Backups) == 0 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Errorf("region info after n3's restart: every shard still has a backup: %+v", info.Shards)
+	}
+	out, _, code := c.ctl(1, "status")
+	if code != 3 || !strings.Contains(out, `region "fo": `) || !strings.Contains(out, "fewer than 1 complete backups") {
+		t.Errorf("dsmctl status after n3's restart: exit %d, want 3 and the shards short of backups named:\n%s", code, out)
 	}
 	// The new n3 reads and writes the region's other pages, through dsmctl
 	// and through a mapping; n1 and n2 see its writes.

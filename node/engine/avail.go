@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -223,12 +224,34 @@ func (e *Engine) failWaiter(id uint64, w *waiter, err error) {
 	w.ch <- result{err: err, taken: true}
 }
 
-// homeOf is the home of page p (ids.None past the region's end).
+// homeOf is the home of page p in the state machine's epoch (ids.None
+// past the region's end).
 func (e *Engine) homeOf(p ids.PageNo) ids.NodeID {
 	if int64(p) >= int64(e.cfg.NumPages) {
 		return ids.None
 	}
-	return e.cfg.HomeOf(p)
+	return e.sm.Home(p)
+}
+
+// errParked fails a batch that was held back for a node that was down
+// when a new configuration came: it was never posted.
+var errParked = errors.New("engine: batch held back for a node that was down, not posted")
+
+// unpark fails every batch held back for a node that is down, after a new
+// configuration: the state machine posts again what it still needs, to
+// the node the configuration names (a page's new home, the backups that
+// are left). Without it a write to a backup that departed, or that the
+// directory declared failed, would wait forever.
+func (e *Engine) unpark() {
+	for id, bs := range e.parked {
+		delete(e.parked, id)
+		for _, b := range bs {
+			d := coherence.VerbsDone{ID: b.ID, Err: fmt.Errorf("%w (%v)", errParked, id)}
+			if err := e.sm.Step(d); err != nil {
+				e.log.Debug("completion refused", "batch", b.ID, "err", err)
+			}
+		}
+	}
 }
 
 // park holds back a batch to a home that is down, or reports false.

@@ -71,10 +71,23 @@ type Config struct {
 	// acknowledged its epoch. A call that waits on that for a member set
 	// down fails after UnavailableAfter.
 	Joining bool
-	// HomeOf names the home of every page of the region (a pure
-	// function). Every home keeps the slot of page p at offset
-	// SlotOffset(p, PageSize) of its registration.
+	// HomeOf names the home of every page of the region in the initial
+	// epoch (a pure function); Reconfigure moves pages with a new
+	// placement. Every node keeps the slot of page p at offset
+	// SlotOffset(p, PageSize) of its registration: the home's slot is the
+	// page's word and home copy, a backup's holds the backup copy and its
+	// stamp, and when a backup becomes the page's home its slot is the
+	// home slot as it is.
 	HomeOf func(ids.PageNo) ids.NodeID
+	// Backups names the backups of every page in the initial epoch (never
+	// its home; nil: none): a release writes the page's data and a stamp
+	// to each before it releases the tenure at the home
+	// (coherence.Config.Backups).
+	Backups func(ids.PageNo) []ids.NodeID
+	// Targets: with Joining, the homes whose moves may not be done yet
+	// (coherence.Config.Targets): the pages they home wait until each
+	// says its moves are done.
+	Targets []ids.NodeID
 	// Transport is this node's endpoint. The caller closes it after the
 	// engine.
 	Transport rdma.Transport
@@ -255,12 +268,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 	sm, err := coherence.NewNode(coherence.Config{
 		ID: cfg.ID, PageSize: cfg.PageSize, Epoch: cfg.Epoch, Members: cfg.Members, Joining: cfg.Joining,
-		HomeOf: func(p ids.PageNo) ids.NodeID {
-			if int64(p) >= int64(cfg.NumPages) {
-				return ids.None
-			}
-			return cfg.HomeOf(p)
-		},
+		HomeOf:  bounded(cfg.NumPages, cfg.HomeOf),
+		Backups: cfg.Backups, Targets: cfg.Targets,
 		// Homes start a page's duty when it is first needed (sparse
 		// regions): a starving node queues for it, or a node finds its
 		// word naming a departed node after a Reconfigure.
@@ -397,16 +406,33 @@ func (e *Engine) decode(from ids.NodeID, b []byte) (coherence.Message, bool) {
 	return m, true
 }
 
-// Reconfigure hands the engine a new configuration: the epoch and the
-// members (the nodes absent from the list departed; pages homed on a
-// departed node are not moved: the engine feeds no placement,
-// coherence.Reconfigure.HomeOf, yet). It waits until the loop has taken
-// it (after Start) or the engine is closed; the loop steps it and applies
-// what it asks (dropping Shared copies after a departure). A refused
-// configuration (an epoch not after the current one, a bad member id) is
-// logged and changes nothing.
-func (e *Engine) Reconfigure(epoch ids.Epoch, members []ids.NodeID) {
-	rc := coherence.Reconfigure{Epoch: epoch, Members: slices.Clone(members)}
+// bounded limits a placement to the region's pages: ids.None past its end.
+func bounded(numPages int, homeOf func(ids.PageNo) ids.NodeID) func(ids.PageNo) ids.NodeID {
+	if homeOf == nil {
+		return nil
+	}
+	return func(p ids.PageNo) ids.NodeID {
+		if int64(p) >= int64(numPages) {
+			return ids.None
+		}
+		return homeOf(p)
+	}
+}
+
+// Reconfigure hands the engine a new configuration (coherence.Reconfigure):
+// the epoch, the members (those absent from the list departed) and, when
+// pages move or backups change, the new placement, its targets and the
+// new backups. It waits until the loop has taken it (after Start) or the
+// engine is closed; the loop steps it and applies what it asks (dropping
+// Shared copies after a departure, freezing and reporting the pages that
+// moved). Batches held back for nodes that are down are failed, as never
+// posted: the state machine posts them again where the new configuration
+// says. A refused configuration (an epoch not after the current one, a
+// bad member id) is logged and changes nothing.
+func (e *Engine) Reconfigure(rc coherence.Reconfigure) {
+	rc.Members = slices.Clone(rc.Members)
+	rc.Targets = slices.Clone(rc.Targets)
+	rc.HomeOf = bounded(e.cfg.NumPages, rc.HomeOf)
 	select {
 	case e.reconfCh <- rc:
 	case <-e.stop:
@@ -508,7 +534,9 @@ func (e *Engine) onReceive(m coherence.Message) {
 func (e *Engine) onReconfigure(rc coherence.Reconfigure) {
 	if err := e.sm.Step(rc); err != nil {
 		e.log.Warn("reconfiguration refused", "epoch", rc.Epoch, "err", err)
+		return
 	}
+	e.unpark()
 }
 
 func (e *Engine) onTick(now time.Time) {

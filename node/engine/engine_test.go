@@ -523,7 +523,7 @@ func TestReconfigureAfterDeparture(t *testing.T) {
 	}
 	_ = n3.ep.Close()
 	for _, n := range []*testNode{n1, n2} {
-		n.e.Reconfigure(17, []ids.NodeID{1, 2})
+		n.e.Reconfigure(coherence.Reconfigure{Epoch: 17, Members: []ids.NodeID{1, 2}})
 	}
 	want := map[ids.PageNo][]byte{0: make([]byte, testPageSize), 1: synced}
 	for _, p := range []ids.PageNo{0, 1} {
