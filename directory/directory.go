@@ -624,6 +624,12 @@ func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
 			return rpcResponse{Err: toWire(ErrNotLeader)}
 		}
 		return rpcResponse{Err: toWire(d.leaveMember(ctx, req.ID))}
+	case opRemove:
+		if d.raft.State() != raft.Leader {
+			return rpcResponse{Err: toWire(ErrNotLeader)}
+		}
+		err := d.removeFailed(ctx, req.ID)
+		return rpcResponse{Epoch: d.Epoch(), Err: toWire(err)}
 	case opStatus:
 		v := d.View()
 		st := stateOf(v)
@@ -692,6 +698,50 @@ func (d *Directory) leaveMember(ctx context.Context, id ids.NodeID) error {
 	defer d.reconcileMu.Unlock()
 	d.gossip.mark(id, gossipLeft)
 	return d.removeMember(ctx, id, 0, StateLeft)
+}
+
+// RemoveMember declares a failed member gone for good: its incarnation
+// is marked left (a departure: the data plane moves its homes to their
+// backups and repairs the words naming it) and leaves Raft. It is for an
+// operator who knows the process is dead; ErrNotFailed refuses a member
+// the directory does not hold failed, ErrNoMember an unknown node. A
+// removed incarnation never becomes alive again: only a new process
+// rejoins. It returns the epoch the member departed in (or the current
+// one, if it had departed already).
+func (d *Directory) RemoveMember(ctx context.Context, id ids.NodeID) (ids.Epoch, error) {
+	var epoch ids.Epoch
+	err := d.retry(ctx, func(ctx context.Context) (bool, error) {
+		if d.raft.State() == raft.Leader {
+			err := d.removeFailed(ctx, id)
+			epoch = d.Epoch()
+			return retryable(err), err
+		}
+		resp, err := d.callLeader(ctx, rpcRequest{Op: opRemove, ID: id})
+		epoch = resp.Epoch
+		return retryable(err), err
+	})
+	return epoch, err
+}
+
+// removeFailed runs on the leader for RemoveMember.
+func (d *Directory) removeFailed(ctx context.Context, id ids.NodeID) error {
+	d.reconcileMu.Lock()
+	defer d.reconcileMu.Unlock()
+	m, ok := d.View().Member(id)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %v", ErrNoMember, id)
+	case m.State == StateLeft:
+		return nil
+	case m.State != StateFailed:
+		return fmt.Errorf("%w: %v is %v; a member that is alive leaves by itself (stop its dsmd with SIGTERM)", ErrNotFailed, id, m.State)
+	}
+	d.gossip.mark(id, gossipLeft)
+	if err := d.removeMember(ctx, id, m.Nonce, StateLeft); err != nil {
+		return err
+	}
+	d.log.Warn("directory: failed member removed by an operator", "member", id.String(), "incarnation", m.Incarnation, "epoch", d.Epoch().String())
+	return nil
 }
 
 // voters returns the current Raft voters.

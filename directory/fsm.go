@@ -206,6 +206,10 @@ func putMember(v *View, c command) (*View, applyResult) {
 		if m.Proto == ids.None {
 			return &next, applyResult{Err: fmt.Errorf("%w: no id for the first incarnation of %v", ErrNoProtoIDs, m.ID)}
 		}
+	case old.State == StateLeft && m.Nonce != 0 && old.Nonce == m.Nonce:
+		// A departed incarnation never comes back (its protocol id may not
+		// name a member again): only a new process rejoins.
+		return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d left the cluster; only a new process rejoins", ErrStaleIncarnation, m.ID, old.Incarnation)}
 	case m.Nonce == 0 || old.Nonce == m.Nonce || old.Nonce == 0:
 		if m.Nonce == 0 {
 			m.Nonce = old.Nonce

@@ -23,7 +23,9 @@ import (
 // never form one cluster (docs/operations.md, Upgrade). Raise it with any
 // change that a node of the previous release would misread. Version 0 is
 // the releases before the field existed (they refuse metadata with it).
-const ProtoVersion = 1
+// Version 2: Member.FailedAt and the data plane's chains (homes move to
+// backups, releases write backups).
+const ProtoVersion = 2
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

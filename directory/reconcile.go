@@ -205,6 +205,9 @@ func (d *Directory) reconcile() {
 		if ok && slices.Contains(m.PastNonces, want.Nonce) {
 			continue // stale gossip about an earlier incarnation
 		}
+		if ok && m.State == StateLeft && m.Nonce == want.Nonce {
+			continue // a departed incarnation (removed) never comes back
+		}
 		if d.noProto[id] == want.Nonce {
 			continue // refused for want of protocol ids; said once
 		}

@@ -31,6 +31,7 @@ const (
 	opApply     = "apply"     // Cmd: an encoded command; leader only
 	opReadIndex = "readindex" // leader confirms leadership, returns applied index
 	opLeave     = "leave"     // ID leaves gracefully; leader only
+	opRemove    = "remove"    // an operator removes failed member ID; leader only
 	opStatus    = "status"    // this node's local view, any node
 )
 
@@ -66,7 +67,7 @@ func (e *RemoteError) Error() string { return "directory: remote: " + e.Msg }
 var wireSentinels = []error{
 	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrNoSpace, ErrPageOutOfRange,
 	ErrNoMembers, ErrInvalidMember, ErrNotLeader, ErrNoLeader, ErrClosed, ErrBadCommand,
-	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs, ErrInvalidAccess,
+	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs, ErrInvalidAccess, ErrNotFailed, ErrNoMember,
 }
 
 func toWire(err error) *wireError {

@@ -40,6 +40,11 @@ var (
 	// ErrNoProtoIDs: every protocol id is taken or quarantined; a new
 	// incarnation cannot be admitted.
 	ErrNoProtoIDs = errors.New("directory: protocol ids exhausted")
+	// ErrNotFailed refuses to remove a member the directory does not hold
+	// failed (RemoveMember).
+	ErrNotFailed = errors.New("directory: member is not failed")
+	// ErrNoMember names a node that is not in the member table.
+	ErrNoMember = errors.New("directory: no such member")
 )
 
 // SpecError says which field of a RegionSpec is wrong and why. It matches

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -405,10 +406,20 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 		rc := newRegionChains(r, protos)
 		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, down: map[ids.NodeID]uint64{}}
 		want := min(r.Backups, len(r.Homes)-1)
+		if !rc.anyEvent(pm) {
+			// Every shard at the first of its chain, with every backup:
+			// only the homes are counted (no chain is built).
+			for i := uint64(0); i < r.Shards(); i++ {
+				h := placement.Home(placement.Shard{Region: r.ID, Index: i}, r.Homes)
+				ds.homes[h]++
+			}
+			ds.regions[r.ID] = rs
+			continue
+		}
 		for i := uint64(0); i < r.Shards(); i++ {
-			s := placement.Shard{Region: r.ID, Index: i}
-			home := rc.shardHome(s, pm)
-			in := pm.byProto[home]
+			c := rc.chain(placement.Shard{Region: r.ID, Index: i})
+			hi := homeIndex(c, pm)
+			in := pm.byProto[c[hi]]
 			switch {
 			case in.departed:
 				rs.lost[in.node]++
@@ -419,7 +430,16 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			default:
 				ds.homes[in.node]++
 			}
-			if !in.departed && len(rc.shardBackups(s, pm)) < want {
+			if in.departed {
+				continue
+			}
+			backups := 0
+			for _, b := range c[hi+1:] {
+				if pm.departedAt(b) == 0 && pm.failedAt(b) == 0 {
+					backups++
+				}
+			}
+			if backups < want {
 				rs.thin++
 			}
 		}
@@ -618,6 +638,33 @@ func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*ds
 		resp.Members = append(resp.Members, pm)
 	}
 	return resp, nil
+}
+
+// RemoveMember declares a failed member gone for good (an operator's act:
+// only root and dsmd's user may, over the Unix socket).
+func (s *adminServer) RemoveMember(ctx context.Context, req *dsmpb.RemoveMemberRequest) (*dsmpb.RemoveMemberResponse, error) {
+	if a, ok := localPeer(ctx); ok && !privileged(a.Identity) {
+		return nil, status.Errorf(codes.PermissionDenied, "permission denied: uid %d (pid %d) may not remove members: only root and dsmd's user (uid %d) may",
+			a.UID, a.PID, os.Geteuid())
+	}
+	id := ids.NodeID(req.GetNodeId())
+	if id == ids.None {
+		return nil, status.Error(codes.InvalidArgument, "node id 0")
+	}
+	if id == ids.NodeID(s.n.cfg.ID) {
+		return nil, status.Errorf(codes.FailedPrecondition, "n%d is this node: it is alive; stop its dsmd with SIGTERM to take it out", id)
+	}
+	epoch, err := s.n.dir.RemoveMember(ctx, id)
+	switch {
+	case errors.Is(err, directory.ErrNoMember):
+		return nil, status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, directory.ErrNotFailed):
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	case err != nil:
+		return nil, statusError(err)
+	}
+	s.n.log.Warn("member removed by an operator: its homes move to their backups", "member", id, "epoch", epoch)
+	return &dsmpb.RemoveMemberResponse{Epoch: uint64(epoch)}, nil
 }
 
 func (s *adminServer) Raft(ctx context.Context, _ *dsmpb.RaftRequest) (*dsmpb.RaftResponse, error) {

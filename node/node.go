@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -81,6 +82,12 @@ type Node struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// leaving is set when a graceful leave begins; removed carries the
+	// news that an operator removed this incarnation (RemoveMember).
+	leaving     atomic.Bool
+	removed     chan error
+	removedOnce sync.Once
 }
 
 // New checks cfg and prepares a node; nothing is bound until Start.
@@ -95,7 +102,8 @@ func New(cfg Config, opts Options) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = log
 	}
-	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID))}, nil
+	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID)),
+		removed: make(chan error, 1)}, nil
 }
 
 // Start binds every address and starts the services. On error everything
@@ -321,6 +329,7 @@ func (n *Node) follow(ctx context.Context) {
 				return
 			}
 			cur := ch.Cur
+			n.checkRemoved(cur)
 			seen := map[ids.NodeID]bool{}
 			for _, m := range cur.Members() {
 				if m.ID == ids.NodeID(n.cfg.ID) || m.State != directory.StateAlive || m.VerbsAddr == "" {
@@ -386,6 +395,28 @@ func (n *Node) follow(ctx context.Context) {
 	}
 }
 
+// checkRemoved notices that this incarnation departed without leaving: an
+// operator removed it (RemoveMember) while it was cut off. Its homes have
+// moved and the words naming it were repaired, so it must serve nothing
+// more: Removed reports it, and Run stops the process (a restart rejoins
+// as a new incarnation).
+func (n *Node) checkRemoved(v *directory.View) {
+	me, ok := v.Member(ids.NodeID(n.cfg.ID))
+	if !ok || me.State != directory.StateLeft || me.Nonce != n.verbs.Nonce() || n.leaving.Load() {
+		return
+	}
+	n.removedOnce.Do(func() {
+		err := fmt.Errorf("node: this incarnation (%d) of n%d was removed from the cluster in epoch %d (dsmctl members remove): its pages moved; restart dsmd to rejoin as a new incarnation",
+			me.Incarnation, n.cfg.ID, me.Epoch)
+		n.log.Error("removed from the cluster: serving nothing more", "incarnation", me.Incarnation, "epoch", me.Epoch)
+		n.removed <- err
+	})
+}
+
+// Removed reports, once, that an operator removed this incarnation from
+// the cluster: the node must be closed (not shut down: it has left).
+func (n *Node) Removed() <-chan error { return n.removed }
+
 // publishLoop publishes this node's home memory descriptors in the member
 // table whenever they change, retrying until the directory takes them.
 func (n *Node) publishLoop(ctx context.Context) {
@@ -438,8 +469,8 @@ const leaveReserve = 3 * time.Second
 
 // drain ends every client's mapping (no store lands after it) and writes
 // back every page this node holds Modified, so that a graceful leave loses
-// none of what this node's clients wrote. The pages this node is home of
-// still leave with it: homes do not move yet (docs/failover.md).
+// none of what this node's clients wrote. The shards this node is home of
+// move to their backups when it has left (every release wrote them there).
 func (n *Node) drain(ctx context.Context) {
 	n.cache.Drain(fmt.Sprintf("dsmd on n%d is leaving the cluster", n.cfg.ID))
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
@@ -463,6 +494,9 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) close(ctx context.Context, leave bool) error {
+	if leave {
+		n.leaving.Store(true)
+	}
 	n.closeOnce.Do(func() {
 		var errs []error
 		if n.grpc != nil {
@@ -535,6 +569,9 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		select {
 		case <-ctx.Done():
 			done = true
+		case err := <-n.Removed():
+			notify("STOPPING=1", "STATUS=removed from the cluster")
+			return errors.Join(err, n.Close())
 		case <-opts.Reload:
 			if err := n.ReloadTLS(); err != nil {
 				n.log.Error("TLS reload failed; the previous certificates stay in use", "err", err)

@@ -146,6 +146,10 @@ func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeI
 
 // homeOf and backupsOf are the placement of the region's pages under ev.
 func (rc *regionChains) homeOf(ev eventsOf) func(ids.PageNo) ids.NodeID {
+	if !rc.anyDeparted(ev) {
+		// Every shard at the first of its chain: no chain is built.
+		return func(p ids.PageNo) ids.NodeID { return rc.protos[placement.Home(rc.r.ShardOf(p), rc.nodes)] }
+	}
 	return func(p ids.PageNo) ids.NodeID { return rc.shardHome(rc.r.ShardOf(p), ev) }
 }
 
@@ -192,6 +196,18 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// anyEvent reports whether a home at the region's creation departed or
+// failed under ev (otherwise every shard is at the first of its chain,
+// with all its backups).
+func (rc *regionChains) anyEvent(ev eventsOf) bool {
+	for _, p := range rc.protos {
+		if ev.departedAt(p) != 0 || ev.failedAt(p) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // anyDeparted reports whether a home at the region's creation departed

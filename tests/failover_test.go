@@ -316,3 +316,104 @@ func TestSigtermWritesBack(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoveFailedMember kills the home of some pages with kill -9 and
+// does not restart it: once the directory holds it failed, an operator
+// removes it (dsmctl members remove), and its shards move to their backups:
+// every page written back before the kill is read on the survivors, and a
+// page a survivor held Modified without Sync keeps that survivor's data. A
+// member that is alive cannot be removed. The removed node restarts later
+// as a new incarnation and reads the same data.
+func TestRemoveFailedMember(t *testing.T) {
+	const region = "rm"
+	c, homes := threeNodesWithRegion(t, region)
+	offOf := func(home uint32, k uint64) string { return strconv.FormatUint((homes[home]+k)*4096, 10) }
+	for h := uint32(1); h <= 3; h++ {
+		c.mustCtl(t, 1, "put", region, offOf(h, 0), fmt.Sprintf("homed-at-n%d", h))
+	}
+	for h := uint32(1); h <= 3; h++ {
+		// n2's read makes n1 write its copy back (home and backups).
+		if out := c.mustCtl(t, 2, "get", region, offOf(h, 0), "11"); !strings.Contains(out, fmt.Sprintf("homed-at-n%d", h)) {
+			t.Fatalf("n2 reads %q at the page homed at n%d", out, h)
+		}
+	}
+	// n1 holds a page homed at n3 Modified, never written back.
+	c.mustCtl(t, 1, "put", region, offOf(3, 1), "n1-unsynced")
+
+	if _, errs, code := c.ctl(1, "members", "remove", "2"); code == 0 || !strings.Contains(errs, "only a failed member can be removed") {
+		t.Fatalf("members remove of the alive n2: exit %d, %q", code, errs)
+	}
+
+	victim := c.nodes[2]
+	if err := victim.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	<-victim.done
+	var removed time.Time
+	eventually(t, "n3 is removed once the directory holds it failed", 60*time.Second, func() error {
+		out, errs, code := c.ctl(1, "members", "remove", "3")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		if !strings.Contains(out, "n3 removed in epoch") {
+			t.Fatalf("members remove 3: %q", out)
+		}
+		removed = time.Now()
+		return nil
+	})
+	for _, node := range []int{1, 2} {
+		eventually(t, fmt.Sprintf("n%d reads the page homed at the removed n3", node), 60*time.Second, func() error {
+			out, errs, code := c.ctl(node, "get", region, offOf(3, 0), "11")
+			if code != 0 {
+				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+			}
+			if !strings.Contains(out, "homed-at-n3") {
+				t.Fatalf("n%d reads %q at the page homed at the removed n3; want homed-at-n3", node, out)
+			}
+			return nil
+		})
+	}
+	t.Logf("pages of the killed n3 served again %v after the kill, %v after its removal",
+		time.Since(killed).Round(100*time.Millisecond), time.Since(removed).Round(100*time.Millisecond))
+	// n1's unsynced write survived its page's home.
+	if out := c.mustCtl(t, 2, "get", region, offOf(3, 1), "11"); !strings.Contains(out, "n1-unsynced") {
+		t.Fatalf("n2 reads %q at the page n1 held Modified when its home died; want n1-unsynced", out)
+	}
+	for h := uint32(1); h <= 2; h++ {
+		if out := c.mustCtl(t, 2, "get", region, offOf(h, 0), "11"); !strings.Contains(out, fmt.Sprintf("homed-at-n%d", h)) {
+			t.Fatalf("n2 reads %q at the page homed at n%d", out, h)
+		}
+	}
+	c.mustCtl(t, 2, "put", region, offOf(3, 0), "after-removal")
+	if out := c.mustCtl(t, 1, "get", region, offOf(3, 0), "13"); !strings.Contains(out, "after-removal") {
+		t.Fatalf("n1 reads %q after n2's write of a moved page", out)
+	}
+	var members struct {
+		Members []struct {
+			Node  uint32 `json:"node_id"`
+			State string `json:"state"`
+		} `json:"members"`
+	}
+	c.ctlJSON(1, &members, "members")
+	for _, m := range members.Members {
+		if m.Node == 3 && m.State != "left" {
+			t.Errorf("dsmctl members after the removal: n3 is %s, want left", m.State)
+		}
+	}
+
+	// The machine comes back: a new incarnation, home of nothing, that
+	// reads what the others wrote.
+	victim.log.Reset()
+	victim.start(t)
+	eventually(t, "the restarted n3 reads the moved page", 60*time.Second, func() error {
+		out, errs, code := c.ctl(3, "get", region, offOf(3, 0), "13")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		if !strings.Contains(out, "after-removal") {
+			t.Fatalf("the restarted n3 reads %q; want after-removal", out)
+		}
+		return nil
+	})
+}

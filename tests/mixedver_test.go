@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dsmkit/dsm/directory"
 )
 
 // previousRelease is the commit whose dsmd TestMixedVersions runs beside
@@ -108,7 +111,7 @@ func TestMixedVersions(t *testing.T) {
 	c.waitHealthy(2)
 
 	// The refusal is logged by the current nodes, naming the old node.
-	want := "node n3 speaks gossip protocol version 0, this node speaks 1"
+	want := "node n3 speaks gossip protocol version 0, this node speaks " + strconv.Itoa(directory.ProtoVersion)
 	eventually(t, "n1 and n2 log the refusal of n3", 30*time.Second, func() error {
 		for _, i := range []int{1, 2} {
 			if log := c.nodes[i-1].logString(); !strings.Contains(log, want) || !strings.Contains(log, "refusing a node of another release") {

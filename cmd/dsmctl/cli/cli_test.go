@@ -123,6 +123,21 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+func TestMembersRemove(t *testing.T) {
+	_, sock := serveFake(t)
+	if r := run(t, sock, runOpts{}, "members", "remove", "n3").ok(t); r.stdout != "n3 removed in epoch 13: the shards it was home of move to their backups\n" {
+		t.Errorf("members remove n3: %q", r.stdout)
+	}
+	var v struct {
+		Node  uint32 `json:"node_id"`
+		Epoch uint64 `json:"epoch"`
+	}
+	decode(t, run(t, sock, runOpts{}, "members", "remove", "3", "--json").ok(t).stdout, &v)
+	if v.Node != 3 || v.Epoch != 13 {
+		t.Errorf("members remove 3 --json: %+v", v)
+	}
+}
+
 func TestStatusExitCodes(t *testing.T) {
 	f, sock := serveFake(t)
 	for _, c := range []struct {
@@ -330,6 +345,9 @@ func TestErrors(t *testing.T) {
 		{[]string{"frobnicate"}, ExitUsage, []string{`unknown command "frobnicate"`}},
 		{[]string{"put", "small", "0", "zz", "--hex"}, ExitUsage, []string{"not hex"}},
 		{[]string{"get", "small", "0", "0"}, ExitUsage, []string{"LEN is zero"}},
+		{[]string{"members", "remove", "n2"}, ExitError, []string{"n2 is alive", "only a failed member can be removed"}},
+		{[]string{"members", "remove", "9"}, ExitError, []string{"no such member: n9"}},
+		{[]string{"members", "remove", "x3"}, ExitUsage, []string{`"x3" is not a node id`}},
 		{[]string{"get", "lost", "4096", "8"}, ExitError, []string{"page p1 of region lost (r9) unavailable: its home n3 failed in epoch 7 — see `dsmctl members`"}},
 		{[]string{"region", "info", "leaderless"}, ExitError, []string{"dsmd at " + sock + ": unavailable: no Raft leader", "retry"}},
 		{[]string{"region", "info", "slow", "--timeout", "50ms"}, ExitError, []string{"dsmd at " + sock + " did not answer within 50ms", "raise --timeout"}},

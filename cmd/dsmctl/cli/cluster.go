@@ -2,8 +2,12 @@ package cli
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
@@ -163,10 +167,64 @@ type memberJSON struct {
 }
 
 func (a *app) membersCmd() *cobra.Command {
+	cmd := a.membersListCmd()
+	cmd.AddCommand(a.membersRemoveCmd())
+	return cmd
+}
+
+func (a *app) membersRemoveCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove NODE",
+		Short: "Declare a failed member gone for good: its shards move to their backups",
+		Long: `remove tells the cluster that a failed member's process is dead for good
+(its machine is lost or powered off), so that it need not be restarted for
+its pages to be served again: its incarnation departs, the shards it was home
+of move to their backups (every page written back before the failure is
+there), and the pages it held Modified go back to their last write-back.
+
+Only a member the directory holds failed can be removed (see dsmctl
+members); one that is alive leaves by itself when its dsmd is stopped with
+SIGTERM. Remove only a member whose process you know is dead: until leases
+exist (docs/failover.md §9), one cut off by a partition could still write
+to its local copies. If it was alive after all, its dsmd exits when it
+learns it was removed, and a restart rejoins as a new incarnation.`,
+		Example: "  dsmctl members remove 3\n  dsmctl members remove n3",
+		Args:    args(1, 1, "NODE"),
+		RunE: func(cmd *cobra.Command, argv []string) error {
+			id, err := strconv.ParseUint(strings.TrimPrefix(argv[0], "n"), 10, 32)
+			if err != nil || id == 0 {
+				return usagef("NODE: %q is not a node id (3 or n3)", argv[0])
+			}
+			c, err := a.admin()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd)
+			defer cancel()
+			r, err := c.RemoveMember(ctx, &dsmpb.RemoveMemberRequest{NodeId: uint32(id)})
+			if status.Code(err) == codes.FailedPrecondition {
+				return hintError{err, "only a failed member can be removed: see `dsmctl members`"}
+			}
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(struct {
+					Node  uint64 `json:"node_id"`
+					Epoch uint64 `json:"epoch"`
+				}{id, r.Epoch})
+			}
+			fmt.Fprintf(a.env.Stdout, "n%d removed in epoch %d: the shards it was home of move to their backups\n", id, r.Epoch)
+			return nil
+		},
+	}
+}
+
+func (a *app) membersListCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:     "members",
 		Short:   "The members of the cluster with their state and addresses",
-		Example: "  dsmctl members\n  dsmctl members --json",
+		Example: "  dsmctl members\n  dsmctl members --json\n  dsmctl members remove 3   # a failed member, gone for good",
 		Args:    args(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.admin()

@@ -121,6 +121,18 @@ func (f *fakeAdmin) Members(context.Context, *dsmpb.MembersRequest) (*dsmpb.Memb
 	return m, nil
 }
 
+// RemoveMember removes n3, which the fake holds failed; n1 and n2 are
+// alive.
+func (f *fakeAdmin) RemoveMember(_ context.Context, req *dsmpb.RemoveMemberRequest) (*dsmpb.RemoveMemberResponse, error) {
+	switch req.GetNodeId() {
+	case 3:
+		return &dsmpb.RemoveMemberResponse{Epoch: 13}, nil
+	case 1, 2:
+		return nil, status.Errorf(codes.FailedPrecondition, "directory: member is not failed: n%d is alive; a member that is alive leaves by itself (stop its dsmd with SIGTERM)", req.GetNodeId())
+	}
+	return nil, status.Errorf(codes.NotFound, "directory: no such member: n%d", req.GetNodeId())
+}
+
 func (f *fakeAdmin) Raft(context.Context, *dsmpb.RaftRequest) (*dsmpb.RaftResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -196,7 +196,7 @@ func (x RaftServer_Suffrage) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RaftServer_Suffrage.Descriptor instead.
 func (RaftServer_Suffrage) EnumDescriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{8, 0}
+	return file_admin_proto_rawDescGZIP(), []int{10, 0}
 }
 
 type StatusRequest struct {
@@ -719,6 +719,95 @@ func (x *MembersResponse) GetProtoIdsLeft() uint32 {
 	return 0
 }
 
+type RemoveMemberRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberRequest) Reset() {
+	*x = RemoveMemberRequest{}
+	mi := &file_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberRequest) ProtoMessage() {}
+
+func (x *RemoveMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveMemberRequest) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RemoveMemberRequest) GetNodeId() uint32 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+type RemoveMemberResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The directory epoch in which the member departed.
+	Epoch         uint64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveMemberResponse) Reset() {
+	*x = RemoveMemberResponse{}
+	mi := &file_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveMemberResponse) ProtoMessage() {}
+
+func (x *RemoveMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveMemberResponse) Descriptor() ([]byte, []int) {
+	return file_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveMemberResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 type RaftRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -727,7 +816,7 @@ type RaftRequest struct {
 
 func (x *RaftRequest) Reset() {
 	*x = RaftRequest{}
-	mi := &file_admin_proto_msgTypes[7]
+	mi := &file_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +828,7 @@ func (x *RaftRequest) String() string {
 func (*RaftRequest) ProtoMessage() {}
 
 func (x *RaftRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[7]
+	mi := &file_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +841,7 @@ func (x *RaftRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftRequest.ProtoReflect.Descriptor instead.
 func (*RaftRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{7}
+	return file_admin_proto_rawDescGZIP(), []int{9}
 }
 
 type RaftServer struct {
@@ -766,7 +855,7 @@ type RaftServer struct {
 
 func (x *RaftServer) Reset() {
 	*x = RaftServer{}
-	mi := &file_admin_proto_msgTypes[8]
+	mi := &file_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +867,7 @@ func (x *RaftServer) String() string {
 func (*RaftServer) ProtoMessage() {}
 
 func (x *RaftServer) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[8]
+	mi := &file_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +880,7 @@ func (x *RaftServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftServer.ProtoReflect.Descriptor instead.
 func (*RaftServer) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{8}
+	return file_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RaftServer) GetNodeId() uint32 {
@@ -837,7 +926,7 @@ type RaftResponse struct {
 
 func (x *RaftResponse) Reset() {
 	*x = RaftResponse{}
-	mi := &file_admin_proto_msgTypes[9]
+	mi := &file_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +938,7 @@ func (x *RaftResponse) String() string {
 func (*RaftResponse) ProtoMessage() {}
 
 func (x *RaftResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[9]
+	mi := &file_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +951,7 @@ func (x *RaftResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftResponse.ProtoReflect.Descriptor instead.
 func (*RaftResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{9}
+	return file_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RaftResponse) GetNodeId() uint32 {
@@ -950,7 +1039,7 @@ type RegionsRequest struct {
 
 func (x *RegionsRequest) Reset() {
 	*x = RegionsRequest{}
-	mi := &file_admin_proto_msgTypes[10]
+	mi := &file_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1051,7 @@ func (x *RegionsRequest) String() string {
 func (*RegionsRequest) ProtoMessage() {}
 
 func (x *RegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[10]
+	mi := &file_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1064,7 @@ func (x *RegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionsRequest.ProtoReflect.Descriptor instead.
 func (*RegionsRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{10}
+	return file_admin_proto_rawDescGZIP(), []int{12}
 }
 
 type RegionsResponse struct {
@@ -988,7 +1077,7 @@ type RegionsResponse struct {
 
 func (x *RegionsResponse) Reset() {
 	*x = RegionsResponse{}
-	mi := &file_admin_proto_msgTypes[11]
+	mi := &file_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1089,7 @@ func (x *RegionsResponse) String() string {
 func (*RegionsResponse) ProtoMessage() {}
 
 func (x *RegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[11]
+	mi := &file_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1102,7 @@ func (x *RegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionsResponse.ProtoReflect.Descriptor instead.
 func (*RegionsResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{11}
+	return file_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegionsResponse) GetEpoch() uint64 {
@@ -1044,7 +1133,7 @@ type RegionInfoRequest struct {
 
 func (x *RegionInfoRequest) Reset() {
 	*x = RegionInfoRequest{}
-	mi := &file_admin_proto_msgTypes[12]
+	mi := &file_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1056,7 +1145,7 @@ func (x *RegionInfoRequest) String() string {
 func (*RegionInfoRequest) ProtoMessage() {}
 
 func (x *RegionInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[12]
+	mi := &file_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1069,7 +1158,7 @@ func (x *RegionInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionInfoRequest.ProtoReflect.Descriptor instead.
 func (*RegionInfoRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{12}
+	return file_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RegionInfoRequest) GetName() string {
@@ -1114,7 +1203,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_admin_proto_msgTypes[13]
+	mi := &file_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1215,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[13]
+	mi := &file_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1228,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{13}
+	return file_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Shard) GetIndex() uint32 {
@@ -1201,7 +1290,7 @@ type RegionInfoResponse struct {
 
 func (x *RegionInfoResponse) Reset() {
 	*x = RegionInfoResponse{}
-	mi := &file_admin_proto_msgTypes[14]
+	mi := &file_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1302,7 @@ func (x *RegionInfoResponse) String() string {
 func (*RegionInfoResponse) ProtoMessage() {}
 
 func (x *RegionInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[14]
+	mi := &file_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1315,7 @@ func (x *RegionInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionInfoResponse.ProtoReflect.Descriptor instead.
 func (*RegionInfoResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{14}
+	return file_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegionInfoResponse) GetRegion() *Region {
@@ -1275,7 +1364,7 @@ type MappingsRequest struct {
 
 func (x *MappingsRequest) Reset() {
 	*x = MappingsRequest{}
-	mi := &file_admin_proto_msgTypes[15]
+	mi := &file_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1287,7 +1376,7 @@ func (x *MappingsRequest) String() string {
 func (*MappingsRequest) ProtoMessage() {}
 
 func (x *MappingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[15]
+	mi := &file_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1300,7 +1389,7 @@ func (x *MappingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MappingsRequest.ProtoReflect.Descriptor instead.
 func (*MappingsRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{15}
+	return file_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MappingsRequest) GetRegion() string {
@@ -1332,7 +1421,7 @@ type NodeMappings struct {
 
 func (x *NodeMappings) Reset() {
 	*x = NodeMappings{}
-	mi := &file_admin_proto_msgTypes[16]
+	mi := &file_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1433,7 @@ func (x *NodeMappings) String() string {
 func (*NodeMappings) ProtoMessage() {}
 
 func (x *NodeMappings) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[16]
+	mi := &file_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1446,7 @@ func (x *NodeMappings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMappings.ProtoReflect.Descriptor instead.
 func (*NodeMappings) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{16}
+	return file_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *NodeMappings) GetNodeId() uint32 {
@@ -1391,7 +1480,7 @@ type MappingsResponse struct {
 
 func (x *MappingsResponse) Reset() {
 	*x = MappingsResponse{}
-	mi := &file_admin_proto_msgTypes[17]
+	mi := &file_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1492,7 @@ func (x *MappingsResponse) String() string {
 func (*MappingsResponse) ProtoMessage() {}
 
 func (x *MappingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[17]
+	mi := &file_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1505,7 @@ func (x *MappingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MappingsResponse.ProtoReflect.Descriptor instead.
 func (*MappingsResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{17}
+	return file_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *MappingsResponse) GetRegionId() uint32 {
@@ -1454,7 +1543,7 @@ type PagesRequest struct {
 
 func (x *PagesRequest) Reset() {
 	*x = PagesRequest{}
-	mi := &file_admin_proto_msgTypes[18]
+	mi := &file_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1555,7 @@ func (x *PagesRequest) String() string {
 func (*PagesRequest) ProtoMessage() {}
 
 func (x *PagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[18]
+	mi := &file_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1568,7 @@ func (x *PagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PagesRequest.ProtoReflect.Descriptor instead.
 func (*PagesRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{18}
+	return file_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PagesRequest) GetRegion() string {
@@ -1552,7 +1641,7 @@ type PageCell struct {
 
 func (x *PageCell) Reset() {
 	*x = PageCell{}
-	mi := &file_admin_proto_msgTypes[19]
+	mi := &file_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1653,7 @@ func (x *PageCell) String() string {
 func (*PageCell) ProtoMessage() {}
 
 func (x *PageCell) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[19]
+	mi := &file_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1666,7 @@ func (x *PageCell) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PageCell.ProtoReflect.Descriptor instead.
 func (*PageCell) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{19}
+	return file_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PageCell) GetFirstPage() uint64 {
@@ -1665,7 +1754,7 @@ type PagesResponse struct {
 
 func (x *PagesResponse) Reset() {
 	*x = PagesResponse{}
-	mi := &file_admin_proto_msgTypes[20]
+	mi := &file_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1677,7 +1766,7 @@ func (x *PagesResponse) String() string {
 func (*PagesResponse) ProtoMessage() {}
 
 func (x *PagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[20]
+	mi := &file_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1690,7 +1779,7 @@ func (x *PagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PagesResponse.ProtoReflect.Descriptor instead.
 func (*PagesResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{20}
+	return file_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PagesResponse) GetNodeId() uint32 {
@@ -1752,7 +1841,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_admin_proto_msgTypes[21]
+	mi := &file_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1853,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[21]
+	mi := &file_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1866,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{21}
+	return file_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatsRequest) GetAllNodes() bool {
@@ -1805,7 +1894,7 @@ type Histogram struct {
 
 func (x *Histogram) Reset() {
 	*x = Histogram{}
-	mi := &file_admin_proto_msgTypes[22]
+	mi := &file_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1906,7 @@ func (x *Histogram) String() string {
 func (*Histogram) ProtoMessage() {}
 
 func (x *Histogram) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[22]
+	mi := &file_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1919,7 @@ func (x *Histogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Histogram.ProtoReflect.Descriptor instead.
 func (*Histogram) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{22}
+	return file_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Histogram) GetCount() uint64 {
@@ -1923,7 +2012,7 @@ type NodeStats struct {
 
 func (x *NodeStats) Reset() {
 	*x = NodeStats{}
-	mi := &file_admin_proto_msgTypes[23]
+	mi := &file_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2024,7 @@ func (x *NodeStats) String() string {
 func (*NodeStats) ProtoMessage() {}
 
 func (x *NodeStats) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[23]
+	mi := &file_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2037,7 @@ func (x *NodeStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStats.ProtoReflect.Descriptor instead.
 func (*NodeStats) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{23}
+	return file_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeStats) GetNodeId() uint32 {
@@ -2093,7 +2182,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_admin_proto_msgTypes[24]
+	mi := &file_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2194,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[24]
+	mi := &file_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2207,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{24}
+	return file_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StatsResponse) GetNodes() []*NodeStats {
@@ -2139,7 +2228,7 @@ type ReadMemoryRequest struct {
 
 func (x *ReadMemoryRequest) Reset() {
 	*x = ReadMemoryRequest{}
-	mi := &file_admin_proto_msgTypes[25]
+	mi := &file_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2240,7 @@ func (x *ReadMemoryRequest) String() string {
 func (*ReadMemoryRequest) ProtoMessage() {}
 
 func (x *ReadMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[25]
+	mi := &file_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2253,7 @@ func (x *ReadMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMemoryRequest.ProtoReflect.Descriptor instead.
 func (*ReadMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{25}
+	return file_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadMemoryRequest) GetRegion() string {
@@ -2197,7 +2286,7 @@ type ReadMemoryResponse struct {
 
 func (x *ReadMemoryResponse) Reset() {
 	*x = ReadMemoryResponse{}
-	mi := &file_admin_proto_msgTypes[26]
+	mi := &file_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2298,7 @@ func (x *ReadMemoryResponse) String() string {
 func (*ReadMemoryResponse) ProtoMessage() {}
 
 func (x *ReadMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[26]
+	mi := &file_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2311,7 @@ func (x *ReadMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMemoryResponse.ProtoReflect.Descriptor instead.
 func (*ReadMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{26}
+	return file_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadMemoryResponse) GetData() []byte {
@@ -2245,7 +2334,7 @@ type WriteMemoryRequest struct {
 
 func (x *WriteMemoryRequest) Reset() {
 	*x = WriteMemoryRequest{}
-	mi := &file_admin_proto_msgTypes[27]
+	mi := &file_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2346,7 @@ func (x *WriteMemoryRequest) String() string {
 func (*WriteMemoryRequest) ProtoMessage() {}
 
 func (x *WriteMemoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[27]
+	mi := &file_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2359,7 @@ func (x *WriteMemoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteMemoryRequest.ProtoReflect.Descriptor instead.
 func (*WriteMemoryRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{27}
+	return file_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WriteMemoryRequest) GetRegion() string {
@@ -2310,7 +2399,7 @@ type WriteMemoryResponse struct {
 
 func (x *WriteMemoryResponse) Reset() {
 	*x = WriteMemoryResponse{}
-	mi := &file_admin_proto_msgTypes[28]
+	mi := &file_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2411,7 @@ func (x *WriteMemoryResponse) String() string {
 func (*WriteMemoryResponse) ProtoMessage() {}
 
 func (x *WriteMemoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[28]
+	mi := &file_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2424,7 @@ func (x *WriteMemoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteMemoryResponse.ProtoReflect.Descriptor instead.
 func (*WriteMemoryResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{28}
+	return file_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteMemoryResponse) GetWritten() uint64 {
@@ -2357,7 +2446,7 @@ type SetRegionAccessRequest struct {
 
 func (x *SetRegionAccessRequest) Reset() {
 	*x = SetRegionAccessRequest{}
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2369,7 +2458,7 @@ func (x *SetRegionAccessRequest) String() string {
 func (*SetRegionAccessRequest) ProtoMessage() {}
 
 func (x *SetRegionAccessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[29]
+	mi := &file_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2382,7 +2471,7 @@ func (x *SetRegionAccessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRegionAccessRequest.ProtoReflect.Descriptor instead.
 func (*SetRegionAccessRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{29}
+	return file_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetRegionAccessRequest) GetRegion() string {
@@ -2415,7 +2504,7 @@ type SetRegionAccessResponse struct {
 
 func (x *SetRegionAccessResponse) Reset() {
 	*x = SetRegionAccessResponse{}
-	mi := &file_admin_proto_msgTypes[30]
+	mi := &file_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2516,7 @@ func (x *SetRegionAccessResponse) String() string {
 func (*SetRegionAccessResponse) ProtoMessage() {}
 
 func (x *SetRegionAccessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[30]
+	mi := &file_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2529,7 @@ func (x *SetRegionAccessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRegionAccessResponse.ProtoReflect.Descriptor instead.
 func (*SetRegionAccessResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{30}
+	return file_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetRegionAccessResponse) GetRegion() *Region {
@@ -2461,7 +2550,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_admin_proto_msgTypes[31]
+	mi := &file_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2473,7 +2562,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[31]
+	mi := &file_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2486,7 +2575,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{31}
+	return file_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -2514,7 +2603,7 @@ type KeyringKey struct {
 
 func (x *KeyringKey) Reset() {
 	*x = KeyringKey{}
-	mi := &file_admin_proto_msgTypes[32]
+	mi := &file_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2615,7 @@ func (x *KeyringKey) String() string {
 func (*KeyringKey) ProtoMessage() {}
 
 func (x *KeyringKey) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[32]
+	mi := &file_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2628,7 @@ func (x *KeyringKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
 func (*KeyringKey) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{32}
+	return file_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KeyringKey) GetKey() string {
@@ -2573,7 +2662,7 @@ type KeyringNodeError struct {
 
 func (x *KeyringNodeError) Reset() {
 	*x = KeyringNodeError{}
-	mi := &file_admin_proto_msgTypes[33]
+	mi := &file_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2674,7 @@ func (x *KeyringNodeError) String() string {
 func (*KeyringNodeError) ProtoMessage() {}
 
 func (x *KeyringNodeError) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[33]
+	mi := &file_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2687,7 @@ func (x *KeyringNodeError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringNodeError.ProtoReflect.Descriptor instead.
 func (*KeyringNodeError) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{33}
+	return file_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *KeyringNodeError) GetNodeId() uint32 {
@@ -2627,7 +2716,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_admin_proto_msgTypes[34]
+	mi := &file_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2728,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[34]
+	mi := &file_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2741,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{34}
+	return file_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeyringResponse) GetMembers() uint32 {
@@ -2686,7 +2775,7 @@ type Histogram_Bucket struct {
 
 func (x *Histogram_Bucket) Reset() {
 	*x = Histogram_Bucket{}
-	mi := &file_admin_proto_msgTypes[35]
+	mi := &file_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2698,7 +2787,7 @@ func (x *Histogram_Bucket) String() string {
 func (*Histogram_Bucket) ProtoMessage() {}
 
 func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_admin_proto_msgTypes[35]
+	mi := &file_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2711,7 +2800,7 @@ func (x *Histogram_Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Histogram_Bucket.ProtoReflect.Descriptor instead.
 func (*Histogram_Bucket) Descriptor() ([]byte, []int) {
-	return file_admin_proto_rawDescGZIP(), []int{22, 0}
+	return file_admin_proto_rawDescGZIP(), []int{24, 0}
 }
 
 func (x *Histogram_Bucket) GetUpperBoundNs() uint64 {
@@ -2782,7 +2871,11 @@ const file_admin_proto_rawDesc = "" +
 	"\x0fMembersResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12(\n" +
 	"\amembers\x18\x02 \x03(\v2\x0e.dsm.v1.MemberR\amembers\x12$\n" +
-	"\x0eproto_ids_left\x18\x03 \x01(\rR\fprotoIdsLeft\"\r\n" +
+	"\x0eproto_ids_left\x18\x03 \x01(\rR\fprotoIdsLeft\".\n" +
+	"\x13RemoveMemberRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\rR\x06nodeId\",\n" +
+	"\x14RemoveMemberResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\"\r\n" +
 	"\vRaftRequest\"\xd9\x01\n" +
 	"\n" +
 	"RaftServer\x12\x17\n" +
@@ -2964,10 +3057,11 @@ const file_admin_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x042\x8e\a\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x042\xd9\a\n" +
 	"\x05Admin\x127\n" +
 	"\x06Status\x12\x15.dsm.v1.StatusRequest\x1a\x16.dsm.v1.StatusResponse\x12:\n" +
-	"\aMembers\x12\x16.dsm.v1.MembersRequest\x1a\x17.dsm.v1.MembersResponse\x121\n" +
+	"\aMembers\x12\x16.dsm.v1.MembersRequest\x1a\x17.dsm.v1.MembersResponse\x12I\n" +
+	"\fRemoveMember\x12\x1b.dsm.v1.RemoveMemberRequest\x1a\x1c.dsm.v1.RemoveMemberResponse\x121\n" +
 	"\x04Raft\x12\x13.dsm.v1.RaftRequest\x1a\x14.dsm.v1.RaftResponse\x12:\n" +
 	"\aRegions\x12\x16.dsm.v1.RegionsRequest\x1a\x17.dsm.v1.RegionsResponse\x12C\n" +
 	"\n" +
@@ -2996,7 +3090,7 @@ func file_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_admin_proto_goTypes = []any{
 	(KeyringOp)(0),                  // 0: dsm.v1.KeyringOp
 	(Health_Verdict)(0),             // 1: dsm.v1.Health.Verdict
@@ -3008,100 +3102,104 @@ var file_admin_proto_goTypes = []any{
 	(*MembersRequest)(nil),          // 7: dsm.v1.MembersRequest
 	(*Member)(nil),                  // 8: dsm.v1.Member
 	(*MembersResponse)(nil),         // 9: dsm.v1.MembersResponse
-	(*RaftRequest)(nil),             // 10: dsm.v1.RaftRequest
-	(*RaftServer)(nil),              // 11: dsm.v1.RaftServer
-	(*RaftResponse)(nil),            // 12: dsm.v1.RaftResponse
-	(*RegionsRequest)(nil),          // 13: dsm.v1.RegionsRequest
-	(*RegionsResponse)(nil),         // 14: dsm.v1.RegionsResponse
-	(*RegionInfoRequest)(nil),       // 15: dsm.v1.RegionInfoRequest
-	(*Shard)(nil),                   // 16: dsm.v1.Shard
-	(*RegionInfoResponse)(nil),      // 17: dsm.v1.RegionInfoResponse
-	(*MappingsRequest)(nil),         // 18: dsm.v1.MappingsRequest
-	(*NodeMappings)(nil),            // 19: dsm.v1.NodeMappings
-	(*MappingsResponse)(nil),        // 20: dsm.v1.MappingsResponse
-	(*PagesRequest)(nil),            // 21: dsm.v1.PagesRequest
-	(*PageCell)(nil),                // 22: dsm.v1.PageCell
-	(*PagesResponse)(nil),           // 23: dsm.v1.PagesResponse
-	(*StatsRequest)(nil),            // 24: dsm.v1.StatsRequest
-	(*Histogram)(nil),               // 25: dsm.v1.Histogram
-	(*NodeStats)(nil),               // 26: dsm.v1.NodeStats
-	(*StatsResponse)(nil),           // 27: dsm.v1.StatsResponse
-	(*ReadMemoryRequest)(nil),       // 28: dsm.v1.ReadMemoryRequest
-	(*ReadMemoryResponse)(nil),      // 29: dsm.v1.ReadMemoryResponse
-	(*WriteMemoryRequest)(nil),      // 30: dsm.v1.WriteMemoryRequest
-	(*WriteMemoryResponse)(nil),     // 31: dsm.v1.WriteMemoryResponse
-	(*SetRegionAccessRequest)(nil),  // 32: dsm.v1.SetRegionAccessRequest
-	(*SetRegionAccessResponse)(nil), // 33: dsm.v1.SetRegionAccessResponse
-	(*KeyringRequest)(nil),          // 34: dsm.v1.KeyringRequest
-	(*KeyringKey)(nil),              // 35: dsm.v1.KeyringKey
-	(*KeyringNodeError)(nil),        // 36: dsm.v1.KeyringNodeError
-	(*KeyringResponse)(nil),         // 37: dsm.v1.KeyringResponse
-	(*Histogram_Bucket)(nil),        // 38: dsm.v1.Histogram.Bucket
-	nil,                             // 39: dsm.v1.NodeStats.FaultsEntry
-	(MemberState)(0),                // 40: dsm.v1.MemberState
-	(*Region)(nil),                  // 41: dsm.v1.Region
-	(PageState)(0),                  // 42: dsm.v1.PageState
-	(*RegionAccess)(nil),            // 43: dsm.v1.RegionAccess
-	(*CreateRegionRequest)(nil),     // 44: dsm.v1.CreateRegionRequest
-	(*DeleteRegionRequest)(nil),     // 45: dsm.v1.DeleteRegionRequest
-	(*CreateRegionResponse)(nil),    // 46: dsm.v1.CreateRegionResponse
-	(*DeleteRegionResponse)(nil),    // 47: dsm.v1.DeleteRegionResponse
+	(*RemoveMemberRequest)(nil),     // 10: dsm.v1.RemoveMemberRequest
+	(*RemoveMemberResponse)(nil),    // 11: dsm.v1.RemoveMemberResponse
+	(*RaftRequest)(nil),             // 12: dsm.v1.RaftRequest
+	(*RaftServer)(nil),              // 13: dsm.v1.RaftServer
+	(*RaftResponse)(nil),            // 14: dsm.v1.RaftResponse
+	(*RegionsRequest)(nil),          // 15: dsm.v1.RegionsRequest
+	(*RegionsResponse)(nil),         // 16: dsm.v1.RegionsResponse
+	(*RegionInfoRequest)(nil),       // 17: dsm.v1.RegionInfoRequest
+	(*Shard)(nil),                   // 18: dsm.v1.Shard
+	(*RegionInfoResponse)(nil),      // 19: dsm.v1.RegionInfoResponse
+	(*MappingsRequest)(nil),         // 20: dsm.v1.MappingsRequest
+	(*NodeMappings)(nil),            // 21: dsm.v1.NodeMappings
+	(*MappingsResponse)(nil),        // 22: dsm.v1.MappingsResponse
+	(*PagesRequest)(nil),            // 23: dsm.v1.PagesRequest
+	(*PageCell)(nil),                // 24: dsm.v1.PageCell
+	(*PagesResponse)(nil),           // 25: dsm.v1.PagesResponse
+	(*StatsRequest)(nil),            // 26: dsm.v1.StatsRequest
+	(*Histogram)(nil),               // 27: dsm.v1.Histogram
+	(*NodeStats)(nil),               // 28: dsm.v1.NodeStats
+	(*StatsResponse)(nil),           // 29: dsm.v1.StatsResponse
+	(*ReadMemoryRequest)(nil),       // 30: dsm.v1.ReadMemoryRequest
+	(*ReadMemoryResponse)(nil),      // 31: dsm.v1.ReadMemoryResponse
+	(*WriteMemoryRequest)(nil),      // 32: dsm.v1.WriteMemoryRequest
+	(*WriteMemoryResponse)(nil),     // 33: dsm.v1.WriteMemoryResponse
+	(*SetRegionAccessRequest)(nil),  // 34: dsm.v1.SetRegionAccessRequest
+	(*SetRegionAccessResponse)(nil), // 35: dsm.v1.SetRegionAccessResponse
+	(*KeyringRequest)(nil),          // 36: dsm.v1.KeyringRequest
+	(*KeyringKey)(nil),              // 37: dsm.v1.KeyringKey
+	(*KeyringNodeError)(nil),        // 38: dsm.v1.KeyringNodeError
+	(*KeyringResponse)(nil),         // 39: dsm.v1.KeyringResponse
+	(*Histogram_Bucket)(nil),        // 40: dsm.v1.Histogram.Bucket
+	nil,                             // 41: dsm.v1.NodeStats.FaultsEntry
+	(MemberState)(0),                // 42: dsm.v1.MemberState
+	(*Region)(nil),                  // 43: dsm.v1.Region
+	(PageState)(0),                  // 44: dsm.v1.PageState
+	(*RegionAccess)(nil),            // 45: dsm.v1.RegionAccess
+	(*CreateRegionRequest)(nil),     // 46: dsm.v1.CreateRegionRequest
+	(*DeleteRegionRequest)(nil),     // 47: dsm.v1.DeleteRegionRequest
+	(*CreateRegionResponse)(nil),    // 48: dsm.v1.CreateRegionResponse
+	(*DeleteRegionResponse)(nil),    // 49: dsm.v1.DeleteRegionResponse
 }
 var file_admin_proto_depIdxs = []int32{
 	1,  // 0: dsm.v1.Health.verdict:type_name -> dsm.v1.Health.Verdict
-	40, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
+	42, // 1: dsm.v1.NodeStatus.state:type_name -> dsm.v1.MemberState
 	5,  // 2: dsm.v1.StatusResponse.nodes:type_name -> dsm.v1.NodeStatus
 	4,  // 3: dsm.v1.StatusResponse.health:type_name -> dsm.v1.Health
-	40, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
+	42, // 4: dsm.v1.Member.state:type_name -> dsm.v1.MemberState
 	8,  // 5: dsm.v1.MembersResponse.members:type_name -> dsm.v1.Member
 	2,  // 6: dsm.v1.RaftServer.suffrage:type_name -> dsm.v1.RaftServer.Suffrage
-	11, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
-	41, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
-	41, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
-	16, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
-	19, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
-	42, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
-	41, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
-	22, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
-	38, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
-	39, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
-	25, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
-	26, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
-	43, // 19: dsm.v1.SetRegionAccessRequest.access:type_name -> dsm.v1.RegionAccess
-	41, // 20: dsm.v1.SetRegionAccessResponse.region:type_name -> dsm.v1.Region
+	13, // 7: dsm.v1.RaftResponse.configuration:type_name -> dsm.v1.RaftServer
+	43, // 8: dsm.v1.RegionsResponse.regions:type_name -> dsm.v1.Region
+	43, // 9: dsm.v1.RegionInfoResponse.region:type_name -> dsm.v1.Region
+	18, // 10: dsm.v1.RegionInfoResponse.shards:type_name -> dsm.v1.Shard
+	21, // 11: dsm.v1.MappingsResponse.nodes:type_name -> dsm.v1.NodeMappings
+	44, // 12: dsm.v1.PageCell.local_state:type_name -> dsm.v1.PageState
+	43, // 13: dsm.v1.PagesResponse.region:type_name -> dsm.v1.Region
+	24, // 14: dsm.v1.PagesResponse.cells:type_name -> dsm.v1.PageCell
+	40, // 15: dsm.v1.Histogram.buckets:type_name -> dsm.v1.Histogram.Bucket
+	41, // 16: dsm.v1.NodeStats.faults:type_name -> dsm.v1.NodeStats.FaultsEntry
+	27, // 17: dsm.v1.NodeStats.miss_latency:type_name -> dsm.v1.Histogram
+	28, // 18: dsm.v1.StatsResponse.nodes:type_name -> dsm.v1.NodeStats
+	45, // 19: dsm.v1.SetRegionAccessRequest.access:type_name -> dsm.v1.RegionAccess
+	43, // 20: dsm.v1.SetRegionAccessResponse.region:type_name -> dsm.v1.Region
 	0,  // 21: dsm.v1.KeyringRequest.op:type_name -> dsm.v1.KeyringOp
-	35, // 22: dsm.v1.KeyringResponse.keys:type_name -> dsm.v1.KeyringKey
-	36, // 23: dsm.v1.KeyringResponse.errors:type_name -> dsm.v1.KeyringNodeError
+	37, // 22: dsm.v1.KeyringResponse.keys:type_name -> dsm.v1.KeyringKey
+	38, // 23: dsm.v1.KeyringResponse.errors:type_name -> dsm.v1.KeyringNodeError
 	3,  // 24: dsm.v1.Admin.Status:input_type -> dsm.v1.StatusRequest
 	7,  // 25: dsm.v1.Admin.Members:input_type -> dsm.v1.MembersRequest
-	10, // 26: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
-	13, // 27: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
-	15, // 28: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
-	18, // 29: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
-	44, // 30: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
-	45, // 31: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
-	21, // 32: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
-	24, // 33: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
-	28, // 34: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
-	30, // 35: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
-	32, // 36: dsm.v1.Admin.SetRegionAccess:input_type -> dsm.v1.SetRegionAccessRequest
-	34, // 37: dsm.v1.Admin.Keyring:input_type -> dsm.v1.KeyringRequest
-	6,  // 38: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
-	9,  // 39: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
-	12, // 40: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
-	14, // 41: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
-	17, // 42: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
-	20, // 43: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
-	46, // 44: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
-	47, // 45: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
-	23, // 46: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
-	27, // 47: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
-	29, // 48: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
-	31, // 49: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
-	33, // 50: dsm.v1.Admin.SetRegionAccess:output_type -> dsm.v1.SetRegionAccessResponse
-	37, // 51: dsm.v1.Admin.Keyring:output_type -> dsm.v1.KeyringResponse
-	38, // [38:52] is the sub-list for method output_type
-	24, // [24:38] is the sub-list for method input_type
+	10, // 26: dsm.v1.Admin.RemoveMember:input_type -> dsm.v1.RemoveMemberRequest
+	12, // 27: dsm.v1.Admin.Raft:input_type -> dsm.v1.RaftRequest
+	15, // 28: dsm.v1.Admin.Regions:input_type -> dsm.v1.RegionsRequest
+	17, // 29: dsm.v1.Admin.RegionInfo:input_type -> dsm.v1.RegionInfoRequest
+	20, // 30: dsm.v1.Admin.Mappings:input_type -> dsm.v1.MappingsRequest
+	46, // 31: dsm.v1.Admin.CreateRegion:input_type -> dsm.v1.CreateRegionRequest
+	47, // 32: dsm.v1.Admin.DeleteRegion:input_type -> dsm.v1.DeleteRegionRequest
+	23, // 33: dsm.v1.Admin.Pages:input_type -> dsm.v1.PagesRequest
+	26, // 34: dsm.v1.Admin.Stats:input_type -> dsm.v1.StatsRequest
+	30, // 35: dsm.v1.Admin.ReadMemory:input_type -> dsm.v1.ReadMemoryRequest
+	32, // 36: dsm.v1.Admin.WriteMemory:input_type -> dsm.v1.WriteMemoryRequest
+	34, // 37: dsm.v1.Admin.SetRegionAccess:input_type -> dsm.v1.SetRegionAccessRequest
+	36, // 38: dsm.v1.Admin.Keyring:input_type -> dsm.v1.KeyringRequest
+	6,  // 39: dsm.v1.Admin.Status:output_type -> dsm.v1.StatusResponse
+	9,  // 40: dsm.v1.Admin.Members:output_type -> dsm.v1.MembersResponse
+	11, // 41: dsm.v1.Admin.RemoveMember:output_type -> dsm.v1.RemoveMemberResponse
+	14, // 42: dsm.v1.Admin.Raft:output_type -> dsm.v1.RaftResponse
+	16, // 43: dsm.v1.Admin.Regions:output_type -> dsm.v1.RegionsResponse
+	19, // 44: dsm.v1.Admin.RegionInfo:output_type -> dsm.v1.RegionInfoResponse
+	22, // 45: dsm.v1.Admin.Mappings:output_type -> dsm.v1.MappingsResponse
+	48, // 46: dsm.v1.Admin.CreateRegion:output_type -> dsm.v1.CreateRegionResponse
+	49, // 47: dsm.v1.Admin.DeleteRegion:output_type -> dsm.v1.DeleteRegionResponse
+	25, // 48: dsm.v1.Admin.Pages:output_type -> dsm.v1.PagesResponse
+	29, // 49: dsm.v1.Admin.Stats:output_type -> dsm.v1.StatsResponse
+	31, // 50: dsm.v1.Admin.ReadMemory:output_type -> dsm.v1.ReadMemoryResponse
+	33, // 51: dsm.v1.Admin.WriteMemory:output_type -> dsm.v1.WriteMemoryResponse
+	35, // 52: dsm.v1.Admin.SetRegionAccess:output_type -> dsm.v1.SetRegionAccessResponse
+	39, // 53: dsm.v1.Admin.Keyring:output_type -> dsm.v1.KeyringResponse
+	39, // [39:54] is the sub-list for method output_type
+	24, // [24:39] is the sub-list for method input_type
 	24, // [24:24] is the sub-list for extension type_name
 	24, // [24:24] is the sub-list for extension extendee
 	0,  // [0:24] is the sub-list for field type_name
@@ -3120,7 +3218,7 @@ func file_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admin_proto_rawDesc), len(file_admin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   37,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Admin_Status_FullMethodName          = "/dsm.v1.Admin/Status"
 	Admin_Members_FullMethodName         = "/dsm.v1.Admin/Members"
+	Admin_RemoveMember_FullMethodName    = "/dsm.v1.Admin/RemoveMember"
 	Admin_Raft_FullMethodName            = "/dsm.v1.Admin/Raft"
 	Admin_Regions_FullMethodName         = "/dsm.v1.Admin/Regions"
 	Admin_RegionInfo_FullMethodName      = "/dsm.v1.Admin/RegionInfo"
@@ -56,6 +57,16 @@ type AdminClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// Members lists the members of the directory with their addresses.
 	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// RemoveMember declares a failed member gone for good, for an operator
+	// who knows its process is dead (its machine lost, powered off): its
+	// incarnation departs, the shards it was home of move to their backups,
+	// and the words naming it are repaired. FAILED_PRECONDITION unless the
+	// directory holds the member failed (an alive member leaves by itself:
+	// stop its dsmd with SIGTERM); NOT_FOUND for an unknown node. A removed
+	// process that was alive after all must not write again: dsmd exits
+	// when it finds its incarnation removed, and a restart rejoins as a new
+	// incarnation.
+	RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error)
 	// Raft is the Raft state as this node sees it.
 	Raft(ctx context.Context, in *RaftRequest, opts ...grpc.CallOption) (*RaftResponse, error)
 	// Regions lists the regions, RegionInfo adds one region's placement, a
@@ -122,6 +133,16 @@ func (c *adminClient) Members(ctx context.Context, in *MembersRequest, opts ...g
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MembersResponse)
 	err := c.cc.Invoke(ctx, Admin_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) RemoveMember(ctx context.Context, in *RemoveMemberRequest, opts ...grpc.CallOption) (*RemoveMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveMemberResponse)
+	err := c.cc.Invoke(ctx, Admin_RemoveMember_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -256,6 +277,16 @@ type AdminServer interface {
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// Members lists the members of the directory with their addresses.
 	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// RemoveMember declares a failed member gone for good, for an operator
+	// who knows its process is dead (its machine lost, powered off): its
+	// incarnation departs, the shards it was home of move to their backups,
+	// and the words naming it are repaired. FAILED_PRECONDITION unless the
+	// directory holds the member failed (an alive member leaves by itself:
+	// stop its dsmd with SIGTERM); NOT_FOUND for an unknown node. A removed
+	// process that was alive after all must not write again: dsmd exits
+	// when it finds its incarnation removed, and a restart rejoins as a new
+	// incarnation.
+	RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error)
 	// Raft is the Raft state as this node sees it.
 	Raft(context.Context, *RaftRequest) (*RaftResponse, error)
 	// Regions lists the regions, RegionInfo adds one region's placement, a
@@ -313,6 +344,9 @@ func (UnimplementedAdminServer) Status(context.Context, *StatusRequest) (*Status
 }
 func (UnimplementedAdminServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedAdminServer) RemoveMember(context.Context, *RemoveMemberRequest) (*RemoveMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveMember not implemented")
 }
 func (UnimplementedAdminServer) Raft(context.Context, *RaftRequest) (*RaftResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Raft not implemented")
@@ -403,6 +437,24 @@ func _Admin_Members_Handler(srv interface{}, ctx context.Context, dec func(inter
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServer).Members(ctx, req.(*MembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_RemoveMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).RemoveMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_RemoveMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).RemoveMember(ctx, req.(*RemoveMemberRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -637,6 +689,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Members",
 			Handler:    _Admin_Members_Handler,
+		},
+		{
+			MethodName: "RemoveMember",
+			Handler:    _Admin_RemoveMember_Handler,
 		},
 		{
 			MethodName: "Raft",
