@@ -997,6 +997,7 @@ func (n *Node) unfreeze(p *page, ver uint16, counted, holder bool) {
 			p.state = Modified
 			p.data = p.wbData
 			n.effect(PageGrantExclusive, p)
+			n.rd.Pages[len(n.rd.Pages)-1].Reclaimed = true
 		} else if p.state != Invalid {
 			p.state = Invalid
 			p.data = nil

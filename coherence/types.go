@@ -226,6 +226,12 @@ type PageEffect struct {
 	Kind PageEffectKind
 	Page ids.PageNo
 	Data []byte // install, grant: the page content (the node's copy; do not modify)
+	// Reclaimed marks a grant that gives the node back the tenure of its
+	// own release, interrupted by a move (the new home's rebuild kept it
+	// the holder): Data is what the release was writing back, not a copy
+	// from the home, so a node that keeps the page's truth elsewhere (a
+	// page cache it gave the page up from) keeps it.
+	Reclaimed bool
 }
 
 func (e PageEffect) String() string { return fmt.Sprintf("%v %v", e.Kind, e.Page) }

@@ -233,9 +233,10 @@ func (e *Engine) homeOf(p ids.PageNo) ids.NodeID {
 	return e.sm.Home(p)
 }
 
-// errParked fails a batch that was held back for a node that was down
-// when a new configuration came: it was never posted.
-var errParked = errors.New("engine: batch held back for a node that was down, not posted")
+// errParked fails a batch for a node that is down, which was never posted:
+// one held back when a new configuration came, or one for a node that is
+// not the home of its page.
+var errParked = errors.New("engine: batch for a node that is down, not posted")
 
 // unpark fails every batch held back for a node that is down, after a new
 // configuration: the state machine posts again what it still needs, to
@@ -254,10 +255,23 @@ func (e *Engine) unpark() {
 	}
 }
 
-// park holds back a batch to a home that is down, or reports false.
+// park holds back a batch to a home that is down, or reports false. A
+// batch to a down node that is not its page's home in the state machine's
+// epoch (a backup's, or one the state machine made before the page moved)
+// fails at once instead, as never posted: the state machine decides again
+// with its current backups and placement (a node that is down is dropped
+// from the backups by the configuration that follows).
 func (e *Engine) park(b coherence.Batch) bool {
-	if e.downWhy(b.Home) == "" {
+	why := e.downWhy(b.Home)
+	if why == "" {
 		return false
+	}
+	if len(b.Verbs) > 0 && e.homeOf(b.Verbs[0].Page) != b.Home {
+		d := coherence.VerbsDone{ID: b.ID, Err: fmt.Errorf("%w (%v %s)", errParked, b.Home, why)}
+		if err := e.sm.Step(d); err != nil {
+			e.log.Debug("completion refused", "batch", b.ID, "err", err)
+		}
+		return true
 	}
 	e.parked[b.Home] = append(e.parked[b.Home], b)
 	return true

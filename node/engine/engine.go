@@ -602,9 +602,12 @@ func (e *Engine) pageEffect(pe coherence.PageEffect) {
 		return
 	case coherence.PageGrantExclusive:
 		e.held[pe.Page] = coherence.Modified
-		if was == coherence.Invalid {
+		if was == coherence.Invalid && !pe.Reclaimed {
 			delete(e.wb, pe.Page) // a fresh copy from the home
 		}
+		// A reclaimed tenure (a release interrupted by a move, kept by
+		// the rebuild) keeps wb: it holds what the cache gave up, newer
+		// than the state machine's copy.
 		// An upgrade keeps the node's copy: if the cache gave the
 		// page up Modified before (a downgrade), wb still holds what
 		// the cache holds, and the state machine's copy is older.

@@ -68,6 +68,12 @@ type simConfig struct {
 	// join: a new node joins at a random point (after the crash, if any:
 	// with crash, the run is a restart under a new protocol id).
 	join bool
+	// backups: every page has that many backups (the next nodes after its
+	// home, in a chain); releases write them, and when a home crashes its
+	// pages move to their first live backup (Reconfigure.HomeOf, Targets,
+	// Backups), as dsmd's chains do: nothing acknowledged is lost, and
+	// every call completes.
+	backups int
 }
 
 // simUnavailableCalls counts the calls of a configuration's seeds that
@@ -84,6 +90,8 @@ var simConfigs = []simConfig{
 	{name: "join", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, join: true},
 	{name: "restart", nodes: 4, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64, crash: true, join: true},
 	{name: "home-crash", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true},
+	{name: "failover", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, backups: 1},
+	{name: "failover-restart", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 2},
 }
 
 // simUnavailableAfter is the engines' UnavailableAfter in the simulation,
@@ -119,7 +127,7 @@ func TestEngineSim(t *testing.T) {
 				}
 			}
 			t.Logf("%d seeds, %d calls failed as unavailable", seeds, simUnavailableCalls.Load())
-			if cfg.crashHome && simUnavailableCalls.Load() == 0 {
+			if cfg.crashHome && cfg.backups == 0 && simUnavailableCalls.Load() == 0 {
 				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
 			}
 		})
@@ -187,6 +195,10 @@ type simNode struct {
 	ep      *mem.Endpoint
 	pages   []*simPage
 	calls   []*simCall // one slot per client thread; nil: idle
+	// lastHome is the placement of the last configuration the node
+	// learnt (with backups): its targets are computed against it, as
+	// dsmd computes them against the last view it followed.
+	lastHome []ids.NodeID
 }
 
 // simJob is work the driver completes later: a batch's answer on its way
@@ -196,6 +208,7 @@ type simJob struct {
 	done   *posted
 	effect *effectJob
 	rc     *coherence.Reconfigure // the departure of the crashed node
+	home   []ids.NodeID           // with backups: rc's placement
 }
 
 type engineSim struct {
@@ -208,12 +221,17 @@ type engineSim struct {
 	now   time.Time
 	trace *strings.Builder
 
-	loseAnswer  bool // the batch being delivered loses its answer
-	nextValue   uint64
-	hist        []porcupine.Operation
-	adds        [][]int // adds acknowledged, per node and page
-	counterErr  error
-	homeOf      func(ids.PageNo) ids.NodeID
+	loseAnswer bool // the batch being delivered loses its answer
+	nextValue  uint64
+	hist       []porcupine.Operation
+	adds       [][]int // adds acknowledged, per node and page
+	counterErr error
+	homeOf     func(ids.PageNo) ids.NodeID
+	// With backups: every page's chain (its first home, then its
+	// backups), its home now, and the homes the last move went to.
+	chains      [][]ids.NodeID
+	home        []ids.NodeID
+	targets     []ids.NodeID
 	epoch       ids.Epoch // the newest epoch any node was told
 	unavailable int       // calls that failed with ErrUnavailable
 	err         error
@@ -293,7 +311,7 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 		} else {
 			idle++
 		}
-		if !acted && !s.outstanding() || s.cfg.crashHome && idle > 2000 {
+		if !acted && !s.outstanding() || s.cfg.crashHome && s.cfg.backups == 0 && idle > 2000 {
 			break
 		}
 		if limit > 200000 {
@@ -323,6 +341,18 @@ func (s *engineSim) setup() error {
 		homes-- // the node that crashes is home of no page
 	}
 	s.homeOf = func(p ids.PageNo) ids.NodeID { return ids.NodeID(int(p)%homes + 1) }
+	if s.cfg.backups > 0 {
+		for p := range s.cfg.pages {
+			h := int(s.homeOf(ids.PageNo(p)))
+			var c []ids.NodeID
+			for i := 0; i <= min(s.cfg.backups, homes-1); i++ {
+				c = append(c, ids.NodeID((h-1+i)%homes+1))
+			}
+			s.chains = append(s.chains, c)
+			s.home = append(s.home, c[0])
+		}
+		s.homeOf = s.placement()
+	}
 	s.epoch = 16
 	for _, id := range members {
 		if _, err := s.newNode(id, members, false); err != nil {
@@ -339,15 +369,22 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 	if err != nil {
 		return nil, err
 	}
-	n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads)}
+	n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads), lastHome: slices.Clone(s.home)}
 	for range s.cfg.pages {
 		n.pages = append(n.pages, &simPage{state: localcache.Invalid})
 	}
-	e, err := New(Config{
+	cfg := Config{
 		ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
 		Epoch: s.epoch, Members: members, Joining: joining, HomeOf: s.homeOf, Transport: ep,
 		Pages: simPages{n}, UnavailableAfter: simUnavailableAfter,
-	})
+	}
+	if s.cfg.backups > 0 {
+		cfg.HomeOf, cfg.Backups = s.placement(), s.backupsNow()
+		if joining {
+			cfg.Targets = slices.Clone(s.targets)
+		}
+	}
+	e, err := New(cfg)
 	if err != nil {
 		ep.Close()
 		return nil, err
@@ -395,7 +432,13 @@ func (s *engineSim) join() {
 		return
 	}
 	for _, m := range others {
-		s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: s.epoch, Members: members}})
+		rc := coherence.Reconfigure{Epoch: s.epoch, Members: members}
+		if s.cfg.backups > 0 {
+			// The whole configuration, as dsmd hands it over: a node
+			// that skips the epoch of a move learns the move here.
+			rc.HomeOf, rc.Backups = s.placement(), s.backupsNow()
+		}
+		s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home)})
 	}
 }
 
@@ -554,8 +597,25 @@ func (s *engineSim) runJob(i int) {
 	s.jobs = slices.Delete(s.jobs, i, i+1)
 	e := j.node.e
 	if j.rc != nil {
-		s.logf("n%d learns epoch %v: members %v", j.node.id, j.rc.Epoch, j.rc.Members)
-		e.onReconfigure(*j.rc)
+		rc := *j.rc
+		if s.cfg.backups > 0 {
+			// Targets: the new homes of the pages whose home differs
+			// from the placement this node last learnt.
+			for p, h := range j.home {
+				if h != j.node.lastHome[p] && !slices.Contains(rc.Targets, h) {
+					rc.Targets = append(rc.Targets, h)
+				}
+			}
+			slices.Sort(rc.Targets)
+			if len(rc.Targets) == 0 {
+				rc.HomeOf = nil
+			}
+		}
+		s.logf("n%d learns epoch %v: members %v targets %v", j.node.id, rc.Epoch, rc.Members, rc.Targets)
+		e.onReconfigure(rc)
+		if s.cfg.backups > 0 && e.sm.Epoch() == rc.Epoch {
+			j.node.lastHome = j.home
+		}
 		for _, m := range s.nodes {
 			if m.crashed {
 				e.SetDown(m.id, "crashed")
@@ -590,15 +650,64 @@ func (s *engineSim) crash(n *simNode) {
 		}
 	}
 	s.epoch++
+	rc := coherence.Reconfigure{Epoch: s.epoch, Members: members}
+	if s.cfg.backups > 0 {
+		// The crashed node's pages move to the next live node of their
+		// chain, which holds the backup copy in its slot.
+		s.targets = nil
+		for p, c := range s.chains {
+			if s.home[p] != n.id {
+				continue
+			}
+			for _, b := range c[slices.Index(c, n.id)+1:] {
+				if !s.nodes[b-1].crashed {
+					s.home[p] = b
+					if !slices.Contains(s.targets, b) {
+						s.targets = append(s.targets, b)
+					}
+					s.logf("p%d moves to n%d", p, b)
+					break
+				}
+			}
+		}
+		slices.Sort(s.targets)
+		rc.Backups, rc.HomeOf = s.backupsNow(), s.placement()
+	}
 	for _, m := range s.nodes {
 		if !m.crashed {
-			s.jobs = append(s.jobs, simJob{node: m, rc: &coherence.Reconfigure{Epoch: s.epoch, Members: members}})
+			rc := rc
+			s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home)})
 		}
 	}
 }
 
-// lostPage reports whether page p's home crashed.
+// placement is the current home of every page, as a function that later
+// moves do not change.
+func (s *engineSim) placement() func(ids.PageNo) ids.NodeID {
+	homes := slices.Clone(s.home)
+	return func(p ids.PageNo) ids.NodeID { return homes[p] }
+}
+
+// backupsNow is the backups of every page now: the live nodes of its
+// chain after its home.
+func (s *engineSim) backupsNow() func(ids.PageNo) []ids.NodeID {
+	out := make([][]ids.NodeID, len(s.chains))
+	for p, c := range s.chains {
+		for _, b := range c[slices.Index(c, s.home[p])+1:] {
+			if int(b) > len(s.nodes) || !s.nodes[b-1].crashed {
+				out[p] = append(out[p], b)
+			}
+		}
+	}
+	return func(p ids.PageNo) []ids.NodeID { return out[p] }
+}
+
+// lostPage reports whether page p's home crashed (and, with backups, no
+// live backup took its place).
 func (s *engineSim) lostPage(p ids.PageNo) bool {
+	if s.cfg.backups > 0 {
+		return s.nodes[s.home[p]-1].crashed
+	}
 	return s.nodes[s.homeOf(p)-1].crashed
 }
 
