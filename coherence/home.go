@@ -82,7 +82,8 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	}
 	if rc.HomeOf != nil {
 		// Checked on the pages this node knows: a page moves to a
-		// member, and only away from a home that departed.
+		// member, and only away from a home that departed; or it is
+		// lost (its home is no member: no copy of its slot is left).
 		for _, t := range rc.Targets {
 			if _, ok := slices.BinarySearch(newMembers, t); !ok {
 				return fmt.Errorf("%w: target %v is not a member", ErrBadConfig, t)
@@ -91,7 +92,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		for _, p := range n.order {
 			h := rc.HomeOf(p.no)
 			if _, ok := slices.BinarySearch(newMembers, h); !ok {
-				return fmt.Errorf("%w: %v moves to %v, not a member", ErrBadConfig, p.no, h)
+				continue // lost
 			}
 			old := n.homeFn(p.no)
 			if old != h && slices.Contains(newMembers, old) {
@@ -183,7 +184,11 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			n.owed[m] = true
 		}
 		for _, p := range n.order {
-			if h := rc.HomeOf(p.no); h != prev(p.no) {
+			h := rc.HomeOf(p.no)
+			switch {
+			case !n.isMember(h):
+				n.lose(p, h)
+			case h != prev(p.no):
 				p.home = h
 				n.freeze(p)
 			}
@@ -673,6 +678,29 @@ func (n *Node) inMove(no ids.PageNo) bool {
 		}
 	}
 	return false
+}
+
+// lose gives up a page whose home is no member in the new placement: no
+// copy of its home slot is left anywhere (the node layer found no complete
+// backup). Nothing will rebuild it, so it is not frozen, and no move waits
+// for it; the local copy goes (there is nowhere to write it back), and
+// every request for the page is posted to its home, which is gone, and
+// fails there as for any home that departed.
+func (n *Node) lose(p *page, h ids.NodeID) {
+	if p.home == h && !p.frozen {
+		return
+	}
+	p.home = h
+	p.frozen, p.mustReport, p.frozenM = false, false, false
+	p.awaiting, p.needData, p.wbData = nil, false, nil
+	p.ph, p.inflight = phIdle, 0
+	p.resolving, p.unknown = phIdle, nil
+	p.downgrade, p.granted, p.recall, p.unitCounted = false, false, false, false
+	if p.state != Invalid {
+		p.state = Invalid
+		p.data = nil
+		n.effect(PageDrop, p)
+	}
 }
 
 // freeze stops every transition of a page whose home moved and settles it

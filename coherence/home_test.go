@@ -2,6 +2,7 @@ package coherence
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -212,5 +213,47 @@ func TestAcksAcrossEmptyEpochs(t *testing.T) {
 	rd = step(Receive{Msg: Message{Type: MsgEpochAck, From: 3, To: 1, Epoch: 3}})
 	if len(rd.Batches) != 1 || Word(rd.Batches[0].Verbs[0].Operand).Tag() != 3 {
 		t.Fatalf("with every member past the departure: %+v, want the repair CAS", rd)
+	}
+}
+
+// TestLostPage: a placement may name a home that is no member for a page
+// whose every copy is gone (the node layer found no complete backup): the
+// page is lost, not moved. It is neither frozen nor waited for, whether
+// its home stays the departed one or a node that skipped epochs learns
+// another departed home for it; a page frozen by a move whose new home
+// departs too is given up.
+func TestLostPage(t *testing.T) {
+	n, err := NewNode(Config{ID: 1, PageSize: testPageSize, Epoch: 1, Members: []ids.NodeID{1, 2, 3, 4},
+		HomeOf: func(ids.PageNo) ids.NodeID { return 3 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(ev Event) {
+		t.Helper()
+		if err := n.Step(ev); err != nil {
+			t.Fatal(err)
+		}
+		n.Ready()
+	}
+	step(Request{ID: 1, Op: OpLoad, Page: 5})
+	// n3 departs; p5 moves to n4, which rebuilds it: frozen meanwhile.
+	step(Reconfigure{Epoch: 2, Members: []ids.NodeID{1, 2, 4}, HomeOf: func(ids.PageNo) ids.NodeID { return 4 }, Targets: []ids.NodeID{4}})
+	if !n.Page(5).Frozen || n.Home(5) != 4 {
+		t.Fatalf("after the move: frozen %v, home %v; want frozen, home n4", n.Page(5).Frozen, n.Home(5))
+	}
+	// n4 departs before the rebuild, with no copy left: p5 is lost.
+	step(Reconfigure{Epoch: 3, Members: []ids.NodeID{1, 2}, HomeOf: func(ids.PageNo) ids.NodeID { return 4 }})
+	if n.Page(5).Frozen || n.Home(5) != 4 || n.Page(5).State != Invalid {
+		t.Fatalf("lost: frozen %v, home %v, state %v; want not frozen, home n4, Invalid", n.Page(5).Frozen, n.Home(5), n.Page(5).State)
+	}
+	// A placement that names another departed home for it (as a node that
+	// skipped the move would learn) is accepted too.
+	step(Reconfigure{Epoch: 4, Members: []ids.NodeID{1, 2}, HomeOf: func(ids.PageNo) ids.NodeID { return 3 }})
+	if n.Page(5).Frozen || n.Home(5) != 3 {
+		t.Fatalf("lost, another departed home: frozen %v, home %v", n.Page(5).Frozen, n.Home(5))
+	}
+	// A target that is no member is still refused.
+	if err := n.Step(Reconfigure{Epoch: 5, Members: []ids.NodeID{1, 2}, HomeOf: func(ids.PageNo) ids.NodeID { return 3 }, Targets: []ids.NodeID{3}}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("a target that is no member: %v", err)
 	}
 }

@@ -164,7 +164,7 @@ func (rc *regionChains) backupsOf(ev eventsOf) func(ids.PageNo) []ids.NodeID {
 const maxExactTargets = 1 << 16
 
 // targets are the new homes, under now, of the shards whose home differs
-// from the one under last (nil: nothing moved).
+// from the one under last and is still there (nil: nothing moved).
 func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	if !rc.anyDeparted(now) {
 		return nil
@@ -189,7 +189,9 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 			if len(c) == 0 {
 				continue
 			}
-			if h := c[homeIndex(c, now)]; h != c[homeIndex(c, last)] {
+			// A shard whose new home departed too is lost, not moved:
+			// no target (coherence: the page's home is no member).
+			if h := c[homeIndex(c, now)]; h != c[homeIndex(c, last)] && now.departedAt(h) == 0 {
 				add(h)
 			}
 		}

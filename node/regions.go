@@ -312,9 +312,14 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
 		if member && pm.epoch > re.epoch {
+			// The placement goes with every epoch after a departure:
+			// moved shards name their targets, lost ones a home that
+			// is no member.
 			rc := coherence.Reconfigure{Epoch: pm.epoch, Members: pm.members, Backups: re.chains.backupsOf(pm)}
-			if rc.Targets = re.chains.targets(re.last, pm); len(rc.Targets) > 0 {
+			if re.chains.anyDeparted(pm) {
 				rc.HomeOf = re.chains.homeOf(pm)
+			}
+			if rc.Targets = re.chains.targets(re.last, pm); len(rc.Targets) > 0 {
 				es.log.Info("region pages move to new homes", "region", re.region.Name, "targets", rc.Targets,
 					"protocol_epoch", pm.epoch)
 			}
