@@ -219,9 +219,10 @@ type Stats struct {
 	// Joins counts the nodes that joined (restarts included), and
 	// JoinerOps the requests that joiners completed.
 	Joins, JoinerOps int
-	// Taints counts the taint epochs, SkippedMoves the epochs learnt by
-	// a node that skipped an epoch that moved pages.
-	Taints, SkippedMoves int
+	// Taints counts the taint epochs, PassedTainted the promotions that
+	// passed over a live tainted backup, SkippedMoves the epochs learnt
+	// by a node that skipped an epoch that moved pages.
+	Taints, PassedTainted, SkippedMoves int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -1015,6 +1016,10 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 func (s *Sim) promoteBackup(p ids.PageNo) bool {
 	var home ids.NodeID
 	for _, b := range s.backupList(p) {
+		if !s.gone[b] && b != s.slots[p].home && s.tainted[b] {
+			s.stats.PassedTainted++
+			s.tracef("%v: backup %v is tainted, not promoted", p, b)
+		}
 		if !s.gone[b] && !s.tainted[b] && b != s.slots[p].home {
 			home = b
 			break
