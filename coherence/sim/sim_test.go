@@ -67,6 +67,9 @@ var configs = []struct {
 	// latest epoch, its Targets computed against the placement of the
 	// last epoch it learnt (as dsmd computes them from coalesced views).
 	{"skip-move", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 16, SkipMoves: true, Taints: 2}, 100},
+	// The same, slower to learn (LearnOdds 32): more nodes skip a move
+	// and learn an epoch that moves pages again.
+	{"skip-move-slow", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 32, SkipMoves: true, Taints: 2}, 25},
 	// Taints (as dsmd does for a member its failure detector declared
 	// failed, alive or not): epochs with the same members in which a live
 	// node stops being a backup of every page; it stays a member, a client
