@@ -90,10 +90,11 @@ type Options struct {
 	Linearizability bool
 	// Backups is the number of backups of every page (each release writes
 	// its data and stamp to them; a crashed home's pages move to their
-	// first live backup). 0: as many as Crashes when HomeCrashes is set
-	// (a copy always survives), else none; negative: none (then a crashed
-	// home's pages move to a random first-epoch node whose slot gets the
-	// old home copy, a stand-in for a backup).
+	// first live backup that is not tainted). 0: as many as Crashes plus
+	// Taints when HomeCrashes is set (a promotable copy always survives),
+	// else none; negative: none (then a crashed home's pages move to a
+	// random first-epoch node whose slot gets the old home copy, a
+	// stand-in for a backup).
 	Backups int
 	// SlowSlots reconfigures with SlotsPending: each new home of moved
 	// pages learns that its slots are ready (SlotsReady) at a random later
@@ -1708,11 +1709,12 @@ func (s *Sim) checkWord(p ids.PageNo, holder ids.NodeID) {
 			s.fail("word of %v is %v: it names a departed node", p, w)
 			return
 		}
-		// Every epoch had a departure, so the last repair stamped the
-		// last epoch's tag, unless a lagging node's CAS, posted before it
-		// learnt the epoch, executed after the repair (the trust rule
-		// allows it: the tag is advisory).
-		if !stamp && s.Opts.EmptyEpochs == 0 && s.Opts.Joins == 0 && !s.Opts.AsyncReconfig && w.Tag() != uint8(s.epoch&15) {
+		// Every epoch had a departure (no empty epoch, join or taint),
+		// so the last repair stamped the last epoch's tag, unless a
+		// lagging node's CAS, posted before it learnt the epoch,
+		// executed after the repair (the trust rule allows it: the tag
+		// is advisory).
+		if !stamp && s.Opts.EmptyEpochs == 0 && s.Opts.Joins == 0 && s.Opts.Taints == 0 && !s.Opts.AsyncReconfig && w.Tag() != uint8(s.epoch&15) {
 			s.fail("word of %v is %v, in epoch %v", p, w, s.epoch)
 			return
 		}
