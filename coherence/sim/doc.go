@@ -28,7 +28,13 @@
 // AsyncReconfig: possibly skipping it); with Restarts, some crashes are
 // restarts, whose reconfiguration also adds a new id that takes the crashed
 // node's place as a client. Joiners are clients like the others, never
-// homes. Then the faults and the new requests
+// homes. With SkipMoves, crashes (of homes too), their reconfigurations
+// and joins come while nodes still lag: a lagging node learns only the
+// latest epoch, moves it skipped included (its Targets are the new homes
+// of the pages whose home differs from the placement of the last epoch it
+// learnt). With Taints, epochs with the same members drop one live node
+// from the backups of every page; a tainted node is never promoted. Then
+// the faults and the new requests
 // stop and the run settles: every request must complete within
 // SettleSteps.
 //

@@ -61,6 +61,21 @@ var configs = []struct {
 	// a joiner created while moves are under way, and new homes whose
 	// slots are ready only some steps after the epoch (SlotsReady).
 	{"range-move", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 16}, 100},
+	// range-move where nodes skip epochs, moves included: crashes (of
+	// homes too), their reconfigurations and the join come while nodes
+	// still lag behind earlier epochs; a lagging node learns only the
+	// latest epoch, its Targets computed against the placement of the
+	// last epoch it learnt (as dsmd computes them from coalesced views).
+	{"skip-move", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 16, SkipMoves: true, Taints: 2}, 100},
+	// The same, slower to learn (LearnOdds 32): more nodes skip a move
+	// and learn an epoch that moves pages again.
+	{"skip-move-slow", Options{Nodes: 12, Pages: 12, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Joins: 1, AsyncReconfig: true, LazyHomes: true, SlowSlots: true, LearnOdds: 32, SkipMoves: true, Taints: 2}, 25},
+	// Taints (as dsmd does for a member its failure detector declared
+	// failed, alive or not): epochs with the same members in which a live
+	// node stops being a backup of every page; it stays a member, a client
+	// and a home, and is never promoted. Every page has Crashes+Taints
+	// backups, every home may crash.
+	{"taint", Options{Nodes: 10, Pages: 10, Ops: 120, Faults: true, Evict: true, Crashes: 3, HomeCrashes: 3, Taints: 2, AsyncReconfig: true, LazyHomes: true, SlowSlots: true}, 100},
 	// Words zero in epoch 16, 40 empty epochs (the 4-bit tag wraps more
 	// than twice) and 2 crashes between the requests.
 	// Members that join (docs/protocol.md, "Members that join"): nodes
@@ -155,6 +170,9 @@ func TestSimSeeds(t *testing.T) {
 						worst.Stamps += st.Stamps
 						worst.Joins += st.Joins
 						worst.JoinerOps += st.JoinerOps
+						worst.Taints += st.Taints
+						worst.PassedTainted += st.PassedTainted
+						worst.SkippedMoves += st.SkippedMoves
 						mu.Unlock()
 					}
 				}()
@@ -175,11 +193,17 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && (c.opts.Joins > 0 || c.opts.Restarts > 0) && (worst.Joins == 0 || worst.JoinerOps == 0) {
 				t.Fatalf("%d seeds with joins: %d joins, %d requests completed by joiners", n, worst.Joins, worst.JoinerOps)
 			}
+			if n >= 20 && c.opts.Taints > 0 && (worst.Taints == 0 || c.opts.HomeCrashes > 0 && worst.PassedTainted == 0) {
+				t.Fatalf("%d seeds of a configuration with taints: %d taints, %d promotions passed over a tainted backup", n, worst.Taints, worst.PassedTainted)
+			}
+			if n >= 20 && c.opts.SkipMoves && worst.SkippedMoves == 0 {
+				t.Fatalf("no node skipped a move in %d seeds of a configuration with SkipMoves", n)
+			}
 			if n >= 20 && c.opts.EmptyEpochs > 0 && worst.EmptyEpochs == 0 {
 				t.Fatalf("no empty epoch happened in %d seeds of a configuration with empty epochs", n)
 			}
-			t.Logf("%d seeds in %v; worst: steps=%d settle=%d request latency=%d steps, overtaken by %d tenures; in all: %d critical sections, %d crashes (%d of homes), %d batches of unknown outcome (%d executed), %d empty epochs, %d stamp requests, %d joins, %d requests of joiners",
-				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes, worst.Unknown, worst.UnknownExecuted, worst.EmptyEpochs, worst.Stamps, worst.Joins, worst.JoinerOps)
+			t.Logf("%d seeds in %v; worst: steps=%d settle=%d request latency=%d steps, overtaken by %d tenures; in all: %d critical sections, %d crashes (%d of homes), %d batches of unknown outcome (%d executed), %d empty epochs, %d stamp requests, %d joins, %d requests of joiners, %d taints (%d promotions passed over a tainted backup), %d epochs learnt skipping a move",
+				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes, worst.Unknown, worst.UnknownExecuted, worst.EmptyEpochs, worst.Stamps, worst.Joins, worst.JoinerOps, worst.Taints, worst.PassedTainted, worst.SkippedMoves)
 		})
 		total += n
 	}
