@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time soak bench-cluster help run run-docker image image-multistage demo test test-ofi testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -98,8 +98,12 @@ failover: ROUNDS = 5
 failover: SEEDS = 1
 failover: DURATION = 45s
 failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of a home, SIGTERM, poisoned faults), then SEEDS chaos schedules of DURATION under kill, leave, join and pause (needs root)
-	$(GO) test ./tests -run '^(TestHomeFailureIsLoud|TestSigtermWritesBack|TestUnavailablePageFails)$$' -count=$(ROUNDS) -timeout 0 -v
+	$(GO) test ./tests -run '^(TestHomeFailureIsLoud|TestRemoveFailedMember|TestSigtermWritesBack|TestUnavailablePageFails)$$' -count=$(ROUNDS) -timeout 0 -v
 	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults kill,leave,join,pause -out $(CURDIR)/tests/chaos/out
+
+failover-time: ROUNDS = 10
+failover-time: ## failover time of a home killed with kill -9 and restarted at once, ROUNDS rounds on a three-node cluster (median, min, max)
+	DSM_FAILOVER_ROUNDS=$(ROUNDS) $(GO) test ./tests -run '^TestFailoverTime$$' -count=1 -timeout 0 -v
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

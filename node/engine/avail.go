@@ -45,6 +45,10 @@ type UnavailableError struct {
 	// waited.
 	Epoch  ids.Epoch
 	Waited time.Duration
+	// Lost: the page's home departed and the placement found no copy to
+	// move it to; it will not come back (the error also matches
+	// localcache.ErrLost).
+	Lost bool
 }
 
 func (e *UnavailableError) Error() string {
@@ -60,7 +64,12 @@ func (e *UnavailableError) Error() string {
 }
 
 // Unwrap makes the error match ErrUnavailable.
-func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+func (e *UnavailableError) Unwrap() []error {
+	if e.Lost {
+		return []error{ErrUnavailable, localcache.ErrLost}
+	}
+	return []error{ErrUnavailable}
+}
 
 // SetDown tells the engine that node id (a protocol id) is down (why, a verb phrase for
 // errors: "failed in epoch 41"): calls on the pages it is home of
@@ -126,7 +135,11 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 	}
 	home := e.homeOf(p)
 	if why := e.downWhy(home); why != "" {
-		return ue(home, "home", why)
+		err := ue(home, "home", why)
+		// A home that is no member departed, and the placement keeps a
+		// page there only when no copy was left to move it to.
+		err.Lost = !slices.Contains(e.sm.Members(), home)
+		return err
 	}
 	if atStart || e.cfg.UnavailableAfter < 0 || waited < e.cfg.UnavailableAfter {
 		return nil

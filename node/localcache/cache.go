@@ -45,6 +45,10 @@ var (
 	// instead of retrying; a client's fault keeps waiting, until its
 	// FaultTimeout, when it is poisoned (see the package doc).
 	ErrUnavailable = errors.New("localcache: page unavailable")
+	// ErrLost marks an ErrUnavailable for good: no copy of the page is
+	// left anywhere. A client's fault on it is poisoned at once, without
+	// waiting for its FaultTimeout.
+	ErrLost = errors.New("localcache: page lost")
 	// ErrEvictPending: Coherence.Evict failed after the engine took the
 	// eviction over: the write-back completes later (or never, if the
 	// page's home is gone) with the data the engine kept. The cache must

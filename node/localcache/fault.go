@@ -217,7 +217,7 @@ func (cl *client) work(p ids.PageNo, write bool) {
 			return
 		case errors.As(err, &missErr):
 			poisoned := poisonNot
-			if cl.faultTimeout > 0 && errors.Is(err, ErrUnavailable) && time.Since(since) >= cl.faultTimeout {
+			if cl.faultTimeout > 0 && errors.Is(err, ErrUnavailable) && (errors.Is(err, ErrLost) || time.Since(since) >= cl.faultTimeout) {
 				poisoned = cl.poison(p, err)
 			}
 			if poisoned == poisonGone {
