@@ -161,9 +161,11 @@
 // completed, the unknown batch has either executed or never will. A caller
 // that must know reads the state back with such a Post.
 //
-// A restarted peer. Its registrations are new, and their keys may equal
-// the old ones (keys are numbered from 1 in every incarnation), so a batch
-// meant for the old incarnation must never execute at the new one. The
+// A restarted peer. Its registrations are new, and their keys differ from
+// the old ones (every incarnation numbers its keys from a random start, so
+// the chance that an old key names new memory is about one in 2^63 per
+// registration), and a batch meant for the old incarnation must never
+// execute at the new one. The
 // requester sees the new nonce in the hello and does not send the batch
 // again: it fails with rdma.ErrOutcomeUnknown, not with a "never executed"
 // answer, because the old incarnation may well have executed it before it

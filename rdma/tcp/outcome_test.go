@@ -30,8 +30,13 @@ func listenCfg(t *testing.T, id ids.NodeID, cfg tcp.Config) *tcp.Transport {
 // behindProxy starts node 1 and node 2 with node 1 reaching node 2 through
 // a cut proxy, connected, and returns them with a registration at node 2.
 func behindProxy(t *testing.T, seed uint64) (a, b *tcp.Transport, p *cutProxy, reg rdma.Registration) {
+	return behindProxyCfg(t, seed, tcp.Config{})
+}
+
+// behindProxyCfg is behindProxy with node 2's configuration.
+func behindProxyCfg(t *testing.T, seed uint64, cfg tcp.Config) (a, b *tcp.Transport, p *cutProxy, reg rdma.Registration) {
 	t.Helper()
-	b = listen(t, 2, "127.0.0.1:0")
+	b = listenCfg(t, 2, cfg)
 	reg = register(t, b, 1<<16)
 	p = newCutProxy(t, b.Addr(), seed)
 	a = listenCfg(t, 1, tcp.Config{RetryWindow: hang})
@@ -180,18 +185,19 @@ func TestCounterExactUnderRandomCuts(t *testing.T) {
 
 // A responder that restarts while a batch is in flight: the batch executed
 // at the old incarnation and its response was lost. The new incarnation
-// (whose registrations reuse the old keys) must not execute it: the
+// (whose registrations reuse the old keys here: Config.FirstKey; by
+// default they differ) must not execute it: the
 // requester learns from the handshake that the peer is another
 // incarnation and fails the batch with ErrOutcomeUnknown, so that a caller
 // that posts again what certainly did not execute does not post it.
 func TestResponderRestartNotAppliedTwice(t *testing.T) {
-	a, b, p, reg := behindProxy(t, 4)
+	a, b, p, reg := behindProxyCfg(t, 4, tcp.Config{FirstKey: 1})
 	rk := reg.Descriptor().RKey
 	var b2 *tcp.Transport
 	var reg2 rdma.Registration
 	p.arm(func() {
 		b.Close()
-		b2 = listen(t, 2, "127.0.0.1:0")
+		b2 = listenCfg(t, 2, tcp.Config{FirstKey: 1})
 		reg2 = register(t, b2, 1<<16)
 		p.setTarget(b2.Addr())
 	})
@@ -226,6 +232,33 @@ func TestResponderRestartNotAppliedTwice(t *testing.T) {
 		t.Errorf("new incarnation's word %d (FAA returned %d), want 1 (0)", got, ops[0].Result)
 	}
 	_ = b2
+}
+
+// A restarted process numbers its keys from another random start: a batch
+// that names the previous process's memory fails at the new one with
+// ErrUnknownKey (the engine posts again where its configuration says)
+// instead of reaching memory that happens to carry the same key.
+func TestRestartedResponderKeysDiffer(t *testing.T) {
+	b := listen(t, 2, "127.0.0.1:0")
+	addr := b.Addr()
+	rk := register(t, b, 4096).Descriptor().RKey
+	b.Close()
+	b2 := listen(t, 2, addr)
+	reg2 := register(t, b2, 4096)
+	if reg2.Descriptor().RKey == rk {
+		t.Fatalf("the new incarnation's first key %v equals the old one's", rk)
+	}
+	a := listen(t, 1, "127.0.0.1:0")
+	if err := a.AddPeer(2, b2.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	ops := []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 1}}
+	if err := a.Post(ctxT(t), 2, ops); !errors.Is(err, rdma.ErrUnknownKey) {
+		t.Fatalf("a batch naming the old incarnation's key: %v, want ErrUnknownKey", err)
+	}
+	if got := rdma.LoadWord(reg2.Bytes(), 0); got != 0 {
+		t.Fatalf("the new incarnation's word is %d", got)
+	}
 }
 
 // With no retry window a lost response fails the batch at once with

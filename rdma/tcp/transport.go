@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -23,6 +24,11 @@ type Config struct {
 	// Logger receives connection events (refused handshakes, broken
 	// connections, protocol violations). Nil discards them.
 	Logger *slog.Logger
+	// FirstKey is the key of the first registration (the next ones follow
+	// it). 0, the default, draws it at random, so that the keys of a
+	// restarted process never name the memory of the previous one; tests
+	// set it to make two incarnations' keys equal.
+	FirstKey uint64
 	// DialTimeout bounds one attempt to connect to a peer, handshake
 	// included. Zero means 5 s.
 	DialTimeout time.Duration
@@ -210,7 +216,10 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		cfg:      cfg,
 		log:      cfg.Logger.With("node", id),
 		ln:       ln,
-		table:    target.New(id),
+		// Keys start at a random number, so that no key of this
+		// incarnation names memory of the next one (see doc.go, A
+		// restarted peer).
+		table:    target.NewFrom(id, cmp.Or(cfg.FirstKey, newNonce()>>1)),
 		ctx:      ctx,
 		cancel:   cancel,
 		peers:    make(map[ids.NodeID]*peer),

@@ -26,9 +26,21 @@ type Table struct {
 	regs    atomic.Pointer[map[uint64]*Reg]
 }
 
-// New returns an empty table for node.
-func New(node ids.NodeID) *Table {
-	t := &Table{node: node, nextKey: 1}
+// New returns an empty table for node whose keys are numbered from 1 (the
+// simulations' deterministic keys).
+func New(node ids.NodeID) *Table { return NewFrom(node, 1) }
+
+// NewFrom returns an empty table for node whose keys are numbered from
+// first (not 0). A transport whose process may restart under the same node
+// id starts from a random key, so that the keys of one incarnation are not
+// the keys of the next: a batch meant for the old process's memory fails
+// at the new one (rdma.ErrUnknownKey) instead of reaching memory that
+// happens to carry the same number.
+func NewFrom(node ids.NodeID, first uint64) *Table {
+	if first == 0 {
+		first = 1
+	}
+	t := &Table{node: node, nextKey: first}
 	m := map[uint64]*Reg{}
 	t.regs.Store(&m)
 	return t
@@ -75,6 +87,9 @@ func (t *Table) Register(mem []byte, acc rdma.Access) (*Reg, error) {
 	defer t.mu.Unlock()
 	key := t.nextKey
 	t.nextKey++
+	if t.nextKey == 0 {
+		t.nextKey = 1 // 0 is no key
+	}
 	r := &Reg{t: t, mem: mem, desc: rdma.Descriptor{
 		Node: t.node, RKey: rdma.RKey{Key: key}, Len: uint64(len(mem)), Access: acc,
 	}}
