@@ -113,7 +113,8 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		if err != nil {
 			return &next, applyResult{Err: err}
 		}
-		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive), Access: access}
+		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive), Access: access,
+			Epoch: v.Epoch}
 		for _, h := range r.Homes {
 			m, _ := v.Member(h)
 			r.HomeIncarnations = append(r.HomeIncarnations, m.Incarnation)
@@ -165,13 +166,22 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		next.Epoch++
 		old.State = c.State
 		old.Epoch = next.Epoch
-		if c.State == StateFailed && old.FailedAt == 0 {
-			old.FailedAt = next.Epoch
+		if c.State == StateFailed {
+			old.noteFailure(next.Epoch)
 		}
 		next.setMember(old)
 		return &next, applyResult{changed: true}
 	}
 	return &next, applyResult{Err: fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)}
+}
+
+// noteFailure records a failure verdict on m in epoch e.
+func (m *Member) noteFailure(e ids.Epoch) {
+	if m.FailedAt == 0 {
+		m.FailedAt = e
+	}
+	m.LastFailedAt = e
+	m.Failures++
 }
 
 // putMember applies cmdPutMember. The command's nonce decides whose record
@@ -194,7 +204,7 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 func putMember(v *View, c command) (*View, applyResult) {
 	next := *v
 	m := c.Member.clone()
-	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt = 0, 0, nil, 0
+	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt, m.LastFailedAt, m.Failures = 0, 0, nil, 0, 0, 0
 	old, ok := v.Member(m.ID)
 	switch {
 	case !ok && m.Nonce == 0:
@@ -214,7 +224,8 @@ func putMember(v *View, c command) (*View, applyResult) {
 		if m.Nonce == 0 {
 			m.Nonce = old.Nonce
 		}
-		m.Incarnation, m.Proto, m.PastNonces, m.FailedAt = old.Incarnation, old.Proto, old.PastNonces, old.FailedAt
+		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
+		m.FailedAt, m.LastFailedAt, m.Failures = old.FailedAt, old.LastFailedAt, old.Failures
 		if m.Proto == ids.None && m.Nonce != 0 {
 			m.Proto = v.freeProto(ids.None)
 			if m.Proto == ids.None {
@@ -238,7 +249,8 @@ func putMember(v *View, c command) (*View, applyResult) {
 			leftAt = old.Epoch
 		}
 		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
-			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation, FailedAt: old.FailedAt})
+			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation,
+			FailedAt: old.FailedAt, LastFailedAt: old.LastFailedAt, Failures: old.Failures})
 		m.Proto = next.freeProto(old.Proto)
 		if m.Proto == ids.None {
 			// Nobody can take the node's place: the old incarnation still
@@ -251,9 +263,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 			next.Epoch++
 			old.State = StateFailed
 			old.Epoch = next.Epoch
-			if old.FailedAt == 0 {
-				old.FailedAt = next.Epoch
-			}
+			old.noteFailure(next.Epoch)
 			next.setMember(old)
 			return &next, applyResult{changed: true, Err: fmt.Errorf("%w: %v cannot start incarnation %d; incarnation %d marked failed", ErrNoProtoIDs, m.ID, old.Incarnation+1, old.Incarnation)}
 		}

@@ -146,7 +146,7 @@ func TestRestartIsNewIncarnation(t *testing.T) {
 	}
 	// The departed incarnation keeps the epoch it failed in: it was no
 	// complete backup from then on.
-	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e}) {
+	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e, LastFailedAt: e, Failures: 1}) {
 		t.Fatalf("quarantine %+v", q)
 	}
 }
@@ -423,17 +423,18 @@ func TestFailedAtIsKeptPerIncarnation(t *testing.T) {
 		t.Fatalf("member back alive: %+v, want FailedAt %v", m, failed)
 	}
 	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102}})
-	if m, _ := viewOf(f).Member(2); m.FailedAt != failed {
-		t.Fatalf("failed twice: %+v, want FailedAt %v", m, failed)
+	if m, _ := viewOf(f).Member(2); m.FailedAt != failed || m.LastFailedAt != viewOf(f).Epoch || m.Failures != 2 {
+		t.Fatalf("failed twice: %+v, want FailedAt %v, LastFailedAt %v, 2 failures", m, failed, viewOf(f).Epoch)
 	}
+	last := viewOf(f).Epoch
 	// A new incarnation starts clean; the old one's failure goes into the
 	// quarantine.
 	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(2, 2)}})
 	v := viewOf(f)
-	if m, _ := v.Member(2); m.Incarnation != 2 || m.FailedAt != 0 {
+	if m, _ := v.Member(2); m.Incarnation != 2 || m.FailedAt != 0 || m.LastFailedAt != 0 || m.Failures != 0 {
 		t.Fatalf("new incarnation: %+v", m)
 	}
-	if q := v.Quarantine(); len(q) != 1 || q[0].FailedAt != failed || q[0].LeftAt != v.Epoch {
+	if q := v.Quarantine(); len(q) != 1 || q[0].FailedAt != failed || q[0].LastFailedAt != last || q[0].Failures != 2 || q[0].LeftAt != v.Epoch {
 		t.Fatalf("quarantine %+v, want FailedAt %v LeftAt %v", q, failed, v.Epoch)
 	}
 	// Node 3 leaves, then comes back as a new process: its old id departed

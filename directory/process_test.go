@@ -578,12 +578,13 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 		// one epoch is where the new incarnation appears.
 		// It may have been declared failed before it came back (FailedAt).
 		q := v.Quarantine()
-		var failedAt ids.Epoch
+		var got directory.Quarantined
 		if len(q) == round+1 {
-			failedAt = q[round].FailedAt
+			got = q[round]
 		}
-		if len(q) != round+1 || failedAt >= m.Epoch ||
-			q[round] != (directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation, FailedAt: failedAt}) {
+		want := directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation,
+			FailedAt: got.FailedAt, LastFailedAt: got.LastFailedAt, Failures: got.Failures}
+		if len(q) != round+1 || got.LastFailedAt >= m.Epoch || got != want {
 			t.Fatalf("round %d: quarantine %+v, want %v left in %v", round, q, old.Proto, m.Epoch)
 		}
 		if v.ProtoIDsLeft() != int(directory.MaxProtoID)-3-(round+1) {

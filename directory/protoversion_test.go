@@ -3,6 +3,7 @@ package directory
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -33,7 +34,7 @@ func TestDecodeMetaProtoVersion(t *testing.T) {
 
 	var logs bytes.Buffer
 	g := newGossip(nodeMeta{ID: 1, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Nonce: 1}, slog.New(slog.NewTextHandler(&logs, nil)))
-	if !bytes.Contains(g.NodeMeta(memberlist.MetaMaxSize), []byte(`"proto":1`)) {
+	if !bytes.Contains(g.NodeMeta(memberlist.MetaMaxSize), []byte(fmt.Sprintf(`"proto":%d`, ProtoVersion))) {
 		t.Fatalf("own metadata without the version: %s", g.NodeMeta(memberlist.MetaMaxSize))
 	}
 	n := &memberlist.Node{Name: "3", Addr: net.ParseIP("127.0.0.1"), Port: 7000, Meta: old}

@@ -220,6 +220,10 @@ type Region struct {
 	// was created (same length as Homes): a later incarnation of the same
 	// node does not have its copies.
 	HomeIncarnations []uint64 `json:",omitempty"`
+	// Epoch is the epoch in which the region was created (0: recorded
+	// before it was kept). A failure verdict before it does not make a
+	// home incomplete for the region.
+	Epoch ids.Epoch `json:",omitempty"`
 	// Access says which local users may map, read and write the region;
 	// nil: every process allowed on dsmd's socket. Set at creation,
 	// changed by SetRegionAccess.
@@ -331,12 +335,16 @@ type Member struct {
 	Descriptors []byte
 	// Epoch is the epoch in which this record last changed.
 	Epoch ids.Epoch
-	// FailedAt is the epoch in which the failure detector first declared
-	// this incarnation failed (0: never). It stays when the incarnation
+	// FailedAt and LastFailedAt are the epochs in which the failure
+	// detector first and last declared this incarnation failed, and
+	// Failures how many times (0: never). They stay when the incarnation
 	// comes back alive: it may have missed writes meanwhile, so the data
-	// plane never counts it as a complete backup copy again (docs/failover.md
-	// §7). Assigned by the directory; ignored in a put.
-	FailedAt ids.Epoch `json:",omitempty"`
+	// plane does not count it as a complete backup copy of a region that
+	// existed then (docs/failover.md §7). Assigned by the directory;
+	// ignored in a put.
+	FailedAt     ids.Epoch `json:",omitempty"`
+	LastFailedAt ids.Epoch `json:",omitempty"`
+	Failures     uint32    `json:",omitempty"`
 }
 
 func (m Member) clone() Member {
@@ -381,8 +389,11 @@ type Quarantined struct {
 	// Node and Incarnation say whose id it was.
 	Node        ids.NodeID
 	Incarnation uint64
-	// FailedAt is the incarnation's Member.FailedAt when it departed.
-	FailedAt ids.Epoch `json:",omitempty"`
+	// FailedAt, LastFailedAt and Failures are the incarnation's when it
+	// departed.
+	FailedAt     ids.Epoch `json:",omitempty"`
+	LastFailedAt ids.Epoch `json:",omitempty"`
+	Failures     uint32    `json:",omitempty"`
 }
 
 // ProtoMember is one coherence member of an epoch: an incarnation and its

@@ -125,9 +125,9 @@ func regionPB(r directory.Region) *dsmpb.Region {
 	if r.Durability == directory.DurabilityMemory {
 		d = dsmpb.Durability_DURABILITY_MEMORY
 	}
-	// The directory records a creation time, not a creation epoch:
-	// created_epoch stays 0.
-	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize,
+	// created_epoch is 0 for a region recorded before the directory kept
+	// it.
+	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize, CreatedEpoch: uint64(r.Epoch),
 		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0)))), Access: accessPB(r.Access)}
 }
 
@@ -418,7 +418,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 		}
 		for i := uint64(0); i < r.Shards(); i++ {
 			c := rc.chain(placement.Shard{Region: r.ID, Index: i})
-			hi := homeIndex(c, pm)
+			hi := homeIndex(c, r.Epoch, pm)
 			in := pm.byProto[c[hi]]
 			switch {
 			case in.departed:
@@ -435,7 +435,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			}
 			backups := 0
 			for _, b := range c[hi+1:] {
-				if pm.departedAt(b) == 0 && pm.failedAt(b) == 0 {
+				if rc.complete(b, pm) {
 					backups++
 				}
 			}

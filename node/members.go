@@ -28,8 +28,10 @@ type incarnation struct {
 	// departed or failed.
 	why string
 	// leftAt is the directory epoch of its departure (0: a member);
-	// failedAt that in which it was first declared failed (0: never).
-	leftAt, failedAt ids.Epoch
+	// failedAt and lastFailed those in which it was first and last
+	// declared failed, failures how often (0: never).
+	leftAt, failedAt, lastFailed ids.Epoch
+	failures                     uint32
 }
 
 // protoMap is the protocol's view of one directory view.
@@ -40,18 +42,32 @@ type protoMap struct {
 	members []ids.NodeID
 	// epoch is the protocol epoch of members: coherenceEpoch plus the
 	// number of ids ever given out, plus the number departed, plus the
-	// number ever declared failed (which drops them from the backups).
-	// Ids are given out, depart and fail once each, and every node
-	// computes this from the same table, so one epoch names one member
-	// set and one placement on every node, whichever views it skipped.
+	// failure verdicts ever given (each drops a member from the backups).
+	// Ids are given out and depart once each, verdicts only add up, and
+	// every node computes this from the same table, so one epoch names
+	// one member set and one placement on every node, whichever views it
+	// skipped.
 	epoch ids.Epoch
 }
 
 // departedAt implements eventsOf.
 func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
 
-// failedAt implements eventsOf.
-func (pm *protoMap) failedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].failedAt }
+// failedBetween implements eventsOf. Only the first and the last verdict
+// are recorded: when a verdict in the range cannot be ruled out, it says
+// there was one.
+func (pm *protoMap) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
+	in := pm.byProto[p]
+	switch {
+	case in.failures == 0 || in.lastFailed <= after:
+		return false
+	case in.lastFailed <= upTo:
+		return true
+	case in.failedAt > after:
+		return in.failedAt <= upTo
+	}
+	return true // a verdict after `after`, maybe one before upTo too
+}
 
 func newProtoMap(v *directory.View) *protoMap {
 	return buildProtoMap(v.Members(), v.Quarantine())
@@ -67,7 +83,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 		if m.Proto == ids.None {
 			continue
 		}
-		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt}
+		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt, lastFailed: m.LastFailedAt, failures: m.Failures}
 		switch m.State {
 		case directory.StateLeft:
 			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
@@ -75,8 +91,9 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			departed++
 		case directory.StateFailed:
 			in.failed, in.why = true, fmt.Sprintf("failed in epoch %d", m.Epoch)
-			if in.failedAt == 0 {
-				in.failedAt = max(m.Epoch, 1) // recorded before FailedAt was
+			if in.failures == 0 {
+				// Recorded before failures were counted.
+				in.failedAt, in.lastFailed, in.failures = max(m.Epoch, 1), max(m.Epoch, 1), 1
 			}
 			pm.members = append(pm.members, m.Proto)
 		default:
@@ -90,13 +107,11 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			why = fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of and nobody backed up were lost with its previous process", m.Incarnation, q.LeftAt)
 		}
 		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why,
-			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt}
+			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures}
 		departed++
 	}
 	for _, in := range pm.byProto {
-		if in.failedAt != 0 {
-			failed++
-		}
+		failed += int(in.failures)
 	}
 	slices.Sort(pm.members)
 	pm.epoch = coherenceEpoch + ids.Epoch(len(pm.byProto)+departed+failed)

@@ -83,17 +83,24 @@ func (rc *regionChains) chain(s placement.Shard) []ids.NodeID {
 	return c
 }
 
-// eventsOf are what the placement needs to know of the protocol ids: when
-// each departed and when each was first declared failed (0: never), as
-// directory epochs.
+// eventsOf are what the placement needs to know of the protocol ids, in
+// directory epochs: when each departed (0: never), and whether it was
+// declared failed in an epoch after `after` and up to upTo (when unsure,
+// it says yes).
 type eventsOf interface {
 	departedAt(p ids.NodeID) ids.Epoch
-	failedAt(p ids.NodeID) ids.Epoch
+	failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool
 }
 
-// homeIndex walks chain c through the departures of ev and returns the
-// index of the shard's home now.
-func homeIndex(c []ids.NodeID, ev eventsOf) int {
+// never is an epoch after every other.
+const never = ids.Epoch(^uint64(0))
+
+// homeIndex walks chain c, of a region created in epoch created, through
+// the departures of ev and returns the index of the shard's home now. A
+// failure verdict before the region's creation does not count: the node
+// was alive again when the region was created (its chain holds only the
+// members alive then), and has had every release of it.
+func homeIndex(c []ids.NodeID, created ids.Epoch, ev eventsOf) int {
 	cur := 0
 	for {
 		d := ev.departedAt(c[cur])
@@ -105,7 +112,7 @@ func homeIndex(c []ids.NodeID, ev eventsOf) int {
 			if dj := ev.departedAt(c[j]); dj != 0 && dj <= d {
 				continue // gone by then
 			}
-			if f := ev.failedAt(c[j]); f != 0 && f <= d {
+			if ev.failedBetween(c[j], created, d) {
 				continue // not complete by then
 			}
 			next = j
@@ -124,24 +131,31 @@ func (rc *regionChains) shardHome(s placement.Shard, ev eventsOf) ids.NodeID {
 	if len(c) == 0 {
 		return ids.None
 	}
-	return c[homeIndex(c, ev)]
+	return c[homeIndex(c, rc.r.Epoch, ev)]
 }
 
 // shardBackups are the backups of shard s under ev: the members of its
 // chain after its home that have not departed and were never declared
-// failed.
+// failed since the region's creation.
 func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeID {
 	c := rc.chain(s)
 	if len(c) == 0 {
 		return nil
 	}
 	var out []ids.NodeID
-	for _, b := range c[homeIndex(c, ev)+1:] {
-		if ev.departedAt(b) == 0 && ev.failedAt(b) == 0 {
+	for _, b := range c[homeIndex(c, rc.r.Epoch, ev)+1:] {
+		if rc.complete(b, ev) {
 			out = append(out, b)
 		}
 	}
 	return out
+}
+
+// complete reports whether chain member b still holds every release of
+// the region: it has not departed, and no failure verdict since the
+// region's creation dropped it from the backups.
+func (rc *regionChains) complete(b ids.NodeID, ev eventsOf) bool {
+	return ev.departedAt(b) == 0 && !ev.failedBetween(b, rc.r.Epoch, never)
 }
 
 // homeOf and backupsOf are the placement of the region's pages under ev.
@@ -191,7 +205,7 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 			}
 			// A shard whose new home departed too is lost, not moved:
 			// no target (coherence: the page's home is no member).
-			if h := c[homeIndex(c, now)]; h != c[homeIndex(c, last)] && now.departedAt(h) == 0 {
+			if h := c[homeIndex(c, rc.r.Epoch, now)]; h != c[homeIndex(c, rc.r.Epoch, last)] && now.departedAt(h) == 0 {
 				add(h)
 			}
 		}
@@ -200,12 +214,12 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	return out
 }
 
-// anyEvent reports whether a home at the region's creation departed or
-// failed under ev (otherwise every shard is at the first of its chain,
-// with all its backups).
+// anyEvent reports whether a home at the region's creation departed, or
+// failed since, under ev (otherwise every shard is at the first of its
+// chain, with all its backups).
 func (rc *regionChains) anyEvent(ev eventsOf) bool {
 	for _, p := range rc.protos {
-		if ev.departedAt(p) != 0 || ev.failedAt(p) != 0 {
+		if !rc.complete(p, ev) {
 			return true
 		}
 	}
@@ -227,5 +241,5 @@ func (rc *regionChains) anyDeparted(ev eventsOf) bool {
 // the first of its chain.
 type noEvents struct{}
 
-func (noEvents) departedAt(ids.NodeID) ids.Epoch { return 0 }
-func (noEvents) failedAt(ids.NodeID) ids.Epoch   { return 0 }
+func (noEvents) departedAt(ids.NodeID) ids.Epoch                     { return 0 }
+func (noEvents) failedBetween(ids.NodeID, ids.Epoch, ids.Epoch) bool { return false }

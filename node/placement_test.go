@@ -9,11 +9,15 @@ import (
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
-// events is a table of departures and failures by protocol id.
+// events is a table of departures and failure verdicts (one each at
+// most) by protocol id.
 type events struct{ left, failed map[ids.NodeID]ids.Epoch }
 
 func (e events) departedAt(p ids.NodeID) ids.Epoch { return e.left[p] }
-func (e events) failedAt(p ids.NodeID) ids.Epoch   { return e.failed[p] }
+func (e events) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
+	f := e.failed[p]
+	return f != 0 && f > after && f <= upTo
+}
 
 func TestHomeIndexWalksCompleteBackups(t *testing.T) {
 	c := []ids.NodeID{1, 2, 3, 4}
@@ -32,8 +36,38 @@ func TestHomeIndexWalksCompleteBackups(t *testing.T) {
 		{"no complete copy left", map[ids.NodeID]ids.Epoch{1: 5, 2: 3}, map[ids.NodeID]ids.Epoch{3: 2, 4: 4}, 0},
 		{"the last one departed too", map[ids.NodeID]ids.Epoch{1: 5, 2: 6, 3: 7, 4: 8}, nil, 3},
 	} {
-		if got := homeIndex(c, events{tc.left, tc.failed}); got != tc.want {
+		if got := homeIndex(c, 0, events{tc.left, tc.failed}); got != tc.want {
 			t.Errorf("%s: home index %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	// A verdict before the region's creation does not count: the node was
+	// alive again when the region was created.
+	if got := homeIndex(c, 4, events{map[ids.NodeID]ids.Epoch{1: 5}, map[ids.NodeID]ids.Epoch{2: 4}}); got != 1 {
+		t.Errorf("a failure before the creation: home index %d, want 1", got)
+	}
+}
+
+// failedBetween keeps only the first and the last verdict: when it
+// cannot rule a verdict out, it says there was one.
+func TestFailedBetween(t *testing.T) {
+	pm := buildProtoMap([]directory.Member{
+		{ID: 1, Incarnation: 1, Proto: 1, State: directory.StateAlive},
+		{ID: 2, Incarnation: 1, Proto: 2, State: directory.StateAlive, FailedAt: 5, LastFailedAt: 5, Failures: 1},
+		{ID: 3, Incarnation: 1, Proto: 3, State: directory.StateAlive, FailedAt: 3, LastFailedAt: 9, Failures: 2},
+	}, nil)
+	for _, tc := range []struct {
+		p           ids.NodeID
+		after, upTo ids.Epoch
+		want        bool
+	}{
+		{1, 0, never, false},
+		{2, 0, 4, false}, {2, 0, 5, true}, {2, 5, never, false}, {2, 4, 6, true},
+		{3, 9, never, false}, {3, 2, 3, true}, {3, 5, 10, true},
+		{3, 5, 7, true}, // unknown: the second verdict may lie in (5, 7]
+		{3, 1, 2, false},
+	} {
+		if got := pm.failedBetween(tc.p, tc.after, tc.upTo); got != tc.want {
+			t.Errorf("failedBetween(n%d, %v, %v) = %v, want %v", tc.p, tc.after, tc.upTo, got, tc.want)
 		}
 	}
 }
@@ -60,6 +94,9 @@ func TestRegionChainsPlacement(t *testing.T) {
 	}
 	// 12 fails: it leaves every backup set, homes do not move.
 	failed := events{failed: map[ids.NodeID]ids.Epoch{12: 4}}
+	if rc.anyEvent(none) || !rc.anyEvent(failed) {
+		t.Fatal("anyEvent")
+	}
 	for p := ids.PageNo(0); p < ids.PageNo(r.Pages()); p += 512 {
 		if slices.Contains(rc.backupsOf(failed)(p), 12) {
 			t.Fatalf("page %v: failed 12 is still a backup", p)
@@ -97,7 +134,7 @@ func TestProtoEpochCountsFailures(t *testing.T) {
 	alive := directory.Member{ID: 1, Incarnation: 1, Proto: 1, State: directory.StateAlive}
 	v1 := buildProtoMap([]directory.Member{alive}, nil)
 	failed := alive
-	failed.State, failed.FailedAt = directory.StateFailed, 2
+	failed.State, failed.FailedAt, failed.LastFailedAt, failed.Failures = directory.StateFailed, 2, 2, 1
 	v2 := buildProtoMap([]directory.Member{failed}, nil)
 	back := failed
 	back.State = directory.StateAlive
@@ -106,7 +143,13 @@ func TestProtoEpochCountsFailures(t *testing.T) {
 	if !(e1 < e2 && e2 == e3) {
 		t.Fatalf("protocol epochs %v %v %v: want a new one at the failure, the same when it is back", e1, e2, e3)
 	}
-	if pm := v3; pm.failedAt(1) != 2 || pm.departedAt(1) != 0 {
-		t.Fatalf("events of 1: failed %v departed %v", pm.failedAt(1), pm.departedAt(1))
+	if pm := v3; !pm.failedBetween(1, 1, 2) || pm.failedBetween(1, 2, never) || pm.departedAt(1) != 0 {
+		t.Fatalf("events of 1: failed in (1, 2] %v, after 2 %v, departed %v", pm.failedBetween(1, 1, 2), pm.failedBetween(1, 2, never), pm.departedAt(1))
+	}
+	// A second verdict is another epoch.
+	again := back
+	again.State, again.LastFailedAt, again.Failures = directory.StateFailed, 4, 2
+	if e4 := buildProtoMap([]directory.Member{again}, nil).epoch; e4 <= e3 {
+		t.Fatalf("protocol epoch %v after a second verdict, %v before", e4, e3)
 	}
 }

@@ -136,6 +136,13 @@ func launchBins(t testing.TB, n int, more func(i int) []string, bin func(i int) 
 		if t.Failed() {
 			for _, p := range c.nodes {
 				t.Logf("---- n%d log (last 4000 bytes):\n%s", p.id, tail(p.logString(), 4000))
+				if dir := os.Getenv("DSM_TEST_LOGS"); dir != "" {
+					// The whole log, for diagnosis.
+					name := filepath.Join(dir, fmt.Sprintf("%s-n%d.log", strings.ReplaceAll(t.Name(), "/", "_"), p.id))
+					if err := os.WriteFile(name, []byte(p.logString()), 0o644); err != nil {
+						t.Logf("DSM_TEST_LOGS: %v", err)
+					}
+				}
 			}
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/mem"
 	"github.com/dsmkit/dsm/rdma/tcp"
 )
 
@@ -106,6 +107,33 @@ func TestWriteBackReachesBackups(t *testing.T) {
 	// The version stamped is the tenure's: read the word back as a number.
 	if v := binary.LittleEndian.Uint64(es[3].mem[SlotOffset(p, 4096):]); coherence.Word(v).Holder() != coherence.NotHome {
 		t.Fatalf("backup word %#x names holder %v, want NotHome", v, coherence.Word(v).Holder())
+	}
+}
+
+// A writer that is its page's backup writes the backup into its own slot
+// when a read recall downgrades it (the data the cache gave up, not the
+// state machine's older copy).
+func TestWriterIsItsOwnBackup(t *testing.T) {
+	net := mem.NewNetwork()
+	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) { return net.Endpoint(id) }, func(c *Config) {
+		c.Backups = func(p ids.PageNo) []ids.NodeID { return []ids.NodeID{testHome(p)%3 + 1} }
+	})
+	ctx := testCtx(t)
+	for p := ids.PageNo(0); p < testPages; p++ {
+		h := testHome(p)
+		b := h%3 + 1
+		data := bytes.Repeat([]byte{byte(p + 1)}, testPageSize)
+		if err := nodes[b].pages.Write(ctx, nodes[b].e, testRegion, p, testPageSize, 0, data); err != nil {
+			t.Fatal(err)
+		}
+		got, err := nodes[h].pages.Read(ctx, nodes[h].e, testRegion, p, testPageSize)
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("home read %x %v", got, err)
+		}
+		w, slotData := slot(nodes[b].e, p)
+		if w.Holder() != coherence.NotHome || !bytes.Equal(slotData, data) {
+			t.Fatalf("p%d: backup n%d (the writer) holds word %v data %x, want the data", p, b, w, slotData)
+		}
 	}
 }
 

@@ -92,6 +92,7 @@ var simConfigs = []simConfig{
 	{name: "home-crash", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true},
 	{name: "failover", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, backups: 1},
 	{name: "failover-restart", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 2},
+	{name: "failover-restart-1", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 1},
 }
 
 // simUnavailableAfter is the engines' UnavailableAfter in the simulation,
