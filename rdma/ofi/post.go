@@ -404,6 +404,11 @@ func (t *Transport) query(ctx context.Context, p *peer, key uint64) (remoteDesc,
 	if err != nil {
 		return remoteDesc{}, err
 	}
+	if want := p.want.Load(); want != 0 && f.FromNonce != want {
+		// Another process answers at the address: its registration
+		// under this key is not the one the caller was told of.
+		return remoteDesc{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, f.FromNonce, want)}
+	}
 	d := remoteDesc{len: f.Len, base: f.Base, acc: f.Access, revoked: !f.Found}
 	p.mu.Lock()
 	p.descs[key] = d

@@ -15,6 +15,8 @@ import "C"
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,7 +123,9 @@ type slot struct {
 // Transport is one endpoint on a libfabric fabric; it implements
 // rdma.Transport. See the package documentation.
 type Transport struct {
-	id       ids.NodeID
+	id ids.NodeID
+	// nonce is this endpoint's incarnation: random, never zero.
+	nonce    uint64
 	cfg      Config
 	log      *slog.Logger
 	c        *C.dsm_fab
@@ -179,6 +183,11 @@ type peer struct {
 	fi   C.fi_addr_t
 	self bool
 	down atomic.Bool // the peer said bye; cleared by any later frame from it
+	// want is the incarnation of the peer this node may reach
+	// (ExpectNonce; 0: any); seen the one its latest frame came from (0:
+	// none yet).
+	want atomic.Uint64
+	seen atomic.Uint64
 	gone atomic.Bool // removed or replaced by RemovePeer or AddPeer
 	// shm is the liveness of the peer when it is an shm endpoint of this
 	// process (nil otherwise): calls that reach it hold shm.mu shared.
@@ -216,6 +225,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	}
 	t := &Transport{
 		id:      id,
+		nonce:   newNonce(),
 		cfg:     cfg,
 		log:     cfg.Logger,
 		timeout: cfg.OpTimeout,
@@ -278,6 +288,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		return Listen(id, addr, cfg)
 	}
 	t.virtAddr = t.c.mr_mode&C.FI_MR_VIRT_ADDR != 0
+	t.nextKey.Store(firstKey(t.nonce, int(t.c.info.domain_attr.mr_key_size)))
 	t.strAddr = t.c.info.addr_format == C.FI_ADDR_STR
 	t.namelen = int(t.c.namelen)
 	t.addr = formatAddr(t.prov, C.GoBytes(unsafe.Pointer(&t.c.name[0]), C.int(t.c.namelen)))
@@ -409,6 +420,74 @@ func (t *Transport) closeC() {
 // LocalID implements rdma.Transport.
 func (t *Transport) LocalID() ids.NodeID { return t.id }
 
+// Nonce is this endpoint's incarnation nonce: random, never zero, drawn by
+// Listen. Every frame it sends carries it; dsmd publishes it to the
+// directory, like the tcp backend's.
+func (t *Transport) Nonce() uint64 { return t.nonce }
+
+// ExpectNonce names the incarnation of peer id that this node may reach
+// (0 lifts the check): once a frame from the peer showed another
+// incarnation, Post and Send fail with rdma.ErrIncarnation without sending;
+// the descriptor queries that precede the first use of a key fail so too
+// when another incarnation answers; and every frame names the incarnation
+// it is meant for, so the peer's process drops messages meant for an
+// earlier one. What it learnt of the peer's registrations under another
+// incarnation is forgotten.
+func (t *Transport) ExpectNonce(id ids.NodeID, nonce uint64) {
+	t.peerMu.RLock()
+	p := t.peers[id]
+	t.peerMu.RUnlock()
+	if p == nil || p.self {
+		return
+	}
+	if p.want.Swap(nonce) != nonce {
+		p.mu.Lock()
+		clear(p.descs)
+		p.mu.Unlock()
+	}
+}
+
+// newNonce draws an incarnation nonce: random, never zero.
+func newNonce() uint64 {
+	var b [8]byte
+	for {
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("ofi: no randomness for the incarnation nonce: %v", err))
+		}
+		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
+	}
+}
+
+// firstKey is where this incarnation's requested memory keys start (the
+// first is one above it): at a random point of the provider's key space,
+// drawn from the nonce, so that a key of an earlier process at the same
+// fabric address names nothing in this one (a peer that has not learnt of
+// the restart is refused by the provider) rather than newer memory.
+// Local keys (bit 62) stay clear.
+func firstKey(nonce uint64, keySize int) uint64 {
+	bits := 8 * keySize
+	if bits <= 0 || bits > 62 {
+		bits = 62
+	}
+	if bits <= 16 {
+		return 0 // too few keys to spread: count from 1
+	}
+	// The upper half of the space is spare room for counting up.
+	return (nonce % (1 << (bits - 1))) &^ 0xffff
+}
+
+// incarnationErr is the error of an operation or message to a peer whose
+// process is not the incarnation expected, or nil.
+func (p *peer) incarnationErr() error {
+	want, seen := p.want.Load(), p.seen.Load()
+	if want != 0 && seen != 0 && seen != want {
+		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, seen, want)}
+	}
+	return nil
+}
+
 // Addr implements rdma.Transport.
 func (t *Transport) Addr() string { return t.addr }
 
@@ -516,6 +595,9 @@ func (t *Transport) lookup(id ids.NodeID) (*peer, error) {
 	t.peerMu.RUnlock()
 	if p == nil {
 		return nil, &rdma.PeerError{Peer: id, Err: rdma.ErrUnknownPeer}
+	}
+	if err := p.incarnationErr(); err != nil {
+		return nil, err
 	}
 	if p.down.Load() {
 		return nil, &rdma.PeerError{Peer: id, Err: fmt.Errorf("%w: it closed its endpoint", rdma.ErrPeerUnreachable)}
@@ -722,6 +804,7 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 	}
 	arena := unsafe.Slice((*byte)(unsafe.Pointer(s.c.arena)), n)
 	copy(arena, hdr)
+	stampNonces(arena, t.nonce, p.want.Load())
 	copy(arena[len(hdr):], user)
 	t.life.RUnlock()
 
