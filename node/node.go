@@ -21,7 +21,6 @@ import (
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/localcache"
-	"github.com/dsmkit/dsm/rdma/tcp"
 )
 
 // Version is dsmd's build version, reported by Status. Set with
@@ -61,7 +60,7 @@ type Node struct {
 	log   *slog.Logger
 
 	tls     *tlsconf.Manager // nil without TLS
-	verbs   *tcp.Transport
+	verbs   verbsEndpoint
 	dir     *directory.Directory
 	cache   *localcache.Cache
 	eng     *engines // nil when Options.Coherence replaces them
@@ -78,6 +77,9 @@ type Node struct {
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
+	// failed receives the error that makes this node unable to serve
+	// (a cluster on another transport): Run leaves and returns it.
+	failed chan error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -95,7 +97,8 @@ func New(cfg Config, opts Options) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = log
 	}
-	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID))}, nil
+	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID)),
+		failed: make(chan error, 1)}, nil
 }
 
 // Start binds every address and starts the services. On error everything
@@ -119,7 +122,6 @@ func (n *Node) Start() (err error) {
 	n.ctx, n.stop = ctx, cancel
 	n.publish = make(chan struct{}, 1)
 
-	vcfg := tcp.Config{Logger: n.log.With("part", "verbs")}
 	if files, on := n.cfg.TLSFiles(); on {
 		if n.tls, err = tlsconf.Load(files); err != nil {
 			return fmt.Errorf("node: TLS: %w", err)
@@ -127,16 +129,10 @@ func (n *Node) Start() (err error) {
 		if self := n.tls.Self(); self.Node != id {
 			return fmt.Errorf("node: TLS: the certificate %s names %v, but this is node %d (--id): make one with `dsmctl tls cert create --node %d`", files.Cert, self, id, id)
 		}
-		vcfg.TLS = &tcp.TLS{
-			Server:    n.tls.ServerConfig(tlsconf.AnyNode),
-			Client:    n.tls.ClientConfig(tlsconf.AnyNode),
-			PeerNode:  tlsconf.PeerNode,
-			Plaintext: n.cfg.VerbsPlaintext,
-		}
 	}
-	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, vcfg)
+	n.verbs, err = n.listenVerbs(id)
 	if err != nil {
-		return fmt.Errorf("node: verbs transport on %s: %w", n.addrs.Verbs, err)
+		return fmt.Errorf("node: verbs transport (%s) on %s: %w", n.cfg.transport(), n.addrs.Verbs, err)
 	}
 	n.addrs.Verbs = n.verbs.Addr()
 
@@ -312,6 +308,7 @@ func (n *Node) follow(ctx context.Context) {
 	nonces := map[ids.NodeID]uint64{}
 	regions := map[ids.RegionID]bool{}
 	access := map[ids.RegionID]*directory.Access{} // as last seen
+	mixed := map[ids.NodeID]string{}               // members on another transport: their address
 	for {
 		select {
 		case <-ctx.Done():
@@ -322,9 +319,15 @@ func (n *Node) follow(ctx context.Context) {
 			}
 			cur := ch.Cur
 			seen := map[ids.NodeID]bool{}
+			if err := n.checkTransports(cur, mixed); err != nil {
+				n.fail(err)
+			}
 			for _, m := range cur.Members() {
 				if m.ID == ids.NodeID(n.cfg.ID) || m.State != directory.StateAlive || m.VerbsAddr == "" {
 					continue
+				}
+				if mixed[m.ID] != "" {
+					continue // another transport: unreachable from here
 				}
 				seen[m.ID] = true
 				if peers[m.ID] == m.VerbsAddr && nonces[m.ID] == m.Nonce {
@@ -531,9 +534,13 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		notify = func(...string) {}
 	}
 	notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
+	var failed error
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
+			done = true
+		case failed = <-n.failed:
+			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)
 			done = true
 		case <-opts.Reload:
 			if err := n.ReloadTLS(); err != nil {
@@ -545,5 +552,56 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 	notify("STOPPING=1", "STATUS=leaving the cluster")
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	return n.Shutdown(lctx)
+	if err := n.Shutdown(lctx); failed == nil {
+		return err
+	}
+	return failed
+}
+
+// fail reports an error that stops the node from serving (Run leaves the
+// cluster and returns it); the first one wins.
+func (n *Node) fail(err error) {
+	select {
+	case n.failed <- err:
+	default:
+	}
+}
+
+// Failed receives the error that makes the node unable to serve in its
+// cluster (it joined a cluster that runs on another verbs transport). Run
+// acts on it; callers that drive a Node themselves may.
+func (n *Node) Failed() <-chan error { return n.failed }
+
+// checkTransports finds the alive members whose verbs address is of
+// another transport (or libfabric provider) than this node's: an endpoint
+// cannot reach them, so a cluster runs on one. mixed keeps them, with the
+// address, so that each is reported once. When the Raft leader is one of
+// them, this node is the odd one out (it joined a cluster on another
+// transport): the error says so, and the node leaves. Otherwise the other
+// member is the odd one, and is only logged here.
+func (n *Node) checkTransports(v *directory.View, mixed map[ids.NodeID]string) error {
+	self := ids.NodeID(n.cfg.ID)
+	mine := verbsKind(n.verbs.Addr())
+	odd := false
+	for _, m := range v.Members() {
+		if m.ID == self || m.State != directory.StateAlive || m.VerbsAddr == "" || verbsKind(m.VerbsAddr) == mine {
+			delete(mixed, m.ID)
+			continue
+		}
+		odd = true
+		if mixed[m.ID] != m.VerbsAddr {
+			mixed[m.ID] = m.VerbsAddr
+			n.log.Error("verbs: a member runs on another transport: a cluster runs on one, and this node does not reach it",
+				"peer", m.ID, "peer_transport", verbsKind(m.VerbsAddr), "peer_addr", m.VerbsAddr, "transport", mine)
+		}
+	}
+	if !odd || n.dir == nil {
+		return nil
+	}
+	leader := n.dir.RaftStats().Leader
+	if leader == ids.None || leader == self || mixed[leader] == "" {
+		return nil
+	}
+	return fmt.Errorf("node: this cluster runs its verbs over %s (the leader n%d publishes %s), and this dsmd over %s: every member must run the same --transport (and --ofi-provider)",
+		verbsKind(mixed[leader]), leader, mixed[leader], mine)
 }
