@@ -150,9 +150,11 @@ type Transport struct {
 	nextReq    atomic.Uint64
 	handler    atomic.Pointer[rdma.Handler]
 	closing    atomic.Bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
+	// wedged reports, once, that the shm provider refuses posts.
+	wedged    sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 
 	// pollMu is held by whoever reads the completion queue (only the
 	// poller, today; see the package documentation on caller polling).
@@ -875,6 +877,12 @@ func (t *Transport) backoff(ctx context.Context, p *peer, since int64, wait *tim
 		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or closed", rdma.ErrPeerUnreachable)}
 	}
 	if time.Now().UnixNano()-since > int64(t.timeout) {
+		if isShm(t.prov) {
+			t.wedged.Do(func() {
+				t.log.Error("ofi: the shm provider has refused posts for OpTimeout; the likely cause: a peer process died with writes, atomics or messages to it in flight, which leaves a libfabric 1.17 shm endpoint unable to post them ever again (READs still work): restart this process (docs/operations.md, Running on an RDMA fabric)",
+					"peer", p.id)
+			})
+		}
 		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: provider refused posts for %v", rdma.ErrPeerUnreachable, t.timeout)}
 	}
 	// Back off exponentially: posters that retry at once would take the
