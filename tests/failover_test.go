@@ -54,6 +54,7 @@ func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint3
 // The pages of the dead home are not served again: moving homes and
 // backups are not built yet (docs/failover.md).
 func TestHomeFailureIsLoud(t *testing.T) {
+	skipOnShmWithDeaths(t)
 	const region = "fo"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(home uint32) string { return strconv.FormatUint(homes[home]*4096, 10) }
