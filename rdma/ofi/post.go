@@ -343,7 +343,7 @@ func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, pr
 	for try := 0; try < 3; try++ {
 		// The first question may meet the connection the provider has
 		// just dropped; it is re-made on the next use.
-		if d, err = t.query(qctx, p, op.RKey.Key); err == nil || qctx.Err() != nil {
+		if d, err = t.query(qctx, p, op.RKey.Key); err == nil || qctx.Err() != nil || p.gone.Load() {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -443,6 +443,8 @@ func (t *Transport) rpc(ctx context.Context, p *peer, wait time.Duration, enc fu
 		return frame{}, ctx.Err()
 	case <-t.stop:
 		return frame{}, rdma.ErrClosed
+	case <-p.removed:
+		return frame{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or replaced", rdma.ErrPeerUnreachable)}
 	case <-timer.C:
 		return frame{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: no answer to a control request in %v", rdma.ErrPeerUnreachable, wait)}
 	}

@@ -191,6 +191,9 @@ type peer struct {
 	want atomic.Uint64
 	seen atomic.Uint64
 	gone atomic.Bool // removed or replaced by RemovePeer or AddPeer
+	// removed is closed when gone is set (markGone): control requests
+	// waiting for the peer's answer stop waiting.
+	removed chan struct{}
 	// shm is the liveness of the peer when it is an shm endpoint of this
 	// process (nil otherwise): calls that reach it hold shm.mu shared.
 	shm *shmLife
@@ -334,7 +337,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	// The endpoint reaches itself through the fabric, so that posts to the
 	// local node take the same path (and the same atomicity domain) as
 	// remote ones.
-	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}}
+	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
 	rc = C.dsm_av_insert(t.c, unsafe.Pointer(&t.c.name[0]), &self.fi)
 	if rc != 0 {
 		t.freeC()
@@ -527,7 +530,7 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 		if old.addr == addr && !old.down.Load() {
 			return nil
 		}
-		old.gone.Store(true)
+		old.markGone()
 		t.kickPeer(id, kickPeerGone)
 	}
 	// Copy the name into a zeroed C buffer of the largest name size, so the
@@ -535,7 +538,7 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 	cname := (*[maxNameLen + 1]byte)(C.calloc(maxNameLen+1, 1))
 	defer C.free(unsafe.Pointer(cname))
 	copy(cname[:], name)
-	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}}
+	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
 	if isShm(t.prov) {
 		p.shm = shmPeerLife(name)
 	}
@@ -561,11 +564,18 @@ func (t *Transport) RemovePeer(id ids.NodeID) {
 	}
 	t.peerMu.Lock()
 	if p := t.peers[id]; p != nil {
-		p.gone.Store(true)
+		p.markGone()
 	}
 	delete(t.peers, id)
 	t.peerMu.Unlock()
 	t.kickPeer(id, kickPeerGone)
+}
+
+// markGone records that the peer was removed or replaced.
+func (p *peer) markGone() {
+	if p.gone.CompareAndSwap(false, true) {
+		close(p.removed)
+	}
 }
 
 // enter and leave bracket a call into the provider that reaches p; enter
