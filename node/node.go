@@ -309,10 +309,21 @@ func (n *Node) follow(ctx context.Context) {
 	regions := map[ids.RegionID]bool{}
 	access := map[ids.RegionID]*directory.Access{} // as last seen
 	mixed := map[ids.NodeID]string{}               // members on another transport: their address
+	// While members on another transport are known, the check is made
+	// again now and then: the leader may not have been known at the
+	// change that showed them.
+	recheck := time.NewTicker(time.Second)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-recheck.C:
+			if len(mixed) > 0 {
+				if err := n.checkTransports(n.dir.View(), mixed); err != nil {
+					n.fail(err)
+				}
+			}
 		case ch, ok := <-changes:
 			if !ok {
 				return
@@ -566,11 +577,6 @@ func (n *Node) fail(err error) {
 	default:
 	}
 }
-
-// Failed receives the error that makes the node unable to serve in its
-// cluster (it joined a cluster that runs on another verbs transport). Run
-// acts on it; callers that drive a Node themselves may.
-func (n *Node) Failed() <-chan error { return n.failed }
 
 // checkTransports finds the alive members whose verbs address is of
 // another transport (or libfabric provider) than this node's: an endpoint

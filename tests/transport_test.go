@@ -43,12 +43,7 @@ func TestClusterTransport(t *testing.T) {
 	}
 
 	// A third node on tcp joins the ofi cluster.
-	var gossip string
-	for i, a := range c.nodes[0].args {
-		if a == "--gossip-addr" {
-			gossip = c.nodes[0].args[i+1]
-		}
-	}
+	gossip := c.nodes[0].arg("--gossip-addr")
 	dir := filepath.Join(t.TempDir(), "n3")
 	p := &proc{id: 3, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{},
 		args: []string{"--id", "3", "--data-dir", dir, "--gossip-addr", freeAddr(t), "--raft-addr", freeAddr(t),
