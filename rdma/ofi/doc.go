@@ -45,7 +45,9 @@
 //
 //   - ExpectNonce(peer, nonce) names the incarnation that may be reached.
 //     Every frame names the receiver's incarnation it is meant for, and a
-//     receiver drops frames meant for an earlier process of its node. A
+//     receiver drops frames meant for an earlier process of its node;
+//     descriptor queries alone go to any incarnation, and their answer
+//     says whose it is. A
 //     frame from the peer tells the initiator the peer's incarnation: once
 //     it differs from the expected one, Post and Send fail with
 //     rdma.ErrIncarnation without sending; what was cached of the peer's
@@ -58,9 +60,10 @@
 //     registration in the new one, and providers that check keys at the
 //     target (sockets, tcp;ofi_rxm) refuse the operation; the initiator's
 //     question that follows meets the new incarnation and fails with
-//     rdma.ErrIncarnation. Providers that choose keys themselves
-//     (FI_MR_PROV_KEY: verbs, efa) make that the provider's guarantee, not
-//     this package's.
+//     rdma.ErrIncarnation. Where the provider chooses keys itself
+//     (FI_MR_PROV_KEY: verbs, efa), whether a key of an old process can
+//     name a registration of the new one is up to the provider and the
+//     NIC (not tested here).
 //   - shm names endpoints after the process (pid), so a new process has a
 //     new address, and the old address reaches nobody.
 //

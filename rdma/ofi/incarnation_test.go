@@ -139,11 +139,26 @@ func testExpectNonce(t *testing.T, prov string) {
 		t.Fatalf("the new incarnation's word is %d: an operation meant for the old one executed", w)
 	}
 
+	// An initiator that has not heard from the new process yet, and
+	// still holds the old one's descriptor, reaches the new process with
+	// the old key: the provider refuses it (keys differ per incarnation),
+	// and the question that follows meets the new incarnation.
+	p := a.peers[2]
+	p.seen.Store(0)
+	p.mu.Lock()
+	p.descs[old.RKey.Key] = remoteDesc{len: old.Len, base: old.RKey.Base, acc: old.Access}
+	p.mu.Unlock()
+	if err := faa(old.RKey); !errors.Is(err, rdma.ErrIncarnation) {
+		t.Errorf("FAA with the old incarnation's cached descriptor: %v, want ErrIncarnation", err)
+	}
+	if w := rdma.LoadWord(mem2, 0); w != 0 {
+		t.Fatalf("the new incarnation's word is %d: the old key reached its memory", w)
+	}
+
 	// A message of an initiator that expects the old incarnation of this
 	// node is dropped by the new one.
 	b2got := make(chan []byte, 1)
 	b2.SetHandler(func(_ ids.NodeID, msg []byte) { b2got <- msg })
-	p := a.peers[2]
 	p.seen.Store(0) // as if a had not heard from the new process yet
 	if err := a.Send(ctx, 2, []byte("stale")); err != nil {
 		t.Fatalf("Send that the initiator cannot refuse: %v", err)

@@ -349,6 +349,12 @@ func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, pr
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err != nil {
+		if errors.Is(err, rdma.ErrIncarnation) {
+			// Another process listens at the address (a restart the
+			// caller has not heard of): the provider refused the key of
+			// the process the caller meant, which names nothing there.
+			return fmt.Errorf("%w (%v)", err, ferr)
+		}
 		return unknown(fmt.Errorf("%w (and the registration could not be queried: %v)", ferr, err))
 	}
 	if d.revoked {

@@ -433,10 +433,10 @@ func (t *Transport) Nonce() uint64 { return t.nonce }
 // ExpectNonce names the incarnation of peer id that this node may reach
 // (0 lifts the check): once a frame from the peer showed another
 // incarnation, Post and Send fail with rdma.ErrIncarnation without sending;
-// the descriptor queries that precede the first use of a key fail so too
-// when another incarnation answers; and every frame names the incarnation
-// it is meant for, so the peer's process drops messages meant for an
-// earlier one. What it learnt of the peer's registrations under another
+// the descriptor queries that precede the first use of a key (and follow
+// an operation the provider refused) fail so too when another incarnation
+// answers; and every other frame names the incarnation it is meant for, so
+// the peer's process drops messages meant for an earlier one. What it learnt of the peer's registrations under another
 // incarnation is forgotten.
 func (t *Transport) ExpectNonce(id ids.NodeID, nonce uint64) {
 	t.peerMu.RLock()
@@ -816,7 +816,13 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 	}
 	arena := unsafe.Slice((*byte)(unsafe.Pointer(s.c.arena)), n)
 	copy(arena, hdr)
-	stampNonces(arena, t.nonce, p.want.Load())
+	to := p.want.Load()
+	if frameKind(hdr[1]) == frameQuery {
+		// Any incarnation answers a descriptor query (query checks whose
+		// answer it is), so that an initiator learns of a restart.
+		to = 0
+	}
+	stampNonces(arena, t.nonce, to)
 	copy(arena[len(hdr):], user)
 	t.life.RUnlock()
 
