@@ -578,36 +578,69 @@ func (n *Node) fail(err error) {
 	}
 }
 
+// clusterTransport is the transport of a cluster whose alive members run
+// count[kind] of each kind: the one most run, the leader's (leaderKind) on
+// a tie, and this node's (mine) when nothing breaks the tie.
+func clusterTransport(mine string, count map[string]int, leaderKind string) string {
+	cluster, best := mine, count[mine]
+	for kind, c := range count {
+		if c > best || c == best && kind == leaderKind {
+			cluster, best = kind, c
+		}
+	}
+	return cluster
+}
+
 // checkTransports finds the alive members whose verbs address is of
 // another transport (or libfabric provider) than this node's: an endpoint
 // cannot reach them, so a cluster runs on one. mixed keeps them, with the
-// address, so that each is reported once. When the Raft leader is one of
-// them, this node is the odd one out (it joined a cluster on another
-// transport): the error says so, and the node leaves. Otherwise the other
-// member is the odd one, and is only logged here.
+// address, so that each is reported once. The cluster's transport is the
+// one most alive members run, and the Raft leader's on a tie: when that is
+// not this node's, this node is the odd one out (it joined a cluster on
+// another transport), the error says so, and the node leaves. Otherwise
+// the others are the odd ones, and are only logged here (they leave by
+// the same rule), so that one misconfigured member, even one that wins an
+// election, never makes the others leave.
 func (n *Node) checkTransports(v *directory.View, mixed map[ids.NodeID]string) error {
 	self := ids.NodeID(n.cfg.ID)
 	mine := verbsKind(n.verbs.Addr())
-	odd := false
+	count := map[string]int{mine: 1}
+	addrOf := map[string]string{} // an address of each other kind
 	for _, m := range v.Members() {
-		if m.ID == self || m.State != directory.StateAlive || m.VerbsAddr == "" || verbsKind(m.VerbsAddr) == mine {
+		if m.ID == self || m.State != directory.StateAlive || m.VerbsAddr == "" {
+			continue
+		}
+		kind := verbsKind(m.VerbsAddr)
+		count[kind]++
+		if kind == mine {
 			delete(mixed, m.ID)
 			continue
 		}
-		odd = true
+		addrOf[kind] = m.VerbsAddr
 		if mixed[m.ID] != m.VerbsAddr {
 			mixed[m.ID] = m.VerbsAddr
 			n.log.Error("verbs: a member runs on another transport: a cluster runs on one, and this node does not reach it",
-				"peer", m.ID, "peer_transport", verbsKind(m.VerbsAddr), "peer_addr", m.VerbsAddr, "transport", mine)
+				"peer", m.ID, "peer_transport", kind, "peer_addr", m.VerbsAddr, "transport", mine)
 		}
 	}
-	if !odd || n.dir == nil {
+	if len(addrOf) == 0 || n.dir == nil {
 		return nil
 	}
 	leader := n.dir.RaftStats().Leader
-	if leader == ids.None || leader == self || mixed[leader] == "" {
+	leaderKind := ""
+	if a := mixed[leader]; a != "" {
+		leaderKind = verbsKind(a)
+	} else if leader == self {
+		leaderKind = mine
+	}
+	cluster := clusterTransport(mine, count, leaderKind)
+	if cluster == mine {
 		return nil
 	}
-	return fmt.Errorf("node: this cluster runs its verbs over %s (the leader n%d publishes %s), and this dsmd over %s: every member must run the same --transport (and --ofi-provider)",
-		verbsKind(mixed[leader]), leader, mixed[leader], mine)
+	how := "most alive members run it"
+	if count[cluster] == count[mine] {
+		how = "the leader runs it"
+	}
+	return fmt.Errorf("node: this cluster runs its verbs over %s (%s; one of them publishes %s), and this dsmd over %s: every member must run the same --transport (and --ofi-provider)",
+		cluster, how, addrOf[cluster], mine)
 }

@@ -81,3 +81,33 @@ func TestVerbsKind(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterTransport: the cluster's transport is the one most alive
+// members run, the leader's on a tie, and a member keeps its own when
+// nothing breaks the tie; one odd member never outvotes the others, even
+// as the leader.
+func TestClusterTransport(t *testing.T) {
+	const ofi, tcp = "ofi shm", "tcp"
+	for _, c := range []struct {
+		mine   string
+		count  map[string]int
+		leader string
+		want   string
+	}{
+		{tcp, map[string]int{tcp: 1, ofi: 2}, ofi, ofi},
+		{tcp, map[string]int{tcp: 1, ofi: 2}, tcp, ofi},
+		{ofi, map[string]int{tcp: 1, ofi: 2}, tcp, ofi},
+		{tcp, map[string]int{tcp: 1, ofi: 1}, ofi, ofi},
+		{ofi, map[string]int{tcp: 1, ofi: 1}, ofi, ofi},
+		{tcp, map[string]int{tcp: 1, ofi: 1}, "", tcp},
+		{ofi, map[string]int{tcp: 1, ofi: 1}, "", ofi},
+		{tcp, map[string]int{tcp: 3}, "", tcp},
+		{tcp, map[string]int{tcp: 1, ofi: 1, "ofi tcp;ofi_rxm": 1}, "ofi tcp;ofi_rxm", "ofi tcp;ofi_rxm"},
+	} {
+		for range 20 { // map order varies
+			if got := clusterTransport(c.mine, c.count, c.leader); got != c.want {
+				t.Fatalf("mine %q, count %v, leader's %q: %q, want %q", c.mine, c.count, c.leader, got, c.want)
+			}
+		}
+	}
+}
