@@ -69,6 +69,14 @@ type Config struct {
 	RaftAddr   string `json:"raft_addr"`
 	RPCAddr    string `json:"rpc_addr"`
 	VerbsAddr  string `json:"verbs_addr"`
+	// Transport is the verbs transport: "tcp" (the pure-Go backend, the
+	// default) or "ofi" (libfabric; dsmd built with the ofi tag). Every
+	// member of a cluster runs the same one.
+	Transport string `json:"transport"`
+	// OFIProvider names the libfabric provider of --transport ofi
+	// ("tcp;ofi_rxm", "shm", "verbs;ofi_rxm", "efa", ...). Empty: the one
+	// $FI_PROVIDER names, else libfabric's choice.
+	OFIProvider string `json:"ofi_provider"`
 	// GRPCAddr, when set, serves the Client and Admin services on TCP too
 	// (host:port); it is off by default: the Unix socket is the interface.
 	GRPCAddr string `json:"grpc_addr"`
@@ -133,6 +141,7 @@ func Default() Config {
 	return Config{
 		Bind:      "127.0.0.1",
 		PortBase:  DefaultPortBase,
+		Transport: TransportTCP,
 		CacheSize: DefaultCacheSize,
 		LogLevel:  "info",
 	}
@@ -246,7 +255,9 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "gossip (memberlist) host:port (default BIND:PORT_BASE)")
 	fs.StringVar(&c.RaftAddr, "raft-addr", c.RaftAddr, "Raft transport host:port; keep it across restarts (default BIND:PORT_BASE+1)")
 	fs.StringVar(&c.RPCAddr, "rpc-addr", c.RPCAddr, "directory forwarding RPC host:port (default BIND:PORT_BASE+2)")
-	fs.StringVar(&c.VerbsAddr, "verbs-addr", c.VerbsAddr, "verbs transport (tcp backend) host:port where peers reach this node's memory (default BIND:PORT_BASE+3)")
+	fs.StringVar(&c.VerbsAddr, "verbs-addr", c.VerbsAddr, "verbs transport host:port where peers reach this node's memory (default BIND:PORT_BASE+3; the ofi shm provider ignores it)")
+	fs.StringVar(&c.Transport, "transport", c.Transport, "verbs `transport`: tcp (pure Go) or ofi (libfabric, in a dsmd built with -tags ofi); every member must run the same")
+	fs.StringVar(&c.OFIProvider, "ofi-provider", c.OFIProvider, "libfabric `provider` of --transport ofi: tcp;ofi_rxm, shm, verbs;ofi_rxm, efa, ... (default $FI_PROVIDER, else libfabric's choice)")
 	fs.StringVar(&c.GRPCAddr, "grpc-addr", c.GRPCAddr, "also serve the gRPC Client and Admin services on this TCP host:port (default off)")
 	fs.Var(listFlag{&c.Join}, "join", "gossip `host:port` of an existing member; repeat or separate with commas")
 	fs.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "bootstrap a new cluster once this many nodes with the same setting see each other (0: only join)")
@@ -395,6 +406,24 @@ func (c Config) Validate() error {
 			return &ConfigError{name, fmt.Sprintf("%q is not host:port", a)}
 		}
 	}
+	switch c.transport() {
+	case TransportTCP:
+		if c.OFIProvider != "" {
+			return &ConfigError{"ofi-provider", "only with --transport ofi"}
+		}
+	case TransportOFI:
+		if !ofiCompiled {
+			return &ConfigError{"transport", errNoOFI.Error()}
+		}
+		if _, tlsOn := c.TLSFiles(); tlsOn && !c.Insecure {
+			return &ConfigError{"transport", "ofi carries memory without TLS (libfabric authenticates nothing): with --tls-dir, give --insecure too, and run it on a fabric you trust entirely"}
+		}
+		if c.VerbsPlaintext {
+			return &ConfigError{"verbs-plaintext", "only with --transport tcp (ofi has no TLS to authenticate with)"}
+		}
+	default:
+		return &ConfigError{"transport", fmt.Sprintf("%q is none of tcp, ofi", c.Transport)}
+	}
 	if c.Pprof && c.MetricsAddr == "" {
 		return &ConfigError{"pprof", "needs --metrics-addr: the profiler is served there"}
 	}
@@ -456,6 +485,11 @@ func (a Addrs) exposed() (name, addr string) {
 		{"gossip-addr", a.Gossip}, {"raft-addr", a.Raft}, {"rpc-addr", a.RPC},
 		{"verbs-addr", a.Verbs}, {"grpc-addr", a.GRPC},
 	} {
+		if strings.HasPrefix(x.addr, "ofi:") {
+			// A started node's libfabric address; the host:port it
+			// was opened on passed this check before.
+			continue
+		}
 		if x.addr != "" && !isLoopback(x.addr) {
 			return x.name, x.addr
 		}

@@ -22,7 +22,6 @@ import (
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/localcache"
-	"github.com/dsmkit/dsm/rdma/tcp"
 )
 
 // Version is dsmd's build version, reported by Status. Set with
@@ -62,7 +61,7 @@ type Node struct {
 	log   *slog.Logger
 
 	tls     *tlsconf.Manager // nil without TLS
-	verbs   *tcp.Transport
+	verbs   verbsEndpoint
 	dir     *directory.Directory
 	cache   *localcache.Cache
 	eng     *engines // nil when Options.Coherence replaces them
@@ -79,6 +78,9 @@ type Node struct {
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
 	started bool
+	// failed receives the error that makes this node unable to serve
+	// (a cluster on another transport): Run leaves and returns it.
+	failed chan error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -103,7 +105,7 @@ func New(cfg Config, opts Options) (*Node, error) {
 		opts.Logger = log
 	}
 	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID)),
-		removed: make(chan error, 1)}, nil
+		removed: make(chan error, 1), failed: make(chan error, 1)}, nil
 }
 
 // Start binds every address and starts the services. On error everything
@@ -127,7 +129,6 @@ func (n *Node) Start() (err error) {
 	n.ctx, n.stop = ctx, cancel
 	n.publish = make(chan struct{}, 1)
 
-	vcfg := tcp.Config{Logger: n.log.With("part", "verbs")}
 	if files, on := n.cfg.TLSFiles(); on {
 		if n.tls, err = tlsconf.Load(files); err != nil {
 			return fmt.Errorf("node: TLS: %w", err)
@@ -135,16 +136,10 @@ func (n *Node) Start() (err error) {
 		if self := n.tls.Self(); self.Node != id {
 			return fmt.Errorf("node: TLS: the certificate %s names %v, but this is node %d (--id): make one with `dsmctl tls cert create --node %d`", files.Cert, self, id, id)
 		}
-		vcfg.TLS = &tcp.TLS{
-			Server:    n.tls.ServerConfig(tlsconf.AnyNode),
-			Client:    n.tls.ClientConfig(tlsconf.AnyNode),
-			PeerNode:  tlsconf.PeerNode,
-			Plaintext: n.cfg.VerbsPlaintext,
-		}
 	}
-	n.verbs, err = tcp.Listen(id, n.addrs.Verbs, vcfg)
+	n.verbs, err = n.listenVerbs(id)
 	if err != nil {
-		return fmt.Errorf("node: verbs transport on %s: %w", n.addrs.Verbs, err)
+		return fmt.Errorf("node: verbs transport (%s) on %s: %w", n.cfg.transport(), n.addrs.Verbs, err)
 	}
 	n.addrs.Verbs = n.verbs.Addr()
 
@@ -320,10 +315,22 @@ func (n *Node) follow(ctx context.Context) {
 	nonces := map[ids.NodeID]uint64{}
 	regions := map[ids.RegionID]bool{}
 	access := map[ids.RegionID]*directory.Access{} // as last seen
+	mixed := map[ids.NodeID]string{}               // members on another transport: their address
+	// While members on another transport are known, the check is made
+	// again now and then: the leader may not have been known at the
+	// change that showed them.
+	recheck := time.NewTicker(time.Second)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-recheck.C:
+			if len(mixed) > 0 {
+				if err := n.checkTransports(n.dir.View(), mixed); err != nil {
+					n.fail(err)
+				}
+			}
 		case ch, ok := <-changes:
 			if !ok {
 				return
@@ -331,9 +338,15 @@ func (n *Node) follow(ctx context.Context) {
 			cur := ch.Cur
 			n.checkRemoved(cur)
 			seen := map[ids.NodeID]bool{}
+			if err := n.checkTransports(cur, mixed); err != nil {
+				n.fail(err)
+			}
 			for _, m := range cur.Members() {
 				if m.ID == ids.NodeID(n.cfg.ID) || m.State != directory.StateAlive || m.VerbsAddr == "" {
 					continue
+				}
+				if mixed[m.ID] != "" {
+					continue // another transport: unreachable from here
 				}
 				seen[m.ID] = true
 				if peers[m.ID] == m.VerbsAddr && nonces[m.ID] == m.Nonce {
@@ -565,6 +578,7 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		notify = func(...string) {}
 	}
 	notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
+	var failed error
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -572,6 +586,9 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		case err := <-n.Removed():
 			notify("STOPPING=1", "STATUS=removed from the cluster")
 			return errors.Join(err, n.Close())
+		case failed = <-n.failed:
+			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)
+			done = true
 		case <-opts.Reload:
 			if err := n.ReloadTLS(); err != nil {
 				n.log.Error("TLS reload failed; the previous certificates stay in use", "err", err)
@@ -582,5 +599,84 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 	notify("STOPPING=1", "STATUS=leaving the cluster")
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	return n.Shutdown(lctx)
+	if err := n.Shutdown(lctx); failed == nil {
+		return err
+	}
+	return failed
+}
+
+// fail reports an error that stops the node from serving (Run leaves the
+// cluster and returns it); the first one wins.
+func (n *Node) fail(err error) {
+	select {
+	case n.failed <- err:
+	default:
+	}
+}
+
+// clusterTransport is the transport of a cluster whose alive members run
+// count[kind] of each kind: the one most run, the leader's (leaderKind) on
+// a tie, and this node's (mine) when nothing breaks the tie.
+func clusterTransport(mine string, count map[string]int, leaderKind string) string {
+	cluster, best := mine, count[mine]
+	for kind, c := range count {
+		if c > best || c == best && kind == leaderKind {
+			cluster, best = kind, c
+		}
+	}
+	return cluster
+}
+
+// checkTransports finds the alive members whose verbs address is of
+// another transport (or libfabric provider) than this node's: an endpoint
+// cannot reach them, so a cluster runs on one. mixed keeps them, with the
+// address, so that each is reported once. The cluster's transport is the
+// one most alive members run, and the Raft leader's on a tie: when that is
+// not this node's, this node is the odd one out (it joined a cluster on
+// another transport), the error says so, and the node leaves. Otherwise
+// the others are the odd ones, and are only logged here (they leave by
+// the same rule), so that one misconfigured member, even one that wins an
+// election, never makes the others leave.
+func (n *Node) checkTransports(v *directory.View, mixed map[ids.NodeID]string) error {
+	self := ids.NodeID(n.cfg.ID)
+	mine := verbsKind(n.verbs.Addr())
+	count := map[string]int{mine: 1}
+	addrOf := map[string]string{} // an address of each other kind
+	for _, m := range v.Members() {
+		if m.ID == self || m.State != directory.StateAlive || m.VerbsAddr == "" {
+			continue
+		}
+		kind := verbsKind(m.VerbsAddr)
+		count[kind]++
+		if kind == mine {
+			delete(mixed, m.ID)
+			continue
+		}
+		addrOf[kind] = m.VerbsAddr
+		if mixed[m.ID] != m.VerbsAddr {
+			mixed[m.ID] = m.VerbsAddr
+			n.log.Error("verbs: a member runs on another transport: a cluster runs on one, and this node does not reach it",
+				"peer", m.ID, "peer_transport", kind, "peer_addr", m.VerbsAddr, "transport", mine)
+		}
+	}
+	if len(addrOf) == 0 || n.dir == nil {
+		return nil
+	}
+	leader := n.dir.RaftStats().Leader
+	leaderKind := ""
+	if a := mixed[leader]; a != "" {
+		leaderKind = verbsKind(a)
+	} else if leader == self {
+		leaderKind = mine
+	}
+	cluster := clusterTransport(mine, count, leaderKind)
+	if cluster == mine {
+		return nil
+	}
+	how := "most alive members run it"
+	if count[cluster] == count[mine] {
+		how = "the leader runs it"
+	}
+	return fmt.Errorf("node: this cluster runs its verbs over %s (%s; one of them publishes %s), and this dsmd over %s: every member must run the same --transport (and --ofi-provider)",
+		cluster, how, addrOf[cluster], mine)
 }

@@ -40,7 +40,7 @@ func (c *cluster) add(t *testing.T, id int, more ...string) *proc {
 	p := &proc{id: id, socket: filepath.Join(dir, "dsmd.sock"), log: &bytes.Buffer{}}
 	p.args = append([]string{"--id", fmt.Sprint(id), "--data-dir", dir,
 		"--gossip-addr", freeAddr(t), "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
-		"--join", argOf(c.nodes[0].args, "--gossip-addr"), "--log-level", "info"}, more...)
+		"--join", argOf(c.nodes[0].args, "--gossip-addr"), "--log-level", "info"}, append(transportArgs(), more...)...)
 	p.start(t)
 	c.nodes = append(c.nodes, p)
 	return p

@@ -31,6 +31,7 @@ func (c *dsmCluster) mustCtl(t *testing.T, node int, args ...string) string {
 	t.Helper()
 	out, errs, code := c.ctl(node, args...)
 	if code != 0 {
+		t.Logf("dsmctl %v on n%d: exit %d: %s", args, node, code, errs)
 		c.alive(t)
 		t.Fatalf("dsmctl %v on n%d: exit %d: %s", args, node, code, errs)
 	}

@@ -63,6 +63,7 @@ func (p *proc) arg(name string) string {
 // with --tls-dir and a gRPC TCP listener each.
 func tlsCluster(t *testing.T, n int) (c *cluster, dir string, grpcAddrs []string) {
 	t.Helper()
+	needsTCP(t) // TLS covers the verbs connections of the tcp transport only
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")
 	}
@@ -600,6 +601,7 @@ func TestTLSStrangerCannotJoinRaft(t *testing.T) {
 // its directory RPC to prove the node id over mutual TLS first. A node with
 // its certificate joins the same way and is recorded.
 func TestTLSGossipKeyWithoutCertificate(t *testing.T) {
+	needsTCP(t)
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")

@@ -24,10 +24,12 @@ var (
 )
 
 // Every two-sided message starts with this header: version, kind, two zero
-// bytes and the sender's node id (little-endian).
+// bytes, the sender's node id, the sender's incarnation nonce and the
+// incarnation of the receiver it is meant for (0: any), little-endian.
+// Version 1 had neither nonce: its frames are refused.
 const (
-	hdrLen     = 8
-	wireV1     = 1
+	hdrLen     = 24
+	wireV2     = 2
 	maxNameLen = 256
 )
 
@@ -60,57 +62,76 @@ const (
 
 // frame is a decoded two-sided message. Payload aliases the input.
 type frame struct {
-	Kind    frameKind
-	From    ids.NodeID
-	ReqID   uint64
-	Key     uint64
-	Len     uint64
-	Base    uint64
-	Found   bool
-	Access  rdma.Access
-	Payload []byte
+	Kind frameKind
+	From ids.NodeID
+	// FromNonce is the sender's incarnation; ToNonce the receiver's
+	// incarnation the sender means to reach (0: any).
+	FromNonce uint64
+	ToNonce   uint64
+	ReqID     uint64
+	Key       uint64
+	Len       uint64
+	Base      uint64
+	Found     bool
+	Access    rdma.Access
+	Payload   []byte
 }
 
+// putHdr writes a header with both nonces zero; the transport stamps them
+// (stampNonces) when it sends the frame.
 func putHdr(b []byte, k frameKind, from ids.NodeID) {
-	b[0] = wireV1
+	b[0] = wireV2
 	b[1] = byte(k)
 	b[2], b[3] = 0, 0
 	binary.LittleEndian.PutUint32(b[4:], uint32(from))
+	clear(b[8:hdrLen])
+}
+
+// stampNonces sets the nonces of an encoded frame's header: the sender's
+// incarnation, and the receiver's incarnation it is meant for (0: any),
+// unless the frame already names one (a reply names the requester's).
+func stampNonces(b []byte, from, to uint64) {
+	binary.LittleEndian.PutUint64(b[8:], from)
+	if binary.LittleEndian.Uint64(b[16:]) == 0 {
+		binary.LittleEndian.PutUint64(b[16:], to)
+	}
 }
 
 // encodeQuery, encodeReply, encodeRevoke and encodeBye write a control frame
 // into b, which is large enough, and return its length.
 func encodeQuery(b []byte, from ids.NodeID, reqID, key uint64) int {
 	putHdr(b, frameQuery, from)
-	binary.LittleEndian.PutUint64(b[8:], reqID)
-	binary.LittleEndian.PutUint64(b[16:], key)
+	binary.LittleEndian.PutUint64(b[hdrLen:], reqID)
+	binary.LittleEndian.PutUint64(b[hdrLen+8:], key)
 	return hdrLen + queryLen
 }
 
 func encodeReply(b []byte, from ids.NodeID, f *frame) int {
 	putHdr(b, frameReply, from)
-	binary.LittleEndian.PutUint64(b[8:], f.ReqID)
-	binary.LittleEndian.PutUint64(b[16:], f.Key)
-	binary.LittleEndian.PutUint64(b[24:], f.Len)
-	binary.LittleEndian.PutUint64(b[32:], f.Base)
-	b[40] = 0
+	// A reply goes to the incarnation that asked (f.ToNonce).
+	binary.LittleEndian.PutUint64(b[16:], f.ToNonce)
+	binary.LittleEndian.PutUint64(b[hdrLen:], f.ReqID)
+	binary.LittleEndian.PutUint64(b[hdrLen+8:], f.Key)
+	binary.LittleEndian.PutUint64(b[hdrLen+16:], f.Len)
+	binary.LittleEndian.PutUint64(b[hdrLen+24:], f.Base)
+	b[hdrLen+32] = 0
 	if f.Found {
-		b[40] = 1
+		b[hdrLen+32] = 1
 	}
-	b[41] = byte(f.Access)
+	b[hdrLen+33] = byte(f.Access)
 	return hdrLen + replyLen
 }
 
 func encodeRevoke(b []byte, from ids.NodeID, reqID, key uint64) int {
 	putHdr(b, frameRevoke, from)
-	binary.LittleEndian.PutUint64(b[8:], reqID)
-	binary.LittleEndian.PutUint64(b[16:], key)
+	binary.LittleEndian.PutUint64(b[hdrLen:], reqID)
+	binary.LittleEndian.PutUint64(b[hdrLen+8:], key)
 	return hdrLen + revokeLen
 }
 
 func encodeBye(b []byte, from ids.NodeID, reqID uint64) int {
 	putHdr(b, frameBye, from)
-	binary.LittleEndian.PutUint64(b[8:], reqID)
+	binary.LittleEndian.PutUint64(b[hdrLen:], reqID)
 	return hdrLen + byeLen
 }
 
@@ -120,10 +141,11 @@ func decodeFrame(b []byte, f *frame) error {
 	if len(b) < hdrLen {
 		return fmt.Errorf("%w: %d bytes", ErrBadFrame, len(b))
 	}
-	if b[0] != wireV1 || b[2] != 0 || b[3] != 0 {
+	if b[0] != wireV2 || b[2] != 0 || b[3] != 0 {
 		return fmt.Errorf("%w: header %x", ErrBadFrame, b[:4])
 	}
-	*f = frame{Kind: frameKind(b[1]), From: ids.NodeID(binary.LittleEndian.Uint32(b[4:]))}
+	*f = frame{Kind: frameKind(b[1]), From: ids.NodeID(binary.LittleEndian.Uint32(b[4:])),
+		FromNonce: binary.LittleEndian.Uint64(b[8:]), ToNonce: binary.LittleEndian.Uint64(b[16:])}
 	if f.From == ids.None {
 		return fmt.Errorf("%w: no sender", ErrBadFrame)
 	}

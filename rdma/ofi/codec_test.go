@@ -30,6 +30,17 @@ func TestFrameRoundTrip(t *testing.T) {
 		f.Len != want.Len || f.Base != want.Base || f.Found != want.Found || f.Access != want.Access {
 		t.Fatalf("reply: got %+v, want %+v", f, want)
 	}
+	want.ToNonce = 0x77
+	n = encodeReply(b[:], 2, &want)
+	stampNonces(b[:], 0x55, 0x99)
+	if err := decodeFrame(b[:n], &f); err != nil || f.FromNonce != 0x55 || f.ToNonce != 0x77 {
+		t.Fatalf("reply nonces: %+v %v, want from 0x55 to 0x77 (a reply keeps the requester's)", f, err)
+	}
+	n = encodeQuery(b[:], 7, 11, 0xabc)
+	stampNonces(b[:], 0x55, 0x99)
+	if err := decodeFrame(b[:n], &f); err != nil || f.FromNonce != 0x55 || f.ToNonce != 0x99 {
+		t.Fatalf("query nonces: %+v %v", f, err)
+	}
 	n = encodeRevoke(b[:], 4, 5, 6)
 	if err := decodeFrame(b[:n], &f); err != nil || f.Kind != frameRevoke || f.ReqID != 5 || f.Key != 6 {
 		t.Fatalf("revoke: %+v %v", f, err)
@@ -53,15 +64,15 @@ func TestFrameRejects(t *testing.T) {
 	bad := map[string][]byte{
 		"empty":         nil,
 		"short header":  q[:hdrLen-1],
-		"version":       append([]byte{2}, q[1:]...),
+		"version 1":     append([]byte{1}, q[1:]...),
 		"reserved":      append(append([]byte{}, q[:2]...), append([]byte{1, 0}, q[4:]...)...),
 		"no sender":     append(append([]byte{}, q[:4]...), append([]byte{0, 0, 0, 0}, q[8:]...)...),
-		"kind 0":        append([]byte{1, 0}, q[2:]...),
-		"kind 99":       append([]byte{1, 99}, q[2:]...),
+		"kind 0":        append([]byte{wireV2, 0}, q[2:]...),
+		"kind 99":       append([]byte{wireV2, 99}, q[2:]...),
 		"short query":   q[:len(q)-1],
 		"long query":    append(append([]byte{}, q[:]...), 0),
-		"found flag":    func() []byte { c := r; c[40] = 2; return c[:] }(),
-		"access bits":   func() []byte { c := r; c[41] = 0x80; return c[:] }(),
+		"found flag":    func() []byte { c := r; c[hdrLen+32] = 2; return c[:] }(),
+		"access bits":   func() []byte { c := r; c[hdrLen+33] = 0x80; return c[:] }(),
 		"huge user msg": append(append([]byte{}, q[:hdrLen]...), make([]byte, rdma.MaxMessage+1)...),
 	}
 	bad["huge user msg"][1] = byte(frameUser)
@@ -109,7 +120,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(b[:encodeReply(b[:], 1, &frame{ReqID: 1, Key: 2, Len: 3, Base: 4, Found: true, Access: rdma.AccessAll})])
 	f.Add(b[:encodeRevoke(b[:], 1, 2, 3)])
 	f.Add(b[:encodeBye(b[:], 1, 2)])
-	f.Add([]byte{1, 1, 0, 0, 1, 0, 0, 0, 'h', 'i'})
+	f.Add(append([]byte{wireV2, 1, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0}, "hi"...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var fr frame
 		if err := decodeFrame(in, &fr); err != nil {
@@ -134,6 +145,7 @@ func FuzzDecodeFrame(f *testing.F) {
 		default:
 			t.Fatalf("accepted kind %d", fr.Kind)
 		}
+		stampNonces(out[:], fr.FromNonce, fr.ToNonce)
 		if !bytes.Equal(out[:n], in) {
 			t.Fatalf("re-encoding differs:\n in %x\nout %x", in, out[:n])
 		}

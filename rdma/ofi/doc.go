@@ -23,8 +23,49 @@
 // empty to let libfabric choose). Addr is "ofi:<provider>:<hex of the
 // endpoint name from fi_getname>"; AddPeer decodes it, refuses another
 // provider's address or a name of the wrong size, and inserts it into the
-// address vector. Every two-sided frame starts with the sender's node id,
-// so a receiver knows who sent it without FI_SOURCE.
+// address vector. Every two-sided frame starts with a 24-byte header: wire
+// version (2), kind, the sender's node id (so a receiver knows who sent it
+// without FI_SOURCE), the sender's incarnation nonce and the incarnation of
+// the receiver it is meant for.
+//
+// dsmd (package node) drives it like the tcp backend, through --transport
+// ofi and --ofi-provider: it publishes Addr and Nonce in the directory, adds
+// the peers the directory lists as alive with AddPeer and ExpectNonce, and
+// removes them with RemovePeer when the directory's failure detector marks
+// them failed, which fails the operations pending on them at once.
+//
+// # Incarnations
+//
+// Listen draws a random non-zero nonce (Nonce), which the daemon publishes
+// as the directory's incarnation of the node. The socket providers name an
+// endpoint by its host and port, so a restarted process listens at the same
+// fabric address as the one before it, and a peer that has not yet learnt
+// of the restart reaches the new process with the old one's descriptors.
+// Three things keep those from touching the new process's memory:
+//
+//   - ExpectNonce(peer, nonce) names the incarnation that may be reached.
+//     Every frame names the receiver's incarnation it is meant for, and a
+//     receiver drops frames meant for an earlier process of its node;
+//     descriptor queries alone go to any incarnation, and their answer
+//     says whose it is. A
+//     frame from the peer tells the initiator the peer's incarnation: once
+//     it differs from the expected one, Post and Send fail with
+//     rdma.ErrIncarnation without sending; what was cached of the peer's
+//     registrations is dropped and what was pending on the old process
+//     fails at once. A descriptor query that another incarnation answers
+//     fails with rdma.ErrIncarnation too.
+//   - One-sided operations carry no nonce (the fabric executes them without
+//     this code), so requested memory keys start at a random point of the
+//     key space, drawn per incarnation: a key of the old process names no
+//     registration in the new one, and providers that check keys at the
+//     target (sockets, tcp;ofi_rxm) refuse the operation; the initiator's
+//     question that follows meets the new incarnation and fails with
+//     rdma.ErrIncarnation. Where the provider chooses keys itself
+//     (FI_MR_PROV_KEY: verbs, efa), whether a key of an old process can
+//     name a registration of the new one is up to the provider and the
+//     NIC (not tested here).
+//   - shm names endpoints after the process (pid), so a new process has a
+//     new address, and the old address reaches nobody.
 //
 // # How an operation travels
 //
@@ -85,8 +126,8 @@
 // registration's address goes in rdma.RKey.Base and remote addresses are
 // Base+Offset under VIRT_ADDR (Base is zero and addresses are offsets
 // otherwise); keys are the provider's under PROV_KEY and otherwise chosen
-// here, never reused; a region is bound to the endpoint and enabled under
-// ENDPOINT. Remote rights map to FI_REMOTE_READ and FI_REMOTE_WRITE; libfabric
+// here, counting up from a random point drawn per incarnation, never reused;
+// a region is bound to the endpoint and enabled under ENDPOINT. Remote rights map to FI_REMOTE_READ and FI_REMOTE_WRITE; libfabric
 // has no separate right for atomics, so AccessRemoteAtomic registers both,
 // and the atomic-only rule is enforced by the initiator's check below.
 // Go memory passed to Register is pinned while registered.
@@ -144,7 +185,12 @@
 // ErrPeerUnreachable, and a provider that refuses posts to a dead peer
 // (FI_EAGAIN) is given up on after the same time. TestPeerProcessDies kills
 // a peer process under load: sockets fails the posts within about 50 ms
-// (connection errors), tcp;ofi_rxm and shm after OpTimeout. When a Post's
+// (connection errors), tcp;ofi_rxm and shm after OpTimeout. In dsmd the
+// directory's failure detector usually comes first (gossip declared a
+// killed dsmd failed about a second after the kill in the real-process
+// tests, TestHomeFailureIsLoud): RemovePeer then kicks every operation
+// pending on it (an error that wraps rdma.ErrOutcomeUnknown), and later
+// ones fail with rdma.ErrUnknownPeer before anything is posted. When a Post's
 // context ends first, the slot is abandoned to the poller, which releases it
 // when its last completion arrives; a late completion only ever writes the
 // slot's C memory, never the caller's buffers. Close fails everything
@@ -154,6 +200,16 @@
 // after the initiator closed.
 //
 // # shm specifics
+//
+// A peer process that dies while writes, atomics or messages to it are in
+// flight wedges a libfabric 1.17 shm endpoint: their responses never come,
+// and from then on the endpoint refuses every WRITE, atomic and send, to
+// any peer and to itself (FI_EAGAIN until OpTimeout); READs still work, and
+// neither RemovePeer nor removing the address from the address vector
+// helps. TestShmDeadPeerWedges pins this down, and the transport logs it
+// the first time shm refuses posts for OpTimeout. shm is for a cluster on
+// one host whose processes do not die (tests, demos): a restart of the
+// survivors is the only cure.
 //
 // shm endpoints are named "dsm_ofi_<pid>_<node>_<seq>" and live in
 // /dev/shm while open; Listen removes the files of processes that are gone

@@ -166,6 +166,23 @@ func (t *Transport) handleFrame(f *frame) {
 	t.peerMu.RLock()
 	p := t.peers[f.From]
 	t.peerMu.RUnlock()
+	if p != nil && !p.self && f.FromNonce != 0 {
+		if old := p.seen.Swap(f.FromNonce); old != 0 && old != f.FromNonce {
+			// The peer's process restarted at the same address: what
+			// it registered is gone, and what was posted to the old
+			// one will never complete.
+			t.log.Debug("ofi: peer restarted", "peer", f.From, "old", old, "new", f.FromNonce)
+			p.mu.Lock()
+			clear(p.descs)
+			p.mu.Unlock()
+			t.kickPeer(f.From, kickPeerGone)
+		}
+	}
+	if f.ToNonce != 0 && f.ToNonce != t.nonce {
+		// Meant for an earlier process of this node.
+		t.log.Debug("ofi: dropped a frame meant for another incarnation", "from", f.From, "kind", f.Kind, "to", f.ToNonce)
+		return
+	}
 	if p != nil && f.Kind != frameBye && p.down.Load() {
 		p.down.Store(false)
 	}
@@ -245,7 +262,7 @@ func (t *Transport) serveCtl(r ctlReq) {
 		t.log.Debug("ofi: control request from a node that is not a live peer", "from", r.f.From)
 		return
 	}
-	reply := frame{ReqID: r.f.ReqID, Key: r.f.Key}
+	reply := frame{ReqID: r.f.ReqID, Key: r.f.Key, ToNonce: r.f.FromNonce}
 	t.regMu.Lock()
 	if reg := t.regs[r.f.Key]; reg != nil && !r.ack {
 		reply.Found = true

@@ -343,12 +343,18 @@ func (t *Transport) classify(ctx context.Context, p *peer, op *rdma.Op, code, pr
 	for try := 0; try < 3; try++ {
 		// The first question may meet the connection the provider has
 		// just dropped; it is re-made on the next use.
-		if d, err = t.query(qctx, p, op.RKey.Key); err == nil || qctx.Err() != nil {
+		if d, err = t.query(qctx, p, op.RKey.Key); err == nil || qctx.Err() != nil || p.gone.Load() {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err != nil {
+		if errors.Is(err, rdma.ErrIncarnation) {
+			// Another process listens at the address (a restart the
+			// caller has not heard of): the provider refused the key of
+			// the process the caller meant, which names nothing there.
+			return fmt.Errorf("%w (%v)", err, ferr)
+		}
 		return unknown(fmt.Errorf("%w (and the registration could not be queried: %v)", ferr, err))
 	}
 	if d.revoked {
@@ -404,6 +410,11 @@ func (t *Transport) query(ctx context.Context, p *peer, key uint64) (remoteDesc,
 	if err != nil {
 		return remoteDesc{}, err
 	}
+	if want := p.want.Load(); want != 0 && f.FromNonce != want {
+		// Another process answers at the address: its registration
+		// under this key is not the one the caller was told of.
+		return remoteDesc{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, f.FromNonce, want)}
+	}
 	d := remoteDesc{len: f.Len, base: f.Base, acc: f.Access, revoked: !f.Found}
 	p.mu.Lock()
 	p.descs[key] = d
@@ -438,6 +449,8 @@ func (t *Transport) rpc(ctx context.Context, p *peer, wait time.Duration, enc fu
 		return frame{}, ctx.Err()
 	case <-t.stop:
 		return frame{}, rdma.ErrClosed
+	case <-p.removed:
+		return frame{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or replaced", rdma.ErrPeerUnreachable)}
 	case <-timer.C:
 		return frame{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: no answer to a control request in %v", rdma.ErrPeerUnreachable, wait)}
 	}

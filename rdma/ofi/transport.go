@@ -15,6 +15,8 @@ import "C"
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,7 +123,9 @@ type slot struct {
 // Transport is one endpoint on a libfabric fabric; it implements
 // rdma.Transport. See the package documentation.
 type Transport struct {
-	id       ids.NodeID
+	id ids.NodeID
+	// nonce is this endpoint's incarnation: random, never zero.
+	nonce    uint64
 	cfg      Config
 	log      *slog.Logger
 	c        *C.dsm_fab
@@ -146,9 +150,11 @@ type Transport struct {
 	nextReq    atomic.Uint64
 	handler    atomic.Pointer[rdma.Handler]
 	closing    atomic.Bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	closeOnce  sync.Once
+	// wedged reports, once, that the shm provider refuses posts.
+	wedged    sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 
 	// pollMu is held by whoever reads the completion queue (only the
 	// poller, today; see the package documentation on caller polling).
@@ -179,7 +185,15 @@ type peer struct {
 	fi   C.fi_addr_t
 	self bool
 	down atomic.Bool // the peer said bye; cleared by any later frame from it
+	// want is the incarnation of the peer this node may reach
+	// (ExpectNonce; 0: any); seen the one its latest frame came from (0:
+	// none yet).
+	want atomic.Uint64
+	seen atomic.Uint64
 	gone atomic.Bool // removed or replaced by RemovePeer or AddPeer
+	// removed is closed when gone is set (markGone): control requests
+	// waiting for the peer's answer stop waiting.
+	removed chan struct{}
 	// shm is the liveness of the peer when it is an shm endpoint of this
 	// process (nil otherwise): calls that reach it hold shm.mu shared.
 	shm *shmLife
@@ -216,6 +230,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	}
 	t := &Transport{
 		id:      id,
+		nonce:   newNonce(),
 		cfg:     cfg,
 		log:     cfg.Logger,
 		timeout: cfg.OpTimeout,
@@ -278,6 +293,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		return Listen(id, addr, cfg)
 	}
 	t.virtAddr = t.c.mr_mode&C.FI_MR_VIRT_ADDR != 0
+	t.nextKey.Store(firstKey(t.nonce, int(t.c.info.domain_attr.mr_key_size)))
 	t.strAddr = t.c.info.addr_format == C.FI_ADDR_STR
 	t.namelen = int(t.c.namelen)
 	t.addr = formatAddr(t.prov, C.GoBytes(unsafe.Pointer(&t.c.name[0]), C.int(t.c.namelen)))
@@ -321,7 +337,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	// The endpoint reaches itself through the fabric, so that posts to the
 	// local node take the same path (and the same atomicity domain) as
 	// remote ones.
-	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}}
+	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
 	rc = C.dsm_av_insert(t.c, unsafe.Pointer(&t.c.name[0]), &self.fi)
 	if rc != 0 {
 		t.freeC()
@@ -409,6 +425,74 @@ func (t *Transport) closeC() {
 // LocalID implements rdma.Transport.
 func (t *Transport) LocalID() ids.NodeID { return t.id }
 
+// Nonce is this endpoint's incarnation nonce: random, never zero, drawn by
+// Listen. Every frame it sends carries it; dsmd publishes it to the
+// directory, like the tcp backend's.
+func (t *Transport) Nonce() uint64 { return t.nonce }
+
+// ExpectNonce names the incarnation of peer id that this node may reach
+// (0 lifts the check): once a frame from the peer showed another
+// incarnation, Post and Send fail with rdma.ErrIncarnation without sending;
+// the descriptor queries that precede the first use of a key (and follow
+// an operation the provider refused) fail so too when another incarnation
+// answers; and every other frame names the incarnation it is meant for, so
+// the peer's process drops messages meant for an earlier one. What it learnt of the peer's registrations under another
+// incarnation is forgotten.
+func (t *Transport) ExpectNonce(id ids.NodeID, nonce uint64) {
+	t.peerMu.RLock()
+	p := t.peers[id]
+	t.peerMu.RUnlock()
+	if p == nil || p.self {
+		return
+	}
+	if p.want.Swap(nonce) != nonce {
+		p.mu.Lock()
+		clear(p.descs)
+		p.mu.Unlock()
+	}
+}
+
+// newNonce draws an incarnation nonce: random, never zero.
+func newNonce() uint64 {
+	var b [8]byte
+	for {
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("ofi: no randomness for the incarnation nonce: %v", err))
+		}
+		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
+			return n
+		}
+	}
+}
+
+// firstKey is where this incarnation's requested memory keys start (the
+// first is one above it): at a random point of the provider's key space,
+// drawn from the nonce, so that a key of an earlier process at the same
+// fabric address names nothing in this one (a peer that has not learnt of
+// the restart is refused by the provider) rather than newer memory.
+// Local keys (bit 62) stay clear.
+func firstKey(nonce uint64, keySize int) uint64 {
+	bits := 8 * keySize
+	if bits <= 0 || bits > 62 {
+		bits = 62
+	}
+	if bits <= 16 {
+		return 0 // too few keys to spread: count from 1
+	}
+	// The upper half of the space is spare room for counting up.
+	return (nonce % (1 << (bits - 1))) &^ 0xffff
+}
+
+// incarnationErr is the error of an operation or message to a peer whose
+// process is not the incarnation expected, or nil.
+func (p *peer) incarnationErr() error {
+	want, seen := p.want.Load(), p.seen.Load()
+	if want != 0 && seen != 0 && seen != want {
+		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, seen, want)}
+	}
+	return nil
+}
+
 // Addr implements rdma.Transport.
 func (t *Transport) Addr() string { return t.addr }
 
@@ -446,7 +530,7 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 		if old.addr == addr && !old.down.Load() {
 			return nil
 		}
-		old.gone.Store(true)
+		old.markGone()
 		t.kickPeer(id, kickPeerGone)
 	}
 	// Copy the name into a zeroed C buffer of the largest name size, so the
@@ -454,7 +538,7 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 	cname := (*[maxNameLen + 1]byte)(C.calloc(maxNameLen+1, 1))
 	defer C.free(unsafe.Pointer(cname))
 	copy(cname[:], name)
-	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}}
+	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
 	if isShm(t.prov) {
 		p.shm = shmPeerLife(name)
 	}
@@ -480,11 +564,18 @@ func (t *Transport) RemovePeer(id ids.NodeID) {
 	}
 	t.peerMu.Lock()
 	if p := t.peers[id]; p != nil {
-		p.gone.Store(true)
+		p.markGone()
 	}
 	delete(t.peers, id)
 	t.peerMu.Unlock()
 	t.kickPeer(id, kickPeerGone)
+}
+
+// markGone records that the peer was removed or replaced.
+func (p *peer) markGone() {
+	if p.gone.CompareAndSwap(false, true) {
+		close(p.removed)
+	}
 }
 
 // enter and leave bracket a call into the provider that reaches p; enter
@@ -516,6 +607,9 @@ func (t *Transport) lookup(id ids.NodeID) (*peer, error) {
 	t.peerMu.RUnlock()
 	if p == nil {
 		return nil, &rdma.PeerError{Peer: id, Err: rdma.ErrUnknownPeer}
+	}
+	if err := p.incarnationErr(); err != nil {
+		return nil, err
 	}
 	if p.down.Load() {
 		return nil, &rdma.PeerError{Peer: id, Err: fmt.Errorf("%w: it closed its endpoint", rdma.ErrPeerUnreachable)}
@@ -722,6 +816,13 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 	}
 	arena := unsafe.Slice((*byte)(unsafe.Pointer(s.c.arena)), n)
 	copy(arena, hdr)
+	to := p.want.Load()
+	if frameKind(hdr[1]) == frameQuery {
+		// Any incarnation answers a descriptor query (query checks whose
+		// answer it is), so that an initiator learns of a restart.
+		to = 0
+	}
+	stampNonces(arena, t.nonce, to)
 	copy(arena[len(hdr):], user)
 	t.life.RUnlock()
 
@@ -792,6 +893,12 @@ func (t *Transport) backoff(ctx context.Context, p *peer, since int64, wait *tim
 		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or closed", rdma.ErrPeerUnreachable)}
 	}
 	if time.Now().UnixNano()-since > int64(t.timeout) {
+		if isShm(t.prov) {
+			t.wedged.Do(func() {
+				t.log.Error("ofi: the shm provider has refused posts for OpTimeout; the likely cause: a peer process died with writes, atomics or messages to it in flight, which leaves a libfabric 1.17 shm endpoint unable to post them ever again (READs still work): restart this process (docs/operations.md, Running on an RDMA fabric)",
+					"peer", p.id)
+			})
+		}
 		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: provider refused posts for %v", rdma.ErrPeerUnreachable, t.timeout)}
 	}
 	// Back off exponentially: posters that retry at once would take the
