@@ -211,11 +211,11 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Transport{
-		id:       id,
-		nonce:    newNonce(),
-		cfg:      cfg,
-		log:      cfg.Logger.With("node", id),
-		ln:       ln,
+		id:    id,
+		nonce: newNonce(),
+		cfg:   cfg,
+		log:   cfg.Logger.With("node", id),
+		ln:    ln,
 		// Keys start at a random number, so that no key of this
 		// incarnation names memory of the next one (see doc.go, A
 		// restarted peer).
