@@ -277,8 +277,10 @@ func TestHomeFailureIsLoud(t *testing.T) {
 }
 
 // TestSigtermWritesBack stops a node with SIGTERM right after it wrote
-// pages homed on the other nodes, without Sync: the drain writes them back
-// before the node leaves, so the survivors read them. A process mapping a
+// pages homed on every node, without Sync: the drain writes them back
+// before the node leaves, and the shards it was home of move to their
+// backups once it has left, so the survivors read them all, with the pages
+// homed there that another node held Modified. A process mapping a
 // region there sees its mapping end with the reason.
 func TestSigtermWritesBack(t *testing.T) {
 	const region = "drain"
@@ -288,12 +290,20 @@ func TestSigtermWritesBack(t *testing.T) {
 		t.Fatalf("hold client says %q", l)
 	}
 	var offs []string
-	for _, h := range []uint32{1, 2} {
+	for _, h := range []uint32{1, 2, 3} {
 		for k := uint64(0); k < 4; k++ {
 			off := strconv.FormatUint((homes[h]+k)*4096+8, 10)
 			offs = append(offs, off)
 			c.mustCtl(t, 3, "put", region, off, "by-n3-"+off)
 		}
+	}
+	// Pages homed at n3 written by n1, unsynced: n1 keeps them Modified
+	// across n3's departure.
+	var mine []string
+	for k := uint64(4); k < 6; k++ {
+		off := strconv.FormatUint((homes[3]+k)*4096+8, 10)
+		mine = append(mine, off)
+		c.mustCtl(t, 1, "put", region, off, "by-n1-"+off)
 	}
 	victim := c.nodes[2]
 	if err := victim.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -310,11 +320,27 @@ func TestSigtermWritesBack(t *testing.T) {
 	if !strings.Contains(victim.logString(), "drained: dirty pages written back") {
 		t.Errorf("n3's log does not say it drained:\n%s", tail(victim.logString(), 2000))
 	}
+	// Every page n3 wrote is read on the survivors, those homed at n3
+	// too (its shards moved to their backups), and so are the pages homed
+	// at n3 that n1 held Modified.
 	for _, node := range []int{1, 2} {
 		for _, off := range offs {
-			out := c.mustCtl(t, node, "get", region, off, strconv.Itoa(len("by-n3-")+len(off)))
+			var out string
+			eventually(t, fmt.Sprintf("n%d reads %s after n3 left", node, off), 30*time.Second, func() error {
+				o, errs, code := c.ctl(node, "get", region, off, strconv.Itoa(len("by-n3-")+len(off)))
+				if code != 0 {
+					return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+				}
+				out = o
+				return nil
+			})
 			if !strings.Contains(out, "by-n3-"+off) {
 				t.Fatalf("n%d reads %q at %s after n3 left; want what n3 wrote", node, out, off)
+			}
+		}
+		for _, off := range mine {
+			if out := c.mustCtl(t, node, "get", region, off, strconv.Itoa(len("by-n1-")+len(off))); !strings.Contains(out, "by-n1-"+off) {
+				t.Fatalf("n%d reads %q at %s after n3 left; want what n1 wrote", node, out, off)
 			}
 		}
 	}
