@@ -132,12 +132,14 @@
 // empty region).
 //
 // When another node fails, the Region stays alive, but the pages that node
-// was home of (it kept their data) cannot be served until it is back: the
-// data plane does not move homes yet (docs/failover.md is the design of
-// that work). Sync and dsmd's memory RPCs (dsmctl get, put and the
-// atomics there) fail with ErrUnavailable at once for such a page, naming
-// it and the node; a call that waits for a node that holds the page and
-// stopped answering fails after 10 s.
+// was home of cannot be served until it is back, restarts or is removed
+// (dsmctl members remove): then they move to their backups, which hold
+// every page written back before (docs/failover.md). Meanwhile Sync and
+// dsmd's memory RPCs (dsmctl get, put and the atomics there) fail with
+// ErrUnavailable at once for such a page, naming it and the node; a call
+// that waits for a node that holds the page and stopped answering fails
+// after 10 s. A page whose home departed with no backup left is lost: it
+// fails at once, and a fault on it through the mapping too.
 //
 // An access through the mapping to such a page waits at most the fault
 // timeout given to Map (WithFaultTimeout, default DefaultFaultTimeout, 30

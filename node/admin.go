@@ -339,6 +339,18 @@ func homesHealth(v *directory.View, ds *dataSummary) []string {
 			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; new copies are not made yet)",
 				r.Name, rs.thin, r.Shards(), r.Backups))
 		}
+		if len(rs.only) > 0 && len(r.Homes) > 1 {
+			var parts []string
+			for i, h := range slices.Sorted(maps.Keys(rs.only)) {
+				if i == 0 {
+					parts = append(parts, fmt.Sprintf("%v holds the only copy of %d shards", h, rs.only[h]))
+				} else {
+					parts = append(parts, fmt.Sprintf("%v of %d", h, rs.only[h]))
+				}
+			}
+			out = append(out, fmt.Sprintf("region %q: %s: stopping or restarting such a node loses them (new copies are not made yet; re-create the region to have them again)",
+				r.Name, strings.Join(parts, ", ")))
+		}
 	}
 	return out
 }
@@ -372,8 +384,10 @@ type regionSummary struct {
 	// lost and down count shards by home node: departed with no complete
 	// backup, and failed (a member that may come back).
 	lost, down map[ids.NodeID]uint64
-	// thin counts the shards with fewer complete backups than asked.
+	// thin counts the shards with fewer complete backups than asked;
+	// only counts, by node, those whose only copy is that node's.
 	thin uint64
+	only map[ids.NodeID]uint64
 }
 
 // shardCounter computes the dataSummary of a view. It is exact (the chain
@@ -404,7 +418,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			continue
 		}
 		rc := newRegionChains(r, protos)
-		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, down: map[ids.NodeID]uint64{}}
+		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, down: map[ids.NodeID]uint64{}, only: map[ids.NodeID]uint64{}}
 		want := min(r.Backups, len(r.Homes)-1)
 		if !rc.anyEvent(pm) {
 			// Every shard at the first of its chain, with every backup:
@@ -441,6 +455,9 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			}
 			if backups < want {
 				rs.thin++
+				if backups == 0 {
+					rs.only[in.node]++
+				}
 			}
 		}
 		ds.regions[r.ID] = rs

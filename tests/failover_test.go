@@ -242,7 +242,8 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		t.Errorf("region info after n3's restart: every shard still has a backup: %+v", info.Shards)
 	}
 	out, _, code := c.ctl(1, "status")
-	if code != 3 || !strings.Contains(out, `region "fo": `) || !strings.Contains(out, "fewer than 1 complete backups") {
+	if code != 3 || !strings.Contains(out, `region "fo": `) || !strings.Contains(out, "fewer than 1 complete backups") ||
+		!strings.Contains(out, "holds the only copy of") {
 		t.Errorf("dsmctl status after n3's restart: exit %d, want 3 and the shards short of backups named:\n%s", code, out)
 	}
 	// The new n3 reads and writes the region's other pages, through dsmctl

@@ -1188,14 +1188,17 @@ type Shard struct {
 	Index     uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
 	FirstPage uint64                 `protobuf:"varint,2,opt,name=first_page,json=firstPage,proto3" json:"first_page,omitempty"`
 	PageCount uint64                 `protobuf:"varint,3,opt,name=page_count,json=pageCount,proto3" json:"page_count,omitempty"`
-	// The node whose engine keeps the shard's pages: the region's home set
-	// at its creation (homes do not move yet).
+	// The node whose engine keeps the shard's pages: the first member of
+	// the shard's chain (the region's homes at its creation, in rendezvous
+	// order) that was a complete backup when the homes before it departed
+	// (docs/failover.md §5).
 	Home uint32 `protobuf:"varint,4,opt,name=home,proto3" json:"home,omitempty"`
-	// The placement's backups over the members alive now (backup copies
-	// are not kept yet: docs/failover.md).
+	// The shard's complete backups now: the members of its chain after the
+	// home that have not departed and were not declared failed since the
+	// region's creation. Every release writes them before the home.
 	Backups []uint32 `protobuf:"varint,5,rep,packed,name=backups,proto3" json:"backups,omitempty"`
-	// The home's incarnation of the region's creation is gone (restarted or
-	// left): the shard's pages are lost and fail as unavailable.
+	// The home departed and no complete backup was left: the shard's pages
+	// are lost and fail as unavailable.
 	HomeLost      bool `protobuf:"varint,6,opt,name=home_lost,json=homeLost,proto3" json:"home_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
