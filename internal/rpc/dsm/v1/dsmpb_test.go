@@ -56,7 +56,7 @@ func TestServicesDocumented(t *testing.T) {
 			"Load", "Store", "Add", "CompareAndSwap", "Sync", "SessionsAlive"},
 		"dsm.v1.Admin": {"Status", "Members", "Raft", "Regions", "RegionInfo",
 			"Mappings", "CreateRegion", "DeleteRegion", "Pages", "Stats", "ReadMemory", "WriteMemory",
-			"SetRegionAccess", "Keyring"},
+			"SetRegionAccess", "Keyring", "RemoveMember"},
 	}
 	for _, f := range files() {
 		for i := 0; i < f.Services().Len(); i++ {
