@@ -431,8 +431,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			continue
 		}
 		for i := uint64(0); i < r.Shards(); i++ {
-			c := rc.chain(placement.Shard{Region: r.ID, Index: i})
-			hi := homeIndex(c, r.Epoch, pm)
+			c, hi := rc.place(placement.Shard{Region: r.ID, Index: i}, pm)
 			in := pm.byProto[c[hi]]
 			switch {
 			case in.departed:

@@ -79,17 +79,15 @@ type Node struct {
 	wg      sync.WaitGroup
 	started bool
 	// failed receives the error that makes this node unable to serve
-	// (a cluster on another transport): Run leaves and returns it.
+	// (a cluster on another transport; this incarnation removed, which
+	// wraps errRemoved): Run stops and returns it.
 	failed chan error
 
 	closeOnce sync.Once
 	closeErr  error
 
-	// leaving is set when a graceful leave begins; removed carries the
-	// news that an operator removed this incarnation (RemoveMember).
-	leaving     atomic.Bool
-	removed     chan error
-	removedOnce sync.Once
+	// leaving is set when a graceful leave begins.
+	leaving atomic.Bool
 }
 
 // New checks cfg and prepares a node; nothing is bound until Start.
@@ -105,7 +103,7 @@ func New(cfg Config, opts Options) (*Node, error) {
 		opts.Logger = log
 	}
 	return &Node{cfg: cfg, addrs: cfg.Resolve(), opts: opts, log: log.With("node", ids.NodeID(cfg.ID)),
-		removed: make(chan error, 1), failed: make(chan error, 1)}, nil
+		failed: make(chan error, 1)}, nil
 }
 
 // Start binds every address and starts the services. On error everything
@@ -408,27 +406,24 @@ func (n *Node) follow(ctx context.Context) {
 	}
 }
 
+// errRemoved is the error of a node whose incarnation was removed from the
+// cluster: it has left already, so Run closes it without leaving again.
+var errRemoved = errors.New("node: this incarnation was removed from the cluster")
+
 // checkRemoved notices that this incarnation departed without leaving: an
 // operator removed it (RemoveMember) while it was cut off. Its homes have
 // moved and the words naming it were repaired, so it must serve nothing
-// more: Removed reports it, and Run stops the process (a restart rejoins
-// as a new incarnation).
+// more: Run stops the process (a restart rejoins as a new incarnation).
 func (n *Node) checkRemoved(v *directory.View) {
 	me, ok := v.Member(ids.NodeID(n.cfg.ID))
 	if !ok || me.State != directory.StateLeft || me.Nonce != n.verbs.Nonce() || n.leaving.Load() {
 		return
 	}
-	n.removedOnce.Do(func() {
-		err := fmt.Errorf("node: this incarnation (%d) of n%d was removed from the cluster in epoch %d (dsmctl members remove): its pages moved; restart dsmd to rejoin as a new incarnation",
-			me.Incarnation, n.cfg.ID, me.Epoch)
+	if n.fail(fmt.Errorf("%w: incarnation %d of n%d, in epoch %d (dsmctl members remove): its pages moved; restart dsmd to rejoin as a new incarnation",
+		errRemoved, me.Incarnation, n.cfg.ID, me.Epoch)) {
 		n.log.Error("removed from the cluster: serving nothing more", "incarnation", me.Incarnation, "epoch", me.Epoch)
-		n.removed <- err
-	})
+	}
 }
-
-// Removed reports, once, that an operator removed this incarnation from
-// the cluster: the node must be closed (not shut down: it has left).
-func (n *Node) Removed() <-chan error { return n.removed }
 
 // publishLoop publishes this node's home memory descriptors in the member
 // table whenever they change, retrying until the directory takes them.
@@ -583,10 +578,11 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		select {
 		case <-ctx.Done():
 			done = true
-		case err := <-n.Removed():
-			notify("STOPPING=1", "STATUS=removed from the cluster")
-			return errors.Join(err, n.Close())
 		case failed = <-n.failed:
+			if errors.Is(failed, errRemoved) {
+				notify("STOPPING=1", "STATUS=removed from the cluster")
+				return errors.Join(failed, n.Close())
+			}
 			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)
 			done = true
 		case <-opts.Reload:
@@ -606,11 +602,14 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 }
 
 // fail reports an error that stops the node from serving (Run leaves the
-// cluster and returns it); the first one wins.
-func (n *Node) fail(err error) {
+// cluster, or closes a node that was removed, and returns it); the first
+// one waiting wins, and fail reports whether it was err.
+func (n *Node) fail(err error) bool {
 	select {
 	case n.failed <- err:
+		return true
 	default:
+		return false
 	}
 }
 

@@ -125,25 +125,35 @@ func homeIndex(c []ids.NodeID, created ids.Epoch, ev eventsOf) int {
 	}
 }
 
+// place returns the chain of shard s and the index of its home in it
+// under ev (c is empty for a region without homes).
+func (rc *regionChains) place(s placement.Shard, ev eventsOf) (c []ids.NodeID, home int) {
+	c = rc.chain(s)
+	if len(c) == 0 {
+		return c, 0
+	}
+	return c, homeIndex(c, rc.r.Epoch, ev)
+}
+
 // shardHome is the home of shard s under ev.
 func (rc *regionChains) shardHome(s placement.Shard, ev eventsOf) ids.NodeID {
-	c := rc.chain(s)
+	c, hi := rc.place(s, ev)
 	if len(c) == 0 {
 		return ids.None
 	}
-	return c[homeIndex(c, rc.r.Epoch, ev)]
+	return c[hi]
 }
 
 // shardBackups are the backups of shard s under ev: the members of its
 // chain after its home that have not departed and were never declared
 // failed since the region's creation.
 func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeID {
-	c := rc.chain(s)
+	c, hi := rc.place(s, ev)
 	if len(c) == 0 {
 		return nil
 	}
 	var out []ids.NodeID
-	for _, b := range c[homeIndex(c, rc.r.Epoch, ev)+1:] {
+	for _, b := range c[hi+1:] {
 		if rc.complete(b, ev) {
 			out = append(out, b)
 		}
@@ -199,13 +209,9 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	} else {
 		for i := range n {
 			s := placement.Shard{Region: rc.r.ID, Index: i}
-			c := rc.chain(s)
-			if len(c) == 0 {
-				continue
-			}
 			// A shard whose new home departed too is lost, not moved:
 			// no target (coherence: the page's home is no member).
-			if h := c[homeIndex(c, rc.r.Epoch, now)]; h != c[homeIndex(c, rc.r.Epoch, last)] && now.departedAt(h) == 0 {
+			if h := rc.shardHome(s, now); h != rc.shardHome(s, last) && h != ids.None && now.departedAt(h) == 0 {
 				add(h)
 			}
 		}

@@ -58,10 +58,9 @@ type regionEngine struct {
 	peers map[ids.NodeID]rdma.Descriptor
 	// down are the homes set down in the engine, and why (under es.mu).
 	down map[ids.NodeID]string
-	// epoch is the protocol epoch the engine was last given, and last the
-	// protocol view it was computed from (under es.mu).
-	epoch ids.Epoch
-	last  *protoMap
+	// last is the protocol view of the engine's last configuration (its
+	// epoch is the engine's; under es.mu).
+	last *protoMap
 	// chains place the region's pages (placement.go).
 	chains *regionChains
 }
@@ -311,7 +310,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
-		if member && pm.epoch > re.epoch {
+		if member && pm.epoch > re.last.epoch {
 			// The placement goes with every epoch after a departure:
 			// moved shards name their targets, lost ones a home that
 			// is no member.
@@ -325,7 +324,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			}
 			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
 			todo = append(todo, reconf{re, rc})
-			re.epoch, re.last = pm.epoch, pm
+			re.last = pm
 		}
 		for p, in := range pm.byProto {
 			if p == self {
@@ -388,7 +387,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		return err
 	}
 	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
-		down: map[ids.NodeID]string{}, epoch: pm.epoch, last: pm, chains: chains}
+		down: map[ids.NodeID]string{}, last: pm, chains: chains}
 	es.mu.Lock()
 	es.byID[r.ID] = re
 	es.mu.Unlock()

@@ -15,8 +15,6 @@ import "C"
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +26,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/dsmkit/dsm/rdma/internal/nonce"
 
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/rdma"
@@ -230,7 +230,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	}
 	t := &Transport{
 		id:      id,
-		nonce:   newNonce(),
+		nonce:   nonce.New(),
 		cfg:     cfg,
 		log:     cfg.Logger,
 		timeout: cfg.OpTimeout,
@@ -449,19 +449,6 @@ func (t *Transport) ExpectNonce(id ids.NodeID, nonce uint64) {
 		p.mu.Lock()
 		clear(p.descs)
 		p.mu.Unlock()
-	}
-}
-
-// newNonce draws an incarnation nonce: random, never zero.
-func newNonce() uint64 {
-	var b [8]byte
-	for {
-		if _, err := crand.Read(b[:]); err != nil {
-			panic(fmt.Sprintf("ofi: no randomness for the incarnation nonce: %v", err))
-		}
-		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
-			return n
-		}
 	}
 }
 

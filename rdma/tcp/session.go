@@ -2,8 +2,6 @@ package tcp
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -13,19 +11,6 @@ import (
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/rdma"
 )
-
-// newNonce draws a transport's incarnation: random, never zero.
-func newNonce() uint64 {
-	var b [8]byte
-	for {
-		if _, err := rand.Read(b[:]); err != nil {
-			panic(fmt.Sprintf("tcp: no randomness for the incarnation nonce: %v", err))
-		}
-		if n := binary.LittleEndian.Uint64(b[:]); n != 0 {
-			return n
-		}
-	}
-}
 
 // outSession is the requester's side of its session with one peer node:
 // the sequence numbers of its batches and which of them are finished. It

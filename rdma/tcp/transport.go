@@ -16,6 +16,7 @@ import (
 
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/rdma"
+	"github.com/dsmkit/dsm/rdma/internal/nonce"
 	"github.com/dsmkit/dsm/rdma/internal/target"
 )
 
@@ -212,14 +213,14 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Transport{
 		id:    id,
-		nonce: newNonce(),
+		nonce: nonce.New(),
 		cfg:   cfg,
 		log:   cfg.Logger.With("node", id),
 		ln:    ln,
 		// Keys start at a random number, so that no key of this
 		// incarnation names memory of the next one (see doc.go, A
 		// restarted peer).
-		table:    target.NewFrom(id, cmp.Or(cfg.FirstKey, newNonce()>>1)),
+		table:    target.NewFrom(id, cmp.Or(cfg.FirstKey, nonce.New()>>1)),
 		ctx:      ctx,
 		cancel:   cancel,
 		peers:    make(map[ids.NodeID]*peer),
