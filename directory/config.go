@@ -97,6 +97,13 @@ type Timing struct {
 	// confirmations from other members).
 	GossipSuspicionMult    int
 	GossipSuspicionMaxMult int
+	// GossipReconnect is how often a replica tries to reach the members
+	// gossip declared dead again (a join to their last address): after a
+	// partition heals, gossip on each side still holds the other dead and
+	// never probes it, so without this the two sides never meet again.
+	// A member dead for longer than reconnectFast is tried every
+	// reconnectSlow instead.
+	GossipReconnect time.Duration
 
 	// ReconcileInterval is how often the leader reconciles gossip with the
 	// replicated member table even without events.
@@ -132,6 +139,7 @@ func LANTiming() Timing {
 		GossipInterval:         200 * time.Millisecond,
 		GossipSuspicionMult:    4,
 		GossipSuspicionMaxMult: 4,
+		GossipReconnect:        time.Second,
 
 		ReconcileInterval: time.Second,
 		ReapAfter:         30 * time.Second,
@@ -154,6 +162,7 @@ func (t Timing) withDefaults() Timing {
 	set(&t.GossipProbeInterval, d.GossipProbeInterval)
 	set(&t.GossipProbeTimeout, d.GossipProbeTimeout)
 	set(&t.GossipInterval, d.GossipInterval)
+	set(&t.GossipReconnect, d.GossipReconnect)
 	set(&t.ReconcileInterval, d.ReconcileInterval)
 	set(&t.ReapAfter, d.ReapAfter)
 	set(&t.RPCTimeout, d.RPCTimeout)

@@ -217,8 +217,9 @@ func Open(cfg Config) (_ *Directory, err error) {
 			d.join = append(d.join, a)
 		}
 	}
-	d.wg.Add(1)
+	d.wg.Add(2)
 	go d.run()
+	go d.reconnectLoop()
 	if len(d.join) > 0 {
 		d.wg.Add(1)
 		go d.joinLoop()

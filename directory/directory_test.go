@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/directory/placement"
@@ -537,5 +538,62 @@ func TestPortZero(t *testing.T) {
 	}
 	if g := d.GossipMembers(); len(g) != 1 || g[0].Addr != a.Gossip || g[0].State != directory.StateAlive {
 		t.Fatalf("gossip members %+v, want itself at %s", g, a.Gossip)
+	}
+}
+
+// TestFailedVoterStaysVoter: a voter that fails stays in the Raft
+// configuration while no alive member can take its place, so the quorum
+// the next fault needs does not shrink, and it counts again as soon as it
+// is back. An operator's removal takes it out.
+func TestFailedVoterStaysVoter(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	ctx := ctxT(t)
+	var f ids.NodeID
+	for _, d := range c.live() {
+		if d != l {
+			f = d.NodeID()
+		}
+	}
+	c.stop(f)
+	waitFor(t, "the stopped node marked failed", func() bool {
+		m, _ := l.View().Member(f)
+		return m.State == directory.StateFailed
+	})
+	// A few reconciliations after the verdict.
+	time.Sleep(4 * testTiming().ReconcileInterval)
+	if st := l.RaftStats(); !slices.Equal(st.Voters, idsUpTo(3)) {
+		t.Fatalf("voters %v after %v failed, want all three still", st.Voters, f)
+	}
+	if _, err := l.CreateRegion(ctx, spec("one-down")); err != nil {
+		t.Fatal(err)
+	}
+
+	d := c.start(c.config(f, 3, 3, nil))
+	c.waitMembers(1, 2, 3)
+	waitFor(t, "the restarted node replicates", func() bool {
+		_, ok := d.Region("one-down")
+		return ok
+	})
+	if st := l.RaftStats(); !slices.Equal(st.Voters, idsUpTo(3)) {
+		t.Fatalf("voters %v after %v came back", st.Voters, f)
+	}
+
+	c.stop(f)
+	waitFor(t, "the stopped node marked failed again", func() bool {
+		m, _ := l.View().Member(f)
+		return m.State == directory.StateFailed
+	})
+	if _, err := l.RemoveMember(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the removed node out of raft", func() bool {
+		st := l.RaftStats()
+		return len(st.Voters) == 2 && !slices.Contains(st.Voters, f) && !slices.Contains(st.NonVoters, f)
+	})
+	if _, err := l.CreateRegion(ctx, spec("after-remove")); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -292,11 +292,13 @@ func (d *Directory) reconcile() {
 	d.reconcileRaft(ctx)
 }
 
-// removeMember marks a member left or failed (new epoch) and removes it
-// from the Raft configuration, unless that would remove the last voter.
-// A non-zero nonce limits the change to that incarnation: if another one
-// holds the node id by the time the command applies, nothing changes and
-// the error is ErrStaleIncarnation.
+// removeMember marks a member left or failed (new epoch). A member that
+// left also leaves the Raft configuration (unless it is this node and the
+// last voter); a failed one stays a voter until reconcileRaft can put an
+// alive member in its place (see there). A non-zero nonce limits the
+// change to that incarnation: if another one holds the node id by the time
+// the command applies, nothing changes and the error is
+// ErrStaleIncarnation.
 func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint64, st MemberState) error {
 	res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st, Nonce: nonce}))
 	if err != nil {
@@ -304,6 +306,9 @@ func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint6
 	}
 	if errors.Is(res.Err, ErrStaleIncarnation) {
 		return res.Err // another incarnation holds the id: it stays, in Raft too
+	}
+	if st != StateLeft {
+		return nil
 	}
 	f := d.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
@@ -325,6 +330,24 @@ func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint6
 	return raftErr(d.raft.RemoveServer(serverID(id), 0, timeoutOf(ctx)).Error())
 }
 
+// reconcileRaft brings the Raft configuration in line with the member
+// table:
+//
+//   - servers of members that left (gracefully, or removed by an operator)
+//     and failed non-voters are removed;
+//   - a failed voter stays a voter while no alive member can take its
+//     place. Taking it out would shrink the quorum that the next fault
+//     needs without tolerating one more: three voters with one dead
+//     survive no further fault, and neither do two; but the dead one, if
+//     it was only cut off or paused, counts again the moment it is back,
+//     while a removed one has to be added back by a leader, and after a
+//     second fault there may be none (two voters cut apart elect nobody,
+//     for good). An operator takes a machine that is gone for good out
+//     with `dsmctl members remove`;
+//   - alive members missing from Raft are added, as voters while fewer
+//     than MaxVoters, as non-voters beyond; while a voter is failed, an
+//     alive non-voter (or a newcomer) is promoted first and the failed
+//     voter removed after, so the number of voters never drops.
 func (d *Directory) reconcileRaft(ctx context.Context) {
 	f := d.raft.GetConfiguration()
 	if f.Error() != nil {
@@ -339,25 +362,42 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 		}
 	}
 	v := d.View()
-	// Remove servers whose member has failed or left.
-	for sid := range servers {
+	remove := func(sid raft.ServerID, id ids.NodeID, why string) bool {
+		if err := raftErr(d.raft.RemoveServer(sid, 0, timeoutOf(ctx)).Error()); err != nil {
+			d.log.Warn("directory: remove raft server", "member", id.String(), "err", err)
+			return false
+		}
+		if servers[sid].Suffrage == raft.Voter {
+			voters--
+		}
+		delete(servers, sid)
+		d.log.Info("directory: removed from raft", "member", id.String(), "why", why)
+		return true
+	}
+	// failedVoters are the voters whose member failed, in id order: the
+	// first is replaced first.
+	var failedVoters []ids.NodeID
+	for _, sid := range sortedServerIDs(servers) {
 		id, ok := parseServerID(sid)
 		if !ok || id == d.cfg.NodeID {
 			continue
 		}
-		if m, ok := v.Member(id); ok && (m.State == StateFailed || m.State == StateLeft) {
-			if err := raftErr(d.raft.RemoveServer(sid, 0, timeoutOf(ctx)).Error()); err != nil {
-				d.log.Warn("directory: remove raft server", "member", id.String(), "err", err)
+		m, ok := v.Member(id)
+		switch {
+		case ok && m.State == StateLeft:
+			if !remove(sid, id, "left") {
 				return
 			}
-			if servers[sid].Suffrage == raft.Voter {
-				voters--
+		case ok && m.State == StateFailed && servers[sid].Suffrage != raft.Voter:
+			if !remove(sid, id, "failed non-voter") {
+				return
 			}
-			delete(servers, sid)
-			d.log.Info("directory: removed from raft", "member", id.String())
+		case ok && m.State == StateFailed:
+			failedVoters = append(failedVoters, id)
 		}
 	}
-	// Add missing alive members; promote non-voters while voters are short.
+	// Add missing alive members; promote non-voters while voters are
+	// short or failed.
 	for _, m := range v.members {
 		if m.State != StateAlive || m.RaftAddr == "" {
 			continue
@@ -366,23 +406,45 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 		s, present := servers[sid]
 		addr := raft.ServerAddress(m.RaftAddr)
 		var fut raft.IndexFuture
+		var replaces ids.NodeID
+		suffrage := raft.Voter
 		switch {
-		case present && s.Address == addr && (s.Suffrage == raft.Voter || voters >= d.cfg.MaxVoters):
+		case present && s.Address == addr && s.Suffrage == raft.Voter:
 			continue
 		case present && s.Suffrage == raft.Voter:
 			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx)) // address change
 		case voters < d.cfg.MaxVoters:
 			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx))
 			voters++
+		case len(failedVoters) > 0:
+			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx))
+			voters++
+			replaces, failedVoters = failedVoters[0], failedVoters[1:]
+		case present && s.Address == addr:
+			continue
 		default:
 			fut = d.raft.AddNonvoter(sid, addr, 0, timeoutOf(ctx))
+			suffrage = raft.Nonvoter
 		}
 		if err := raftErr(fut.Error()); err != nil {
 			d.log.Warn("directory: add raft server", "member", m.ID.String(), "err", err)
 			return
 		}
+		servers[sid] = raft.Server{ID: sid, Address: addr, Suffrage: suffrage}
 		d.log.Info("directory: raft configuration changed", "member", m.ID.String(), "voters", voters)
+		if replaces != ids.None && !remove(serverID(replaces), replaces, "failed voter replaced by "+m.ID.String()) {
+			return
+		}
 	}
+}
+
+func sortedServerIDs(m map[raft.ServerID]raft.Server) []raft.ServerID {
+	out := make([]raft.ServerID, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func sortedKeys[V any](m map[ids.NodeID]V) []ids.NodeID {

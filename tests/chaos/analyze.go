@@ -102,6 +102,7 @@ func analyzeDir(dir string) (*Verdict, error) {
 		dirs[i] = filepath.Join(dir, "nodes", fmt.Sprintf("n%d", i))
 	}
 	c.crashes(events, dirs)
+	c.recovery(events)
 	v.Seed, v.Mode = info.Seed, info.Mode
 	for _, f := range schedule {
 		if f.Start != 0 {

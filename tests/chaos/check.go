@@ -809,6 +809,21 @@ func (c *checker) availability() {
 	})
 }
 
+// recovery turns a cluster that did not become whole again after the
+// last fault healed (no leader, or running nodes not alive in each
+// other's view, recoverWithin after the heal) into a violation: errors
+// during a fault are allowed, a cluster that never comes back is not.
+func (c *checker) recovery(events []event) {
+	for _, e := range events {
+		switch e.What {
+		case evUnrecovered:
+			c.violate("recovery", "the cluster did not recover: "+e.Detail, e.T, 0)
+		case evRecovered:
+			c.v.Notes = append(c.v.Notes, "recovered "+e.Detail)
+		}
+	}
+}
+
 // crashes turns dsmd exits that no fault asked for, and panics, fatal
 // errors and data races in the nodes' logs, into violations.
 func (c *checker) crashes(events []event, nodeDirs map[int]string) {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -330,5 +331,20 @@ func TestDeadCache(t *testing.T) {
 	}
 	if !st.Unacked || ops[2].Unacked {
 		t.Fatalf("unacked: store %v, later load %v", st.Unacked, ops[2].Unacked)
+	}
+}
+
+// TestRecovery: a cluster that did not become whole after the last heal is
+// a violation; one that did is a note.
+func TestRecovery(t *testing.T) {
+	c := newChecker(nil, nil, nil, 1e12, 10*time.Second, t.TempDir())
+	c.check()
+	c.recovery([]event{{T: 5e9, What: evRecovered, Detail: "2.1s after the last heal"}})
+	if len(c.v.Violations) != 0 || !slices.Contains(c.v.Notes, "recovered 2.1s after the last heal") {
+		t.Fatalf("recovered: violations %+v, notes %q", c.v.Violations, c.v.Notes)
+	}
+	c.recovery([]event{{T: 5e9, What: evUnrecovered, Detail: "45s after the last heal: n2 sees no leader"}})
+	if len(c.v.Violations) != 1 || c.v.Violations[0].Checker != "recovery" {
+		t.Fatalf("not recovered: violations %+v", c.v.Violations)
 	}
 }

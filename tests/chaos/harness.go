@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -94,7 +95,17 @@ const (
 	evCrash     = "crash"      // a dsmd exited without the nemesis asking
 	evLoss      = "loss"       // a dsmd died without writing anything back (kill -9, crash)
 	evClientEnd = "client-end" // a client did not exit after SIGTERM and was killed
+	// evUnrecovered: after the last fault healed, the running nodes did
+	// not agree, within recoverWithin, that they are all alive under one
+	// leader.
+	evUnrecovered = "unrecovered"
+	evRecovered   = "recovered"
 )
+
+// recoverWithin bounds how long the cluster may take, once every fault
+// has healed, to have a directory leader and every running node alive in
+// every running node's view.
+const recoverWithin = 45 * time.Second
 
 func (h *harness) event(what string, node int, detail string) {
 	e := event{T: time.Now().UnixNano(), What: what, Node: node, Detail: detail}
@@ -251,6 +262,75 @@ func (h *harness) waitFormed(ctx context.Context) error {
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// waitRecovered waits until every running dsmd reports a leader and every
+// running dsmd alive, and records how long that took (evRecovered) or
+// what was still wrong after recoverWithin (evUnrecovered).
+func (h *harness) waitRecovered(ctx context.Context) {
+	start := time.Now()
+	deadline := start.Add(recoverWithin)
+	var last string
+	for {
+		last = h.recoveryGap(ctx)
+		if last == "" {
+			h.event(evRecovered, 0, fmt.Sprintf("%.1fs after the last heal", time.Since(start).Seconds()))
+			return
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			h.event(evUnrecovered, 0, fmt.Sprintf("%s after the last heal: %s", recoverWithin, last))
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// recoveryGap asks every running dsmd for its status and says what keeps
+// the cluster from being whole ("" when nothing does).
+func (h *harness) recoveryGap(ctx context.Context) string {
+	h.mu.Lock()
+	var running []*nodeState
+	for _, n := range h.nodes {
+		if n.up && n.dsmd != nil && n.dsmd.running() {
+			running = append(running, n)
+		}
+	}
+	h.mu.Unlock()
+	var gaps []string
+	for _, n := range running {
+		conn, err := adminConn(n.socket)
+		if err != nil {
+			gaps = append(gaps, fmt.Sprintf("n%d: %v", n.id, err))
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		st, err := dsmpb.NewAdminClient(conn).Status(cctx, &dsmpb.StatusRequest{})
+		cancel()
+		conn.Close()
+		if err != nil {
+			gaps = append(gaps, fmt.Sprintf("n%d: status: %v", n.id, err))
+			continue
+		}
+		alive := map[uint32]bool{}
+		for _, m := range st.GetNodes() {
+			if m.GetState() == dsmpb.MemberState_MEMBER_STATE_ALIVE {
+				alive[m.GetNodeId()] = true
+			}
+		}
+		var missing []string
+		for _, o := range running {
+			if !alive[uint32(o.id)] {
+				missing = append(missing, fmt.Sprintf("n%d", o.id))
+			}
+		}
+		switch {
+		case st.GetLeaderId() == 0:
+			gaps = append(gaps, fmt.Sprintf("n%d sees no leader", n.id))
+		case len(missing) > 0:
+			gaps = append(gaps, fmt.Sprintf("n%d does not see %s alive", n.id, strings.Join(missing, ", ")))
+		}
+	}
+	return strings.Join(gaps, "; ")
 }
 
 // deadNode reports a base dsmd that exited.

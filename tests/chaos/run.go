@@ -318,7 +318,9 @@ func (h *harness) runSchedule(ctx context.Context, logf func(string, ...any)) (*
 	}
 	h.ensureUp()
 	h.event("settle", 0, "")
-	sleepCtx(ctx, time.Now().Add(h.cfg.Settle))
+	settled := time.Now().Add(h.cfg.Settle)
+	h.waitRecovered(ctx)
+	sleepCtx(ctx, settled)
 	h.stopClients()
 	h.event("final-check", 0, "")
 	h.finalReads()
