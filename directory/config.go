@@ -113,6 +113,18 @@ type Timing struct {
 	ReapAfter time.Duration
 	// RPCTimeout bounds one forwarded call on the leader.
 	RPCTimeout time.Duration
+
+	// Leases (docs/failover.md §9, directory/lease.go): every
+	// LeasePeriod a replica asks the voters for a grant; a majority's
+	// grants keep its lease for LeaseLength·(1-ε) - LeaseRevoke after the
+	// request was sent, LeaseRevoke being the time it then has to revoke
+	// local access. The leader commits an incarnation's departure only
+	// after a majority of voters waited LeaseLength·(1+ε) since their last
+	// grant to it, and declares an alive incarnation it has not granted
+	// for that long plus one period failed.
+	LeasePeriod time.Duration
+	LeaseLength time.Duration
+	LeaseRevoke time.Duration
 }
 
 // LANTiming is tuned for a LAN or loopback: failure detection in about a
@@ -144,6 +156,10 @@ func LANTiming() Timing {
 		ReconcileInterval: time.Second,
 		ReapAfter:         30 * time.Second,
 		RPCTimeout:        5 * time.Second,
+
+		LeasePeriod: 250 * time.Millisecond,
+		LeaseLength: 1500 * time.Millisecond,
+		LeaseRevoke: 300 * time.Millisecond,
 	}
 }
 
@@ -166,6 +182,9 @@ func (t Timing) withDefaults() Timing {
 	set(&t.ReconcileInterval, d.ReconcileInterval)
 	set(&t.ReapAfter, d.ReapAfter)
 	set(&t.RPCTimeout, d.RPCTimeout)
+	set(&t.LeasePeriod, d.LeasePeriod)
+	set(&t.LeaseLength, d.LeaseLength)
+	set(&t.LeaseRevoke, d.LeaseRevoke)
 	if t.SnapshotThreshold == 0 {
 		t.SnapshotThreshold = d.SnapshotThreshold
 	}
@@ -235,5 +254,10 @@ func (c Config) withDefaults() (Config, error) {
 		c.Nonce = randomNonce()
 	}
 	c.Timing = c.Timing.withDefaults()
+	lp := leaseParams{Period: c.Timing.LeasePeriod, Length: c.Timing.LeaseLength, Revoke: c.Timing.LeaseRevoke}
+	if lp.hold() < 2*lp.Period {
+		return c, fmt.Errorf("%w: a lease of %v with %v to revoke holds %v after a request, under two periods of %v: raise LeaseLength",
+			ErrInvalidConfig, lp.Length, lp.Revoke, lp.hold(), lp.Period)
+	}
 	return c, nil
 }

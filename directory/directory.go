@@ -47,6 +47,15 @@ type Directory struct {
 	keys      *keyrings
 	rpc       *rpcServer
 
+	// grants is this replica's side of the leases as a voter, lease its
+	// own lease (lease.go).
+	grants *grantTable
+	lease  *leaseHolder
+	// lastVoterChange is when this leader last changed the Raft voters,
+	// or became leader (on the lease clock): it makes no voter change
+	// within the fence wait of the last (reconcileRaft).
+	lastVoterChange atomic.Int64
+
 	gossipAddr string // bound gossip address
 
 	// joined is set once a join of Config.Join (or saved peers) succeeded.
@@ -89,6 +98,8 @@ func Open(cfg Config) (_ *Directory, err error) {
 		cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID.String()),
 		closeCh: make(chan struct{}), absentSince: map[ids.NodeID]time.Time{}, noProto: map[ids.NodeID]uint64{}, unproven: map[ids.NodeID]unproven{},
 	}
+	d.grants = newGrantTable(d.leaseParams(), leaseClock())
+	d.lease = newLeaseHolder(d.leaseParams())
 	var closers []func()
 	defer func() {
 		if err != nil {
@@ -217,9 +228,10 @@ func Open(cfg Config) (_ *Directory, err error) {
 			d.join = append(d.join, a)
 		}
 	}
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go d.run()
 	go d.reconnectLoop()
+	go d.leaseLoop()
 	if len(d.join) > 0 {
 		d.wg.Add(1)
 		go d.joinLoop()
@@ -631,6 +643,10 @@ func (d *Directory) handleRPC(ctx context.Context, req rpcRequest) rpcResponse {
 		}
 		err := d.removeFailed(ctx, req.ID)
 		return rpcResponse{Epoch: d.Epoch(), Err: toWire(err)}
+	case opLease:
+		return d.handleLease(req)
+	case opFence:
+		return d.handleFence(ctx, req)
 	case opStatus:
 		v := d.View()
 		st := stateOf(v)

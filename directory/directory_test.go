@@ -597,3 +597,33 @@ func TestFailedVoterStaysVoter(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLeases: every member of a formed cluster holds a lease from a
+// majority of the voters; a node cut off from the majority (here: the
+// other two stopped) loses its lease, and keeps none while it is alone.
+func TestLeases(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	c.leader()
+	c.waitMembers(1, 2, 3)
+	for _, d := range c.live() {
+		waitFor(t, fmt.Sprintf("%v holds a lease", d.NodeID()), func() bool {
+			return d.Lease().Until > directory.LeaseClock()
+		})
+	}
+	last := c.node(1)
+	c.stop(2)
+	c.stop(3)
+	waitFor(t, "the node left alone loses its lease", func() bool {
+		return last.Lease().Until < directory.LeaseClock()
+	})
+	l := last.Lease()
+	select {
+	case <-l.Changed:
+		t.Fatal("the lone node's lease was extended without a majority")
+	case <-time.After(2 * time.Second):
+	}
+	if last.Lease().Until != l.Until {
+		t.Fatal("the lone node's lease moved")
+	}
+}

@@ -24,8 +24,9 @@ import (
 // change that a node of the previous release would misread. Version 0 is
 // the releases before the field existed (they refuse metadata with it).
 // Version 2: Member.FailedAt and the data plane's chains (homes move to
-// backups, releases write backups).
-const ProtoVersion = 2
+// backups, releases write backups). Version 3: leases (the lease and
+// fence exchanges of the directory RPC; a departure waits for a fence).
+const ProtoVersion = 3
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

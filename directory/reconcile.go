@@ -29,7 +29,10 @@ func (d *Directory) run() {
 		case <-d.closeCh:
 			return
 		case <-d.gossip.signal:
-		case <-leaderCh:
+		case isLeader := <-leaderCh:
+			if isLeader {
+				d.lastVoterChange.Store(int64(leaseClock()))
+			}
 		case <-tick.C:
 		}
 		if d.gossip.drain() {
@@ -228,6 +231,14 @@ func (d *Directory) reconcile() {
 			continue
 		}
 		delete(d.unproven, id)
+		if ok && m.Nonce != 0 && m.Nonce != want.Nonce && m.State != StateLeft {
+			// A restart: the old incarnation departs in the put's epoch,
+			// so its leases must be over first.
+			if err := d.fence(ctx, id, m.Nonce); err != nil {
+				d.log.Warn("directory: reconcile: fence the previous incarnation of a restarted member", "member", id.String(), "err", err)
+				return
+			}
+		}
 		res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdPutMember, Member: &want, KeepDescriptors: true}))
 		if err != nil {
 			d.log.Warn("directory: reconcile put member", "member", id.String(), "err", err)
@@ -249,6 +260,17 @@ func (d *Directory) reconcile() {
 	}
 
 	now := time.Now()
+	// Only members in the Raft configuration know the voters to ask for a
+	// lease; the others are not judged by it (they are added at once, or
+	// as voters within a fence wait).
+	inRaft := map[ids.NodeID]bool{}
+	if f := d.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			if id, ok := parseServerID(s.ID); ok {
+				inRaft[id] = true
+			}
+		}
+	}
 	for _, m := range d.View().members {
 		if m.State != StateAlive {
 			delete(d.absentSince, m.ID)
@@ -261,7 +283,16 @@ func (d *Directory) reconcile() {
 			known = false
 		}
 		var to MemberState
+		expired := m.ID != d.cfg.NodeID && m.Nonce != 0 && inRaft[m.ID] && d.grants.expired(leaseClock(), m.ID, m.Nonce, m.LastFailedAt)
 		switch {
+		case known && e.state == gossipAlive && expired:
+			// Gossip reaches it, the lease requests do not (a partition
+			// of the directory's ports, a stuck dsmd): its pages cannot
+			// wait on it.
+			delete(d.absentSince, m.ID)
+			d.log.Warn("directory: lease expired: no grant asked for by a member gossip holds alive", "member", m.ID.String(),
+				"after", d.leaseParams().expiry().String())
+			to = StateFailed
 		case known && e.state == gossipAlive:
 			delete(d.absentSince, m.ID)
 			continue
@@ -292,7 +323,8 @@ func (d *Directory) reconcile() {
 	d.reconcileRaft(ctx)
 }
 
-// removeMember marks a member left or failed (new epoch). A member that
+// removeMember marks a member left or failed (new epoch), once a majority
+// of the voters fenced its incarnation (its leases are over). A member that
 // left also leaves the Raft configuration (unless it is this node and the
 // last voter); a failed one stays a voter until reconcileRaft can put an
 // alive member in its place (see there). A non-zero nonce limits the
@@ -300,6 +332,15 @@ func (d *Directory) reconcile() {
 // the command applies, nothing changes and the error is
 // ErrStaleIncarnation.
 func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint64, st MemberState) error {
+	fenceNonce := nonce
+	if m, ok := d.View().Member(id); ok && fenceNonce == 0 {
+		fenceNonce = m.Nonce
+	}
+	if fenceNonce != 0 {
+		if err := d.fence(ctx, id, fenceNonce); err != nil {
+			return err
+		}
+	}
 	res, err := d.applyLocal(ctx, encodeCommand(command{Type: cmdSetMemberState, ID: id, State: st, Nonce: nonce}))
 	if err != nil {
 		return err
@@ -348,6 +389,11 @@ func (d *Directory) removeMember(ctx context.Context, id ids.NodeID, nonce uint6
 //     than MaxVoters, as non-voters beyond; while a voter is failed, an
 //     alive non-voter (or a newcomer) is promoted first and the failed
 //     voter removed after, so the number of voters never drops.
+//
+// The voters change at most once per lease fence wait, counted from the
+// commit of the last change and from gaining leadership, so that a lease
+// still running was granted under the current voters or the ones just
+// before (lease.go).
 func (d *Directory) reconcileRaft(ctx context.Context) {
 	f := d.raft.GetConfiguration()
 	if f.Error() != nil {
@@ -362,12 +408,22 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 		}
 	}
 	v := d.View()
+	// One change of the voters per fence wait (lease.go): a lease granted
+	// under the configuration before the last change is over by the next.
+	voterChangeDue := func() bool {
+		return leaseClock()-time.Duration(d.lastVoterChange.Load()) >= d.leaseParams().fenceWait()
+	}
+	voterChanged := func() { d.lastVoterChange.Store(int64(leaseClock())) }
 	remove := func(sid raft.ServerID, id ids.NodeID, why string) bool {
+		if servers[sid].Suffrage == raft.Voter && !voterChangeDue() {
+			return false
+		}
 		if err := raftErr(d.raft.RemoveServer(sid, 0, timeoutOf(ctx)).Error()); err != nil {
 			d.log.Warn("directory: remove raft server", "member", id.String(), "err", err)
 			return false
 		}
 		if servers[sid].Suffrage == raft.Voter {
+			voterChanged()
 			voters--
 		}
 		delete(servers, sid)
@@ -396,6 +452,14 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 			failedVoters = append(failedVoters, id)
 		}
 	}
+	// A failed voter whose replacement was promoted in an earlier pass.
+	for voters > d.cfg.MaxVoters && len(failedVoters) > 0 {
+		id := failedVoters[0]
+		if !voterChangeDue() || !remove(serverID(id), id, "failed voter replaced") {
+			return
+		}
+		failedVoters = failedVoters[1:]
+	}
 	// Add missing alive members; promote non-voters while voters are
 	// short or failed.
 	for _, m := range v.members {
@@ -413,12 +477,16 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 			continue
 		case present && s.Suffrage == raft.Voter:
 			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx)) // address change
+		case (voters < d.cfg.MaxVoters || len(failedVoters) > 0) && !voterChangeDue():
+			return // a new voter, later
 		case voters < d.cfg.MaxVoters:
 			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx))
 			voters++
+			voterChanged()
 		case len(failedVoters) > 0:
 			fut = d.raft.AddVoter(sid, addr, 0, timeoutOf(ctx))
 			voters++
+			voterChanged()
 			replaces, failedVoters = failedVoters[0], failedVoters[1:]
 		case present && s.Address == addr:
 			continue
@@ -430,10 +498,13 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 			d.log.Warn("directory: add raft server", "member", m.ID.String(), "err", err)
 			return
 		}
+		if suffrage == raft.Voter && !(present && s.Suffrage == raft.Voter) {
+			voterChanged() // counted from the commit
+		}
 		servers[sid] = raft.Server{ID: sid, Address: addr, Suffrage: suffrage}
 		d.log.Info("directory: raft configuration changed", "member", m.ID.String(), "voters", voters)
-		if replaces != ids.None && !remove(serverID(replaces), replaces, "failed voter replaced by "+m.ID.String()) {
-			return
+		if replaces != ids.None {
+			return // the failed voter leaves at a later pass, a fence wait after this change
 		}
 	}
 }

@@ -33,12 +33,16 @@ const (
 	opLeave     = "leave"     // ID leaves gracefully; leader only
 	opRemove    = "remove"    // an operator removes failed member ID; leader only
 	opStatus    = "status"    // this node's local view, any node
+	opLease     = "lease"     // ID at Nonce, applied Epoch, asks this voter for a lease grant
+	opFence     = "fence"     // the leader has this voter fence ID at Nonce and wait out its grants
 )
 
 type rpcRequest struct {
-	Op  string     `json:"op"`
-	Cmd []byte     `json:"cmd,omitempty"`
-	ID  ids.NodeID `json:"id,omitempty"`
+	Op    string     `json:"op"`
+	Cmd   []byte     `json:"cmd,omitempty"`
+	ID    ids.NodeID `json:"id,omitempty"`
+	Nonce uint64     `json:"nonce,omitempty"`
+	Epoch ids.Epoch  `json:"epoch,omitempty"`
 }
 
 type rpcResponse struct {
@@ -68,6 +72,7 @@ var wireSentinels = []error{
 	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrNoSpace, ErrPageOutOfRange,
 	ErrNoMembers, ErrInvalidMember, ErrNotLeader, ErrNoLeader, ErrClosed, ErrBadCommand,
 	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs, ErrInvalidAccess, ErrNotFailed, ErrNoMember,
+	ErrLeaseRefused, ErrNoFence,
 }
 
 func toWire(err error) *wireError {

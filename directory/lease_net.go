@@ -1,0 +1,379 @@
+package directory
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/tlsconf"
+)
+
+// The lease exchanges (lease.go has the protocol): opLease asks a voter
+// for a grant, opFence has it fence an incarnation.
+
+// ErrLeaseRefused: a voter did not grant a lease; the message says why.
+var ErrLeaseRefused = errors.New("directory: lease refused")
+
+// ErrNoFence: the leader could not fence an incarnation at a majority of
+// the voters, so it does not commit its departure.
+var ErrNoFence = errors.New("directory: no majority of voters fenced the incarnation")
+
+// Lease is this replica's lease, on the clock LeaseClock reads: local
+// access to pages is allowed while LeaseClock() < Until, and Until - Now
+// is at most the lease's hold. Changed is closed at the next extension.
+type Lease struct {
+	Until   time.Duration
+	Changed <-chan struct{}
+}
+
+// Lease returns this replica's current lease (Until is 0 before the
+// first majority granted).
+func (d *Directory) Lease() Lease {
+	u, ch := d.lease.get()
+	return Lease{Until: u, Changed: ch}
+}
+
+// LeaseClock reads the clock leases are measured on (CLOCK_BOOTTIME).
+func LeaseClock() time.Duration { return leaseClock() }
+
+// LeaseRevoke is the time a node has, once its lease is over, to revoke
+// every local access (Timing.LeaseRevoke).
+func (d *Directory) LeaseRevoke() time.Duration { return d.cfg.Timing.LeaseRevoke }
+
+func (d *Directory) leaseParams() leaseParams {
+	t := d.cfg.Timing
+	return leaseParams{Period: t.LeasePeriod, Length: t.LeaseLength, Revoke: t.LeaseRevoke}
+}
+
+// votersOf returns the voters of a configuration.
+func votersOf(c raft.Configuration) []ids.NodeID {
+	var out []ids.NodeID
+	for _, s := range c.Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		if id, ok := parseServerID(s.ID); ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// handleLease is a voter's answer to a lease request.
+func (d *Directory) handleLease(req rpcRequest) rpcResponse {
+	refuse := func(format string, args ...any) rpcResponse {
+		return rpcResponse{Err: toWire(fmt.Errorf("%w: "+format, append([]any{ErrLeaseRefused}, args...)...))}
+	}
+	f := d.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return refuse("%v", err)
+	}
+	self := false
+	for _, id := range votersOf(f.Configuration()) {
+		self = self || id == d.cfg.NodeID
+	}
+	if !self {
+		return refuse("%v is not a voter", d.cfg.NodeID)
+	}
+	v := d.View()
+	m, ok := v.Member(req.ID)
+	if !ok || m.State != StateAlive || m.Nonce != req.Nonce || req.Nonce == 0 {
+		return refuse("%v at nonce %#x is not an alive member here", req.ID, req.Nonce)
+	}
+	if req.Epoch+leaseEpochLag < v.Epoch {
+		return refuse("%v has applied epoch %v, %v here", req.ID, req.Epoch, v.Epoch)
+	}
+	if r := d.grants.grant(leaseClock(), req.ID, req.Nonce, m.LastFailedAt); r != "" {
+		return refuse("%s", r)
+	}
+	return rpcResponse{Index: f.Index(), Epoch: v.Epoch}
+}
+
+// handleFence fences an incarnation at this voter and answers once every
+// lease this voter granted it is over.
+func (d *Directory) handleFence(ctx context.Context, req rpcRequest) rpcResponse {
+	if err := d.fenceLocal(ctx, req.ID, req.Nonce); err != nil {
+		return rpcResponse{Err: toWire(err)}
+	}
+	return rpcResponse{}
+}
+
+func (d *Directory) fenceLocal(ctx context.Context, id ids.NodeID, nonce uint64) error {
+	until := d.grants.fence(leaseClock(), id, nonce, d.View().Epoch)
+	wait := until - leaseClock()
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.closeCh:
+		return ErrClosed
+	}
+}
+
+// fence has a majority of the current voters fence (id, nonce) and wait
+// out its leases. The leader calls it before it commits the incarnation's
+// departure.
+func (d *Directory) fence(ctx context.Context, id ids.NodeID, nonce uint64) error {
+	f := d.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return raftErr(err)
+	}
+	voters := votersOf(f.Configuration())
+	need := len(voters)/2 + 1
+	start := time.Now()
+	results := make(chan error, len(voters))
+	for _, v := range voters {
+		go func() {
+			if v == d.cfg.NodeID {
+				results <- d.fenceLocal(ctx, id, nonce)
+				return
+			}
+			_, err := d.callPeer(ctx, v, rpcRequest{Op: opFence, ID: id, Nonce: nonce})
+			results <- err
+		}()
+	}
+	ok, failed := 0, 0
+	var last error
+	for range voters {
+		err := <-results
+		if err == nil {
+			ok++
+			if ok == need {
+				d.log.Debug("directory: fenced", "member", id.String(), "nonce", fmt.Sprintf("%#x", nonce), "took", time.Since(start))
+				return nil
+			}
+			continue
+		}
+		failed++
+		last = err
+		if len(voters)-failed < need {
+			break
+		}
+	}
+	return fmt.Errorf("%w: %v of %d voters answered (need %d): %v", ErrNoFence, ok, len(voters), need, last)
+}
+
+// callPeer makes one exchange with node id's directory RPC.
+func (d *Directory) callPeer(ctx context.Context, id ids.NodeID, req rpcRequest) (rpcResponse, error) {
+	addr := d.rpcAddrOf(id)
+	if addr == "" {
+		return rpcResponse{}, fmt.Errorf("directory: no RPC address of %v", id)
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.Timing.RPCTimeout)
+	defer cancel()
+	resp, err := callRPC(cctx, addr, d.peerTLS(id), req)
+	if err != nil {
+		return resp, err
+	}
+	return resp, fromWire(resp.Err)
+}
+
+func (d *Directory) rpcAddrOf(id ids.NodeID) string {
+	addr := ""
+	if m, ok := d.View().Member(id); ok {
+		addr = m.RPCAddr
+	}
+	if e, ok := d.gossip.lookup(id); ok && e.state == gossipAlive {
+		addr = e.meta.RPCAddr
+	}
+	return addr
+}
+
+func (d *Directory) peerTLS(id ids.NodeID) *tls.Config {
+	if d.cfg.TLS == nil {
+		return nil
+	}
+	return d.cfg.TLS.ClientConfig(tlsconf.Node(id))
+}
+
+// leaseLoop asks every voter for a grant every LeasePeriod and extends the
+// lease when a majority of them granted a round.
+func (d *Directory) leaseLoop() {
+	defer d.wg.Done()
+	p := d.leaseParams()
+	tick := time.NewTicker(p.Period)
+	defer tick.Stop()
+	peers := map[ids.NodeID]*leasePeer{}
+	defer func() {
+		for _, lp := range peers {
+			lp.close()
+		}
+	}()
+	for {
+		select {
+		case <-d.closeCh:
+			return
+		case <-tick.C:
+		}
+		v := d.View()
+		if m, ok := v.Member(d.cfg.NodeID); !ok || m.State != StateAlive || m.Nonce != d.cfg.Nonce {
+			continue // not a member (yet, or any more): nothing to ask for
+		}
+		f := d.raft.GetConfiguration()
+		if f.Error() != nil {
+			continue
+		}
+		voters := votersOf(f.Configuration())
+		if len(voters) == 0 {
+			continue
+		}
+		r := &leaseRound{d: d, sent: leaseClock(), index: f.Index(), need: len(voters)/2 + 1}
+		req := rpcRequest{Op: opLease, ID: d.cfg.NodeID, Nonce: d.cfg.Nonce, Epoch: v.Epoch}
+		for _, id := range voters {
+			if id == d.cfg.NodeID {
+				r.add(d.handleLease(req))
+				continue
+			}
+			lp := peers[id]
+			if lp == nil {
+				lp = &leasePeer{d: d, id: id}
+				peers[id] = lp
+			}
+			lp.ask(req, r, 4*p.Period)
+		}
+		for id, lp := range peers {
+			if !containsID(voters, id) {
+				lp.close()
+				delete(peers, id)
+			}
+		}
+	}
+}
+
+func containsID(s []ids.NodeID, id ids.NodeID) bool {
+	for _, x := range s {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// leaseRound counts the grants of one round.
+type leaseRound struct {
+	d     *Directory
+	sent  time.Duration
+	index uint64
+	need  int
+
+	mu      sync.Mutex
+	granted int
+}
+
+func (r *leaseRound) add(resp rpcResponse) {
+	if resp.Err != nil || resp.Index != r.index {
+		return
+	}
+	r.mu.Lock()
+	r.granted++
+	done := r.granted == r.need
+	r.mu.Unlock()
+	if done {
+		r.d.lease.extend(r.sent)
+	}
+}
+
+// leasePeer is the lease connection to one voter: kept open across
+// rounds, one request in flight at a time (a round that finds one still
+// in flight counts no grant from that voter).
+type leasePeer struct {
+	d  *Directory
+	id ids.NodeID
+
+	mu   sync.Mutex
+	busy bool
+	addr string
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+func (lp *leasePeer) ask(req rpcRequest, round *leaseRound, timeout time.Duration) {
+	lp.mu.Lock()
+	if lp.busy {
+		lp.mu.Unlock()
+		return
+	}
+	lp.busy = true
+	lp.mu.Unlock()
+	go func() {
+		resp, err := lp.call(req, timeout)
+		lp.mu.Lock()
+		lp.busy = false
+		lp.mu.Unlock()
+		if err == nil {
+			round.add(resp)
+		}
+	}()
+}
+
+func (lp *leasePeer) call(req rpcRequest, timeout time.Duration) (rpcResponse, error) {
+	addr := lp.d.rpcAddrOf(lp.id)
+	if addr == "" {
+		return rpcResponse{}, fmt.Errorf("no address of %v", lp.id)
+	}
+	lp.mu.Lock()
+	c, r := lp.conn, lp.r
+	if c != nil && lp.addr != addr {
+		c.Close()
+		c = nil
+	}
+	lp.mu.Unlock()
+	if c == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		var err error
+		if cfg := lp.d.peerTLS(lp.id); cfg != nil {
+			dl := tls.Dialer{Config: cfg}
+			c, err = dl.DialContext(ctx, "tcp", addr)
+		} else {
+			var dl net.Dialer
+			c, err = dl.DialContext(ctx, "tcp", addr)
+		}
+		cancel()
+		if err != nil {
+			return rpcResponse{}, err
+		}
+		r = bufio.NewReader(c)
+		lp.mu.Lock()
+		lp.conn, lp.r, lp.addr = c, r, addr
+		lp.mu.Unlock()
+	}
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	var resp rpcResponse
+	err := writeFrame(c, req)
+	if err == nil {
+		err = readFrame(r, &resp)
+	}
+	if err != nil {
+		lp.mu.Lock()
+		if lp.conn == c {
+			lp.conn, lp.r = nil, nil
+		}
+		lp.mu.Unlock()
+		c.Close()
+		return rpcResponse{}, err
+	}
+	return resp, nil
+}
+
+func (lp *leasePeer) close() {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.conn != nil {
+		lp.conn.Close()
+		lp.conn, lp.r = nil, nil
+	}
+}
