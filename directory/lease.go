@@ -199,7 +199,7 @@ type leaseHolder struct {
 	mu sync.Mutex
 	// until is the clock reading at which local access must start being
 	// revoked (0: never held).
-	until time.Duration
+	until   time.Duration
 	changed chan struct{}
 }
 
