@@ -82,8 +82,13 @@ func (p leaseParams) fenceWait() time.Duration {
 }
 
 // expiry is how long the leader waits without granting an alive
-// incarnation before it declares it failed: the fence wait and one period.
-func (p leaseParams) expiry() time.Duration { return p.fenceWait() + p.Period }
+// incarnation before it declares it failed: three lease lengths and one
+// period. A member cut off from the voters suspends its local access
+// after one lease (its own clock decides, whatever the leader does); the
+// verdict only lets its pages fail over, and a shorter one would fail
+// members that a loaded machine starved for a second or two (the leader
+// itself may be the one starved).
+func (p leaseParams) expiry() time.Duration { return 3*p.Length + p.Period }
 
 // grantRec is a voter's last grant to one node.
 type grantRec struct {
