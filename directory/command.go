@@ -18,6 +18,7 @@ const (
 	cmdPutMember
 	cmdSetMemberState
 	cmdSetRegionAccess
+	cmdSetDraining
 )
 
 // commandVersion is the first byte of every encoded command.
@@ -43,7 +44,7 @@ type command struct {
 	// KeepDescriptors leaves the stored descriptors alone (gossip-driven
 	// updates know addresses, not descriptors).
 	KeepDescriptors bool `json:"keep,omitempty"`
-	// cmdSetMemberState
+	// cmdSetMemberState, cmdSetDraining (ID and Nonce)
 	ID    ids.NodeID  `json:"id,omitempty"`
 	State MemberState `json:"state,omitempty"`
 	// Nonce, if not 0, names the incarnation the new state is for: the
@@ -116,6 +117,10 @@ func decodeCommand(b []byte) (command, error) {
 		}
 		if c.State != StateLeft && c.State != StateFailed && c.State != StateAlive {
 			return command{}, fmt.Errorf("%w: cannot set state %v", ErrInvalidMember, c.State)
+		}
+	case cmdSetDraining:
+		if c.ID == ids.None || c.Nonce == 0 {
+			return command{}, fmt.Errorf("%w: draining needs an id and a nonce", ErrInvalidMember)
 		}
 	default:
 		return command{}, fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)

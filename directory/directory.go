@@ -406,6 +406,18 @@ func (d *Directory) SetLocalMeta(ctx context.Context, descriptors []byte) error 
 	return res.Err
 }
 
+// SetDraining records that this incarnation is leaving gracefully: it
+// stays alive in every respect, and status shows it draining until it
+// has left. The node calls it when a graceful leave begins, before it
+// writes back what its clients wrote.
+func (d *Directory) SetDraining(ctx context.Context) error {
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdSetDraining, ID: d.cfg.NodeID, Nonce: d.cfg.Nonce}))
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
 // LinearizableView returns a view that includes every change committed
 // before the call: the leader confirms its leadership with a barrier and a
 // heartbeat round, and this replica waits until it has applied as much.

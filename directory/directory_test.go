@@ -444,6 +444,13 @@ func TestLeave(t *testing.T) {
 	c.waitMembers(1, 2, 3, 4)
 	ctx := ctxT(t)
 	d := c.node(2)
+	if err := d.SetDraining(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "node 2 shown draining, still alive", func() bool {
+		m, _ := c.node(3).View().Member(2)
+		return m.Draining && m.State == directory.StateAlive && slices.Contains(c.node(3).View().Alive(), 2)
+	})
 	c.mu.Lock()
 	delete(c.nodes, 2)
 	c.mu.Unlock()

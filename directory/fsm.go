@@ -152,6 +152,23 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		return &next, applyResult{Region: r, changed: true}
 	case cmdPutMember:
 		return putMember(v, c)
+	case cmdSetDraining:
+		old, ok := v.Member(c.ID)
+		switch {
+		case !ok:
+			return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoMember, c.ID)}
+		case c.Nonce != old.Nonce:
+			return &next, applyResult{Err: fmt.Errorf("%w: %v draining for nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.Nonce, old.Nonce)}
+		case old.State != StateAlive:
+			return &next, applyResult{Err: fmt.Errorf("%w: %v is %v, not alive", ErrInvalidMember, c.ID, old.State)}
+		case old.Draining:
+			return &next, applyResult{}
+		}
+		next.Epoch++
+		old.Draining = true
+		old.Epoch = next.Epoch
+		next.setMember(old)
+		return &next, applyResult{changed: true}
 	case cmdSetMemberState:
 		old, ok := v.Member(c.ID)
 		if !ok || old.State == c.State {
@@ -204,7 +221,7 @@ func (m *Member) noteFailure(e ids.Epoch) {
 func putMember(v *View, c command) (*View, applyResult) {
 	next := *v
 	m := c.Member.clone()
-	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt, m.LastFailedAt, m.Failures = 0, 0, nil, 0, 0, 0
+	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt, m.LastFailedAt, m.Failures, m.Draining = 0, 0, nil, 0, 0, 0, false
 	old, ok := v.Member(m.ID)
 	switch {
 	case !ok && m.Nonce == 0:
@@ -226,6 +243,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 		}
 		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
 		m.FailedAt, m.LastFailedAt, m.Failures = old.FailedAt, old.LastFailedAt, old.Failures
+		m.Draining = old.Draining && m.State == StateAlive
 		if m.Proto == ids.None && m.Nonce != 0 {
 			m.Proto = v.freeProto(ids.None)
 			if m.Proto == ids.None {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,6 +31,39 @@ func seedCommands() []command {
 		createRegionCmd(RegionSpec{Name: "c", Size: 1 << 30}, time.Unix(3, 0)),
 		withAccess(createRegionCmd(RegionSpec{Name: "d", Size: 1 << 20}, time.Unix(4, 0)), &Access{Users: []uint32{1000}, ReadGroups: []uint32{50}}),
 		{Type: cmdSetRegionAccess, Name: "c", Access: &Access{Groups: []uint32{7, 3}}},
+		{Type: cmdSetDraining, ID: 1, Nonce: member(1).Nonce},
+	}
+}
+
+// TestFSMDraining: a draining member stays alive, is shown draining until
+// it leaves, keeps the flag across a gossip update of the same
+// incarnation, and loses it with a new incarnation; draining is refused
+// for another incarnation and for a member that is not alive.
+func TestFSMDraining(t *testing.T) {
+	f := newFSM(newNotifier())
+	one := member(1)
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: one},
+		{Type: cmdSetDraining, ID: 1, Nonce: one.Nonce + 1},
+		{Type: cmdSetDraining, ID: 1, Nonce: one.Nonce},
+		{Type: cmdSetDraining, ID: 1, Nonce: one.Nonce},
+		{Type: cmdPutMember, Member: member(1), KeepDescriptors: true},
+	})
+	if !errors.Is(res[1].Err, ErrStaleIncarnation) || res[2].Err != nil || res[2].Epoch != 2 || res[3].Epoch != 2 {
+		t.Fatalf("results %+v", res)
+	}
+	v, _ := f.current()
+	if m, _ := v.Member(1); !m.Draining || m.State != StateAlive || !slices.Contains(v.Alive(), 1) {
+		t.Fatalf("member 1 after draining: %+v", m)
+	}
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(1, 2)}})
+	v, _ = f.current()
+	if m, _ := v.Member(1); m.Draining {
+		t.Fatalf("a new incarnation inherited draining: %+v", m)
+	}
+	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 1, State: StateFailed}})
+	if r := applyAll(t, f, []command{{Type: cmdSetDraining, ID: 1, Nonce: restartOf(1, 2).Nonce}}); !errors.Is(r[0].Err, ErrInvalidMember) {
+		t.Fatalf("draining a failed member: %v", r[0].Err)
 	}
 }
 
@@ -108,7 +142,7 @@ func TestFSMBadCommandChangesNothing(t *testing.T) {
 func TestSnapshotRoundTrip(t *testing.T) {
 	f := newFSM(newNotifier())
 	applyAll(t, f, seedCommands())
-	if v, _ := f.current(); len(v.Quarantine()) != 1 || len(v.History(0)) != 4 {
+	if v, _ := f.current(); len(v.Quarantine()) != 1 || len(v.History(0)) != 5 {
 		t.Fatalf("seed: quarantine %+v, history %+v", v.Quarantine(), v.History(0))
 	}
 	snap, err := f.Snapshot()

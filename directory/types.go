@@ -345,6 +345,11 @@ type Member struct {
 	FailedAt     ids.Epoch `json:",omitempty"`
 	LastFailedAt ids.Epoch `json:",omitempty"`
 	Failures     uint32    `json:",omitempty"`
+	// Draining: the incarnation is leaving gracefully (SIGTERM): it writes
+	// back what its clients wrote and then leaves. It is alive meanwhile,
+	// in every respect. Set by the member with SetDraining; ignored in a
+	// put.
+	Draining bool `json:",omitempty"`
 }
 
 func (m Member) clone() Member {

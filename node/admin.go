@@ -494,6 +494,9 @@ func (n *Node) judge(v *directory.View, rs directory.RaftStats, rows []memberRow
 			if voters[r.ID] {
 				aliveVoters++
 			}
+			if r.Draining {
+				warn = append(warn, fmt.Sprintf("member n%d is draining: it writes back its dirty pages and leaves", r.ID))
+			}
 		}
 	}
 	if len(rs.Voters) > 0 && aliveVoters < len(rs.Voters)/2+1 {
@@ -536,7 +539,7 @@ func (s *adminServer) Status(ctx context.Context, _ *dsmpb.StatusRequest) (*dsmp
 	}
 	for _, r := range rows {
 		ns := &dsmpb.NodeStatus{NodeId: uint32(r.ID), Addr: r.GRPCAddr, State: r.StatePB,
-			Voter: voters[r.ID], HomedShards: homes[r.ID]}
+			Voter: voters[r.ID], HomedShards: homes[r.ID], Draining: r.Draining && r.State == directory.StateAlive}
 		if r.ID == ids.NodeID(n.cfg.ID) {
 			n.cacheFigures(ns)
 		}
@@ -643,7 +646,7 @@ func (s *adminServer) Members(ctx context.Context, _ *dsmpb.MembersRequest) (*ds
 		pm := &dsmpb.Member{
 			NodeId: uint32(r.ID), Name: r.ID.String(), State: r.StatePB,
 			GossipAddr: r.GossipAddr, RaftAddr: r.RaftAddr, VerbsAddr: r.VerbsAddr, GrpcAddr: r.GRPCAddr,
-			Incarnation: r.Incarnation, ProtoId: uint32(r.Proto),
+			Incarnation: r.Incarnation, ProtoId: uint32(r.Proto), Draining: r.Draining && r.State == directory.StateAlive,
 		}
 		switch {
 		case r.ID == s.n.dir.NodeID():

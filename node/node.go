@@ -507,6 +507,15 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 	}
 	n.closeOnce.Do(func() {
 		var errs []error
+		if leave && n.dir != nil {
+			// Others' status shows this node draining while it writes
+			// back and leaves.
+			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := n.dir.SetDraining(dctx); err != nil {
+				n.log.Warn("leave: could not record this node as draining", "err", err)
+			}
+			cancel()
+		}
 		if n.grpc != nil {
 			// GracefulStop waits for RPCs in flight; bound it.
 			done := make(chan struct{})

@@ -739,3 +739,22 @@ func TestCompleteRegions(t *testing.T) {
 		t.Errorf("completion without dsmd: %q", r.stdout)
 	}
 }
+
+// TestStateOf: an alive member that is leaving shows as draining; every
+// other state shows as itself.
+func TestStateOf(t *testing.T) {
+	for _, c := range []struct {
+		s        dsmpb.MemberState
+		draining bool
+		want     string
+	}{
+		{dsmpb.MemberState_MEMBER_STATE_ALIVE, false, "alive"},
+		{dsmpb.MemberState_MEMBER_STATE_ALIVE, true, "draining"},
+		{dsmpb.MemberState_MEMBER_STATE_LEFT, true, "left"},
+		{dsmpb.MemberState_MEMBER_STATE_DEAD, false, "dead"},
+	} {
+		if got := stateOf(c.s, c.draining); got != c.want {
+			t.Errorf("stateOf(%v, %v) = %q, want %q", c.s, c.draining, got, c.want)
+		}
+	}
+}

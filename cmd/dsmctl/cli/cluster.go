@@ -92,7 +92,7 @@ margin), 4 unhealthy or unknown, 1 when dsmd cannot be asked.`,
 				}
 				for _, n := range st.Nodes {
 					v.Nodes = append(v.Nodes, nodeStatusJSON{
-						Node: n.NodeId, Addr: n.Addr, State: memberState(n.State), Voter: n.Voter,
+						Node: n.NodeId, Addr: n.Addr, State: stateOf(n.State, n.Draining), Voter: n.Voter,
 						CacheBytes: n.CacheBytes, CacheCapacity: n.CacheCapacityBytes,
 						DirtyPages: n.DirtyPages, HomedShards: n.HomedShards, Error: n.Error,
 					})
@@ -114,7 +114,7 @@ margin), 4 unhealthy or unknown, 1 when dsmd cannot be asked.`,
 				if n.Error != "" {
 					cache, dirty = "? ("+userMessage(n.Error)+")", "?"
 				}
-				t.row(node(n.NodeId), n.Addr, paint(col, stateColor(n.State), memberState(n.State)),
+				t.row(node(n.NodeId), n.Addr, paint(col, stateColor(n.State, n.Draining), stateOf(n.State, n.Draining)),
 					yesNo(n.Voter), cache, dirty, n.HomedShards)
 			}
 			if err := t.write(w); err != nil {
@@ -129,7 +129,11 @@ margin), 4 unhealthy or unknown, 1 when dsmd cannot be asked.`,
 	}
 }
 
-func stateColor(s dsmpb.MemberState) string {
+func stateColor(s dsmpb.MemberState, draining bool) string {
+	switch {
+	case draining && s == dsmpb.MemberState_MEMBER_STATE_ALIVE:
+		return "33"
+	}
 	switch s {
 	case dsmpb.MemberState_MEMBER_STATE_ALIVE:
 		return "32"
@@ -244,7 +248,7 @@ func (a *app) membersListCmd() *cobra.Command {
 					ProtoIDsLeft uint32       `json:"proto_ids_left"`
 				}{Epoch: m.Epoch, Members: []memberJSON{}, ProtoIDsLeft: m.ProtoIdsLeft}
 				for _, x := range m.Members {
-					v.Members = append(v.Members, memberJSON{x.NodeId, x.Name, memberState(x.State),
+					v.Members = append(v.Members, memberJSON{x.NodeId, x.Name, stateOf(x.State, x.Draining),
 						x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, x.LastSeenUnixNano, x.Incarnation, x.ProtoId})
 				}
 				return a.printJSON(v)
@@ -260,7 +264,7 @@ func (a *app) membersListCmd() *cobra.Command {
 				if x.ProtoId != 0 {
 					proto = fmt.Sprint(x.ProtoId)
 				}
-				t.row(node(x.NodeId), x.Name, paint(col, stateColor(x.State), memberState(x.State)), inc, proto,
+				t.row(node(x.NodeId), x.Name, paint(col, stateColor(x.State, x.Draining), stateOf(x.State, x.Draining)), inc, proto,
 					x.GossipAddr, x.RaftAddr, x.VerbsAddr, x.GrpcAddr, age(now, x.LastSeenUnixNano))
 			}
 			fmt.Fprintf(a.env.Stdout, "epoch %d · %d member%s · %d protocol ids left\n\n", m.Epoch, len(m.Members), plural(len(m.Members)), m.ProtoIdsLeft)

@@ -118,6 +118,15 @@ func enumName(full, prefix string) string {
 	return strings.ToLower(s)
 }
 
+// stateOf is memberState, or "draining" for an alive member that is
+// leaving gracefully.
+func stateOf(s dsmpb.MemberState, draining bool) string {
+	if draining && s == dsmpb.MemberState_MEMBER_STATE_ALIVE {
+		return "draining"
+	}
+	return memberState(s)
+}
+
 func memberState(s dsmpb.MemberState) string {
 	return enumName(s.String(), "MEMBER_STATE_")
 }

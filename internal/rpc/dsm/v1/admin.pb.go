@@ -300,7 +300,10 @@ type NodeStatus struct {
 	DirtyPages         uint64                 `protobuf:"varint,7,opt,name=dirty_pages,json=dirtyPages,proto3" json:"dirty_pages,omitempty"`                           // pages in M not yet synced
 	HomedShards        uint32                 `protobuf:"varint,8,opt,name=homed_shards,json=homedShards,proto3" json:"homed_shards,omitempty"`                        // shards this node is home for
 	// Why the figures above are missing, when the node did not answer.
-	Error         string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	// The node is leaving gracefully (SIGTERM): it writes back what its
+	// clients wrote, then leaves. It is alive until then.
+	Draining      bool `protobuf:"varint,10,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -396,6 +399,13 @@ func (x *NodeStatus) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *NodeStatus) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 type StatusResponse struct {
@@ -552,7 +562,9 @@ type Member struct {
 	Incarnation uint64 `protobuf:"varint,9,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// The incarnation's protocol id (what the coherence protocol names it
 	// by; never reused).
-	ProtoId       uint32 `protobuf:"varint,10,opt,name=proto_id,json=protoId,proto3" json:"proto_id,omitempty"`
+	ProtoId uint32 `protobuf:"varint,10,opt,name=proto_id,json=protoId,proto3" json:"proto_id,omitempty"`
+	// The member is leaving gracefully (see NodeStatus.draining).
+	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -655,6 +667,13 @@ func (x *Member) GetProtoId() uint32 {
 		return x.ProtoId
 	}
 	return 0
+}
+
+func (x *Member) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 type MembersResponse struct {
@@ -2833,7 +2852,7 @@ const file_admin_proto_rawDesc = "" +
 	"\x13VERDICT_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fVERDICT_HEALTHY\x10\x01\x12\x14\n" +
 	"\x10VERDICT_DEGRADED\x10\x02\x12\x15\n" +
-	"\x11VERDICT_UNHEALTHY\x10\x03\"\xa7\x02\n" +
+	"\x11VERDICT_UNHEALTHY\x10\x03\"\xc3\x02\n" +
 	"\n" +
 	"NodeStatus\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x12\n" +
@@ -2846,7 +2865,9 @@ const file_admin_proto_rawDesc = "" +
 	"\vdirty_pages\x18\a \x01(\x04R\n" +
 	"dirtyPages\x12!\n" +
 	"\fhomed_shards\x18\b \x01(\rR\vhomedShards\x12\x14\n" +
-	"\x05error\x18\t \x01(\tR\x05error\"\xff\x01\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x12\x1a\n" +
+	"\bdraining\x18\n" +
+	" \x01(\bR\bdraining\"\xff\x01\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\rR\bleaderId\x12\x12\n" +
@@ -2856,7 +2877,7 @@ const file_admin_proto_rawDesc = "" +
 	"\x05nodes\x18\x06 \x03(\v2\x12.dsm.v1.NodeStatusR\x05nodes\x12&\n" +
 	"\x06health\x18\a \x01(\v2\x0e.dsm.v1.HealthR\x06health\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\"\x10\n" +
-	"\x0eMembersRequest\"\xc6\x02\n" +
+	"\x0eMembersRequest\"\xe2\x02\n" +
 	"\x06Member\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
@@ -2870,7 +2891,8 @@ const file_admin_proto_rawDesc = "" +
 	"\x13last_seen_unix_nano\x18\b \x01(\x03R\x10lastSeenUnixNano\x12 \n" +
 	"\vincarnation\x18\t \x01(\x04R\vincarnation\x12\x19\n" +
 	"\bproto_id\x18\n" +
-	" \x01(\rR\aprotoId\"w\n" +
+	" \x01(\rR\aprotoId\x12\x1a\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\"w\n" +
 	"\x0fMembersResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12(\n" +
 	"\amembers\x18\x02 \x03(\v2\x0e.dsm.v1.MemberR\amembers\x12$\n" +
