@@ -55,6 +55,8 @@ type Directory struct {
 	// or became leader (on the lease clock): it makes no voter change
 	// within the fence wait of the last (reconcileRaft).
 	lastVoterChange atomic.Int64
+	// confCache is the Raft configuration as leases last read it.
+	confCache atomic.Pointer[raftConfig]
 
 	gossipAddr string // bound gossip address
 

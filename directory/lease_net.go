@@ -67,19 +67,39 @@ func votersOf(c raft.Configuration) []ids.NodeID {
 	return out
 }
 
+// raftConfig is the Raft configuration and its index, read again only
+// when the log has grown since (the configuration is in the log): asking
+// Raft wakes its main loop, and leases ask several times a period.
+type raftConfig struct {
+	lastIndex uint64
+	index     uint64
+	voters    []ids.NodeID
+}
+
+func (d *Directory) configuration() (raftConfig, error) {
+	last := d.raft.LastIndex()
+	if c := d.confCache.Load(); c != nil && c.lastIndex == last {
+		return *c, nil
+	}
+	f := d.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return raftConfig{}, err
+	}
+	c := &raftConfig{lastIndex: last, index: f.Index(), voters: votersOf(f.Configuration())}
+	d.confCache.Store(c)
+	return *c, nil
+}
+
 // handleLease is a voter's answer to a lease request.
 func (d *Directory) handleLease(req rpcRequest) rpcResponse {
 	refuse := func(format string, args ...any) rpcResponse {
 		return rpcResponse{Err: toWire(fmt.Errorf("%w: "+format, append([]any{ErrLeaseRefused}, args...)...))}
 	}
-	f := d.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
+	conf, err := d.configuration()
+	if err != nil {
 		return refuse("%v", err)
 	}
-	self := false
-	for _, id := range votersOf(f.Configuration()) {
-		self = self || id == d.cfg.NodeID
-	}
+	self := containsID(conf.voters, d.cfg.NodeID)
 	if !self {
 		return refuse("%v is not a voter", d.cfg.NodeID)
 	}
@@ -94,7 +114,7 @@ func (d *Directory) handleLease(req rpcRequest) rpcResponse {
 	if r := d.grants.grant(leaseClock(), req.ID, req.Nonce, m.LastFailedAt); r != "" {
 		return refuse("%s", r)
 	}
-	return rpcResponse{Index: f.Index(), Epoch: v.Epoch}
+	return rpcResponse{Index: conf.index, Epoch: v.Epoch}
 }
 
 // handleFence fences an incarnation at this voter and answers once every
@@ -223,15 +243,15 @@ func (d *Directory) leaseLoop() {
 		if m, ok := v.Member(d.cfg.NodeID); !ok || m.State != StateAlive || m.Nonce != d.cfg.Nonce {
 			continue // not a member (yet, or any more): nothing to ask for
 		}
-		f := d.raft.GetConfiguration()
-		if f.Error() != nil {
+		conf, err := d.configuration()
+		if err != nil {
 			continue
 		}
-		voters := votersOf(f.Configuration())
+		voters := conf.voters
 		if len(voters) == 0 {
 			continue
 		}
-		r := &leaseRound{d: d, sent: leaseClock(), index: f.Index(), need: len(voters)/2 + 1}
+		r := &leaseRound{d: d, sent: leaseClock(), index: conf.index, need: len(voters)/2 + 1}
 		req := rpcRequest{Op: opLease, ID: d.cfg.NodeID, Nonce: d.cfg.Nonce, Epoch: v.Epoch}
 		for _, id := range voters {
 			if id == d.cfg.NodeID {
