@@ -206,9 +206,16 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	defer cl.c.st.faultsInFlight.Add(-1)
 	wait := retryMin
 	since := time.Now() // when the oldest fault not answered yet was read
+	gen := cl.c.suspendGen.Load()
 	for {
 		err := cl.c.resolve(cl.ctx, cl, p, write, true)
 		var missErr *missError
+		if g := cl.c.suspendGen.Load(); g != gen {
+			// The fault waited through a suspension: that wait is not
+			// the page being unavailable, so its FaultTimeout starts
+			// again.
+			since, gen = time.Now(), g
+		}
 		switch {
 		case err == nil:
 			cl.c.makeRoom(cl.c.ctx)
@@ -399,17 +406,33 @@ func (e *missError) Unwrap() error { return e.err }
 // what the access needs (Shared for a read, Modified for a write) through
 // the Coherence engine, then, if mapIt, maps the page in the client with
 // the matching protection and wakes the faulting threads. It is
-// idempotent.
+// idempotent. While the Cache is suspended it waits, holding no lock, until
+// Resume (or until ctx ends or the Cache closes).
 func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, mapIt bool) error {
 	r := cl.r
-	pg, err := r.acquire(ctx, p)
-	if err != nil {
-		return err
+	for {
+		if err := c.waitServing(ctx); err != nil {
+			return err
+		}
+		pg, err := r.acquire(ctx, p)
+		if err != nil {
+			return err
+		}
+		err = c.resolveLocked(ctx, cl, pg, write, mapIt)
+		r.release(pg)
+		if !errors.Is(err, errSuspended) {
+			return err
+		}
 	}
-	defer r.release(pg)
+}
+
+// resolveLocked is resolve with the page's lock held; errSuspended means
+// that a suspension began: nothing was mapped.
+func (c *Cache) resolveLocked(ctx context.Context, cl *client, pg *page, write, mapIt bool) error {
+	r := cl.r
 	for attempt := 0; ; attempt++ {
 		st := pg.State()
-		if st == Invalid || st == Shared && write {
+		if st == Invalid || st == Shared && write || pg.aside {
 			if err := c.hold(ctx, pg, write); err != nil {
 				return err
 			}
@@ -419,11 +442,14 @@ func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, ma
 		if !mapIt {
 			return nil
 		}
+		if c.suspended.Load() {
+			return errSuspended // held, but not to be mapped until Resume
+		}
 		err := c.mapInto(cl, pg, write)
 		if errors.Is(err, uffd.ErrNotCached) && attempt == 0 {
 			// The memfd lost a page held here: a broken invariant (someone
 			// punched it behind the Cache). Drop it and fetch again.
-			c.log.Error("held page missing from the memfd", "region", r.id, "page", p, "state", st)
+			c.log.Error("held page missing from the memfd", "region", r.id, "page", pg.no, "state", st)
 			c.setState(pg, Invalid)
 			continue
 		}
