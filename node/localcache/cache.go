@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
@@ -428,9 +430,24 @@ func (c *Cache) setState(pg *page, s State) {
 }
 
 // fill installs data as page p's contents in the memfd; the page must be
-// Invalid (a hole), so writing it allocates it and reads nothing.
+// Invalid (a hole), so writing it allocates it and reads nothing. It
+// writes with pwrite rather than through the daemon's mapping, so that the
+// daemon maps no page it does not use (Access): each page mapped writable
+// and written is one more TLB flush when the page is punched (see revoke).
 func (r *region) fill(p ids.PageNo, data []byte) {
-	copy(r.bytes(p), data)
+	data = data[:r.pageSize]
+	if n, err := unix.Pwrite(r.mf.Fd(), data, int64(p)*r.pageSize); err != nil || n != len(data) {
+		copy(r.bytes(p), data) // as before: a fault that fails is SIGBUS
+	}
+}
+
+// read copies held page p's contents into dst (one page), with pread, for
+// the reason given at fill.
+func (r *region) read(p ids.PageNo, dst []byte) {
+	dst = dst[:r.pageSize]
+	if n, err := unix.Pread(r.mf.Fd(), dst, int64(p)*r.pageSize); err != nil || n != len(dst) {
+		copy(dst, r.bytes(p))
+	}
 }
 
 // punch drops page p from the memfd and so from every local mapping.
@@ -534,7 +551,7 @@ func (c *Cache) Downgrade(ctx context.Context, rid ids.RegionID, p ids.PageNo, d
 		return was, nil
 	}
 	c.protectAll(r, p)
-	copy(dst, r.bytes(p))
+	r.read(p, dst)
 	c.setState(pg, Shared)
 	c.st.downgrades.Add(1)
 	return was, nil
