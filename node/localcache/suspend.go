@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -36,8 +37,9 @@ type SuspendStats struct {
 	// Waited: pages whose lock was held by a call in flight when Suspend
 	// came to them; they were revoked once it ended.
 	Waited int
-	// Duration: from the call to its return.
-	Duration time.Duration
+	// Duration: from the call to its return; of which WriteProtectTime,
+	// CopyTime and PunchTime in those calls.
+	Duration, WriteProtectTime, CopyTime, PunchTime time.Duration
 }
 
 // waitServing returns at once while the Cache is not suspended, else when
@@ -172,7 +174,7 @@ func (c *Cache) suspendRegion(ctx context.Context, r *region, st *SuspendStats) 
 			busy = append(busy, pg.no)
 		}
 	}
-	err := c.revoke(r, locked, st)
+	err := c.revoke(r, locked, busy, st)
 	for _, pg := range locked {
 		r.release(pg)
 	}
@@ -190,7 +192,7 @@ func (c *Cache) suspendRegion(ctx context.Context, r *region, st *SuspendStats) 
 			return fmt.Errorf("%d pages still busy: %w", len(busy)-i, err)
 		}
 		st.Waited++
-		err = c.revoke(r, []*page{pg}, st)
+		err = c.revoke(r, []*page{pg}, nil, st)
 		r.release(pg)
 		if err != nil {
 			return err
@@ -199,9 +201,34 @@ func (c *Cache) suspendRegion(ctx context.Context, r *region, st *SuspendStats) 
 	return nil
 }
 
+// wpMergeGap bounds the gap, in bytes, across which revoke merges two runs
+// of Modified pages into one write protection. A gap shorter than 2 MiB
+// spans at most the page tables that hold the runs on either side, so the
+// write-protect markers it leaves on pages not mapped cost no new page
+// table (on shmem the kernel allocates page tables to hold markers).
+const wpMergeGap = 2 << 20
+
 // revoke write-protects, copies aside and punches the pages of pgs (locked,
-// sorted) that are held and not set aside already.
-func (c *Cache) revoke(r *region, pgs []*page, st *SuspendStats) error {
+// sorted) that are held and not set aside already. busy (sorted) are the
+// pages of the region whose lock others hold: no punch covers them.
+//
+// Few calls: a write protection covers consecutive Modified pages, and
+// also the gaps between them shorter than wpMergeGap (the pages there are
+// Shared, already write-protected, or holes, where the protection leaves
+// a marker that the next fault clears; both are harmless, and so is
+// protecting a busy page, as whoever resolves it clears the protection
+// where a write needs it). A punch covers the held pages and every gap
+// between them that holds no busy page and no page left unrevoked: each
+// other page there is a hole already (Invalid), and stays one while
+// suspended, as nothing fills a page without its lock and a Coherence
+// call, which nothing starts; punching a hole again costs a walk of the
+// file's index and of the page tables. So the pages of a region take one
+// punch unless calls are in flight. (Each punch and each write protection
+// of a mapped page flushes TLBs on every CPU the client runs on: tens of
+// microseconds on a virtual machine; BenchmarkSuspend.) Only the copy is
+// per run of Modified pages, so that no hole is copied (it would allocate
+// zeros in the aside file).
+func (c *Cache) revoke(r *region, pgs []*page, busy []ids.PageNo, st *SuspendStats) error {
 	var mod, held []*page
 	for _, pg := range pgs {
 		switch s := pg.State(); {
@@ -215,29 +242,37 @@ func (c *Cache) revoke(r *region, pgs []*page, st *SuspendStats) error {
 	if len(held) == 0 {
 		return nil
 	}
+	wpGap := max(1, wpMergeGap/int(r.pageSize))
 	var errs []error
+	var kept []ids.PageNo // Modified pages that could not be copied aside
 	if len(mod) > 0 {
 		aside, err := r.asideFile()
 		if err != nil {
 			return err
 		}
 		cls := r.clientList()
-		for _, run := range runsOf(mod) {
-			off, n := int64(run.first)*r.pageSize, uint64(run.n)*uint64(r.pageSize)
+		t := time.Now()
+		for _, wr := range merge(runsOf(mod), wpGap, nil) {
+			n := uint64(wr.n) * uint64(r.pageSize)
 			for _, cl := range cls {
 				st.WriteProtects++
-				if err := cl.u.WriteProtect(cl.addr(run.first), n, true, 0); err != nil && !clientGone(err) {
-					c.log.Warn("write-protect failed", "region", r.id, "page", run.first, "pages", run.n, "client", cl.id, "err", err)
+				if err := cl.u.WriteProtect(cl.addr(wr.first), n, true, 0); err != nil && !clientGone(err) {
+					c.log.Warn("write-protect failed", "region", r.id, "page", wr.first, "pages", wr.n, "client", cl.id, "err", err)
 				}
 			}
-			calls, err := copyRange(int(aside.Fd()), r.mf.Fd(), off, int64(n))
+		}
+		st.WriteProtectTime += time.Since(t)
+		t = time.Now()
+		for _, run := range runsOf(mod) {
+			off, n := int64(run.first)*r.pageSize, int64(run.n)*r.pageSize
+			calls, err := copyRange(int(aside.Fd()), r.mf.Fd(), off, n)
 			st.Copies += calls
 			if err != nil {
 				// Not copied: these pages stay in the memfd, Modified
 				// and write-protected.
 				errs = append(errs, fmt.Errorf("copy aside of %d pages at %s: %w", run.n, run.first, err))
 				for _, pg := range mod[run.at : run.at+run.n] {
-					held = slices.DeleteFunc(held, func(h *page) bool { return h == pg })
+					kept = append(kept, pg.no)
 				}
 				continue
 			}
@@ -246,17 +281,35 @@ func (c *Cache) revoke(r *region, pgs []*page, st *SuspendStats) error {
 				c.st.aside.Add(1)
 			}
 			st.Aside += run.n
-			st.BytesCopied += int64(n)
+			st.BytesCopied += n
 		}
+		st.CopyTime += time.Since(t)
 	}
-	for _, run := range runsOf(held) {
+	if len(kept) > 0 {
+		held = slices.DeleteFunc(held, func(pg *page) bool { _, ok := slices.BinarySearch(kept, pg.no); return ok })
+		busy = slices.Concat(busy, kept)
+		slices.Sort(busy)
+	}
+	blocked := func(from, to ids.PageNo) bool { // a busy page in [from, to)
+		i, _ := slices.BinarySearch(busy, from)
+		return i < len(busy) && busy[i] < to
+	}
+	for _, pr := range merge(runsOf(held), math.MaxInt, blocked) {
 		st.Punches++
-		if err := r.mf.PunchHole(int64(run.first)*r.pageSize, int64(run.n)*r.pageSize); err != nil {
+		t := time.Now()
+		err := r.mf.PunchHole(int64(pr.first)*r.pageSize, int64(pr.n)*r.pageSize)
+		st.PunchTime += time.Since(t)
+		if err != nil {
 			errs = append(errs, err)
+			for _, pg := range held[pr.at : pr.at+pr.held] {
+				if pg.aside { // its data is aside and in the memfd: keep the latter
+					c.dropAside(pg)
+				}
+			}
 			continue
 		}
-		st.Punched += run.n
-		for _, pg := range held[run.at : run.at+run.n] {
+		st.Punched += pr.held
+		for _, pg := range held[pr.at : pr.at+pr.held] {
 			if pg.State() == Shared {
 				c.setState(pg, Invalid)
 			}
@@ -265,11 +318,13 @@ func (c *Cache) revoke(r *region, pgs []*page, st *SuspendStats) error {
 	return errors.Join(errs...)
 }
 
-// run is a run of consecutive pages: pgs[at:at+n] are pages first to
-// first+n-1.
+// run is a range of pages, first to first+n-1, that covers the pages
+// pgs[at:at+held] of the list it was made from (held == n for a run of
+// consecutive pages; fewer for runs merged across a gap).
 type run struct {
 	first ids.PageNo
 	at, n int
+	held  int
 }
 
 // runsOf splits sorted pages into runs of consecutive page numbers.
@@ -278,9 +333,28 @@ func runsOf(pgs []*page) []run {
 	for i, pg := range pgs {
 		if k := len(out) - 1; k >= 0 && out[k].first+ids.PageNo(out[k].n) == pg.no {
 			out[k].n++
+			out[k].held++
 			continue
 		}
-		out = append(out, run{first: pg.no, at: i, n: 1})
+		out = append(out, run{first: pg.no, at: i, n: 1, held: 1})
+	}
+	return out
+}
+
+// merge joins consecutive runs whose gap is shorter than gap pages and,
+// if blocked is set, holds no page it names.
+func merge(runs []run, gap int, blocked func(from, to ids.PageNo) bool) []run {
+	var out []run
+	for _, rn := range runs {
+		if k := len(out) - 1; k >= 0 {
+			end := out[k].first + ids.PageNo(out[k].n)
+			if int(rn.first-end) < gap && (blocked == nil || !blocked(end, rn.first)) {
+				out[k].n = int(rn.first-out[k].first) + rn.n
+				out[k].held += rn.held
+				continue
+			}
+		}
+		out = append(out, rn)
 	}
 	return out
 }
@@ -441,20 +515,26 @@ func (c *Cache) takeData(pg *page, dst []byte) error {
 	r, p := pg.r, pg.no
 	if !pg.aside {
 		c.protectAll(r, p)
-		copy(dst, r.bytes(p))
+		r.read(p, dst)
 		return nil
 	}
-	f := r.asideNow()
-	off := int64(p) * r.pageSize
-	if _, err := f.ReadAt(dst[:r.pageSize], off); err != nil {
+	if _, err := r.asideNow().ReadAt(dst[:r.pageSize], int64(p)*r.pageSize); err != nil {
 		return fmt.Errorf("read aside copy: %w", err)
 	}
-	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, r.pageSize); err != nil {
+	c.dropAside(pg)
+	return nil
+}
+
+// dropAside frees the aside copy of locked page pg, set aside, and
+// clears its mark.
+func (c *Cache) dropAside(pg *page) {
+	r, p := pg.r, pg.no
+	f := r.asideNow()
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(p)*r.pageSize, r.pageSize); err != nil {
 		c.log.Warn("dropping an aside copy failed", "region", r.id, "page", p, "err", err)
 	}
 	pg.aside = false
 	c.st.aside.Add(-1)
-	return nil
 }
 
 // restore puts locked page pg, set aside, back into the memfd (it stays
@@ -466,11 +546,7 @@ func (c *Cache) restore(pg *page) error {
 	if _, err := copyRange(r.mf.Fd(), int(f.Fd()), off, r.pageSize); err != nil {
 		return fmt.Errorf("restore %s/%s from its aside copy: %w", r.id, p, err)
 	}
-	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, r.pageSize); err != nil {
-		c.log.Warn("dropping an aside copy failed", "region", r.id, "page", p, "err", err)
-	}
-	pg.aside = false
-	c.st.aside.Add(-1)
+	c.dropAside(pg)
 	c.st.restores.Add(1)
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,8 +105,8 @@ func TestSuspendStopsStores(t *testing.T) {
 
 	h0 := d.home.counts()
 	st := d.suspend()
-	if st.Aside != 3 || st.Punched != 5 || st.BytesCopied != 3*ps || st.WriteProtects != 3 || st.Punches != 2 {
-		t.Fatalf("SuspendStats %+v: want 3 aside (one run, three clients), 5 punched in 2 runs", st)
+	if st.Aside != 3 || st.Punched != 5 || st.BytesCopied != 3*ps || st.WriteProtects != 3 || st.Punches != 1 {
+		t.Fatalf("SuspendStats %+v: want 3 aside (one run, three clients), 5 punched in one call (the hole between them too)", st)
 	}
 	if n := d.cached(); n != 0 {
 		t.Fatalf("the memfd holds %d pages after Suspend", n)
@@ -390,4 +391,34 @@ func TestSuspendedPagesWrittenBack(t *testing.T) {
 		t.Fatalf("read misses %d, want 1 (page 10, written back)", hc.reads)
 	}
 	d.quiesce(regionR)
+}
+
+// runsOf and merge: the ranges of one write protection or one punch.
+func TestRevokeRanges(t *testing.T) {
+	pages := func(nos ...ids.PageNo) []*page {
+		var out []*page
+		for _, no := range nos {
+			out = append(out, &page{no: no})
+		}
+		return out
+	}
+	pgs := pages(1, 2, 3, 5, 6, 9, 30)
+	runs := runsOf(pgs)
+	if want := []run{{1, 0, 3, 3}, {5, 3, 2, 2}, {9, 5, 1, 1}, {30, 6, 1, 1}}; !slices.Equal(runs, want) {
+		t.Fatalf("runsOf: %v, want %v", runs, want)
+	}
+	if got, want := merge(runs, 8, nil), []run{{1, 0, 9, 6}, {30, 6, 1, 1}}; !slices.Equal(got, want) {
+		t.Fatalf("merge with gap 8: %v, want %v", got, want)
+	}
+	busy := []ids.PageNo{7}
+	blocked := func(from, to ids.PageNo) bool {
+		i, _ := slices.BinarySearch(busy, from)
+		return i < len(busy) && busy[i] < to
+	}
+	if got, want := merge(runs, 8, blocked), []run{{1, 0, 6, 5}, {9, 5, 1, 1}, {30, 6, 1, 1}}; !slices.Equal(got, want) {
+		t.Fatalf("merge around busy page 7: %v, want %v", got, want)
+	}
+	if got := merge(runs, 1, nil); !slices.Equal(got, runs) {
+		t.Fatalf("merge with gap 1: %v", got)
+	}
 }
