@@ -422,3 +422,19 @@ func TestRevokeRanges(t *testing.T) {
 		t.Fatalf("merge with gap 1: %v", got)
 	}
 }
+
+// EstimateSuspend measures something (its figure is not checked: a timing
+// is a benchmark's business).
+func TestEstimateSuspend(t *testing.T) {
+	if d, err := EstimateSuspend(0, 0); err != nil || d != 0 {
+		t.Fatalf("EstimateSuspend(0): %v, %v", d, err)
+	}
+	d, err := EstimateSuspend(100000, 0)
+	if err != nil || d <= 0 {
+		t.Fatalf("EstimateSuspend: %v, %v", d, err)
+	}
+	t.Logf("EstimateSuspend(100000 pages) = %v", d)
+	if _, err := EstimateSuspend(10, 1000); !errors.Is(err, ErrBadRegion) {
+		t.Fatalf("EstimateSuspend with a bad page size: %v", err)
+	}
+}
