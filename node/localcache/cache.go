@@ -731,6 +731,10 @@ func (c *Cache) Close() error {
 	}
 	c.cancel()
 	c.wg.Wait()
+	// A Suspend or DiscardSuspended in progress uses the files: let it end
+	// (the calls it waits for were cancelled above).
+	c.suspendMu.Lock()
+	defer c.suspendMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error

@@ -407,6 +407,10 @@ func (c *Cache) DiscardSuspended() (lost int) {
 		return 0
 	}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0
+	}
 	regions := make([]*region, 0, len(c.regions))
 	for _, r := range c.regions {
 		regions = append(regions, r)
