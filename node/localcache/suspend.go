@@ -87,12 +87,18 @@ func (c *Cache) Suspended() bool { return c.suspended.Load() }
 //     ErrSuspended.
 //  2. Then, region by region, over every page held: every Modified page is
 //     write-protected in every attached client (one UFFDIO_WRITEPROTECT
-//     per run of consecutive Modified pages per client), so no store lands
-//     after the copy; its bytes are copied into the region's aside memfd at
-//     the same offset (copy_file_range, one call per run); and every page
-//     held, Shared and Modified, is punched out of the region's memfd (one
-//     fallocate per run), so every mapping in every process loses it and
-//     every access faults and waits.
+//     per run of Modified pages per client, runs merged across gaps under
+//     2 MiB), so no store lands after the copy; its bytes are copied into
+//     the region's aside memfd at the same offset (copy_file_range, one
+//     call per run); and every page held, Shared and Modified, is punched
+//     out of the region's memfd (one fallocate over the held pages and the
+//     holes between them), so every mapping in every process loses it and
+//     every access faults and waits. See revoke.
+//
+// A miss that the engine took before its cancellation goes on inside the
+// engine, as when a faulting client dies: the page stays Invalid here and
+// the next fault asks again. A write-back the engine took returns
+// ErrEvictPending: the data is the engine's.
 //
 // Shared pages become Invalid here (the engine still holds them Shared:
 // after Resume their faults are misses that the engine can serve from its
