@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -437,4 +439,93 @@ func TestEstimateSuspend(t *testing.T) {
 	if _, err := EstimateSuspend(10, 1000); !errors.Is(err, ErrBadRegion) {
 		t.Fatalf("EstimateSuspend with a bad page size: %v", err)
 	}
+}
+
+// Suspensions come and go while two clients write and read pages back,
+// evictions make room in a small cache and remote invalidations and
+// downgrades take pages (during the suspensions too): after every Suspend
+// the memfd holds no page, and every value written is read back, by its
+// writer and by the other client.
+func TestSuspendUnderLoad(t *testing.T) {
+	d := newDaemon(t, 12)
+	d.home.remote = new(sync.Mutex)
+	a := d.client("A", "r")
+	b := d.client("B", "r")
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var remoteErr, suspendErr error
+	var actions, suspensions int
+	wg.Add(2)
+	go func() { // the remote nodes
+		defer wg.Done()
+		dst := make([]byte, ps)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := ids.PageNo(i * 7 % 32)
+			d.home.remote.Lock()
+			var was State
+			if i%3 == 0 {
+				was, remoteErr = d.c.Downgrade(ctx, regionR, p, dst)
+			} else {
+				was, remoteErr = d.c.Invalidate(ctx, regionR, p, dst)
+			}
+			if was == Modified {
+				d.home.Put(regionR, p, dst)
+			}
+			d.home.remote.Unlock()
+			if remoteErr != nil {
+				return
+			}
+			actions++
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	go func() { // the lease
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+			if _, suspendErr = d.c.Suspend(ctx); suspendErr != nil {
+				return
+			}
+			suspensions++
+			if n, err := d.c.CachedPages(regionR); err != nil || n != 0 {
+				suspendErr = fmt.Errorf("the memfd holds %d pages after Suspend (%v)", n, err)
+				d.c.Resume()
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+			d.c.Resume()
+		}
+	}()
+	for gen := 1; gen <= 6; gen++ {
+		a.send("fill %x %x %x %x", 0, 16, ps, gen)
+		b.send("fill %x %x %x %x", 16, 16, ps, gen)
+		for _, pr := range []*proc{a, b} {
+			if r := pr.reply(); r != "ok" {
+				t.Fatalf("%s: fill %d: %s", pr.name, gen, r)
+			}
+		}
+		a.ok("check %x %x %x %x", 0, 32, ps, gen)
+		b.ok("check %x %x %x %x", 0, 32, ps, gen)
+	}
+	close(stop)
+	wg.Wait()
+	if remoteErr != nil || suspendErr != nil {
+		t.Fatalf("remote actions: %v; suspensions: %v", remoteErr, suspendErr)
+	}
+	s := d.quiesce(regionR)
+	t.Logf("%d suspensions, %d remote actions, %d evictions, %d pages restored", suspensions, actions, s.Evictions, s.Restores)
+	if suspensions == 0 || s.Poisoned != 0 {
+		t.Fatalf("%d suspensions, %d poisoned", suspensions, s.Poisoned)
+	}
+	a.ok("check %x %x %x %x", 0, 32, ps, 6)
 }
