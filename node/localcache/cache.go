@@ -612,7 +612,7 @@ func (c *Cache) PageState(rid ids.RegionID, p ids.PageNo) State {
 
 // CachedPages counts the pages of region rid present in its memfd, as the
 // kernel sees it (for checks: it equals the pages held Shared or Modified
-// whenever no resolution is in flight).
+// and not set aside by Suspend whenever no resolution is in flight).
 func (c *Cache) CachedPages(rid ids.RegionID) (int64, error) {
 	r, err := c.region(rid)
 	if err != nil {
