@@ -466,9 +466,12 @@ func (c *Cache) protectAll(r *region, p ids.PageNo) {
 	}
 	r.mu.Unlock()
 	for _, cl := range cls {
-		if err := cl.u.WriteProtect(cl.addr(p), uint64(r.pageSize), true, 0); err != nil && !clientGone(err) {
+		err := cl.u.WriteProtect(cl.addr(p), uint64(r.pageSize), true, 0)
+		if err != nil && !clientGone(err) {
 			c.log.Warn("write-protect failed", "region", r.id, "page", p, "client", cl.id, "err", err)
+			continue
 		}
+		cl.setWritable(p, false)
 	}
 }
 

@@ -47,6 +47,36 @@ type client struct {
 	mu       sync.Mutex
 	inflight map[ids.PageNo]*pending // pages being resolved for this client
 	detached bool
+	// writable holds the pages this client may map writable: those
+	// mapInto mapped writable and no write protection covered since (a
+	// superset: an entry is added before the mapping and removed after a
+	// protection). Written with the page's lock held; Suspend
+	// write-protects a page only in the clients that hold it here.
+	writable map[ids.PageNo]struct{}
+}
+
+func (cl *client) setWritable(p ids.PageNo, on bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if on {
+		cl.writable[p] = struct{}{}
+	} else {
+		delete(cl.writable, p)
+	}
+}
+
+// writablePages returns the pages of pgs (sorted) that cl may map
+// writable.
+func (cl *client) writablePages(pgs []*page) []*page {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	var out []*page
+	for _, pg := range pgs {
+		if _, ok := cl.writable[pg.no]; ok {
+			out = append(out, pg)
+		}
+	}
+	return out
 }
 
 // pending is a page with a worker resolving it for one client. A fault
@@ -80,6 +110,7 @@ func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64,
 	cl := &client{
 		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid, peer: peer,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
+		writable:     make(map[ids.PageNo]struct{}),
 		faultTimeout: max(faultTimeout, 0),
 	}
 	c.mu.Lock()
@@ -465,6 +496,7 @@ func (c *Cache) mapInto(cl *client, pg *page, write bool) error {
 	if pg.State() == Shared {
 		return cl.u.Continue(addr, n, uffd.MapWP)
 	}
+	cl.setWritable(pg.no, true)
 	if !write {
 		return cl.u.Continue(addr, n, 0)
 	}

@@ -218,8 +218,11 @@ const wpMergeGap = 2 << 20
 // sorted) that are held and not set aside already. busy (sorted) are the
 // pages of the region whose lock others hold: no punch covers them.
 //
-// Few calls: a write protection covers consecutive Modified pages, and
-// also the gaps between them shorter than wpMergeGap (the pages there are
+// Few calls: a client is write-protected only over the Modified pages it
+// may map writable (client.writable: the others it maps read-only, or not
+// at all, and a store faults anyway); a write protection covers
+// consecutive such pages, and also the gaps between them shorter than
+// wpMergeGap (the pages there are
 // Shared, already write-protected, or holes, where the protection leaves
 // a marker that the next fault clears; both are harmless, and so is
 // protecting a busy page, as whoever resolves it clears the protection
@@ -256,14 +259,18 @@ func (c *Cache) revoke(r *region, pgs []*page, busy []ids.PageNo, st *SuspendSta
 		if err != nil {
 			return err
 		}
-		cls := r.clientList()
 		t := time.Now()
-		for _, wr := range merge(runsOf(mod), wpGap, nil) {
-			n := uint64(wr.n) * uint64(r.pageSize)
-			for _, cl := range cls {
+		for _, cl := range r.clientList() {
+			wpgs := cl.writablePages(mod)
+			for _, wr := range merge(runsOf(wpgs), wpGap, nil) {
 				st.WriteProtects++
-				if err := cl.u.WriteProtect(cl.addr(wr.first), n, true, 0); err != nil && !clientGone(err) {
+				err := cl.u.WriteProtect(cl.addr(wr.first), uint64(wr.n)*uint64(r.pageSize), true, 0)
+				if err != nil && !clientGone(err) {
 					c.log.Warn("write-protect failed", "region", r.id, "page", wr.first, "pages", wr.n, "client", cl.id, "err", err)
+					continue
+				}
+				for _, pg := range wpgs[wr.at : wr.at+wr.held] {
+					cl.setWritable(pg.no, false)
 				}
 			}
 		}
