@@ -118,7 +118,8 @@
 // held; Suspend sets it before taking any page lock, then takes every
 // page's lock, so after Suspend no such call is in flight. Then per region,
 // in few calls: the Modified pages are write-protected in every client
-// (one UFFDIO_WRITEPROTECT per run, merged across gaps under 2 MiB),
+// that may map them writable (one UFFDIO_WRITEPROTECT per run, merged
+// across gaps under 2 MiB),
 // copied aside (copy_file_range per run of Modified pages, into a second
 // memfd at the same offset), and every held page is punched out of the
 // memfd (one fallocate over the held pages and the holes between them,

@@ -86,9 +86,10 @@ func (c *Cache) Suspended() bool { return c.suspended.Load() }
 //     (bounded by ctx). Access and Flush wait too; Install fails with
 //     ErrSuspended.
 //  2. Then, region by region, over every page held: every Modified page is
-//     write-protected in every attached client (one UFFDIO_WRITEPROTECT
-//     per run of Modified pages per client, runs merged across gaps under
-//     2 MiB), so no store lands after the copy; its bytes are copied into
+//     write-protected in every attached client that may map it writable
+//     (in the others a store faults anyway; one UFFDIO_WRITEPROTECT per
+//     run of such pages per client, runs merged across gaps under 2 MiB),
+//     so no store lands after the copy; its bytes are copied into
 //     the region's aside memfd at the same offset (copy_file_range, one
 //     call per run); and every page held, Shared and Modified, is punched
 //     out of the region's memfd (one fallocate over the held pages and the
