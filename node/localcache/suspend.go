@@ -219,25 +219,24 @@ const wpMergeGap = 2 << 20
 // sorted) that are held and not set aside already. busy (sorted) are the
 // pages of the region whose lock others hold: no punch covers them.
 //
-// Few calls: a client is write-protected only over the Modified pages it
-// may map writable (client.writable: the others it maps read-only, or not
-// at all, and a store faults anyway); a write protection covers
-// consecutive such pages, and also the gaps between them shorter than
-// wpMergeGap (the pages there are
-// Shared, already write-protected, or holes, where the protection leaves
-// a marker that the next fault clears; both are harmless, and so is
-// protecting a busy page, as whoever resolves it clears the protection
-// where a write needs it). A punch covers the held pages and every gap
-// between them that holds no busy page and no page left unrevoked: each
-// other page there is a hole already (Invalid), and stays one while
-// suspended, as nothing fills a page without its lock and a Coherence
-// call, which nothing starts; punching a hole again costs a walk of the
-// file's index and of the page tables. So the pages of a region take one
-// punch unless calls are in flight. (Each punch and each write protection
-// of a mapped page flushes TLBs on every CPU the client runs on: tens of
-// microseconds on a virtual machine; BenchmarkSuspend.) Only the copy is
-// per run of Modified pages, so that no hole is copied (it would allocate
-// zeros in the aside file).
+// Few calls: a client is write-protected only over the Modified pages it may
+// map writable (client.writable: the others it maps read-only, or not at
+// all, and a store faults anyway); a write protection covers consecutive
+// such pages, and also the gaps between them shorter than wpMergeGap (the
+// pages there are Shared or not writable in this client, so write-protected
+// already or not mapped, or holes, where the protection leaves a marker that
+// the next fault clears: all harmless, and so is protecting a busy page, as
+// whoever resolves it clears the protection where a write needs it). A punch
+// covers the held pages and every gap between them that holds no busy page
+// and no page left unrevoked: each other page there is a hole already
+// (Invalid), and stays one while suspended, as nothing fills a page without
+// its lock and a Coherence call, which nothing starts; punching a hole again
+// costs a walk of the file's index and of the page tables. So the pages of a
+// region take one punch unless calls are in flight. (Each punch and each
+// write protection of a mapped page flushes TLBs on every CPU the client
+// runs on: tens of microseconds on a virtual machine; BenchmarkSuspend.)
+// Only the copy is per run of Modified pages, so that no hole is copied (it
+// would allocate zeros in the aside file).
 func (c *Cache) revoke(r *region, pgs []*page, busy []ids.PageNo, st *SuspendStats) error {
 	var mod, held []*page
 	for _, pg := range pgs {
