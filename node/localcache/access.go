@@ -13,24 +13,40 @@ import (
 )
 
 // hold brings locked page pg up to what an access needs (Shared to read,
-// Modified to write) through the Coherence engine. On error the page keeps
-// its state.
+// Modified to write) through the Coherence engine, or, for a page that
+// Suspend set aside, by putting its data back into the memfd. On error the
+// page keeps its state. While the Cache is suspended it calls nothing and
+// returns errSuspended; so it does when a suspension began during its
+// Coherence call and the call failed (Suspend cancels it).
 func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
+	if c.suspended.Load() {
+		return errSuspended
+	}
 	r, p := pg.r, pg.no
 	switch st := pg.State(); {
+	case st == Modified && pg.aside:
+		// The tenure was never given up: no protocol action.
+		if err := c.restore(pg); err != nil {
+			return &missError{err}
+		}
 	case st == Invalid:
 		bp := r.bufs.Get().(*[]byte)
 		defer r.bufs.Put(bp)
 		buf := *bp
 		var err error
 		next := Shared
+		cctx, done := c.callCtx(ctx)
 		if write {
 			c.st.writeMisses.Add(1)
-			err = c.coh.WriteMiss(ctx, r.id, p, buf)
+			err = c.coh.WriteMiss(cctx, r.id, p, buf)
 			next = Modified
 		} else {
 			c.st.readMisses.Add(1)
-			err = c.coh.ReadMiss(ctx, r.id, p, buf)
+			err = c.coh.ReadMiss(cctx, r.id, p, buf)
+		}
+		done()
+		if err != nil && c.suspended.Load() {
+			return errSuspended
 		}
 		if err != nil {
 			c.st.missErrors.Add(1)
@@ -42,7 +58,13 @@ func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
 	case st == Shared && write:
 		c.st.writeMisses.Add(1)
 		c.st.upgrades.Add(1)
-		if err := c.coh.WriteMiss(ctx, r.id, p, nil); err != nil {
+		cctx, done := c.callCtx(ctx)
+		err := c.coh.WriteMiss(cctx, r.id, p, nil)
+		done()
+		if err != nil && c.suspended.Load() {
+			return errSuspended
+		}
+		if err != nil {
 			c.st.missErrors.Add(1)
 			return &missError{err}
 		}
@@ -56,6 +78,7 @@ func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
 // so that the protocol cannot take it away during fn. A miss goes through
 // the Coherence engine like a client's fault, and is retried with backoff
 // when it fails (a remote request took the page meanwhile) until ctx ends.
+// While the Cache is suspended it waits for Resume (or ctx, or Close).
 //
 // While the page is Modified, client processes may map it writable and
 // store into it concurrently with fn: fn must use atomic operations on the
@@ -84,6 +107,12 @@ func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, writ
 			c.makeRoom(ctx)
 			return nil
 		}
+		if errors.Is(err, errSuspended) {
+			if werr := c.waitServing(ctx); werr != nil {
+				return fmt.Errorf("localcache: %s/%s: %w", rid, p, werr)
+			}
+			continue
+		}
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("localcache: %s/%s: %w (last miss: %v)", rid, p, cerr, err)
 		}
@@ -108,6 +137,7 @@ func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, writ
 // Flush writes back every page of region rid in [first, first+n) that this
 // node holds Modified, as an eviction does (the page leaves the cache), and
 // returns how many it wrote back. n 0 means to the end of the region.
+// While the Cache is suspended it waits for Resume (or ctx, or Close).
 func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n uint64) (int, error) {
 	r, err := c.region(rid)
 	if err != nil {
@@ -157,6 +187,12 @@ func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo) (writte
 		}
 		err = c.evict(ctx, pg)
 		r.release(pg)
+		if errors.Is(err, errSuspended) {
+			if werr := c.waitServing(ctx); werr != nil {
+				return false, fmt.Errorf("localcache: write-back of %s/%s: %w", r.id, no, werr)
+			}
+			continue
+		}
 		if err == nil || !errors.Is(err, ErrBusy) {
 			return err == nil, err
 		}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/localsock"
 	"github.com/dsmkit/dsm/internal/mapproto"
@@ -58,6 +60,9 @@ var (
 	// ErrRegionRemoved: the region was removed (deleted) while the call
 	// was in progress. It matches ErrUnknownRegion.
 	ErrRegionRemoved = fmt.Errorf("%w: removed", ErrUnknownRegion)
+	// ErrSuspended: the Cache is suspended (Suspend): Install refuses to
+	// place a page until Resume.
+	ErrSuspended = errors.New("localcache: suspended (no lease)")
 )
 
 // DefaultPageSize is the page size of a region whose spec gives none (or
@@ -135,6 +140,20 @@ type Cache struct {
 	lruMu sync.Mutex
 	lru   list.List // of *page: the pages held, oldest install first
 
+	// Suspension (suspend.go). suspendMu serializes Suspend, Resume and
+	// DiscardSuspended. suspended is set and cleared under gateMu and
+	// read under page locks: an operation that holds a page's lock and
+	// reads false may call Coherence for that page, because Suspend sets
+	// it before it takes any page lock and takes every page's lock before
+	// it returns.
+	suspendMu  sync.Mutex
+	suspended  atomic.Bool
+	suspendGen atomic.Uint64 // Suspend calls that started a suspension
+	gateMu     sync.Mutex
+	resumed    chan struct{}   // closed while serving; open while suspended
+	flight     context.Context // parent of every Coherence call; cancelled by Suspend
+	flightEnd  context.CancelFunc
+
 	st counters
 }
 
@@ -155,7 +174,13 @@ func New(cfg Config) (*Cache, error) {
 			"shmem_enabled", strings.TrimSpace(string(b)))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	flight, flightEnd := context.WithCancel(ctx)
+	resumed := make(chan struct{})
+	close(resumed)
 	return &Cache{
+		resumed:   resumed,
+		flight:    flight,
+		flightEnd: flightEnd,
 		coh:       cfg.Coherence,
 		proto:     cfg.Proto,
 		log:       log,
@@ -198,6 +223,10 @@ type region struct {
 	mp       *memfd.Mapping
 	mem      []byte // mp.Bytes(); written to install, read only where Shared or Modified
 	bufs     sync.Pool
+	// aside holds the Modified pages that Suspend set aside, each at its
+	// offset in mf (see page.aside); created by the first Suspend that
+	// sets a page aside, guarded by mu.
+	aside *os.File
 
 	mu      sync.Mutex
 	pages   map[ids.PageNo]*page // entries exist while held (not Invalid) or referenced
@@ -226,6 +255,11 @@ type page struct {
 	state atomic.Uint32
 	// elem is the page's place in Cache.lru while held; guarded by lruMu.
 	elem *list.Element
+	// aside: the page is Modified and Suspend set it aside: its data is in
+	// the region's aside file, and mf has a hole there, until a fault or
+	// an Access restores it, or Invalidate, Downgrade, an eviction or
+	// DiscardSuspended takes it. Written with lock held.
+	aside bool
 }
 
 func (pg *page) State() State { return State(pg.state.Load()) }
@@ -396,9 +430,24 @@ func (c *Cache) setState(pg *page, s State) {
 }
 
 // fill installs data as page p's contents in the memfd; the page must be
-// Invalid (a hole), so writing it allocates it and reads nothing.
+// Invalid (a hole), so writing it allocates it and reads nothing. It
+// writes with pwrite rather than through the daemon's mapping, so that the
+// daemon maps no page it does not use (Access): each page mapped writable
+// and written is one more TLB flush when the page is punched (see revoke).
 func (r *region) fill(p ids.PageNo, data []byte) {
-	copy(r.bytes(p), data)
+	data = data[:r.pageSize]
+	if n, err := unix.Pwrite(r.mf.Fd(), data, int64(p)*r.pageSize); err != nil || n != len(data) {
+		copy(r.bytes(p), data) // as before: a fault that fails is SIGBUS
+	}
+}
+
+// read copies held page p's contents into dst (one page), with pread, for
+// the reason given at fill.
+func (r *region) read(p ids.PageNo, dst []byte) {
+	dst = dst[:r.pageSize]
+	if n, err := unix.Pread(r.mf.Fd(), dst, int64(p)*r.pageSize); err != nil || n != len(dst) {
+		copy(dst, r.bytes(p))
+	}
 }
 
 // punch drops page p from the memfd and so from every local mapping.
@@ -417,9 +466,12 @@ func (c *Cache) protectAll(r *region, p ids.PageNo) {
 	}
 	r.mu.Unlock()
 	for _, cl := range cls {
-		if err := cl.u.WriteProtect(cl.addr(p), uint64(r.pageSize), true, 0); err != nil && !clientGone(err) {
+		err := cl.u.WriteProtect(cl.addr(p), uint64(r.pageSize), true, 0)
+		if err != nil && !clientGone(err) {
 			c.log.Warn("write-protect failed", "region", r.id, "page", p, "client", cl.id, "err", err)
+			continue
 		}
+		cl.setWritable(p, false)
 	}
 }
 
@@ -451,8 +503,9 @@ func (c *Cache) Invalidate(ctx context.Context, rid ids.RegionID, p ids.PageNo, 
 		if len(dst) < int(r.pageSize) {
 			return 0, fmt.Errorf("%w: %d < %d", ErrShortBuffer, len(dst), r.pageSize)
 		}
-		c.protectAll(r, p)
-		copy(dst, r.bytes(p))
+		if err := c.takeData(pg, dst); err != nil {
+			return 0, fmt.Errorf("localcache: invalidate %s/%s: %w", rid, p, err)
+		}
 	}
 	if err := r.punch(p); err != nil {
 		return 0, fmt.Errorf("localcache: invalidate %s/%s: %w", rid, p, err)
@@ -467,6 +520,11 @@ func (c *Cache) Invalidate(ctx context.Context, rid ids.RegionID, p ids.PageNo, 
 // attached client is write-protected, the contents are copied into dst
 // (which must hold a page) and the page becomes Shared. It returns the
 // state the page had; only Modified changes anything.
+//
+// A page that Suspend set aside is answered from its aside copy, which is
+// dropped, and becomes Invalid here rather than Shared: the memfd keeps its
+// hole, and the next fault asks the engine, which holds the page Shared
+// and serves it from its own copy.
 func (c *Cache) Downgrade(ctx context.Context, rid ids.RegionID, p ids.PageNo, dst []byte) (State, error) {
 	r, err := c.region(rid)
 	if err != nil {
@@ -487,8 +545,16 @@ func (c *Cache) Downgrade(ctx context.Context, rid ids.RegionID, p ids.PageNo, d
 	if len(dst) < int(r.pageSize) {
 		return 0, fmt.Errorf("%w: %d < %d", ErrShortBuffer, len(dst), r.pageSize)
 	}
+	if pg.aside {
+		if err := c.takeData(pg, dst); err != nil {
+			return 0, fmt.Errorf("localcache: downgrade %s/%s: %w", rid, p, err)
+		}
+		c.setState(pg, Invalid)
+		c.st.downgrades.Add(1)
+		return was, nil
+	}
 	c.protectAll(r, p)
-	copy(dst, r.bytes(p))
+	r.read(p, dst)
 	c.setState(pg, Shared)
 	c.st.downgrades.Add(1)
 	return was, nil
@@ -496,8 +562,9 @@ func (c *Cache) Downgrade(ctx context.Context, rid ids.RegionID, p ids.PageNo, d
 
 // Install places data (one page) as page p of region r in state s (Shared
 // or Modified) without a fault, for an engine that pushes pages (prefetch,
-// recovery). The page must be Invalid here (else ErrPageValid). Clients
-// map it on their next access.
+// recovery). The page must be Invalid here (else ErrPageValid), and the
+// Cache must not be suspended (else ErrSuspended). Clients map it on their
+// next access.
 func (c *Cache) Install(ctx context.Context, rid ids.RegionID, p ids.PageNo, data []byte, s State) error {
 	if s != Shared && s != Modified {
 		return fmt.Errorf("localcache: install in state %s", s)
@@ -519,6 +586,10 @@ func (c *Cache) Install(ctx context.Context, rid ids.RegionID, p ids.PageNo, dat
 	if pg.State() != Invalid {
 		r.release(pg)
 		return fmt.Errorf("%w: %s/%s is %s", ErrPageValid, rid, p, pg.State())
+	}
+	if c.suspended.Load() {
+		r.release(pg)
+		return fmt.Errorf("%w: install of %s/%s", ErrSuspended, rid, p)
 	}
 	r.fill(p, data[:r.pageSize])
 	c.setState(pg, s)
@@ -544,7 +615,7 @@ func (c *Cache) PageState(rid ids.RegionID, p ids.PageNo) State {
 
 // CachedPages counts the pages of region rid present in its memfd, as the
 // kernel sees it (for checks: it equals the pages held Shared or Modified
-// whenever no resolution is in flight).
+// and not set aside by Suspend whenever no resolution is in flight).
 func (c *Cache) CachedPages(rid ids.RegionID) (int64, error) {
 	r, err := c.region(rid)
 	if err != nil {
@@ -573,7 +644,10 @@ func (c *Cache) makeRoom(ctx context.Context) {
 		if !pg.r.tryAcquire(pg) {
 			continue
 		}
-		if err := c.evict(ctx, pg); err != nil {
+		if err := c.evict(ctx, pg); errors.Is(err, errSuspended) {
+			pg.r.release(pg)
+			return // nothing is evicted while suspended
+		} else if err != nil {
 			c.log.Warn("eviction failed", "region", pg.r.id, "page", pg.no, "err", err)
 		} else {
 			tries = 0
@@ -583,24 +657,31 @@ func (c *Cache) makeRoom(ctx context.Context) {
 }
 
 // evict drops a locked page to make room: a Modified page is written back
-// through Coherence.Evict (and kept if that fails).
+// through Coherence.Evict (and kept if that fails). While the Cache is
+// suspended it does nothing and returns errSuspended.
 func (c *Cache) evict(ctx context.Context, pg *page) error {
 	r, p := pg.r, pg.no
+	if c.suspended.Load() {
+		return errSuspended
+	}
 	was := pg.State()
 	var dirty []byte
 	switch was {
 	case Invalid:
 		return nil
 	case Modified:
-		c.protectAll(r, p)
 		dirty = make([]byte, r.pageSize)
-		copy(dirty, r.bytes(p))
+		if err := c.takeData(pg, dirty); err != nil {
+			return err
+		}
 	}
 	if err := r.punch(p); err != nil {
 		return err
 	}
 	c.setState(pg, Invalid)
-	err := c.coh.Evict(ctx, r.id, p, dirty)
+	cctx, done := c.callCtx(ctx)
+	err := c.coh.Evict(cctx, r.id, p, dirty)
+	done()
 	if err != nil && dirty != nil && errors.Is(err, ErrEvictPending) {
 		// The engine keeps the data and finishes the write-back when it
 		// can: the page stays Invalid here.
@@ -653,11 +734,15 @@ func (c *Cache) Close() error {
 	}
 	c.cancel()
 	c.wg.Wait()
+	// A Suspend or DiscardSuspended in progress uses the files: let it end
+	// (the calls it waits for were cancelled above).
+	c.suspendMu.Lock()
+	defer c.suspendMu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
 	for _, r := range c.regions {
-		errs = append(errs, r.mp.Unmap(), r.mf.Close())
+		errs = append(errs, r.mp.Unmap(), r.mf.Close(), r.closeAside())
 	}
 	return errors.Join(errs...)
 }
@@ -742,6 +827,10 @@ func (c *Cache) freeRegion(r *region) error {
 	r.mu.Lock()
 	c.lruMu.Lock()
 	for _, pg := range r.pages {
+		if pg.aside {
+			pg.aside = false
+			c.st.aside.Add(-1)
+		}
 		switch pg.State() {
 		case Modified:
 			c.st.dirty.Add(-1)
@@ -758,7 +847,7 @@ func (c *Cache) freeRegion(r *region) error {
 	c.lruMu.Unlock()
 	r.pages = nil
 	r.mu.Unlock()
-	return errors.Join(r.mf.PunchHole(0, r.size), r.mp.Unmap(), r.mf.Close())
+	return errors.Join(r.mf.PunchHole(0, r.size), r.mp.Unmap(), r.mf.Close(), r.closeAside())
 }
 
 // Mappings lists the process ids of the mappings of region rid (0 for a

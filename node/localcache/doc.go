@@ -17,10 +17,13 @@
 // # Invariants
 //
 //   - A page is Invalid exactly when the memfd has a hole there (whenever
-//     its lock is free). Installing writes the hole full; Invalidate and
+//     its lock is free), except a Modified page that Suspend set aside: a
+//     hole in the memfd, its data at the same offset of the region's aside
+//     memfd. Installing writes the hole full (pwrite); Invalidate and
 //     eviction punch it out, which removes it from every mapping in every
-//     process. The Cache reads its own mapping of a page only while it is
-//     Shared or Modified: reading a hole would allocate a zero page and
+//     process. The Cache reads a page (pread, or its own mapping in
+//     Access) only while it is Shared or Modified and not set aside:
+//     reading a hole through the mapping would allocate a zero page and
 //     turn the clients' next MISSING fault into a MINOR one onto zeros.
 //   - Write rule: a client maps a page writable only while it is Modified
 //     here. Shared pages are installed read-only (UFFDIO_CONTINUE with WP);
@@ -102,6 +105,46 @@
 // the remote action and retries the fault. An Invalidate or Downgrade of a
 // page not held here returns Invalid and does nothing, so stale or
 // duplicated remote requests are harmless.
+//
+// # Suspension (the lease's revocation)
+//
+// When dsmd's lease is about to run out, Suspend stops every local access
+// within a budget (docs/failover.md §9). From its start no fault, Access
+// or Flush is served (they wait, holding no lock, for Resume or Close), no
+// Coherence call starts, and the calls in flight are cancelled through
+// their contexts and waited for (bounded by Suspend's context; a second
+// Suspend finishes what the first could not). Every operation that may
+// call Coherence or map a page checks the suspension with the page's lock
+// held; Suspend sets it before taking any page lock, then takes every
+// page's lock, so after Suspend no such call is in flight. Then per region,
+// in few calls: the Modified pages are write-protected in every client
+// that may map them writable (one UFFDIO_WRITEPROTECT per run, merged
+// across gaps under 2 MiB),
+// copied aside (copy_file_range per run of Modified pages, into a second
+// memfd at the same offset), and every held page is punched out of the
+// memfd (one fallocate over the held pages and the holes between them,
+// around pages busy with a call). Shared pages become Invalid (the engine
+// still holds them Shared); Modified pages stay Modified, set aside.
+//
+// While suspended, Invalidate and Downgrade of a page set aside answer
+// from its aside copy (the data goes to the engine, as for any Modified
+// page) and leave the page Invalid; of any other page they find it
+// Invalid. Install fails with ErrSuspended. Resume reopens the gate: a
+// page set aside goes back into the memfd on its first fault or Access,
+// Modified, with no Coherence call; its eviction or write-back takes its
+// data from the aside copy. DiscardSuspended, for an incarnation removed
+// while suspended, drops every page and aside copy and returns how many
+// Modified pages were lost; the Cache stays suspended until Resume, the
+// clients stay mapped, and their next faults go through Coherence afresh.
+// A fault that waited through a suspension is not poisoned for that wait:
+// its FaultTimeout starts again at the end of the wait.
+//
+// The cost is a write protection per run of Modified pages per client, a
+// copy per run of Modified pages and a TLB flush per page table of
+// written pages that the punch unmaps: a few microseconds per page when
+// the held pages lie in runs, tens when each lies alone in its 2 MiB
+// (BenchmarkSuspend). EstimateSuspend measures the worst case on the
+// machine, for dsmd to check its CapacityPages against its budget.
 //
 // # Sessions and client death
 //

@@ -47,6 +47,36 @@ type client struct {
 	mu       sync.Mutex
 	inflight map[ids.PageNo]*pending // pages being resolved for this client
 	detached bool
+	// writable holds the pages this client may map writable: those
+	// mapInto mapped writable and no write protection covered since (a
+	// superset: an entry is added before the mapping and removed after a
+	// protection). Written with the page's lock held; Suspend
+	// write-protects a page only in the clients that hold it here.
+	writable map[ids.PageNo]struct{}
+}
+
+func (cl *client) setWritable(p ids.PageNo, on bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if on {
+		cl.writable[p] = struct{}{}
+	} else {
+		delete(cl.writable, p)
+	}
+}
+
+// writablePages returns the pages of pgs (sorted) that cl may map
+// writable.
+func (cl *client) writablePages(pgs []*page) []*page {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	var out []*page
+	for _, pg := range pgs {
+		if _, ok := cl.writable[pg.no]; ok {
+			out = append(out, pg)
+		}
+	}
+	return out
 }
 
 // pending is a page with a worker resolving it for one client. A fault
@@ -80,6 +110,7 @@ func (c *Cache) attach(r *region, u *uffd.UFFD, conn *net.UnixConn, base uint64,
 	cl := &client{
 		id: clientIDs.Add(1), c: c, r: r, u: u, conn: conn, base: base, pid: pid, peer: peer,
 		ctx: ctx, cancel: cancel, inflight: make(map[ids.PageNo]*pending),
+		writable:     make(map[ids.PageNo]struct{}),
 		faultTimeout: max(faultTimeout, 0),
 	}
 	c.mu.Lock()
@@ -206,9 +237,16 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	defer cl.c.st.faultsInFlight.Add(-1)
 	wait := retryMin
 	since := time.Now() // when the oldest fault not answered yet was read
+	gen := cl.c.suspendGen.Load()
 	for {
 		err := cl.c.resolve(cl.ctx, cl, p, write, true)
 		var missErr *missError
+		if g := cl.c.suspendGen.Load(); g != gen {
+			// The fault waited through a suspension: that wait is not
+			// the page being unavailable, so its FaultTimeout starts
+			// again.
+			since, gen = time.Now(), g
+		}
 		switch {
 		case err == nil:
 			cl.c.makeRoom(cl.c.ctx)
@@ -399,17 +437,33 @@ func (e *missError) Unwrap() error { return e.err }
 // what the access needs (Shared for a read, Modified for a write) through
 // the Coherence engine, then, if mapIt, maps the page in the client with
 // the matching protection and wakes the faulting threads. It is
-// idempotent.
+// idempotent. While the Cache is suspended it waits, holding no lock, until
+// Resume (or until ctx ends or the Cache closes).
 func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, mapIt bool) error {
 	r := cl.r
-	pg, err := r.acquire(ctx, p)
-	if err != nil {
-		return err
+	for {
+		if err := c.waitServing(ctx); err != nil {
+			return err
+		}
+		pg, err := r.acquire(ctx, p)
+		if err != nil {
+			return err
+		}
+		err = c.resolveLocked(ctx, cl, pg, write, mapIt)
+		r.release(pg)
+		if !errors.Is(err, errSuspended) {
+			return err
+		}
 	}
-	defer r.release(pg)
+}
+
+// resolveLocked is resolve with the page's lock held; errSuspended means
+// that a suspension began: nothing was mapped.
+func (c *Cache) resolveLocked(ctx context.Context, cl *client, pg *page, write, mapIt bool) error {
+	r := cl.r
 	for attempt := 0; ; attempt++ {
 		st := pg.State()
-		if st == Invalid || st == Shared && write {
+		if st == Invalid || st == Shared && write || pg.aside {
 			if err := c.hold(ctx, pg, write); err != nil {
 				return err
 			}
@@ -419,11 +473,14 @@ func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, ma
 		if !mapIt {
 			return nil
 		}
+		if c.suspended.Load() {
+			return errSuspended // held, but not to be mapped until Resume
+		}
 		err := c.mapInto(cl, pg, write)
 		if errors.Is(err, uffd.ErrNotCached) && attempt == 0 {
 			// The memfd lost a page held here: a broken invariant (someone
 			// punched it behind the Cache). Drop it and fetch again.
-			c.log.Error("held page missing from the memfd", "region", r.id, "page", p, "state", st)
+			c.log.Error("held page missing from the memfd", "region", r.id, "page", pg.no, "state", st)
 			c.setState(pg, Invalid)
 			continue
 		}
@@ -439,6 +496,7 @@ func (c *Cache) mapInto(cl *client, pg *page, write bool) error {
 	if pg.State() == Shared {
 		return cl.u.Continue(addr, n, uffd.MapWP)
 	}
+	cl.setWritable(pg.no, true)
 	if !write {
 		return cl.u.Continue(addr, n, 0)
 	}

@@ -15,8 +15,10 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 
@@ -43,6 +45,9 @@ import (
 //	check FIRST N PS [GEN] ReadAt of the same; answers err on the first mismatch
 //	readat2 OFF N         two concurrent ReadAt calls of N bytes
 //	sweep OP FIRST N PS   one access per page (OP: read = ReadAt, load, store)
+//	spin OFF              start storing 1, 2, 3, ... into the 8-byte word at OFF through Bytes(), one store after another, in a goroutine
+//	spun                  the last value the spinning goroutine has stored (its store completed) -> ok VALUE
+//	spinstop              stop the spinning goroutine, wait for it           -> ok LAST
 //	hold                  start a process that inherits this one's sockets and outlives it -> ok PID
 //	close                 close the mapping
 //	exit
@@ -117,6 +122,7 @@ func clientMain(sock string) error {
 	}
 	defer c.Close()
 	var m *mapclient.Mapping
+	var sp spinner
 	in := bufio.NewScanner(os.Stdin)
 	out := bufio.NewWriter(os.Stdout)
 	for in.Scan() {
@@ -215,6 +221,12 @@ func clientMain(sock string) error {
 					}()
 				}
 				err = errors.Join(<-errs, <-errs)
+			case "spin":
+				sp.start(m.Bytes()[arg(1):])
+			case "spun":
+				reply = fmt.Sprintf("ok %x", sp.last.Load())
+			case "spinstop":
+				reply = fmt.Sprintf("ok %x", sp.stop())
 			case "hold":
 				var pid int
 				if pid, err = startHolder(); err == nil {
@@ -244,6 +256,38 @@ func clientMain(sock string) error {
 		out.Flush()
 	}
 	return in.Err()
+}
+
+// spinner stores increasing values into one word of a mapping, from its
+// own goroutine, until stopped; last is the value of its last completed
+// store.
+type spinner struct {
+	last atomic.Uint64
+	quit atomic.Bool
+	done chan struct{}
+}
+
+func (s *spinner) start(b []byte) {
+	w := (*atomic.Uint64)(unsafe.Pointer(&b[0]))
+	s.quit.Store(false)
+	s.done = make(chan struct{})
+	go func() {
+		defer close(s.done)
+		for v := s.last.Load() + 1; !s.quit.Load(); v++ {
+			w.Store(v) // one 8-byte store: it faults (and waits) or lands whole
+			s.last.Store(v)
+		}
+	}()
+}
+
+func (s *spinner) stop() uint64 {
+	if s.done == nil {
+		return 0
+	}
+	s.quit.Store(true)
+	<-s.done
+	s.done = nil
+	return s.last.Load()
 }
 
 // tryLoad loads the 8-byte word at the start of b, answering "fault" if

@@ -43,6 +43,16 @@ type Stats struct {
 	// page was unavailable) and resolved with UFFDIO_POISON; Unpoisoned:
 	// those pages served again later (the client was told).
 	Poisoned, Unpoisoned uint64
+	// Suspended: the Cache is suspended now (Suspend); Suspends counts the
+	// suspensions begun. AsidePages: Modified pages set aside by Suspend
+	// and not restored or given up yet (they count in ResidentPages and
+	// DirtyPages). Restores: pages put back from their aside copy, with no
+	// Coherence call. LostPages: Modified pages dropped by
+	// DiscardSuspended.
+	Suspended          bool
+	Suspends, Restores uint64
+	AsidePages         int64
+	LostPages          uint64
 }
 
 // Faults is the number of fault messages read, all kinds.
@@ -57,6 +67,8 @@ type counters struct {
 	sessionErrors, poisoned, unpoisoned      atomic.Uint64
 	resident, dirty, clients, faultsInFlight atomic.Int64
 	residentBytes, dirtyBytes                atomic.Int64
+	suspends, restores, lost                 atomic.Uint64
+	aside                                    atomic.Int64
 }
 
 // Stats returns a snapshot of the counters.
@@ -74,5 +86,7 @@ func (c *Cache) Stats() Stats {
 		Clients: s.clients.Load(), FaultsInFlight: s.faultsInFlight.Load(),
 		SessionErrors: s.sessionErrors.Load(),
 		Poisoned:      s.poisoned.Load(), Unpoisoned: s.unpoisoned.Load(),
+		Suspended: c.suspended.Load(), Suspends: s.suspends.Load(), Restores: s.restores.Load(),
+		AsidePages: s.aside.Load(), LostPages: s.lost.Load(),
 	}
 }
