@@ -195,3 +195,61 @@ func TestLateNodeServesOldRegion(t *testing.T) {
 		t.Fatalf("the early node loads %v, %v after the late node's add; want 42", r, err)
 	}
 }
+
+// TestLeaseSuspendsAndResumes: a node cut off from the majority of the
+// Raft voters (here: the two others stopped) suspends local access when
+// its lease ends: a load waits instead of answering. When the others come
+// back (restarted from their data directories, as new incarnations) it is
+// granted a lease again and resumes, and the value it wrote, which it held
+// Modified all along (never synced), is read from it.
+func TestLeaseSuspendsAndResumes(t *testing.T) {
+	ms := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "l", Size: 64 << 12}); err != nil {
+		t.Fatal(err)
+	}
+	n3 := ms[2]
+	for {
+		if _, err := n3.cli.Store(ctx, &dsmpb.StoreRequest{Region: "l", Offset: 8, Value: 77}); err == nil {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatalf("Store on n3: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var cfgs []Config
+	for _, m := range ms[:2] {
+		cfg, a := m.n.cfg, m.n.Addrs()
+		cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = a.Gossip, a.Raft, a.RPC, a.Verbs
+		cfg.Join = []string{n3.n.Addrs().Gossip}
+		cfgs = append(cfgs, cfg)
+		if err := m.n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(ctx, t, "n3 suspends local access", func() bool { return n3.n.cache.Suspended() })
+	lctx, lcancel := context.WithTimeout(ctx, time.Second)
+	_, err := n3.cli.Load(lctx, &dsmpb.LoadRequest{Region: "l", Offset: 8})
+	lcancel()
+	if code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a load on n3 without a lease: %v, want it to wait (deadline exceeded)", err)
+	}
+	for _, cfg := range cfgs {
+		n, err := New(cfg, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close() })
+	}
+	l, err := n3.cli.Load(ctx, &dsmpb.LoadRequest{Region: "l", Offset: 8})
+	if err != nil || l.Value != 77 {
+		t.Fatalf("load on n3 after the majority came back: %v, %v; want 77", l, err)
+	}
+	if n3.n.cache.Suspended() || n3.n.stats.leaseSuspends.Load() == 0 || n3.n.stats.leaseResumes.Load() == 0 {
+		t.Fatalf("n3: suspended %v, lease ends %d, returns %d", n3.n.cache.Suspended(), n3.n.stats.leaseSuspends.Load(), n3.n.stats.leaseResumes.Load())
+	}
+}

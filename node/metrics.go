@@ -38,6 +38,8 @@ var (
 	descBytes       = prometheus.NewDesc("dsm_bytes_total", "Page data and protocol messages moved, by direction.", []string{"dir"}, nil)
 	descMissLat     = prometheus.NewDesc("dsm_miss_latency_seconds", "Latency of the page cache's read and write misses through the coherence engine.", nil, nil)
 	descRegionsSrv  = prometheus.NewDesc("dsm_engine_regions", "Regions with a coherence engine on this node.", nil, nil)
+	descLeaseLeft   = prometheus.NewDesc("dsm_lease_remaining_seconds", "Time left on this node's lease from a majority of the Raft voters (negative: over, local access to pages suspended).", nil, nil)
+	descLeaseEnds   = prometheus.NewDesc("dsm_lease_suspensions_total", "Times this node's lease ended and local access to pages was suspended.", nil, nil)
 )
 
 type collector struct{ n *Node }
@@ -59,6 +61,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if n.dir == nil {
 		return
 	}
+	if l := n.dir.Lease(); l.Until != 0 {
+		g(descLeaseLeft, (l.Until - directory.LeaseClock()).Seconds())
+	}
+	ctr(descLeaseEnds, n.stats.leaseSuspends.Load())
 	v := n.dir.View()
 	rs := n.dir.RaftStats()
 	g(descEpoch, float64(v.Epoch))

@@ -220,10 +220,14 @@ func (n *Node) Start() (err error) {
 		return fmt.Errorf("node: map socket %s: %w", n.addrs.MapSocket, err)
 	}
 
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() {
 		defer n.wg.Done()
 		n.follow(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.guardLease(ctx)
 	}()
 	go func() {
 		defer n.wg.Done()

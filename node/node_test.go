@@ -221,10 +221,14 @@ func TestSingleNodeServices(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{"dsm_directory_regions 1", "dsm_raft_is_leader 1", "dsm_cache_capacity_bytes 8.388608e+06", "go_goroutines",
-		"dsm_engine_regions 1", "dsm_miss_latency_seconds_count", `dsm_bytes_total{dir="in"}`} {
+		"dsm_engine_regions 1", "dsm_miss_latency_seconds_count", `dsm_bytes_total{dir="in"}`,
+		"dsm_lease_remaining_seconds ", "dsm_lease_suspensions_total 0"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	if strings.Contains(string(body), "dsm_lease_remaining_seconds -") {
+		t.Errorf("the node serves without a lease:\n%s", body)
 	}
 
 	if _, err := cli.DeleteRegion(ctx, &dsmpb.DeleteRegionRequest{Name: "r1"}); err != nil {

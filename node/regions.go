@@ -565,4 +565,7 @@ type nodeStats struct {
 	// bytesIn: page data fetched by misses and protocol messages
 	// received; bytesOut: page data written back and messages sent.
 	bytesIn, bytesOut atomic.Uint64
+	// leaseSuspends and leaseResumes count the lease's ends (local access
+	// suspended) and returns (resumed).
+	leaseSuspends, leaseResumes atomic.Uint64
 }

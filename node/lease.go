@@ -1,0 +1,80 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/dsmkit/dsm/directory"
+)
+
+// guardLease keeps local access to pages within this node's lease
+// (docs/failover.md §9): the page cache serves faults only while a
+// majority of the Raft voters grants the node a lease. When the lease
+// ends, the cache is suspended: every page held is punched out of every
+// mapping and the Modified ones are set aside, within the lease's
+// revocation budget, before the majority may commit this incarnation's
+// departure and move its homes and tenures. When a majority grants again
+// the cache resumes, and the pages set aside come back Modified without a
+// round trip. The node starts suspended: nothing is served before the
+// first lease.
+func (n *Node) guardLease(ctx context.Context) {
+	suspended := false
+	for {
+		l := n.dir.Lease()
+		if now := directory.LeaseClock(); now < l.Until {
+			if suspended {
+				n.cache.Resume()
+				suspended = false
+				n.stats.leaseResumes.Add(1)
+				n.log.Info("lease granted: local access to pages resumed", "holds_for", (l.Until - now).Round(time.Millisecond).String())
+			}
+			t := time.NewTimer(l.Until - now)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-l.Changed:
+				t.Stop()
+				continue
+			case <-t.C:
+			}
+			if directory.LeaseClock() < n.dir.Lease().Until {
+				continue // extended just now
+			}
+		}
+		if !suspended {
+			suspended = true
+			n.suspendForLease(ctx, l.Until != 0)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.Changed:
+		}
+	}
+}
+
+// suspendForLease suspends the page cache within the revocation budget.
+func (n *Node) suspendForLease(ctx context.Context, held bool) {
+	budget := n.dir.LeaseRevoke()
+	sctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	st, err := n.cache.Suspend(sctx)
+	if !held {
+		n.log.Info("no lease yet: faults wait until a majority of the voters grants one")
+		return
+	}
+	n.stats.leaseSuspends.Add(1)
+	if err != nil {
+		n.log.Error("lease over: local access not revoked within the budget", "budget", budget, "took", st.Duration,
+			"punched", st.Punched, "aside", st.Aside, "err", err)
+		// Keep going: the cache stays suspended and a second pass
+		// finishes what the first could not.
+		if _, err := n.cache.Suspend(ctx); err != nil && ctx.Err() == nil {
+			n.log.Error("lease over: suspend", "err", err)
+		}
+		return
+	}
+	n.log.Warn("lease over: no majority of the voters granted one in time; local access to pages suspended until one does",
+		"took", st.Duration, "punched", st.Punched, "aside", st.Aside, "budget", budget)
+}
