@@ -17,12 +17,15 @@ import (
 type homeOp uint8
 
 const (
-	hRepair  homeOp = 1 + iota // CAS of the word after a reconfiguration
-	hPoll                      // READ of the word
-	hPass                      // CAS passing the reservation to the next in line
-	hRebuild                   // CAS writing the rebuilt word
-	hBkRead                    // READ of the home copy, to refresh the backups
-	hBkWrite                   // WRITE of the home copy and its stamp to a backup
+	hRepair    homeOp = 1 + iota // CAS of the word after a reconfiguration
+	hPoll                        // READ of the word
+	hPass                        // CAS passing the reservation to the next in line
+	hRebuild                     // CAS writing the rebuilt word
+	hBkRead                      // READ of the home copy, to refresh the backups
+	hBkWrite                     // WRITE of the home copy and its stamp to a backup
+	hFillRead                    // READ of the slot, for a fill (fill.go)
+	hFillResv                    // CAS reserving the page for the home, for a fill
+	hFillWrite                   // WRITE of the home copy and its stamp to a backup being filled
 )
 
 // homeDuty is the home's side of one page it serves: the repair after a
@@ -66,6 +69,19 @@ type homeDuty struct {
 	queue   []ids.NodeID // starving nodes, first come first served
 	granted ids.NodeID   // holder of the reservation, None when none is out
 	grantAt uint64       // tick of the last MsgGrant
+
+	// Fills of backups that entered the page's backup set (fill.go):
+	// fills in order, the first one under way. fillHeld: the home holds
+	// the page's turn (HomeTurn) for them; the reservation queue passes it
+	// on once no fill needs it. fillData is the home copy read with the
+	// word the duty last learnt by a READ of the slot (nil when that word
+	// came from elsewhere); fillTo the backup of the copy in flight;
+	// fillRecallAt the tick of the next recall of a holder.
+	fills        []*fillOp
+	fillHeld     bool
+	fillData     []byte
+	fillTo       ids.NodeID
+	fillRecallAt uint64
 }
 
 // ---- reconfiguration ----
@@ -234,6 +250,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		if departed {
 			h.pending = true
 		}
+		n.pruneFills(h)
 		n.driveHome(h)
 	}
 	n.reportMoves()
@@ -364,7 +381,10 @@ func (n *Node) driveHome(h *homeDuty) {
 			n.homeCAS(h, hRepair, n.repaired(h.guess))
 			return
 		}
-		if h.granted == ids.None && len(h.queue) == 0 && h.passUnsure == ids.None {
+		if n.driveFill(h) {
+			return
+		}
+		if h.granted == ids.None && len(h.queue) == 0 && h.passUnsure == ids.None && !h.fillHeld {
 			return
 		}
 		if !h.fresh {
@@ -397,6 +417,7 @@ func (n *Node) driveHome(h *homeDuty) {
 			}
 			if r == ids.None && next == ids.None {
 				h.granted = ids.None
+				h.fillHeld = false
 				return
 			}
 			h.target = next
@@ -512,18 +533,27 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		h.bkAcked[rec.to] = true
 		n.driveHome(h)
 		return
+	case hFillWrite:
+		n.fillWritten(h, rec.to)
+		n.driveHome(h)
+		return
 	}
 	var w Word
-	if op == hPoll {
+	read := op == hPoll || op == hFillRead
+	if read {
 		w = Word(binary.LittleEndian.Uint64(d.Results[0].Data))
 	} else {
 		w = Word(d.Results[0].Word)
 	}
-	ok := op != hPoll && w == Word(rec.verbs[0].Compare)
+	ok := !read && w == Word(rec.verbs[0].Compare)
 	if ok {
 		w = Word(rec.verbs[0].Operand)
 	}
 	h.guess, h.fresh, h.known = w, true, true
+	h.fillData = nil
+	if op == hFillRead {
+		h.fillData = slices.Clone(d.Results[0].Data[8:])
+	}
 	if t := h.passUnsure; t != ids.None && op != hPass {
 		// w is the word now: only the home reserves a page for t.
 		h.passUnsure = ids.None
@@ -558,6 +588,10 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		if ok {
 			h.pending = h.guess != n.repaired(h.guess)
 		}
+	case hFillResv:
+		if ok {
+			h.fillHeld = true
+		}
 	case hPass:
 		if !ok {
 			if h.target != ids.None {
@@ -566,6 +600,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 			break
 		}
 		h.granted = h.target
+		h.fillHeld = false
 		if h.granted != ids.None {
 			n.sendGrant(h)
 		}
@@ -900,6 +935,11 @@ func (n *Node) checkMoveDone() {
 	n.target = false
 	for _, m := range n.members {
 		n.sendMoveDone(m)
+	}
+	held := n.fillsHeld
+	n.fillsHeld = nil
+	for _, f := range held {
+		_ = n.stepFill(f) // checked when it came
 	}
 }
 
