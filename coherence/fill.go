@@ -171,7 +171,9 @@ func (n *Node) driveFill(h *homeDuty) bool {
 	}
 	w := h.guess
 	if n.namesDeparted(w) {
-		return false // the duty repairs it first
+		// The duty repairs it first (after the departure's probe).
+		h.pending = true
+		return true
 	}
 	if w.Holder() == ids.None && w.Version() == 0 && allZero(h.fillData) {
 		// Never written: nothing to copy, and every later release
@@ -181,11 +183,13 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		h.fresh = true
 		return true
 	}
-	switch r := w.Reserved(); {
-	case h.fillHeld && r != HomeTurn:
-		// Only the home changes a turn it holds: a stale guess.
-		h.fresh = false
-		return true
+	r := w.Reserved()
+	if h.fillHeld && r != HomeTurn {
+		// A READ shows the turn gone: passed on by a pass whose outcome
+		// was unknown (settled in homeDone). Take it again.
+		h.fillHeld = false
+	}
+	switch {
 	case !h.fillHeld && r == HomeTurn:
 		// The turn came back from a reserver: the home keeps it for
 		// the fill before it goes on.

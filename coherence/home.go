@@ -559,6 +559,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		h.passUnsure = ids.None
 		if w.Reserved() == t {
 			h.granted = t
+			h.fillHeld = false
 			n.sendGrant(h)
 		} else {
 			h.queue = append([]ids.NodeID{t}, h.queue...)
