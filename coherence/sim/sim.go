@@ -1909,7 +1909,26 @@ func (s *Sim) Dump() string {
 		sl := s.slots[p]
 		w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
 		home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
-		fmt.Fprintf(&b, "%v@%v word=%v home[0]=%d ref[0]=%d\n", p, sl.home, w, binary.LittleEndian.Uint64(home), s.refWord(p, 0))
+		fmt.Fprintf(&b, "%v@%v word=%v home[0]=%d ref[0]=%d", p, sl.home, w, binary.LittleEndian.Uint64(home), s.refWord(p, 0))
+		if s.Opts.Fills {
+			b.WriteString(" backups=")
+			for i, id := range s.bset[p] {
+				if i > 0 {
+					b.WriteString(",")
+				}
+				fmt.Fprintf(&b, "%v", id)
+				if !s.complete[p][id] {
+					b.WriteString("(filling)")
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, d := range s.fillsDue {
+		fmt.Fprintf(&b, "fill due: %v ->%v at %v from %v\n", d.page, d.to, d.home, d.epoch)
+	}
+	for _, d := range slices.SortedFunc(maps.Keys(s.fillOut), func(a, b fillDue) int { return int(a.page) - int(b.page) }) {
+		fmt.Fprintf(&b, "fill under way: %v ->%v at %v\n", d.page, d.to, d.home)
 	}
 	for _, n := range s.nodes[1:] {
 		if !n.alive {
