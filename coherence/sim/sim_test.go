@@ -103,12 +103,12 @@ var configs = []struct {
 	// at a time, each once the fills are done, and move to the filled
 	// backups: with fills, losing one node at a time, four times over,
 	// loses nothing.
-	{"fill", Options{Nodes: 5, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 4, HomeCrashes: 4, Restarts: 4, Backups: 1, Fills: true, AsyncReconfig: true, LazyHomes: true, LearnOdds: 16}, 50},
+	{"fill", Options{Nodes: 5, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 4, HomeCrashes: 4, Restarts: 4, Backups: 1, Fills: true, AsyncReconfig: true, LazyHomes: true, LearnOdds: 16}, 200},
 	// Crashes during fills, two backups per page: the home, the backup
 	// being filled or a releaser dies while a fill is under way (a
 	// complete copy of every page always survives); batches of unknown
 	// outcome, fills included.
-	{"fill-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 4, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, MidFillCrashes: true, AsyncReconfig: true, LearnOdds: 16}, 50},
+	{"fill-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 4, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, MidFillCrashes: true, AsyncReconfig: true, LearnOdds: 16}, 200},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
 
@@ -121,7 +121,7 @@ func totalShare() int {
 }
 
 // TestSimSeeds runs the simulator over many seeds of every configuration:
-// the CI share by default (2,525 seeds; a quarter under the race
+// the CI share by default (2,825 seeds; a quarter under the race
 // detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
 // -workers. A failure prints the seed, the invariant and the trace, and
 // the command that reruns that seed alone.
