@@ -23,7 +23,8 @@ import (
 //     flight. Members that join later are created in an epoch in which B
 //     is a backup.
 //  2. The reservation: the home takes the page's turn (HomeTurn in the
-//     word's reserved field): with a CAS when the page is not reserved, or
+//     word's reserved field): with a CAS when the page is not reserved
+//     (followed, in its batch, by a READ of the slot), or
 //     by keeping the turn when it comes back from a reserver, instead of
 //     passing it on. While the page is reserved for the home no node
 //     acquires it, so once the word has no holder no release writes B and
@@ -195,7 +196,11 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		// the fill before it goes on.
 		h.fillHeld = true
 	case !h.fillHeld && r == ids.None:
-		n.postHome(h, hFillResv, Verb{Kind: VerbCAS, Page: h.no, Span: SpanWord, Compare: uint64(w), Operand: uint64(w.withResv(HomeTurn).withTag(n.tag()))})
+		// The CAS, then a READ of the slot in the same batch: the word
+		// and the data as they are once the turn is (or is not) taken.
+		n.postHomeVerbs(h, hFillResv,
+			Verb{Kind: VerbCAS, Page: h.no, Span: SpanWord, Compare: uint64(w), Operand: uint64(w.withResv(HomeTurn).withTag(n.tag()))},
+			Verb{Kind: VerbRead, Page: h.no, Span: SpanSlot})
 		return true
 	case !h.fillHeld:
 		return false // reserved for another node: its turn comes back first

@@ -334,11 +334,14 @@ func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
 	n.driveHome(h)
 }
 
-func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) {
+func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) { n.postHomeVerbs(h, op, v) }
+
+// postHomeVerbs posts a batch of h's to this node's own slot.
+func (n *Node) postHomeVerbs(h *homeDuty, op homeOp, verbs ...Verb) {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}, to: n.cfg.ID, epoch: n.epoch}
-	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: []Verb{v}})
+	n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: n.cfg.ID, epoch: n.epoch}
+	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: verbs})
 	h.inflight, h.op = id, op
 }
 
@@ -549,11 +552,17 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	if ok {
 		w = Word(rec.verbs[0].Operand)
 	}
-	h.guess, h.fresh, h.known = w, true, true
 	h.fillData = nil
-	if op == hFillRead {
+	switch op {
+	case hFillRead:
 		h.fillData = slices.Clone(d.Results[0].Data[8:])
+	case hFillResv:
+		// The READ of the slot that follows the CAS in its batch gives
+		// the word as it is now, and the data beside it.
+		w = Word(binary.LittleEndian.Uint64(d.Results[1].Data))
+		h.fillData = slices.Clone(d.Results[1].Data[8:])
 	}
+	h.guess, h.fresh, h.known = w, true, true
 	if t := h.passUnsure; t != ids.None && op != hPass {
 		// w is the word now: only the home reserves a page for t.
 		h.passUnsure = ids.None

@@ -716,6 +716,11 @@ func (n *Node) stepReceive(m Message) error {
 	case MsgEpochAck:
 		n.ackedIn[m.From] = n.epoch
 		n.epochAck(m.From)
+		for _, h := range n.homes {
+			if len(h.fills) > 0 {
+				n.driveHome(h) // its fence may be passed now
+			}
+		}
 		return nil
 	case MsgStamp:
 		// The home side only: no client page is created for it.
