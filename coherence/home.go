@@ -362,6 +362,13 @@ func (n *Node) driveHome(h *homeDuty) {
 				// them (docs/failover.md §8).
 				return
 			}
+			if !h.known && n.backupsFn != nil {
+				// The slot's word first: the refresh below depends on
+				// it (a CAS that expects a guess could succeed on a zero
+				// word without one).
+				n.postHome(h, hPoll, Verb{Kind: VerbRead, Page: h.no, Span: SpanWord})
+				return
+			}
 			h.used = maps.Clone(h.reports)
 			next := n.rebuiltWord(h)
 			if next.Holder() == ids.None && n.refreshBackups(h) {
@@ -447,11 +454,19 @@ func (n *Node) driveHome(h *homeDuty) {
 // it, so nothing else writes the backups meanwhile.
 func (n *Node) refreshBackups(h *homeDuty) bool {
 	w := h.guess
-	if n.backupsFn == nil || w.Holder() == ids.None || n.isMember(w.Holder()) || h.rebuilding && !h.known {
+	if n.backupsFn == nil || h.rebuilding && !h.known {
+		return false
+	}
+	// A rebuild whose word names no holder hands out the slot's data
+	// whatever the slot's word: a backup slot that a release wrote only in
+	// part (its data, not its stamp: a batch of unknown outcome) still has
+	// the zero word of a slot never written (fill-crash seed 8287).
+	departed := w.Holder() != ids.None && !n.isMember(w.Holder())
+	if !departed && !(h.rebuilding && w.Holder() == ids.None) {
 		return false
 	}
 	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
-	if h.bkFor != key {
+	if h.bkFor != key || h.bkAcked == nil {
 		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
 	}
 	for _, b := range n.backupsFn(h.no) {
