@@ -15,7 +15,8 @@ import (
 // I10.
 
 // refill, at a reconfiguration to the members given (after the promotions
-// of the crashed homes' pages), drops the departed backups of every page,
+// of the crashed homes' pages), drops the departed and tainted backups of
+// every page,
 // replaces them and the promoted ones by live members that are neither the
 // page's home nor its backup (the newest id first), and schedules the
 // fill of every backup that is not complete at the page's home.
@@ -26,7 +27,7 @@ func (s *Sim) refill(members []ids.NodeID) {
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
 		home := s.slots[p].home
 		bs := slices.DeleteFunc(s.bset[p], func(b ids.NodeID) bool {
-			if s.gone[b] {
+			if s.gone[b] || s.tainted[b] {
 				delete(s.complete[p], b)
 				delete(s.filled[p], b)
 				return true
@@ -36,7 +37,7 @@ func (s *Sim) refill(members []ids.NodeID) {
 		for len(bs) < k {
 			var free []ids.NodeID
 			for _, c := range cand {
-				if c != home && !slices.Contains(bs, c) && !s.gone[c] {
+				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] {
 					free = append(free, c)
 				}
 			}

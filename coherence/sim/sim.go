@@ -128,7 +128,10 @@ type Options struct {
 	// promotes only complete backups. A crash comes only when every page
 	// keeps a complete live copy without the victim, and, unless
 	// MidFillCrashes, only when no fill is under way (one node lost at a
-	// time). Needs Backups > 0; Taints are not modelled with it.
+	// time). A taint (Taints) takes the tainted node out of every backup
+	// set at once and replaces it: the backups change without a departure,
+	// so nodes that lag behind the taint still write the tainted node and
+	// not its replacement (what a fill's fence is for). Needs Backups > 0.
 	Fills bool
 	// MidFillCrashes lets crashes (of homes, backups being filled and
 	// any client) come while fills are under way.
@@ -178,8 +181,8 @@ func (o *Options) norm() error {
 	}
 	o.Restarts = min(o.Restarts, o.Crashes)
 	o.Taints = max(0, min(o.Taints, o.Nodes-1))
-	if o.Fills && (o.Backups <= 0 || o.Taints > 0) {
-		return fmt.Errorf("sim: fills need Backups > 0 and no taints")
+	if o.Fills && o.Backups <= 0 {
+		return fmt.Errorf("sim: fills need Backups > 0")
 	}
 	return nil
 }
@@ -1123,7 +1126,7 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 		// Only a complete backup (I9), unless the run breaks the rule
 		// on purpose.
 		for _, b := range s.bset[p] {
-			if !s.gone[b] && (s.complete[p][b] || s.Opts.EarlyPromote) {
+			if !s.gone[b] && !s.tainted[b] && (s.complete[p][b] || s.Opts.EarlyPromote) {
 				home = b
 				break
 			}

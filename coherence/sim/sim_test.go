@@ -109,6 +109,13 @@ var configs = []struct {
 	// complete copy of every page always survives); batches of unknown
 	// outcome, fills included.
 	{"fill-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 4, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, MidFillCrashes: true, AsyncReconfig: true, LearnOdds: 16}, 200},
+	// Fills after taints: a live node leaves every backup set (a failure
+	// verdict) and is replaced, so the backups change without a departure
+	// and without a probe; nodes learn epochs slowly, and one that lags
+	// behind the taint still writes the tainted node, not its replacement.
+	// Only the fill's fence (every member in the epoch first) keeps the
+	// filled backup complete.
+	{"fill-taint", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2, Restarts: 2, Taints: 2, Backups: 1, Fills: true, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 100},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
 
@@ -209,7 +216,7 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && (c.opts.Joins > 0 || c.opts.Restarts > 0) && (worst.Joins == 0 || worst.JoinerOps == 0) {
 				t.Fatalf("%d seeds with joins: %d joins, %d requests completed by joiners", n, worst.Joins, worst.JoinerOps)
 			}
-			if n >= 20 && c.opts.Taints > 0 && (worst.Taints == 0 || c.opts.HomeCrashes > 0 && worst.PassedTainted == 0) {
+			if n >= 20 && c.opts.Taints > 0 && (worst.Taints == 0 || c.opts.HomeCrashes > 0 && !c.opts.Fills && worst.PassedTainted == 0) {
 				t.Fatalf("%d seeds of a configuration with taints: %d taints, %d promotions passed over a tainted backup", n, worst.Taints, worst.PassedTainted)
 			}
 			if n >= 20 && c.opts.SkipMoves && worst.SkippedMoves == 0 {
