@@ -24,9 +24,10 @@ import (
 //     is a backup.
 //  2. The reservation: the home takes the page's turn (HomeTurn in the
 //     word's reserved field): with a CAS when the page is not reserved
-//     (followed, in its batch, by a READ of the slot), or
-//     by keeping the turn when it comes back from a reserver, instead of
-//     passing it on. While the page is reserved for the home no node
+//     (followed, in its batch, by a READ of the slot), or by keeping the
+//     turn when it comes back from a reserver, instead of passing it on
+//     (the home is a client of its own pages: enqueue(no, self) would
+//     mix the fill with its own requests). While the page is reserved for the home no node
 //     acquires it, so once the word has no holder no release writes B and
 //     the home copy does not change. A holder is recalled (a read recall);
 //     its release writes B too, and keeps the reservation.
