@@ -229,7 +229,6 @@ func (n *Node) driveFill(h *homeDuty) bool {
 	n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: f.to, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: f.to, Verbs: verbs})
 	h.inflight, h.op = id, hFillWrite
-	h.fillTo = f.to
 	return true
 }
 

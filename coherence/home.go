@@ -75,12 +75,11 @@ type homeDuty struct {
 	// the page's turn (HomeTurn) for them; the reservation queue passes it
 	// on once no fill needs it. fillData is the home copy read with the
 	// word the duty last learnt by a READ of the slot (nil when that word
-	// came from elsewhere); fillTo the backup of the copy in flight;
-	// fillRecallAt the tick of the next recall of a holder.
+	// came from elsewhere); fillRecallAt the tick of the next recall of a
+	// holder.
 	fills        []*fillOp
 	fillHeld     bool
 	fillData     []byte
-	fillTo       ids.NodeID
 	fillRecallAt uint64
 }
 
