@@ -21,6 +21,7 @@
 //	... for each message received: n.Step(coherence.Receive{Msg: m})
 //	... every tick: n.Step(coherence.Tick{})
 //	... on a directory change: n.Step(coherence.Reconfigure{Epoch: e, Members: ms, HomeOf: placement, Targets: gainers})
+//	... at a home, for a backup gained: n.Step(coherence.Fill{Pages: populated, To: b}); rd.Filled reports each page
 //
 // A Verb maps one to one onto an rdma.Op: VerbRead/Write/CAS/FAA are
 // OpRead/Write/CAS/FAA; the home's slot table turns (Home, Page, Span) into
@@ -186,6 +187,22 @@
 // the sharers. A node drops an S copy the word does not record, and
 // resumes. Unsynced data of an M holder survives the home's failure; the
 // home copy reverts to the backup.
+//
+// # Backups and fills
+//
+// Config.Backups and Reconfigure.Backups name the backups of every page:
+// a release writes the page and Stamp(v) to each before its CAS at the
+// home. A backup that enters a page's set later is filled by the home:
+// the node layer steps Fill{Pages, To} there (it lists the populated
+// slots; the core cannot list pages). For each page the home waits until
+// every member of its epoch has acknowledged that epoch or a later one
+// (so every later release writes To, and no older one is in flight), takes
+// the page's turn (HomeTurn), recalls a holder, READs its own slot and
+// writes the page and its stamp to To in one batch, then passes the turn
+// on. Ready.Filled reports every page, filled or abandoned
+// (ErrFillAbandoned: To departed or is no backup of the page, or this node
+// is not its home). A backup is complete, and may become home, only once
+// every populated page of its shards was filled (docs/failover.md §6).
 //
 // # Contention
 //

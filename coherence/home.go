@@ -17,12 +17,15 @@ import (
 type homeOp uint8
 
 const (
-	hRepair  homeOp = 1 + iota // CAS of the word after a reconfiguration
-	hPoll                      // READ of the word
-	hPass                      // CAS passing the reservation to the next in line
-	hRebuild                   // CAS writing the rebuilt word
-	hBkRead                    // READ of the home copy, to refresh the backups
-	hBkWrite                   // WRITE of the home copy and its stamp to a backup
+	hRepair    homeOp = 1 + iota // CAS of the word after a reconfiguration
+	hPoll                        // READ of the word
+	hPass                        // CAS passing the reservation to the next in line
+	hRebuild                     // CAS writing the rebuilt word
+	hBkRead                      // READ of the home copy, to refresh the backups
+	hBkWrite                     // WRITE of the home copy and its stamp to a backup
+	hFillRead                    // READ of the slot, for a fill (fill.go)
+	hFillResv                    // CAS reserving the page for the home, for a fill
+	hFillWrite                   // WRITE of the home copy and its stamp to a backup being filled
 )
 
 // homeDuty is the home's side of one page it serves: the repair after a
@@ -66,6 +69,18 @@ type homeDuty struct {
 	queue   []ids.NodeID // starving nodes, first come first served
 	granted ids.NodeID   // holder of the reservation, None when none is out
 	grantAt uint64       // tick of the last MsgGrant
+
+	// Fills of backups that entered the page's backup set (fill.go):
+	// fills in order, the first one under way. fillHeld: the home holds
+	// the page's turn (HomeTurn) for them; the reservation queue passes it
+	// on once no fill needs it. fillData is the home copy read with the
+	// word the duty last learnt by a READ of the slot (nil when that word
+	// came from elsewhere); fillRecallAt the tick of the next recall of a
+	// holder.
+	fills        []*fillOp
+	fillHeld     bool
+	fillData     []byte
+	fillRecallAt uint64
 }
 
 // ---- reconfiguration ----
@@ -234,6 +249,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		if departed {
 			h.pending = true
 		}
+		n.pruneFills(h)
 		n.driveHome(h)
 	}
 	n.reportMoves()
@@ -317,11 +333,14 @@ func (n *Node) enqueue(no ids.PageNo, id ids.NodeID) {
 	n.driveHome(h)
 }
 
-func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) {
+func (n *Node) postHome(h *homeDuty, op homeOp, v Verb) { n.postHomeVerbs(h, op, v) }
+
+// postHomeVerbs posts a batch of h's to this node's own slot.
+func (n *Node) postHomeVerbs(h *homeDuty, op homeOp, verbs ...Verb) {
 	n.nextID++
 	id := n.nextID
-	n.batches[id] = batchRec{page: h.no, home: true, verbs: []Verb{v}, to: n.cfg.ID, epoch: n.epoch}
-	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: []Verb{v}})
+	n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: n.cfg.ID, epoch: n.epoch}
+	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: verbs})
 	h.inflight, h.op = id, op
 }
 
@@ -340,6 +359,13 @@ func (n *Node) driveHome(h *homeDuty) {
 				// the epoch: its acknowledgement waits for the batches
 				// it posted before, a backup write to this slot among
 				// them (docs/failover.md §8).
+				return
+			}
+			if !h.known && n.backupsFn != nil {
+				// The slot's word first: the refresh below depends on
+				// it (a CAS that expects a guess could succeed on a zero
+				// word without one).
+				n.postHome(h, hPoll, Verb{Kind: VerbRead, Page: h.no, Span: SpanWord})
 				return
 			}
 			h.used = maps.Clone(h.reports)
@@ -364,7 +390,10 @@ func (n *Node) driveHome(h *homeDuty) {
 			n.homeCAS(h, hRepair, n.repaired(h.guess))
 			return
 		}
-		if h.granted == ids.None && len(h.queue) == 0 && h.passUnsure == ids.None {
+		if n.driveFill(h) {
+			return
+		}
+		if h.granted == ids.None && len(h.queue) == 0 && h.passUnsure == ids.None && !h.fillHeld {
 			return
 		}
 		if !h.fresh {
@@ -397,6 +426,7 @@ func (n *Node) driveHome(h *homeDuty) {
 			}
 			if r == ids.None && next == ids.None {
 				h.granted = ids.None
+				h.fillHeld = false
 				return
 			}
 			h.target = next
@@ -423,11 +453,19 @@ func (n *Node) driveHome(h *homeDuty) {
 // it, so nothing else writes the backups meanwhile.
 func (n *Node) refreshBackups(h *homeDuty) bool {
 	w := h.guess
-	if n.backupsFn == nil || w.Holder() == ids.None || n.isMember(w.Holder()) || h.rebuilding && !h.known {
+	if n.backupsFn == nil || h.rebuilding && !h.known {
+		return false
+	}
+	// A rebuild whose word names no holder hands out the slot's data
+	// whatever the slot's word: a backup slot that a release wrote only in
+	// part (its data, not its stamp: a batch of unknown outcome) still has
+	// the zero word of a slot never written (fill-crash seed 8287).
+	departed := w.Holder() != ids.None && !n.isMember(w.Holder())
+	if !departed && !(h.rebuilding && w.Holder() == ids.None) {
 		return false
 	}
 	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
-	if h.bkFor != key {
+	if h.bkFor != key || h.bkAcked == nil {
 		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
 	}
 	for _, b := range n.backupsFn(h.no) {
@@ -512,16 +550,31 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		h.bkAcked[rec.to] = true
 		n.driveHome(h)
 		return
+	case hFillWrite:
+		n.fillWritten(h, rec.to)
+		n.driveHome(h)
+		return
 	}
 	var w Word
-	if op == hPoll {
+	read := op == hPoll || op == hFillRead
+	if read {
 		w = Word(binary.LittleEndian.Uint64(d.Results[0].Data))
 	} else {
 		w = Word(d.Results[0].Word)
 	}
-	ok := op != hPoll && w == Word(rec.verbs[0].Compare)
+	ok := !read && w == Word(rec.verbs[0].Compare)
 	if ok {
 		w = Word(rec.verbs[0].Operand)
+	}
+	h.fillData = nil
+	switch op {
+	case hFillRead:
+		h.fillData = slices.Clone(d.Results[0].Data[8:])
+	case hFillResv:
+		// The READ of the slot that follows the CAS in its batch gives
+		// the word as it is now, and the data beside it.
+		w = Word(binary.LittleEndian.Uint64(d.Results[1].Data))
+		h.fillData = slices.Clone(d.Results[1].Data[8:])
 	}
 	h.guess, h.fresh, h.known = w, true, true
 	if t := h.passUnsure; t != ids.None && op != hPass {
@@ -529,6 +582,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		h.passUnsure = ids.None
 		if w.Reserved() == t {
 			h.granted = t
+			h.fillHeld = false
 			n.sendGrant(h)
 		} else {
 			h.queue = append([]ids.NodeID{t}, h.queue...)
@@ -558,6 +612,10 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		if ok {
 			h.pending = h.guess != n.repaired(h.guess)
 		}
+	case hFillResv:
+		if ok {
+			h.fillHeld = true
+		}
 	case hPass:
 		if !ok {
 			if h.target != ids.None {
@@ -566,6 +624,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 			break
 		}
 		h.granted = h.target
+		h.fillHeld = false
 		if h.granted != ids.None {
 			n.sendGrant(h)
 		}
@@ -900,6 +959,11 @@ func (n *Node) checkMoveDone() {
 	n.target = false
 	for _, m := range n.members {
 		n.sendMoveDone(m)
+	}
+	held := n.fillsHeld
+	n.fillsHeld = nil
+	for _, f := range held {
+		_ = n.stepFill(f) // checked when it came
 	}
 }
 

@@ -18,12 +18,15 @@ import (
 // that drives a simulated cluster step by step and prints what every step
 // did. Rewrite the expectations with -rewrite.
 //
-//	add-nodes N [pages=P] [lazy] [epoch=E] [backups=K]
+//	add-nodes N [pages=P] [lazy] [epoch=E] [backups=K] [fills]
 //	                                a cluster of N nodes, page p homed on n(p%H+1), H=(P+1)/2,
 //	                                in epoch E (default 1); lazy: homes list no pages and their
 //	                                slots start zero, never touched; backups: every page has
 //	                                K backups, the first-epoch nodes after its home, and a
-//	                                crashed home's pages move to the first live one
+//	                                crashed home's pages move to the first live one; fills:
+//	                                a backup that crashes or is promoted is replaced at the
+//	                                reconfiguration, and a crashed home's pages move to the
+//	                                first live complete backup
 //	read nX page=P [off=O]          a load
 //	write nX page=P [off=O] v=V     a store
 //	add nX page=P [off=O] v=V       an atomic add
@@ -46,7 +49,8 @@ import (
 //	join nX [async]                 next epoch with nX added (the next new id), created in
 //	                                that epoch as a joining member (async: nobody else learns
 //	                                it until learn nY)
-//	stabilize [max=K]               run until nothing is in flight (at most K steps)
+//	fill                            give every home the fills due there (coherence.Fill)
+//	stabilize [max=K]               run until nothing is in flight (at most K steps), fills given
 //	pending | dump | check          inspect
 func TestInteraction(t *testing.T) {
 	datadriven.Walk(t, "testdata/interaction", func(t *testing.T, path string) {
@@ -143,7 +147,7 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 			d.Fatalf(t, "add-nodes N")
 		}
 		s, err = sim.New(2, sim.Options{Nodes: n, Pages: intArg(t, d, "pages", 1), Crashes: n, HomeCrashes: n, Trace: true,
-			Backups:   intArg(t, d, "backups", -1),
+			Backups: intArg(t, d, "backups", -1), Fills: d.HasArg("fills"),
 			LazyHomes: d.HasArg("lazy"), Epoch: ids.Epoch(intArg(t, d, "epoch", 1))})
 		if err != nil {
 			d.Fatalf(t, "%v", err)
@@ -202,6 +206,10 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 	case "learn":
 		if err := s.Learn(node(t, d)); err != nil {
 			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "fill":
+		if !s.Fill() {
+			return "no fill due\n"
 		}
 	case "stabilize":
 		if !s.Stabilize(intArg(t, d, "max", 100000)) {

@@ -84,7 +84,7 @@ func (n *Node) Quiet() bool {
 		}
 	}
 	for _, h := range n.homes {
-		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding || h.passUnsure != ids.None {
+		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding || h.passUnsure != ids.None || len(h.fills) > 0 || h.fillHeld {
 			return false
 		}
 	}

@@ -43,6 +43,16 @@ func (n *Node) checkInvariants() {
 		}
 	}
 	for _, h := range n.homes {
+		for _, f := range h.fills {
+			// A fill that can no longer complete was reported abandoned
+			// when the node learnt so (Reconfigure, Fill).
+			if why := n.fillRefused(h.no, f.to); why != "" {
+				panic(fmt.Sprintf("coherence: invariant: %v home of %v: a fill to %v kept: %s", n.cfg.ID, h.no, f.to, why))
+			}
+		}
+		if h.fillHeld && n.homeOf(h.no) != n.cfg.ID {
+			panic(fmt.Sprintf("coherence: invariant: %v holds the turn of %v, which it is not the home of", n.cfg.ID, h.no))
+		}
 		if h.inflight != 0 {
 			if rec, ok := n.batches[h.inflight]; !ok || !rec.home || rec.page != h.no {
 				panic(fmt.Sprintf("coherence: invariant: %v home of %v: the batch in flight is not recorded", n.cfg.ID, h.no))

@@ -300,6 +300,15 @@ type Node struct {
 	// a member still in an older epoch would take its id, found in a
 	// word, for a departed node's. Cleared for good when synced.
 	joining bool
+	// ackedIn: the latest epoch in which each member acknowledged a
+	// probe (MsgEpochAck): a fill waits until every member of its epoch
+	// has acknowledged that epoch or a later one (fill.go). fillProbeAt:
+	// the tick of the last probe sent for fills.
+	ackedIn     map[ids.NodeID]ids.Epoch
+	fillProbeAt uint64
+	// fillsHeld: fills asked for while moves to this node were not done
+	// (target); they start when the moves are.
+	fillsHeld []Fill
 
 	pages   map[ids.PageNo]*page
 	order   []*page     // creation order, for deterministic iteration
@@ -333,6 +342,7 @@ func NewNode(cfg Config) (*Node, error) {
 		batches:   map[uint64]batchRec{},
 		homeIdx:   map[ids.PageNo]*homeDuty{},
 		ackOwed:   map[ids.NodeID]bool{},
+		ackedIn:   map[ids.NodeID]ids.Epoch{},
 	}
 	if cfg.Joining {
 		n.synced, n.joining = false, true
@@ -424,6 +434,8 @@ func (n *Node) Step(ev Event) error {
 		n.slotsReady = max(n.slotsReady, ev.Epoch)
 		n.checkMoveDone()
 		return nil
+	case Fill:
+		return n.stepFill(ev)
 	}
 	return fmt.Errorf("%w: event %T", ErrBadRequest, ev)
 }
@@ -702,7 +714,13 @@ func (n *Node) stepReceive(m Message) error {
 		n.epochAckDue(m.From)
 		return nil
 	case MsgEpochAck:
+		n.ackedIn[m.From] = n.epoch
 		n.epochAck(m.From)
+		for _, h := range n.homes {
+			if len(h.fills) > 0 {
+				n.driveHome(h) // its fence may be passed now
+			}
+		}
 		return nil
 	case MsgStamp:
 		// The home side only: no client page is created for it.
@@ -756,18 +774,26 @@ func (n *Node) stepReceive(m Message) error {
 			return nil
 		}
 	case MsgRecall:
-		switch {
-		case p.ph == phIdle && p.state == Modified && p.copyVer == m.Version,
-			p.ph == phWaitAcks && p.acqVer == m.Version:
-			if !p.recall || p.recallVer != m.Version {
-				p.recall, p.recallVer, p.recallWrite = true, m.Version, m.Write
-			} else if m.Write {
-				p.recallWrite = true
-			}
-		}
+		n.recall(p, m.Version, m.Write)
+		return nil
 	}
 	n.drive(p)
 	return nil
+}
+
+// recall asks this node to release tenure ver of page p (to I when write,
+// else to S): a MsgRecall, or its own home's fill.
+func (n *Node) recall(p *page, ver uint16, write bool) {
+	switch {
+	case p.ph == phIdle && p.state == Modified && p.copyVer == ver,
+		p.ph == phWaitAcks && p.acqVer == ver:
+		if !p.recall || p.recallVer != ver {
+			p.recall, p.recallVer, p.recallWrite = true, ver, write
+		} else if write {
+			p.recallWrite = true
+		}
+	}
+	n.drive(p)
 }
 
 // ---- time ----
@@ -798,6 +824,9 @@ func (n *Node) stepTick() {
 	}
 	if !n.synced && n.probing && n.now-n.probeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.probe()
+	}
+	if n.now-n.fillProbeAt >= uint64(2*n.cfg.RetransmitTicks) {
+		n.fillProbe()
 	}
 	for _, h := range n.homes {
 		n.driveHome(h)

@@ -243,15 +243,42 @@ type Ready struct {
 	Messages    []Message
 	Pages       []PageEffect
 	Completions []Completion
+	// Filled reports the end of the fill of one page of a backup (the
+	// Fill event): done, or given up (FillDone.Err).
+	Filled []FillDone
 }
 
 // Empty reports whether there is nothing to do.
 func (r *Ready) Empty() bool {
-	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0
+	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0 && len(r.Filled) == 0
 }
 
-// Event is an input of Node.Step: Request, VerbsDone, Receive, Tick or
-// Reconfigure.
+// FillDone reports the end of the fill of page Page at backup To, asked
+// for by a Fill event at the page's home. Err nil: To holds the page's
+// released data and its Stamp, or the page was never written (its slot
+// at the home is all zero: To's slot, never written, reads the same), and
+// every member is in an epoch in which To is a backup of the page, so
+// every later release writes To too: To's copy of Page is complete from
+// now on, as long as it stays a backup. Err wraps ErrFillAbandoned when
+// the fill cannot complete here: To is no member, or no backup of the
+// page, any more, or this node is not (or no longer) the page's home; the
+// node layer asks the page's home in its later epochs again if the page
+// still needs To filled.
+type FillDone struct {
+	Page ids.PageNo
+	To   ids.NodeID
+	Err  error
+}
+
+func (f FillDone) String() string {
+	if f.Err != nil {
+		return fmt.Sprintf("fill %v ->%v: %v", f.Page, f.To, f.Err)
+	}
+	return fmt.Sprintf("filled %v ->%v", f.Page, f.To)
+}
+
+// Event is an input of Node.Step: Request, VerbsDone, Receive, Tick,
+// Reconfigure, SlotsReady or Fill.
 type Event interface{ isEvent() }
 
 // Request is a local access (a fault, an explicit ReadAt/WriteAt word, an
@@ -332,12 +359,32 @@ type Reconfigure struct {
 // holder (docs/failover.md §5).
 type SlotsReady struct{ Epoch ids.Epoch }
 
+// Fill asks this node, the home of Pages in its current epoch, to copy
+// each of them to To, a backup of the page in its current Backups that
+// entered the page's backup set later (docs/failover.md §6): a restarted
+// or a new member that takes a departed backup's place, or any backup
+// that was not complete in the previous epoch. The node layer lists the
+// pages whose home slots are populated (the core cannot list pages); a
+// page it leaves out must be one never written. For each page the home
+// waits until every member of its current epoch has acknowledged that
+// epoch or a later one (MsgEpoch: no release can skip To from then on),
+// then takes the page's reservation (the home's turn, HomeTurn; a holder
+// is recalled first), posts one batch [WRITE page, WRITE Stamp(v)] of
+// its own slot's copy to To and gives the reservation back. Each page
+// ends with a FillDone in Ready.Filled. A page already being filled to
+// To is not filled twice.
+type Fill struct {
+	Pages []ids.PageNo
+	To    ids.NodeID
+}
+
 func (Request) isEvent()     {}
 func (VerbsDone) isEvent()   {}
 func (Receive) isEvent()     {}
 func (Tick) isEvent()        {}
 func (Reconfigure) isEvent() {}
 func (SlotsReady) isEvent()  {}
+func (Fill) isEvent()        {}
 
 // Errors.
 var (
@@ -351,4 +398,7 @@ var (
 	ErrUnknownBatch = errors.New("coherence: unknown batch")
 	// ErrBadMessage refuses a message that cannot be decoded.
 	ErrBadMessage = errors.New("coherence: bad message")
+	// ErrFillAbandoned ends the fill of a page that cannot complete at
+	// this node (FillDone.Err wraps it, saying why).
+	ErrFillAbandoned = errors.New("coherence: fill abandoned")
 )

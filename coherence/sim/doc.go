@@ -28,12 +28,19 @@
 // AsyncReconfig: possibly skipping it); with Restarts, some crashes are
 // restarts, whose reconfiguration also adds a new id that takes the crashed
 // node's place as a client. Joiners are clients like the others, never
-// homes. With SkipMoves, crashes (of homes too), their reconfigurations
+// homes (but with Fills, where a filled one may be promoted). With SkipMoves, crashes (of homes too), their reconfigurations
 // and joins come while nodes still lag: a lagging node learns only the
 // latest epoch, moves it skipped included (its Targets are the new homes
 // of the pages whose home differs from the placement of the last epoch it
 // learnt). With Taints, epochs with the same members drop one live node
-// from the backups of every page; a tainted node is never promoted. Then
+// from the backups of every page; a tainted node is never promoted.
+// With Fills, a backup that crashes or is promoted is replaced by a live
+// member, which the page's home fills (coherence.Fill, stepped by the
+// driver once the home has learnt the epoch); only a complete backup is
+// promoted, and a crash comes only while every page keeps a complete live
+// copy without the victim (with MidFillCrashes, while fills are under
+// way too; EarlyPromote breaks the rule on purpose, for the checks to
+// catch). Then
 // the faults and the new requests
 // stop and the run settles: every request must complete within
 // SettleSteps.
@@ -55,6 +62,11 @@
 //
 // A crash reverts the reference model of the pages the node held in M to
 // their home copy: unsynced data is lost, as documented.
+//
+// With backups, after every step: every backup counted complete holds the
+// home copy while the home's word names no holder, unless its stamp is
+// newer (a release under way; I10); at every promotion, the promoted slot
+// holds the old home's data, or a dead writer's last write (I9).
 //
 // # Reproducing a failure
 //

@@ -141,6 +141,9 @@ func (s *Sim) Stabilize(maxSteps int) bool {
 			s.check(false)
 			continue
 		}
+		if len(s.fillsDue) > 0 && s.Fill() {
+			continue
+		}
 		if !s.busy() {
 			return true
 		}

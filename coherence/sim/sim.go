@@ -117,6 +117,29 @@ type Options struct {
 	// has, but is never promoted: it missed backup writes. With Backups
 	// 0 and home crashes, every page has Crashes+Taints backups.
 	Taints int
+	// Fills keeps every page at Backups backups (docs/failover.md §6): a
+	// backup that crashes, or is promoted to home, is replaced, at the
+	// reconfiguration that removes or promotes it, by a live node that is
+	// neither the page's home nor its backup (the newest id first: a
+	// restarted node's new incarnation, a joiner). The replacement is
+	// incomplete until the page's home reports it filled: the driver,
+	// playing the node layer, gives the home a coherence.Fill for it once
+	// the home has learnt the epoch (again after a fill given up), and
+	// promotes only complete backups. A crash comes only when every page
+	// keeps a complete live copy without the victim, and, unless
+	// MidFillCrashes, only when no fill is under way (one node lost at a
+	// time). A taint (Taints) takes the tainted node out of every backup
+	// set at once and replaces it: the backups change without a departure,
+	// so nodes that lag behind the taint still write the tainted node and
+	// not its replacement (what a fill's fence is for). Needs Backups > 0.
+	Fills bool
+	// MidFillCrashes lets crashes (of homes, backups being filled and
+	// any client) come while fills are under way.
+	MidFillCrashes bool
+	// EarlyPromote (with Fills) breaks the rule on purpose: a crashed
+	// home's pages move to the first live backup, complete or not. The
+	// checks must catch it (TestSimCatchesEarlyPromotion).
+	EarlyPromote bool
 	// SettleSteps bounds the steps after the workload and the faults stop
 	// in which every request must complete (default 200000).
 	SettleSteps int
@@ -146,7 +169,11 @@ func (o *Options) norm() error {
 	if o.LearnOdds == 0 {
 		o.LearnOdds = 8
 	}
-	if o.HomeCrashes > 0 {
+	if o.HomeCrashes > 0 && o.Fills {
+		// Restarted nodes take the crashed ones' places.
+		o.Crashes = min(o.Crashes, o.Nodes-2+o.Restarts)
+		o.HomeCrashes = min(o.HomeCrashes, o.Crashes)
+	} else if o.HomeCrashes > 0 {
 		o.Crashes = min(o.Crashes, o.Nodes-2)
 		o.HomeCrashes = min(o.HomeCrashes, o.Crashes)
 	} else if o.Crashes > o.Nodes-o.homes()-1 {
@@ -154,6 +181,9 @@ func (o *Options) norm() error {
 	}
 	o.Restarts = min(o.Restarts, o.Crashes)
 	o.Taints = max(0, min(o.Taints, o.Nodes-1))
+	if o.Fills && o.Backups <= 0 {
+		return fmt.Errorf("sim: fills need Backups > 0")
+	}
 	return nil
 }
 
@@ -191,6 +221,15 @@ func (o Options) String() string {
 	if o.Taints > 0 {
 		s += fmt.Sprintf(" taints=%d", o.Taints)
 	}
+	if o.Backups != 0 {
+		s += fmt.Sprintf(" backups=%d", o.Backups)
+	}
+	if o.Fills {
+		s += fmt.Sprintf(" fills=true mid-fill-crashes=%t", o.MidFillCrashes)
+	}
+	if o.EarlyPromote {
+		s += " early-promote=true"
+	}
 	return s
 }
 
@@ -224,6 +263,10 @@ type Stats struct {
 	// passed over a live tainted backup, SkippedMoves the epochs learnt
 	// by a node that skipped an epoch that moved pages.
 	Taints, PassedTainted, SkippedMoves int
+	// Fills counts the pages reported filled, FillsAbandoned those given
+	// up, FilledPromotions the promotions of a backup that a fill made
+	// complete, MidFillCrashes the crashes while a fill was under way.
+	Fills, FillsAbandoned, FilledPromotions, MidFillCrashes int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -304,6 +347,15 @@ type simNode struct {
 	mval   uint64
 }
 
+// fillDue is a fill of page p to backup to that home must run, from epoch
+// epoch on (zero in fillOut).
+type fillDue struct {
+	page  ids.PageNo
+	to    ids.NodeID
+	home  ids.NodeID
+	epoch ids.Epoch
+}
+
 type slot struct {
 	home ids.NodeID
 	reg  rdma.Registration
@@ -358,6 +410,20 @@ type Sim struct {
 	csOwner    ids.NodeID
 	csCount    uint64
 
+	// With Fills: bset is the backups of each page in promotion order,
+	// complete those whose copy is complete (filled, or backups from the
+	// start), filled those a fill made complete; fillsDue the fills to
+	// give to a home once it has learnt their epoch, fillOut those given
+	// and not reported yet; newSlots the backup slots to register at
+	// joiners once they exist.
+	bset     map[ids.PageNo][]ids.NodeID
+	complete map[ids.PageNo]map[ids.NodeID]bool
+	filled   map[ids.PageNo]map[ids.NodeID]bool
+	bkCur    func(ids.PageNo) []ids.NodeID // backupsNow as of the latest epoch
+	fillsDue []fillDue
+	fillOut  map[fillDue]bool
+	newSlots []fillDue
+
 	trace []string
 	err   error
 }
@@ -380,6 +446,10 @@ func New(seed int64, o Options) (*Sim, error) {
 		moved:      map[ids.PageNo]bool{},
 		slotsDue:   map[ids.NodeID]ids.Epoch{},
 		tainted:    map[ids.NodeID]bool{},
+		bset:       map[ids.PageNo][]ids.NodeID{},
+		complete:   map[ids.PageNo]map[ids.NodeID]bool{},
+		filled:     map[ids.PageNo]map[ids.NodeID]bool{},
+		fillOut:    map[fillDue]bool{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -397,7 +467,18 @@ func New(seed int64, o Options) (*Sim, error) {
 		s.rcHomes[p] = homeOf(ids.PageNo(p))
 	}
 	s.rcPlace, s.prevHomes = homeOf, s.rcHomes
+	if o.Fills {
+		for p := ids.PageNo(0); int(p) < o.Pages; p++ {
+			s.bset[p] = s.backupList(p)
+			s.complete[p] = map[ids.NodeID]bool{}
+			s.filled[p] = map[ids.NodeID]bool{}
+			for _, b := range s.bset[p] {
+				s.complete[p][b] = true
+			}
+		}
+	}
 	s.nodes = make([]*simNode, o.Nodes+1)
+	s.bkCur = s.backupsNow()
 	slotLen := 8 + o.PageSize
 	// Odd seeds start the versions just below the 16-bit wrap.
 	var startVer uint16
@@ -487,6 +568,18 @@ func (s *Sim) backupsNow() func(ids.PageNo) []ids.NodeID {
 	if len(s.backupList(0)) == 0 {
 		return nil
 	}
+	if s.Opts.Fills {
+		cur := make([][]ids.NodeID, s.Opts.Pages)
+		for p := range cur {
+			cur[p] = slices.Clone(s.bset[ids.PageNo(p)])
+		}
+		return func(p ids.PageNo) []ids.NodeID {
+			if int(p) < len(cur) {
+				return cur[p]
+			}
+			return nil
+		}
+	}
 	cur := make([][]ids.NodeID, s.Opts.Pages)
 	for p := range cur {
 		for _, b := range s.backupList(ids.PageNo(p)) {
@@ -557,6 +650,10 @@ func (s *Sim) apply(n *simNode) {
 	for _, c := range rd.Completions {
 		s.tracef("%v %v", n.id, c)
 		s.completed(n, c)
+	}
+	for _, f := range rd.Filled {
+		s.tracef("%v %v", n.id, f)
+		s.fillReported(n, f)
 	}
 }
 
@@ -974,6 +1071,9 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 		}
 		slices.Sort(targets)
 	}
+	if s.Opts.Fills {
+		s.refill(members)
+	}
 	if homeOf != nil || s.moveEpochs > 0 {
 		s.moveEpochs++
 	}
@@ -982,7 +1082,8 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 	for p := range s.rcHomes {
 		s.rcHomes[p] = s.slots[ids.PageNo(p)].home
 	}
-	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil, Backups: s.backupsNow()}
+	s.bkCur = s.backupsNow()
+	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil, Backups: s.bkCur}
 	if s.rc.SlotsPending {
 		for _, t := range targets {
 			s.slotsDue[t] = s.epoch
@@ -1000,6 +1101,10 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 			return
 		}
 	}
+	for _, ns := range s.newSlots {
+		s.addBackupSlot(ns.page, ns.to)
+	}
+	s.newSlots = s.newSlots[:0]
 	if !async {
 		for len(s.lagging) > 0 {
 			s.reconfigureOne(0)
@@ -1016,7 +1121,31 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 // write takes effect (the releaser's last write before it died).
 func (s *Sim) promoteBackup(p ids.PageNo) bool {
 	var home ids.NodeID
-	for _, b := range s.backupList(p) {
+	var legacy []ids.NodeID
+	if s.Opts.Fills {
+		// Only a complete backup (I9), unless the run breaks the rule
+		// on purpose.
+		for _, b := range s.bset[p] {
+			if !s.gone[b] && !s.tainted[b] && (s.complete[p][b] || s.Opts.EarlyPromote) {
+				home = b
+				break
+			}
+		}
+		if home != ids.None {
+			if s.filled[p][home] {
+				s.stats.FilledPromotions++
+			}
+			if !s.complete[p][home] {
+				s.tracef("%v: backup %v is not complete, promoted all the same (EarlyPromote)", p, home)
+			}
+			s.bset[p] = slices.DeleteFunc(s.bset[p], func(b ids.NodeID) bool { return b == home })
+			delete(s.complete[p], home)
+			delete(s.filled[p], home)
+		}
+	} else {
+		legacy = s.backupList(p)
+	}
+	for _, b := range legacy {
 		if !s.gone[b] && b != s.slots[p].home && s.tainted[b] {
 			s.stats.PassedTainted++
 			s.tracef("%v: backup %v is tainted, not promoted", p, b)
@@ -1285,7 +1414,7 @@ func (s *Sim) busy() bool {
 			return true
 		}
 	}
-	return s.reconf >= 0 || len(s.lagging) > 0
+	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling()
 }
 
 // deliverOne delivers (or, with faults, drops or duplicates, or executes
@@ -1403,6 +1532,9 @@ func (s *Sim) randomStep(workload bool) {
 	if len(s.slotsDue) > 0 && s.rng.Intn(16) == 0 && s.slotsReady() {
 		return
 	}
+	if len(s.fillsDue) > 0 && s.rng.Intn(8) == 0 && s.issueFill(false) {
+		return
+	}
 	pending := s.net.Pending()
 	x := s.rng.Intn(100)
 	if !workload && s.Opts.Mutex && x < 20 {
@@ -1441,15 +1573,21 @@ func (s *Sim) randomStep(workload bool) {
 		// come while nodes lag: they will skip the epochs between.
 		var cand []*simNode
 		from := s.Opts.homes() + 1
-		if s.homeCrashes < s.Opts.HomeCrashes {
+		if s.homeCrashes < s.Opts.HomeCrashes || s.Opts.Fills {
 			from = 1
 		}
 		for _, n := range s.nodes[from:] {
-			if n.alive {
+			if n.alive && (!s.Opts.Fills || s.mayLose(n.id)) {
 				cand = append(cand, n)
 			}
 		}
+		if s.Opts.Fills && !s.Opts.MidFillCrashes && s.filling() {
+			cand = nil // one node lost at a time: the fills first
+		}
 		if len(cand) > 0 {
+			if s.Opts.Fills && s.filling() {
+				s.stats.MidFillCrashes++
+			}
 			s.crashes++
 			victim := cand[s.rng.Intn(len(cand))].id
 			for _, sl := range s.slots {
@@ -1609,6 +1747,7 @@ func (s *Sim) check(quiescent bool) {
 		} else {
 			s.checkBeliefs(p)
 		}
+		s.checkBackups(p)
 		if s.err != nil {
 			return
 		}
@@ -1773,7 +1912,26 @@ func (s *Sim) Dump() string {
 		sl := s.slots[p]
 		w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
 		home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
-		fmt.Fprintf(&b, "%v@%v word=%v home[0]=%d ref[0]=%d\n", p, sl.home, w, binary.LittleEndian.Uint64(home), s.refWord(p, 0))
+		fmt.Fprintf(&b, "%v@%v word=%v home[0]=%d ref[0]=%d", p, sl.home, w, binary.LittleEndian.Uint64(home), s.refWord(p, 0))
+		if s.Opts.Fills {
+			b.WriteString(" backups=")
+			for i, id := range s.bset[p] {
+				if i > 0 {
+					b.WriteString(",")
+				}
+				fmt.Fprintf(&b, "%v", id)
+				if !s.complete[p][id] {
+					b.WriteString("(filling)")
+				}
+			}
+		}
+		b.WriteString("\n")
+	}
+	for _, d := range s.fillsDue {
+		fmt.Fprintf(&b, "fill due: %v ->%v at %v from %v\n", d.page, d.to, d.home, d.epoch)
+	}
+	for _, d := range slices.SortedFunc(maps.Keys(s.fillOut), func(a, b fillDue) int { return int(a.page) - int(b.page) }) {
+		fmt.Fprintf(&b, "fill under way: %v ->%v at %v\n", d.page, d.to, d.home)
 	}
 	for _, n := range s.nodes[1:] {
 		if !n.alive {

@@ -1,0 +1,282 @@
+package sim
+
+import (
+	"bytes"
+	"slices"
+
+	"github.com/dsmkit/dsm/coherence"
+	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
+)
+
+// This file is the simulator's node layer for fills (Options.Fills,
+// docs/failover.md §6): the backup sets, which backups are complete, the
+// Fill events given to homes and what they report, and the checks I9 and
+// I10.
+
+// refill, at a reconfiguration to the members given (after the promotions
+// of the crashed homes' pages), drops the departed and tainted backups of
+// every page,
+// replaces them and the promoted ones by live members that are neither the
+// page's home nor its backup (the newest id first), and schedules the
+// fill of every backup that is not complete at the page's home.
+func (s *Sim) refill(members []ids.NodeID) {
+	k := min(s.Opts.Backups, len(members)-1)
+	cand := slices.Clone(members)
+	slices.Sort(cand)
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		home := s.slots[p].home
+		bs := slices.DeleteFunc(s.bset[p], func(b ids.NodeID) bool {
+			if s.gone[b] || s.tainted[b] {
+				delete(s.complete[p], b)
+				delete(s.filled[p], b)
+				return true
+			}
+			return false
+		})
+		for len(bs) < k {
+			var free []ids.NodeID
+			for _, c := range cand {
+				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] {
+					free = append(free, c)
+				}
+			}
+			if len(free) == 0 {
+				break
+			}
+			c := free[len(free)-1] // the newest: a restarted node, a joiner
+			if int(c) <= s.Opts.Nodes && s.rng.Intn(2) == 0 {
+				c = free[s.rng.Intn(len(free))]
+			}
+			bs = append(bs, c)
+			s.tracef("%v: %v is a new backup, to fill", p, c)
+			if int(c) < len(s.nodes) {
+				s.addBackupSlot(p, c)
+			} else {
+				s.newSlots = append(s.newSlots, fillDue{page: p, to: c})
+			}
+		}
+		s.bset[p] = bs
+		s.fillsDue = slices.DeleteFunc(s.fillsDue, func(d fillDue) bool { return d.page == p })
+		for _, b := range bs {
+			if !s.complete[p][b] && !s.fillOut[fillDue{page: p, to: b, home: home}] {
+				s.fillsDue = append(s.fillsDue, fillDue{page: p, to: b, home: home, epoch: s.epoch})
+			}
+		}
+	}
+	for d := range s.fillOut {
+		if s.gone[d.home] {
+			delete(s.fillOut, d) // its home died: it reports nothing
+		}
+	}
+}
+
+// addBackupSlot registers a backup slot of page p at node id: zero, never
+// written (a new incarnation's memory, or a slot punched when the node
+// stopped backing the page).
+func (s *Sim) addBackupSlot(p ids.PageNo, id ids.NodeID) {
+	reg, err := s.nodes[id].ep.Register(make([]byte, 8+s.Opts.PageSize), rdma.AccessAll)
+	if err != nil {
+		s.fail("register a backup slot of %v at %v: %v", p, id, err)
+		return
+	}
+	if s.bslots[p] == nil {
+		s.bslots[p] = map[ids.NodeID]rdma.Registration{}
+	}
+	s.bslots[p][id] = reg
+}
+
+// filling reports whether a live backup of some page is not complete yet.
+func (s *Sim) filling() bool {
+	if !s.Opts.Fills {
+		return false
+	}
+	for p, bs := range s.bset {
+		for _, b := range bs {
+			if !s.gone[b] && !s.complete[p][b] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mayLose reports whether node id may crash now: every page it is the home
+// of keeps a complete live backup (with EarlyPromote, any live backup),
+// and home crashes are left.
+func (s *Sim) mayLose(id ids.NodeID) bool {
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		if s.slots[p].home != id {
+			continue
+		}
+		if s.homeCrashes >= s.Opts.HomeCrashes {
+			return false
+		}
+		ok := false
+		for _, b := range s.bset[p] {
+			if b != id && !s.gone[b] && (s.complete[p][b] || s.Opts.EarlyPromote) {
+				ok = true
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// issueFill gives one home the fills due there, for one backup, once the
+// home has learnt their epoch (all of them, when all). It reports whether
+// it gave any.
+func (s *Sim) issueFill(all bool) bool {
+	s.fillsDue = slices.DeleteFunc(s.fillsDue, func(d fillDue) bool {
+		return s.gone[d.home] || s.gone[d.to] || !slices.Contains(s.bset[d.page], d.to) || s.complete[d.page][d.to]
+	})
+	issued := false
+	for len(s.fillsDue) > 0 {
+		var ready []fillDue
+		for _, d := range s.fillsDue {
+			if s.nodes[d.home].sm.Epoch() >= d.epoch {
+				ready = append(ready, d)
+			}
+		}
+		if len(ready) == 0 {
+			return issued
+		}
+		first := ready[0]
+		if !all {
+			first = ready[s.rng.Intn(len(ready))]
+		}
+		f := coherence.Fill{To: first.to}
+		s.fillsDue = slices.DeleteFunc(s.fillsDue, func(d fillDue) bool {
+			if d.home == first.home && d.to == first.to && s.nodes[d.home].sm.Epoch() >= d.epoch {
+				f.Pages = append(f.Pages, d.page)
+				s.fillOut[fillDue{page: d.page, to: d.to, home: d.home}] = true
+				return true
+			}
+			return false
+		})
+		n := s.nodes[first.home]
+		s.tracef("%v fills %v with %v", n.id, f.To, f.Pages)
+		if err := n.sm.Step(f); err != nil {
+			s.fail("%v refused %v: %v", n.id, f, err)
+			return true
+		}
+		s.apply(n)
+		issued = true
+		if !all {
+			return true
+		}
+	}
+	return issued
+}
+
+// Fill gives every home the fills due there whose epoch it has learnt, as
+// one step; it reports whether there was any.
+func (s *Sim) Fill() bool {
+	s.step++
+	ok := s.issueFill(true)
+	s.check(false)
+	return ok
+}
+
+// fillReported takes node n's report of a fill: a page filled makes its
+// backup complete if it is still a backup of the page and n its home; a
+// fill given up is asked for again while the backup still needs it.
+func (s *Sim) fillReported(n *simNode, f coherence.FillDone) {
+	delete(s.fillOut, fillDue{page: f.Page, to: f.To, home: n.id})
+	current := s.slots[f.Page].home == n.id && slices.Contains(s.bset[f.Page], f.To) && !s.complete[f.Page][f.To]
+	if f.Err != nil {
+		s.stats.FillsAbandoned++
+		if current {
+			s.fillsDue = append(s.fillsDue, fillDue{page: f.Page, to: f.To, home: n.id, epoch: s.epoch})
+		}
+		return
+	}
+	s.stats.Fills++
+	if current {
+		s.complete[f.Page][f.To] = true
+		s.filled[f.Page][f.To] = true
+		s.tracef("%v: backup %v is complete", f.Page, f.To)
+	}
+}
+
+// completeBackups is the backups of page p whose copy is complete: with
+// Fills, the driver's book; else every backup of the current epoch.
+func (s *Sim) completeBackups(p ids.PageNo) []ids.NodeID {
+	if s.Opts.Fills {
+		var out []ids.NodeID
+		for _, b := range s.bset[p] {
+			if s.complete[p][b] && !s.gone[b] {
+				out = append(out, b)
+			}
+		}
+		return out
+	}
+	if s.bkCur == nil {
+		return nil
+	}
+	return slices.DeleteFunc(slices.Clone(s.bkCur(p)), func(b ids.NodeID) bool { return s.gone[b] })
+}
+
+// checkBackups checks I10 for page p: while the home word names no holder
+// (a holder, a departed one or a stamp: the copies are being written, or
+// wait for a repair that refreshes them), no live node holds or claims the
+// tenure, and the page is not in a move, every complete backup holds the
+// home copy, unless its stamp is newer than the word (a release writes
+// the backups before its CAS at the home). A backup never written (a zero
+// word) holds zero data, which must be the home copy then.
+func (s *Sim) checkBackups(p ids.PageNo) {
+	if s.bkCur == nil {
+		return
+	}
+	sl := s.slots[p]
+	w := coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off))
+	if w.Holder() != ids.None {
+		return
+	}
+	home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
+	for _, b := range s.completeBackups(p) {
+		reg, ok := s.bslots[p][b]
+		if !ok {
+			s.fail("I10: complete backup %v of %v has no slot", b, p)
+			return
+		}
+		bw := coherence.Word(rdma.LoadWord(reg.Bytes(), 0))
+		if bw != 0 && bw.Holder() != coherence.NotHome {
+			s.fail("I10: backup %v of %v: word %v is no stamp", b, p, bw)
+			return
+		}
+		if bw != 0 && int16(bw.Version()-w.Version()) > 0 {
+			continue // a release under way
+		}
+		if data := reg.Bytes()[8 : 8+s.Opts.PageSize]; !bytes.Equal(data, home) {
+			if s.backupsSettling(p) {
+				return
+			}
+			s.fail("I10: complete backup %v of %v holds %v (stamp %v), older than the home's released data %v (word %v)", b, p, data, bw, home, w)
+			return
+		}
+	}
+}
+
+// backupsSettling reports whether page p's backups may differ from its
+// home copy legitimately: a move some node has not learnt (the slot is no
+// home word yet), a move not rebuilt (the slot may hold a partial write of
+// a release under a word never stamped), or a live node that holds or
+// claims the tenure (its release writes the backups before the home).
+func (s *Sim) backupsSettling(p ids.PageNo) bool {
+	home := s.slots[p].home
+	for _, n := range s.nodes[1:] {
+		if !n.alive {
+			continue
+		}
+		if n.placed[p] != home {
+			return true
+		}
+		if info := n.sm.Page(p); info.Frozen || info.Tenure {
+			return true
+		}
+	}
+	return false
+}
