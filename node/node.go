@@ -308,6 +308,48 @@ func (n *Node) ReloadTLS() error {
 	return nil
 }
 
+// incarnationKey names one incarnation: a node id and its nonce.
+type incarnationKey struct {
+	id    ids.NodeID
+	nonce uint64
+}
+
+// fencer is a verbs transport that refuses the batches of departed
+// incarnations (tcp). The ofi transport cannot: libfabric's one-sided
+// operations carry no requester incarnation the target could check.
+type fencer interface {
+	Fence(id ids.NodeID, nonce uint64)
+}
+
+// fenceDeparted has the verbs transport refuse, from now on, every batch
+// of every incarnation the view says departed: a left member's, and every
+// past incarnation of a node. A process removed while it was cut off then
+// executes nothing here when it comes back (docs/protocol.md, Departures
+// and leases). done records what was fenced already.
+func (n *Node) fenceDeparted(v *directory.View, done map[incarnationKey]bool) {
+	f, ok := n.verbs.(fencer)
+	if !ok {
+		return
+	}
+	fence := func(id ids.NodeID, nonce uint64) {
+		k := incarnationKey{id, nonce}
+		if nonce == 0 || done[k] || (id == ids.NodeID(n.cfg.ID) && nonce == n.verbs.Nonce()) {
+			return
+		}
+		done[k] = true
+		f.Fence(id, nonce)
+		n.log.Debug("verbs: departed incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce))
+	}
+	for _, m := range v.Members() {
+		if m.State == directory.StateLeft {
+			fence(m.ID, m.Nonce)
+		}
+		for _, pn := range m.PastNonces {
+			fence(m.ID, pn)
+		}
+	}
+}
+
 // follow keeps the verbs transport's peer table and the page cache's
 // regions in step with the directory.
 func (n *Node) follow(ctx context.Context) {
@@ -318,6 +360,7 @@ func (n *Node) follow(ctx context.Context) {
 	regions := map[ids.RegionID]bool{}
 	access := map[ids.RegionID]*directory.Access{} // as last seen
 	mixed := map[ids.NodeID]string{}               // members on another transport: their address
+	fenced := map[incarnationKey]bool{}            // departed incarnations fenced at the transport
 	// While members on another transport are known, the check is made
 	// again now and then: the leader may not have been known at the
 	// change that showed them.
@@ -343,6 +386,7 @@ func (n *Node) follow(ctx context.Context) {
 			if err := n.checkTransports(cur, mixed); err != nil {
 				n.fail(err)
 			}
+			n.fenceDeparted(cur, fenced)
 			for _, m := range cur.Members() {
 				if m.ID == ids.NodeID(n.cfg.ID) || m.State != directory.StateAlive || m.VerbsAddr == "" {
 					continue

@@ -172,6 +172,12 @@
 // went away. The new incarnation never sees any batch of the old session,
 // and nothing of its predecessor's records (it has none) is trusted.
 //
+// Departed incarnations. Fence(node, nonce) drops that requester
+// incarnation's session and refuses its handshakes from then on (hello
+// status "fenced"): dsmd fences every incarnation the directory says
+// departed, so a process removed while it was cut off executes no verb
+// here when it comes back.
+//
 // Bounds. A requester has at most 1024 unfinished batches per peer node
 // (maxInFlight), so a session holds at most that many records; a session
 // whose connections all closed is dropped after Config.SessionLinger (1

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -307,5 +308,40 @@ func TestConcurrentReadsDistinct(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// TestFenceRefusesADepartedIncarnation: once b fences a's incarnation, no
+// batch of it executes at b, on the connection it had or on a new one, and
+// the refusal says so; another incarnation of the same node is served.
+func TestFenceRefusesADepartedIncarnation(t *testing.T) {
+	a := listen(t, 1, "127.0.0.1:0")
+	b := listen(t, 2, "127.0.0.1:0")
+	a.AddPeer(2, b.Addr())
+	reg := register(t, b, 4096)
+	op := []rdma.Op{{Kind: rdma.OpFAA, RKey: reg.Descriptor().RKey, Operand: 1}}
+	if err := a.Post(ctxT(t), 2, op); err != nil {
+		t.Fatal(err)
+	}
+	b.Fence(1, a.Nonce())
+	for i := 0; i < 3; i++ {
+		err := a.Post(ctxT(t), 2, op)
+		if err == nil {
+			t.Fatal("a batch of a fenced incarnation executed")
+		}
+		if i > 0 && (errors.Is(err, rdma.ErrOutcomeUnknown) || !strings.Contains(err.Error(), "departed the cluster")) {
+			t.Fatalf("Post of a fenced incarnation: %v, want a refused handshake that says why", err)
+		}
+	}
+	if got := rdma.LoadWord(reg.Bytes(), 0); got != 1 {
+		t.Fatalf("counter %d, want 1: a batch of the fenced incarnation executed", got)
+	}
+	a2 := listen(t, 1, "127.0.0.1:0")
+	a2.AddPeer(2, b.Addr())
+	if err := a2.Post(ctxT(t), 2, op); err != nil {
+		t.Fatalf("another incarnation of node 1: %v", err)
+	}
+	if got := rdma.LoadWord(reg.Bytes(), 0); got != 2 {
+		t.Fatalf("counter %d, want 2", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -166,8 +167,15 @@ type Transport struct {
 	// numbers them. Under mu.
 	sessions    map[sessionKey]*inSession
 	lastSession uint64
-	wg          sync.WaitGroup // every goroutine of the transport
+	// fenced are the requester incarnations refused for good (Fence), at
+	// most maxFencedPerNode per node, oldest first. Under mu.
+	fenced map[ids.NodeID][]uint64
+	wg     sync.WaitGroup // every goroutine of the transport
 }
+
+// maxFencedPerNode bounds the incarnations of one node that Fence keeps
+// refusing (the directory keeps as many past nonces per node).
+const maxFencedPerNode = 64
 
 var _ rdma.Transport = (*Transport)(nil)
 
@@ -227,6 +235,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		inbound:  make(map[net.Conn]*conn),
 		outs:     make(map[ids.NodeID]*outSession),
 		sessions: make(map[sessionKey]*inSession),
+		fenced:   make(map[ids.NodeID][]uint64),
 	}
 	t.wg.Add(1)
 	go t.acceptLoop()
@@ -316,6 +325,38 @@ func (t *Transport) RemovePeer(id ids.NodeID) {
 		c.shutdown(errors.New("peer removed"))
 	}
 }
+
+// Fence refuses, from now on, every batch of requester incarnation nonce
+// of node id: its session is dropped (nothing executes in it after Fence
+// returns; a batch executing now finishes first) with every connection
+// that carries it, and its later handshakes are refused (hello status
+// "fenced"). The node layer fences every incarnation the directory says
+// departed, so that a process removed while it was cut off executes no
+// verb here after it comes back. Other incarnations of id are untouched.
+func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
+	if nonce == 0 {
+		return
+	}
+	t.mu.Lock()
+	if !slices.Contains(t.fenced[id], nonce) {
+		f := append(t.fenced[id], nonce)
+		if len(f) > maxFencedPerNode {
+			f = f[len(f)-maxFencedPerNode:]
+		}
+		t.fenced[id] = f
+	}
+	var down []*conn
+	if s := t.sessions[sessionKey{id, nonce}]; s != nil {
+		down = t.evictSession(s)
+	}
+	t.mu.Unlock()
+	for _, c := range down {
+		c.shutdown(errFenced)
+	}
+}
+
+// errFenced closes the connections of a fenced requester incarnation.
+var errFenced = errors.New("the requester's incarnation is fenced: it departed the cluster")
 
 // Register implements rdma.Transport.
 func (t *Transport) Register(mem []byte, access rdma.Access) (rdma.Registration, error) {
@@ -1040,10 +1081,14 @@ func (t *Transport) handshakeAccept(nc net.Conn, auth ids.NodeID) (ids.NodeID, *
 	var evicted []*conn
 	if err == nil {
 		t.mu.Lock()
-		if t.isClosed() {
+		switch {
+		case t.isClosed():
 			status = helloShuttingDown
 			err = rdma.ErrClosed
-		} else {
+		case slices.Contains(t.fenced[h.from], h.nonce):
+			status = helloFenced
+			err = fmt.Errorf("%w: %v incarnation %#x is fenced: it departed the cluster", ErrHandshake, h.from, h.nonce)
+		default:
 			sess, evicted = t.openSession(h.from, h.nonce)
 		}
 		t.mu.Unlock()

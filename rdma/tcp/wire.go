@@ -93,6 +93,8 @@ const (
 	helloBadHello     = 5
 	// The hello claims another node than the TLS certificate names.
 	helloNotAuthenticated = 6
+	// The dialer's incarnation departed the cluster (Transport.Fence).
+	helloFenced = 7
 )
 
 // Errors of this package. Failures of a peer's connection reach callers of
@@ -158,6 +160,8 @@ func helloRefusal(status uint16) string {
 		return "malformed hello"
 	case helloNotAuthenticated:
 		return "the node id in the hello is not the one this node's certificate names"
+	case helloFenced:
+		return "this incarnation departed the cluster: the peer refuses its verbs (start dsmd again to rejoin as a new incarnation)"
 	}
 	return fmt.Sprintf("status %d", status)
 }
