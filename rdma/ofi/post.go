@@ -213,9 +213,10 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 			postErr = &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: endpoint closed", rdma.ErrPeerUnreachable)}
 			break
 		}
-		rc := C.dsm_post(t.c, s.c, p.fi, C.int(posted), C.int(n))
+		rc := C.dsm_post(t.c, p.ep, s.c, p.fi, C.int(posted), C.int(n), p.dc, &p.bell)
 		p.leave()
 		posted += int(s.c.posted)
+		t.inflight.Add(int32(s.c.posted))
 		t.life.RUnlock()
 		if rc == 0 {
 			break
@@ -231,9 +232,11 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 	}
 	if finishPost(s, n, posted) {
 		if err := t.await(ctx, s, gen, p.id); err != nil {
+			t.inflight.Add(int32(-posted))
 			return true, err
 		}
 	}
+	t.inflight.Add(int32(-posted))
 	// Every posted request completed; the slot is ours again.
 	t.life.RLock()
 	defer t.life.RUnlock()
