@@ -64,8 +64,8 @@ type PollMode uint8
 const (
 	// PollAuto blocks where the provider offers a wait object that wakes
 	// for incoming traffic (sockets, which also makes progress on its own,
-	// and the rxm providers, whose wait object holds their sockets) and
-	// sleeps otherwise (shm).
+	// and the rxm providers, whose wait object holds their sockets), waits
+	// for the doorbell on shm (PollDoorbell) and sleeps otherwise.
 	PollAuto PollMode = iota
 	// PollSleep reads the queue every 20 µs: little CPU, and the latency
 	// of a request grows by up to one period at each side that must poll.
@@ -1143,7 +1143,7 @@ func (t *Transport) backoff(ctx context.Context, p *peer, since int64, wait *tim
 	if time.Now().UnixNano()-since > int64(t.timeout) {
 		if isShm(t.prov) {
 			t.wedged.Do(func() {
-				t.log.Error("ofi: the shm provider has refused posts for OpTimeout; the likely cause: a peer process died with writes, atomics or messages to it in flight, which leaves a libfabric 1.17 shm endpoint unable to post them ever again (READs still work): restart this process (docs/operations.md, Running on an RDMA fabric)",
+				t.log.Error("ofi: the shm provider has refused posts to a peer for OpTimeout; the likely cause: the peer's process died or hangs with atomics or messages to it in flight, which leaves the endpoint for that peer unable to post them again; RemovePeer (the directory's failure verdict) retires it (docs/operations.md, Running on an RDMA fabric)",
 					"peer", p.id)
 			})
 		}
