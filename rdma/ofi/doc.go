@@ -139,11 +139,24 @@
 // made fi_close of the endpoint fault now and then (DeadPeerMidBatch,
 // libfabric 1.17), and in blocking mode the poller holds the queue anyway.
 //
-// Idle cost (TestIdleCPU, two connected endpoints in one process, 10 s, on
-// this shared two-core machine): shm 0.1 % of a CPU per endpoint with the
-// doorbell, against 31 % with the 20 µs sleeps it replaced; sockets and
-// tcp;ofi_rxm about 1.2 to 1.5 %, most of it the provider's own progress
-// and the 10 ms wake-ups of fi_cq_sread (not changed here).
+// Idle cost (TestIdleCPU: two connected endpoints in one process, 10 s,
+// utime+stime from /proc/self/stat, on this shared two-core machine): shm
+// 0.35 % of a CPU per endpoint with the doorbell (the 100 ms fallback
+// wake-ups, the runtime's own timers), against 31 % with the 20 µs sleeps
+// it replaced; sockets about 1.0 to 1.2 % and tcp;ofi_rxm 1.5 to 2 %, most
+// of it the 10 ms wake-ups of fi_cq_sread and the providers' own progress
+// threads (not changed here).
+//
+// What was tried and dropped: a doorbell thread in C (poll(2) on the
+// socket, fi_cq_read of zero entries for the target's progress, an eventfd
+// to wake the Go side), with and without a bounded spin after serving,
+// measured 2 to 4 times slower than the goroutine in the network poller on
+// this loaded machine: the initiator's side then needs a third wake-up,
+// and a spinning thread takes one of the two cores from the peer it
+// serves. Spinning the poller goroutine (runtime.Gosched, 50 µs) after
+// serving made atomics 3 to 6 times slower in the same run (the spinning
+// goroutine holds a P, and the runtime polls the network less while every
+// P is busy).
 //
 // The endpoint reaches itself through the fabric, so a Post to the local
 // node takes the same path, and the same atomicity domain, as a remote one.

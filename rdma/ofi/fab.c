@@ -436,7 +436,8 @@ int dsm_bell_ring(int fd, const dsm_bell *to, char kind) {
 
 #define BELL_BACK_MAX 16
 
-int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max, int *rings) {
+int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max) {
+	int *rings = &f->bell_reqs;
 	dsm_bell back[BELL_BACK_MAX];
 	int nback = 0;
 	*rings = 0;

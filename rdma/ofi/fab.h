@@ -77,6 +77,7 @@ typedef struct dsm_fab {
 	uint64_t mr_mode;
 	int waitable;     // the CQ has a wait object: fi_cq_sread blocks
 	int bell_fd;      // the doorbell socket, or -1
+	int bell_reqs;    // set by dsm_bell_serve
 	int auto_progress;
 	size_t inject_size;
 	char name[256];
@@ -153,8 +154,8 @@ int dsm_bell_pending(int fd);
 int dsm_bell_ring(int fd, const dsm_bell *to, char kind);
 // dsm_bell_serve drains the doorbell, reads up to max completions (which
 // makes the provider progress) and then rings back every endpoint that
-// asked; *rings is how many requests to be rung back it drained.
-int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max, int *rings);
+// asked; f->bell_reqs is how many requests to be rung back it drained.
+int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max);
 // dsm_cma_probe reports whether this process may access pid's memory with
 // process_vm_readv/writev (the shm provider's cross-memory attach).
 int dsm_cma_probe(int pid);

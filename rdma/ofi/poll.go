@@ -103,9 +103,9 @@ func (t *Transport) progressBell() {
 			return
 		default:
 		}
-		var rings C.int
 		t.pollMu.Lock()
-		n := int(C.dsm_bell_serve(t.c, t.cqe, C.int(t.cqeN), &rings))
+		n := int(C.dsm_bell_serve(t.c, t.cqe, C.int(t.cqeN)))
+		rings := t.c.bell_reqs
 		entries := unsafe.Slice(t.cqe, t.cqeN)
 		for i := 0; i < n; i++ {
 			t.complete(&entries[i])
