@@ -65,6 +65,7 @@ func (t *Transport) progress() {
 		if now.Sub(lastReap) > 50*time.Millisecond {
 			lastReap = now
 			t.reap(now)
+			t.checkPeers()
 		}
 	}
 }
