@@ -869,6 +869,9 @@ func (t *Transport) Close() error {
 			t.kickSlot(s, s.gen.Load(), kickClosed)
 		}
 		close(t.stop)
+		if t.pollMode == C.DSM_POLL_BLOCK {
+			C.dsm_wake(t.c) // out of fi_cq_sread
+		}
 		if t.bell != nil {
 			C.dsm_bell_ring(t.c.bell_fd, &t.selfBell, 'A') // wake the poller
 		}
