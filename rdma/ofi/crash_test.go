@@ -411,4 +411,15 @@ func testDeadPeerDoesNotWedge(t *testing.T, prov string) {
 	if err := a.Post(ctx, 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: peer.rk, Operand: 1}}); !errors.Is(err, rdma.ErrUnknownPeer) {
 		t.Errorf("post after RemovePeer: %v, want ErrUnknownPeer", err)
 	}
+	if prov == "shm" {
+		// The requests the dead peer never answered went with its
+		// endpoint: every slot is free again.
+		deadline := time.Now().Add(2 * time.Second)
+		for len(a.free) != cap(a.free) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := cap(a.free) - len(a.free); n != 0 {
+			t.Errorf("%d operation slots still taken after the dead peer's endpoint was retired", n)
+		}
+	}
 }

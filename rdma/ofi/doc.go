@@ -281,8 +281,9 @@
 // is removed (RemovePeer, AddPeer with another address) or its process is
 // found gone, its endpoint is closed, with whatever the dead peer never
 // answered; requests to every other peer, and to the node itself, go on
-// (TestDeadPeerDoesNotWedge). Slots whose requests were lost that way stay
-// taken (each a few KiB; MaxInflight bounds them). An endpoint of a peer
+// (TestDeadPeerDoesNotWedge). Once that endpoint is closed and what it
+// completed was read, the slots whose requests it will never complete are
+// free again (nothing can write their C memory any more). An endpoint of a peer
 // in the same process stays open until the transport closes for good
 // (below). Each peer endpoint is an shm region in /dev/shm like the main
 // one (mostly untouched, sparse pages).

@@ -117,6 +117,10 @@ type slot struct {
 	state   atomic.Int32
 	gen     atomic.Uint64 // bumped at each acquisition; guards kicks
 	peer    atomic.Uint32
+	// owner is the peer whose endpoint the slot's requests were posted on
+	// (nil while idle): closeTx reclaims the slots that a retired endpoint
+	// will never complete.
+	owner   atomic.Pointer[peer]
 	start   atomic.Int64 // unix nanos when the current segment was posted
 	kickGen atomic.Uint64
 	kickWhy atomic.Int32
@@ -234,6 +238,9 @@ type peer struct {
 	txAV     *C.struct_fid_av
 	txMu     sync.RWMutex
 	txClosed bool
+	// txRetired is set once tx is closed and what it completed was read:
+	// its abandoned slots can be reused.
+	txRetired atomic.Bool
 	// pid is the process of an shm peer of this package (0: unknown);
 	// dead is set once that process is gone.
 	pid  int
@@ -720,8 +727,54 @@ func (t *Transport) closeTx(p *peer) {
 	}
 	p.txClosed = true
 	t.pollMu.Lock()
+	defer t.pollMu.Unlock()
 	C.dsm_tx_close(p.tx, p.txAV)
-	t.pollMu.Unlock()
+	t.reclaim(p)
+}
+
+// reclaim frees the slots whose requests went out on p's endpoint, which
+// closeTx has just closed: what that endpoint completed before it closed
+// is read from the queue first; what it did not will never complete, and
+// nothing writes those slots' C memory any more (their results would have
+// come through the closed endpoint). The caller holds pollMu.
+func (t *Transport) reclaim(p *peer) {
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.closed {
+		return
+	}
+	for t.pollLocked(0, 0) > 0 {
+	}
+	p.txRetired.Store(true)
+	for _, s := range t.slots {
+		if s.owner.Load() == p {
+			t.reclaimSlot(s)
+		}
+	}
+}
+
+// reclaimSlot frees an abandoned slot whose endpoint was retired. The
+// caller holds pollMu, so no completion is being handled meanwhile.
+func (t *Transport) reclaimSlot(s *slot) {
+	if s.state.Load() == slotAbandoned && s.pending.Load() > 0 {
+		s.pending.Store(0)
+		t.release(s)
+	}
+}
+
+// abandoned is called by a waiter that has just abandoned its slot: if the
+// endpoint the slot's requests went out on was retired meanwhile (reclaim
+// ran before the slot was abandoned), the slot is freed here.
+func (t *Transport) abandoned(s *slot) {
+	p := s.owner.Load()
+	if p == nil || !p.txRetired.Load() {
+		return
+	}
+	t.pollMu.Lock()
+	defer t.pollMu.Unlock()
+	if s.owner.Load() == p {
+		t.reclaimSlot(s)
+	}
 }
 
 // RemovePeer implements rdma.Transport. The fabric address stays in the
@@ -945,6 +998,7 @@ func (t *Transport) acquire(ctx context.Context, peer ids.NodeID) (*slot, uint64
 }
 
 func (t *Transport) release(s *slot) {
+	s.owner.Store(nil)
 	s.state.Store(slotIdle)
 	t.free <- s
 }
@@ -1022,6 +1076,7 @@ func (t *Transport) await(ctx context.Context, s *slot, gen uint64, peer ids.Nod
 			why = ctx.Err()
 		}
 		if s.state.CompareAndSwap(slotActive, slotAbandoned) {
+			t.abandoned(s)
 			return why
 		}
 		<-s.done
@@ -1073,6 +1128,7 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
+	s.owner.Store(p)
 	s.state.Store(slotActive)
 	s.pending.Store(2)
 	posted := 0
