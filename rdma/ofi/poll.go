@@ -283,6 +283,9 @@ func (t *Transport) handleFrame(f *frame) {
 			t.log.Debug("ofi: control queue full, dropped query", "from", f.From)
 		}
 	case frameReply:
+		if p != nil {
+			p.txSafe.Store(true) // it read our request, so tx's first
+		}
 		t.qmu.Lock()
 		ch := t.queries[f.ReqID]
 		t.qmu.Unlock()

@@ -263,6 +263,11 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 			op.Result = uint64(s.c.res[k])
 		}
 	}
+	if first < 0 && s.c.ops[0].kind >= C.DSM_OP_CAS {
+		// The target ran an atomic of ours: it has read the connection
+		// request of our endpoint for it (see closeTx).
+		p.txSafe.Store(true)
+	}
 	// Empty ops of the segment succeeded.
 	for k := i; k < j; k++ {
 		if ops[k].Size() == 0 {

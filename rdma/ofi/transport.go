@@ -241,6 +241,9 @@ type peer struct {
 	// txRetired is set once tx is closed and what it completed was read:
 	// its abandoned slots can be reused.
 	txRetired atomic.Bool
+	// txSafe is set once the peer answered a request sent on tx, so it has
+	// read tx's connection request (see closeTx).
+	txSafe atomic.Bool
 	// pid is the process of an shm peer of this package (0: unknown);
 	// dead is set once that process is gone.
 	pid  int
@@ -719,10 +722,23 @@ func (t *Transport) openTx(p *peer, cname unsafe.Pointer) error {
 }
 
 // closeTx closes the peer's own endpoint once, with the poller held off.
+//
+// libfabric 1.17's shm crashes a target that reads a connection request
+// (the first request of an endpoint) after the requesting endpoint closed:
+// smr_progress_connreq maps the requester's region by name and reads it
+// without checking that the mapping succeeded. So an endpoint is closed
+// only once the peer is known to have read its first request (txSafe: an
+// answer came back), the peer's process is gone, or the peer is in this
+// process (whose endpoints all close together); otherwise it is left open,
+// its file in /dev/shm until the process ends (cleanStaleShm removes it).
 func (t *Transport) closeTx(p *peer) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
 	if p.tx == nil || p.txClosed {
+		return
+	}
+	if p.shm == nil && !p.dead.Load() && !p.txSafe.Load() {
+		t.log.Debug("ofi: left the endpoint of a removed peer open: its first request may be unread", "peer", p.id)
 		return
 	}
 	p.txClosed = true
