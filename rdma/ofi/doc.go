@@ -283,7 +283,17 @@
 // answered; requests to every other peer, and to the node itself, go on
 // (TestDeadPeerDoesNotWedge). Once that endpoint is closed and what it
 // completed was read, the slots whose requests it will never complete are
-// free again (nothing can write their C memory any more). An endpoint of a peer
+// free again (nothing can write their C memory any more). One more defect
+// of libfabric 1.17's shm shapes when such an endpoint may close: a target
+// that reads a connection request (an endpoint's first request) after the
+// requesting endpoint closed and its file went away crashes in
+// smr_progress_connreq (it reads the region it failed to map; seen as
+// dsmd crashing at shutdown right after a restart, when every peer's
+// fresh endpoint sent its bye and closed). So a peer's endpoint is closed
+// only once the peer has answered something sent on it (a control reply,
+// an atomic), or the peer's process is gone; otherwise it stays open until
+// the process ends, and its file until a later Listen removes it. An
+// endpoint of a peer
 // in the same process stays open until the transport closes for good
 // (below). Each peer endpoint is an shm region in /dev/shm like the main
 // one (mostly untouched, sparse pages).
