@@ -79,32 +79,85 @@
 // benchmarks measure 0 allocations per operation.
 //
 // Writes are posted with FI_DELIVERY_COMPLETE, so a completed WRITE is
-// visible at the target (on shm this draws on a small pool of the
-// provider's, and 64 writes in flight spend most of their time in FI_EAGAIN
-// back-off; reads and atomics are not affected).
+// visible at the target, except on libfabric 1.17's shm to a peer that
+// cross-memory attach reaches (probed with process_vm_readv at AddPeer;
+// not with FI_SHM_DISABLE_CMA): there a WRITE without it takes the
+// provider's fast path, which copies the payload into the target's memory
+// with process_vm_writev inside fi_writemsg and only then completes it
+// (smr_rma_fast), so completion still means visibility, and it needs no
+// response from the target. With FI_DELIVERY_COMPLETE the same 4 KiB WRITE
+// went through the provider's segmentation buffers and the target's
+// progress, at 0.35 to 0.65 ms. Other libfabric versions keep
+// FI_DELIVERY_COMPLETE (their shm was not read here).
 //
-// One goroutine, locked to its OS thread, polls the completion queue: it
+// # Progress
+//
+// One goroutine per endpoint, the poller, reads the completion queue: it
 // completes slots, receives frames, fails slots whose completions are
 // overdue and, for providers that make progress only when polled (shm,
 // tcp;ofi_rxm), is what lets the target side of one-sided operations
-// proceed. Config.Poll says how it waits on an empty queue: in fi_cq_sread
-// (PollBlock; the default for sockets and the rxm providers, whose wait
-// objects wake for incoming traffic, so that an idle endpoint costs no
-// CPU), in 20 µs sleeps (PollSleep; the default otherwise, shm) or yielding
-// the CPU between reads (PollSpin). Outside PollBlock it keeps reading
-// without a pause for 200 µs after a completion. On this shared two-core
-// machine, blocking cut the tcp;ofi_rxm 4 KiB READ from about 680 µs
-// (sleeping) to 180 µs.
+// proceed. Config.Poll says how it waits on an empty queue:
 //
-// On shm, a caller waiting for its own completions first reads the queue
-// itself a few times (when no one else is reading it), which spares the two
-// thread wake-ups of a hand-over from the poller: the 4 KiB READ went from
-// about 330 µs to 11 µs on this loaded machine. Whoever reads the queue
-// holds one mutex, so completions, and the frames received, are handled in
-// queue order. The other providers leave reading to the poller: on
-// tcp;ofi_rxm, caller reads made fi_close of the endpoint fault now and
-// then (DeadPeerMidBatch, libfabric 1.17), and in blocking mode the poller
-// holds the queue anyway.
+//   - PollBlock (the default for sockets and the rxm providers, whose wait
+//     objects wake for incoming traffic): in fi_cq_sread, on a thread of
+//     its own, 100 ms at a time while idle and 10 ms with requests in
+//     flight (the reaper's period); Close signals it out with
+//     fi_cq_signal.
+//   - PollDoorbell (the default, and only meaningful, on shm). libfabric
+//     1.17's shm has no wait object that wakes for a peer's request (its
+//     CQ offers FI_WAIT_YIELD at most, fi_cq_sread spins or polls, and its
+//     data progress is FI_PROGRESS_MANUAL), and it carries WRITEs with
+//     delivery-complete, atomics and messages through the target's
+//     progress: the target must read its queue before anything happens.
+//     So every endpoint has a doorbell, a non-blocking Unix datagram
+//     socket beside its file in /dev/shm ("<name>.bell"). An initiator that
+//     posts a request that needs the target (an atomic, a message, a
+//     delivery-complete WRITE), or that the provider refused with
+//     FI_EAGAIN (a full command queue), sends the target's doorbell one
+//     byte that asks to be rung back. The poller waits for its doorbell in
+//     the runtime's network poller (no OS thread and no P held while
+//     idle), then drains it, reads the queue (the provider serves every
+//     command posted before the rings) and rings back each initiator that
+//     asked, whose poller then finds its completion. The poller also wakes
+//     after 100 ms idle, 1 ms with requests in flight, for a ring that was
+//     dropped (the socket's queue was full: the target had rings to read
+//     anyway) or never sent. A READ, and a WRITE by cross-memory attach,
+//     ring nobody: they leave the target a notice that it reads at its
+//     next progress. The runtime clears a socket's readiness before it
+//     waits, so the poller peeks for a ring that came between its last
+//     drain and the wait; without the peek about one wake-up in two was
+//     lost to the 1 ms fallback.
+//   - PollSleep: 20 µs sleeps between reads; PollSpin: yielding between
+//     reads (a core per endpoint). Outside PollBlock and PollDoorbell the
+//     poller keeps reading without a pause for 200 µs after a completion.
+//
+// A caller waiting for its own completions on shm first reads the queue
+// itself (when no one else is reading it) for up to 100 µs, about an
+// atomic's round trip, which spares it the wake-ups of a hand-over from the
+// poller; READs and WRITEs by cross-memory attach complete inside the post,
+// so the first read finds them. Whoever reads the queue holds one mutex,
+// so completions, and the frames received, are handled in queue order. The
+// other providers leave reading to the poller: on tcp;ofi_rxm, caller reads
+// made fi_close of the endpoint fault now and then (DeadPeerMidBatch,
+// libfabric 1.17), and in blocking mode the poller holds the queue anyway.
+//
+// Idle cost (TestIdleCPU: two connected endpoints in one process, 10 s,
+// utime+stime from /proc/self/stat, on this shared two-core machine): shm
+// 0.35 % of a CPU per endpoint with the doorbell (the 100 ms fallback
+// wake-ups, the runtime's own timers), against 31 % with the 20 µs sleeps
+// it replaced; sockets 0.25 % and tcp;ofi_rxm 0.35 %, against 1.0 to 1.2 %
+// and 1.5 to 2 % when the blocking poller woke every 10 ms.
+//
+// What was tried and dropped: a doorbell thread in C (poll(2) on the
+// socket, fi_cq_read of zero entries for the target's progress, an eventfd
+// to wake the Go side), with and without a bounded spin after serving,
+// measured 2 to 4 times slower than the goroutine in the network poller on
+// this loaded machine: the initiator's side then needs a third wake-up,
+// and a spinning thread takes one of the two cores from the peer it
+// serves. Spinning the poller goroutine (runtime.Gosched, 50 µs) after
+// serving made atomics 3 to 6 times slower in the same run (the spinning
+// goroutine holds a P, and the runtime polls the network less while every
+// P is busy).
 //
 // The endpoint reaches itself through the fabric, so a Post to the local
 // node takes the same path, and the same atomicity domain, as a remote one.
@@ -156,11 +209,17 @@
 //   - tcp;ofi_rxm refuses it by dropping the connection (FI_ECANCELED or
 //     FI_ENOTCONN at the initiator); the same question, after the connection
 //     is re-made, names the sentinel.
-//   - shm does not check bounds of a READ at the target (the bytes past the
-//     registration are returned) and never completes a request it refuses
-//     (write without the right, revoked key): that request fails with
-//     ErrPeerUnreachable after Config.OpTimeout. Memory safety on shm thus
-//     rests on the initiator's checks and on the acknowledged revocation.
+//   - shm checks nothing at the target for a READ, nor for a WRITE by
+//     cross-memory attach (above): the initiator's process_vm_readv or
+//     writev reaches any address of the target's process, and the
+//     provider never looks at the key. Requests that go through the
+//     target's progress (atomics, delivery-complete WRITEs) are checked
+//     there, and the provider never completes one it refuses (a write
+//     without the right, a revoked key): that request fails with
+//     ErrPeerUnreachable after Config.OpTimeout. So on shm the trust
+//     boundary is the initiator: memory safety rests on its checks and on
+//     the acknowledged revocation, among processes of one user on one host
+//     (who could attach to each other with ptrace anyway).
 //
 // Errors that are not access errors (connection refused or reset, a peer
 // that said bye, no completion within OpTimeout) are a *rdma.PeerError
@@ -183,37 +242,66 @@
 // endpoint sent before it. A peer that died without a bye is found by
 // OpTimeout: a slot whose completions are overdue fails with
 // ErrPeerUnreachable, and a provider that refuses posts to a dead peer
-// (FI_EAGAIN) is given up on after the same time. TestPeerProcessDies kills
+// (FI_EAGAIN) is given up on after the same time. On shm the peer's
+// process id is in its address, and the poller looks every 50 ms whether
+// it still runs (/proc/<pid>/stat; a zombie counts as gone): when it does
+// not, what is pending on the peer fails at once and later posts fail with
+// ErrPeerUnreachable before anything is posted. TestPeerProcessDies kills
 // a peer process under load: sockets fails the posts within about 50 ms
-// (connection errors), tcp;ofi_rxm and shm after OpTimeout. In dsmd the
-// directory's failure detector usually comes first (gossip declared a
-// killed dsmd failed about a second after the kill in the real-process
-// tests, TestHomeFailureIsLoud): RemovePeer then kicks every operation
-// pending on it (an error that wraps rdma.ErrOutcomeUnknown), and later
-// ones fail with rdma.ErrUnknownPeer before anything is posted. When a Post's
-// context ends first, the slot is abandoned to the poller, which releases it
-// when its last completion arrives; a late completion only ever writes the
-// slot's C memory, never the caller's buffers. Close fails everything
-// pending with rdma.ErrClosed, stops the goroutines and closes the endpoint
-// before freeing the C memory; slots whose completions never came are left
-// allocated, because shm lets a target write into the initiator's buffers
-// after the initiator closed.
+// (connection errors), shm within about 50 ms (the process check),
+// tcp;ofi_rxm after OpTimeout. In dsmd the directory's failure detector
+// usually comes first (gossip declared a killed dsmd failed about a second
+// after the kill in the real-process tests, TestHomeFailureIsLoud):
+// RemovePeer then kicks every operation pending on it (an error that wraps
+// rdma.ErrOutcomeUnknown), and later ones fail with rdma.ErrUnknownPeer
+// before anything is posted. When a Post's context ends first, the slot is
+// abandoned to the poller, which releases it when its last completion
+// arrives; a late completion only ever writes the slot's C memory, never
+// the caller's buffers. Close fails everything pending with rdma.ErrClosed,
+// stops the goroutines and closes the endpoint before freeing the C memory;
+// slots whose completions never came are left allocated, because shm lets
+// a target write into the initiator's buffers after the initiator closed.
 //
 // # shm specifics
 //
-// A peer process that dies while writes, atomics or messages to it are in
-// flight wedges a libfabric 1.17 shm endpoint: their responses never come,
-// and from then on the endpoint refuses every WRITE, atomic and send, to
-// any peer and to itself (FI_EAGAIN until OpTimeout); READs still work, and
-// neither RemovePeer nor removing the address from the address vector
-// helps. TestShmDeadPeerWedges pins this down, and the transport logs it
-// the first time shm refuses posts for OpTimeout. shm is for a cluster on
-// one host whose processes do not die (tests, demos): a restart of the
-// survivors is the only cure.
+// libfabric 1.17's shm completes the requests that need a response (an
+// atomic's result, a delivery-complete WRITE, a message over 4 KiB) in the
+// order of the initiating endpoint's response queue, and stops at the first
+// whose response has not come (smr_progress_resp). A peer that dies with
+// such requests in flight never answers them, so the endpoint that posted
+// them refuses every later request that needs a response, to any peer and
+// to itself (FI_EAGAIN for ever; READs still work). Removing the peer's
+// address from the address vector does not help (it unmaps the peer's
+// region while the stuck entries still point into it). So on shm each peer
+// gets an endpoint of its own for the requests this node initiates towards
+// it ("dsm_ofi_<pid>_<node>_<seq>", in the same domain, with an address
+// vector holding only that peer, and its completions on the transport's
+// queue); the transport's own endpoint receives, is the target of the
+// peers' requests and carries the posts to the node itself. When the peer
+// is removed (RemovePeer, AddPeer with another address) or its process is
+// found gone, its endpoint is closed, with whatever the dead peer never
+// answered; requests to every other peer, and to the node itself, go on
+// (TestDeadPeerDoesNotWedge). Once that endpoint is closed and what it
+// completed was read, the slots whose requests it will never complete are
+// free again (nothing can write their C memory any more). One more defect
+// of libfabric 1.17's shm shapes when such an endpoint may close: a target
+// that reads a connection request (an endpoint's first request) after the
+// requesting endpoint closed and its file went away crashes in
+// smr_progress_connreq (it reads the region it failed to map; seen as
+// dsmd crashing at shutdown right after a restart, when every peer's
+// fresh endpoint sent its bye and closed). So a peer's endpoint is closed
+// only once the peer has answered something sent on it (a control reply,
+// an atomic), or the peer's process is gone; otherwise it stays open until
+// the process ends, and its file until a later Listen removes it. An
+// endpoint of a peer
+// in the same process stays open until the transport closes for good
+// (below). Each peer endpoint is an shm region in /dev/shm like the main
+// one (mostly untouched, sparse pages).
 //
 // shm endpoints are named "dsm_ofi_<pid>_<node>_<seq>" and live in
-// /dev/shm while open; Listen removes the files of processes that are gone
-// (the provider leaves them behind when a process dies).
+// /dev/shm while open, beside their doorbells ("<name>.bell"); Listen
+// removes the files of processes that are gone (the provider leaves them
+// behind when a process dies).
 //
 // libfabric 1.17's shm maps each endpoint's region once per process, and an
 // endpoint's progress reads the region header of the peers it knows. When an

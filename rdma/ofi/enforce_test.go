@@ -72,11 +72,14 @@ func TestProviderEnforces(t *testing.T) {
 	}
 }
 
-// TestShmRefusedRequest pins down how shm treats a request its target
-// refuses (it names a registration without the right): the memory is left
-// alone, but shm never completes the request, so it fails with
-// ErrPeerUnreachable after OpTimeout, and closing both endpoints afterwards
-// is safe.
+// TestShmRefusedRequest pins down how shm treats a request that names a
+// registration without the right (a forged descriptor, past the
+// initiator's checks). An atomic goes through the target's progress, which
+// refuses it: the memory is left alone, but shm never completes the
+// request, so it fails with ErrPeerUnreachable after OpTimeout. A WRITE is
+// done by cross-memory attach from the initiator (libfabric 1.17, see the
+// package documentation, "Checks"): nothing at the target checks it, and it
+// lands. Closing both endpoints afterwards is safe.
 func TestShmRefusedRequest(t *testing.T) {
 	a, b := pairCfg(t, Config{Provider: "shm", OpTimeout: 300 * time.Millisecond})
 	mem, err := rdma.Alloc(4096)
@@ -93,10 +96,20 @@ func TestShmRefusedRequest(t *testing.T) {
 	mem[0] = 7
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	w := []rdma.Op{{Kind: rdma.OpWrite, RKey: d.RKey, Offset: 0, Buf: []byte{1, 2, 3, 4, 5, 6, 7, 8}}}
-	err = a.Post(ctx, 2, w)
+	f := []rdma.Op{{Kind: rdma.OpFAA, RKey: d.RKey, Offset: 0, Operand: 1}}
+	err = a.Post(ctx, 2, f)
 	if !errors.Is(err, rdma.ErrPeerUnreachable) || mem[0] != 7 {
-		t.Errorf("refused write: %v, byte %d; want ErrPeerUnreachable and 7", err, mem[0])
+		t.Errorf("refused FAA: %v, byte %d; want ErrPeerUnreachable and 7", err, mem[0])
+	}
+	w := []rdma.Op{{Kind: rdma.OpWrite, RKey: d.RKey, Offset: 64, Buf: []byte{1, 2, 3, 4, 5, 6, 7, 8}}}
+	err = a.Post(ctx, 2, w)
+	switch {
+	case a.fastWrite && a.peers[2].dc == 0:
+		if err != nil || mem[64] != 1 {
+			t.Errorf("WRITE by cross-memory attach: %v, byte %d; want it done (the target checks nothing)", err, mem[64])
+		}
+	case !errors.Is(err, rdma.ErrPeerUnreachable) || mem[64] != 0:
+		t.Errorf("refused delivery-complete WRITE: %v, byte %d; want ErrPeerUnreachable and 0", err, mem[64])
 	}
 	a.Close()
 	b.Close()

@@ -1,4 +1,5 @@
 //go:build ofi
+#define _GNU_SOURCE
 
 #include "fab.h"
 
@@ -9,6 +10,10 @@
 #include <sched.h>
 #include <time.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -45,6 +50,7 @@ int dsm_open(const char *prov, const char *node, const char *service, const char
 		return fail(err, errlen, "calloc", -FI_ENOMEM);
 	}
 	f->next_local_key = 1;
+	f->bell_fd = -1;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->caps = FI_MSG | FI_RMA | FI_ATOMIC;
 	hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -208,6 +214,49 @@ int dsm_mr_reg(dsm_fab *f, void *buf, size_t len, uint64_t access, uint64_t req_
 	return 0;
 }
 
+int dsm_tx_open(dsm_fab *f, const char *name, const void *peer, struct fid_ep **ep,
+	struct fid_av **av, fi_addr_t *dest) {
+	int ret;
+	*ep = NULL;
+	*av = NULL;
+	struct fi_info *info = fi_dupinfo(f->info);
+	if (!info)
+		return -FI_ENOMEM;
+	free(info->src_addr);
+	info->src_addr = strdup(name);
+	info->src_addrlen = strlen(name) + 1;
+	struct fi_av_attr av_attr = {0};
+	av_attr.type = FI_AV_UNSPEC;
+	if ((ret = fi_av_open(f->domain, &av_attr, av, NULL)))
+		goto fail;
+	if ((ret = fi_endpoint(f->domain, info, ep, NULL)))
+		goto fail;
+	if ((ret = fi_ep_bind(*ep, &(*av)->fid, 0)) ||
+	    (ret = fi_ep_bind(*ep, &f->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+	    (ret = fi_enable(*ep)))
+		goto fail;
+	int n = fi_av_insert(*av, peer, 1, dest, 0, NULL);
+	if (n != 1) {
+		ret = n < 0 ? n : -FI_EINVAL;
+		goto fail;
+	}
+	fi_freeinfo(info);
+	return 0;
+fail:
+	dsm_tx_close(*ep, *av);
+	*ep = NULL;
+	*av = NULL;
+	fi_freeinfo(info);
+	return ret;
+}
+
+void dsm_tx_close(struct fid_ep *ep, struct fid_av *av) {
+	if (ep)
+		fi_close(&ep->fid);
+	if (av)
+		fi_close(&av->fid);
+}
+
 int dsm_mr_close(struct fid_mr *mr) { return fi_close(&mr->fid); }
 
 dsm_slot *dsm_slot_new(dsm_fab *f, uint32_t id) {
@@ -277,7 +326,7 @@ int dsm_slot_trim(dsm_fab *f, dsm_slot *s, size_t keep) {
 	return dsm_slot_grow(f, s, keep);
 }
 
-static int post_one(dsm_fab *f, dsm_slot *s, fi_addr_t dest, int i) {
+static int post_one(struct fid_ep *ep, dsm_slot *s, fi_addr_t dest, int i, int dc) {
 	dsm_op *op = &s->ops[i];
 	void *ctx = &s->ctx[i];
 	switch (op->kind) {
@@ -291,8 +340,8 @@ static int post_one(dsm_fab *f, dsm_slot *s, fi_addr_t dest, int i) {
 			.rma_iov = &rma, .rma_iov_count = 1, .context = ctx,
 		};
 		if (op->kind == DSM_OP_READ)
-			return (int)fi_readmsg(f->ep, &m, FI_COMPLETION);
-		return (int)fi_writemsg(f->ep, &m, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+			return (int)fi_readmsg(ep, &m, FI_COMPLETION);
+		return (int)fi_writemsg(ep, &m, FI_COMPLETION | (dc ? FI_DELIVERY_COMPLETE : 0));
 	}
 	case DSM_OP_CAS:
 	case DSM_OP_FAA: {
@@ -307,30 +356,128 @@ static int post_one(dsm_fab *f, dsm_slot *s, fi_addr_t dest, int i) {
 		};
 		if (op->kind == DSM_OP_CAS) {
 			struct fi_ioc cmp = {.addr = &s->cmp[i], .count = 1};
-			return (int)fi_compare_atomicmsg(f->ep, &m, &cmp, &desc, 1, &res, &desc, 1,
+			return (int)fi_compare_atomicmsg(ep, &m, &cmp, &desc, 1, &res, &desc, 1,
 				FI_COMPLETION);
 		}
-		return (int)fi_fetch_atomicmsg(f->ep, &m, &res, &desc, 1, FI_COMPLETION);
+		return (int)fi_fetch_atomicmsg(ep, &m, &res, &desc, 1, FI_COMPLETION);
 	}
 	}
 	return -FI_EINVAL;
 }
 
-int dsm_post(dsm_fab *f, dsm_slot *s, fi_addr_t dest, int from, int to) {
-	int i;
+// Doorbell kinds: a request that asks to be rung back once the target has
+// made progress, and that answer.
+#define BELL_REQ 'R'
+#define BELL_ANS 'A'
+
+int dsm_post(dsm_fab *f, struct fid_ep *ep, dsm_slot *s, fi_addr_t dest, int from, int to,
+	int dc, const dsm_bell *bell) {
+	int i, ret = 0, ring = 0;
 	for (i = from; i < to; i++) {
-		int ret = post_one(f, s, dest, i);
-		if (ret) {
-			s->posted = i - from;
-			return ret;
-		}
+		ret = post_one(ep, s, dest, i, dc);
+		if (ret)
+			break;
+		// A READ, and a WRITE without delivery-complete on shm, are done
+		// by cross-memory attach before they complete and leave the target
+		// only a notice to read whenever it next makes progress.
+		ring |= s->ops[i].kind != DSM_OP_READ && (dc || s->ops[i].kind != DSM_OP_WRITE);
 	}
-	s->posted = to - from;
-	return 0;
+	s->posted = i - from;
+	if (bell->len && (ring || ret == -FI_EAGAIN))
+		dsm_bell_ring(f->bell_fd, bell, BELL_REQ);
+	return ret;
 }
 
-int dsm_send(dsm_fab *f, dsm_slot *s, fi_addr_t dest, size_t len) {
-	return (int)fi_send(f->ep, s->arena, len, s->arena_desc, dest, &s->ctx[0]);
+int dsm_send(dsm_fab *f, struct fid_ep *ep, dsm_slot *s, fi_addr_t dest, size_t len,
+	const dsm_bell *bell) {
+	int ret = (int)fi_send(ep, s->arena, len, s->arena_desc, dest, &s->ctx[0]);
+	if (bell->len && (ret == 0 || ret == -FI_EAGAIN))
+		dsm_bell_ring(f->bell_fd, bell, BELL_REQ);
+	return ret;
+}
+
+int dsm_bell_open(const char *path, dsm_bell *self) {
+	struct sockaddr_un sun = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(sun.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sun.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	unlink(path);
+	socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(path) + 1);
+	if (bind(fd, (struct sockaddr *)&sun, len)) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	memset(self, 0, sizeof(*self));
+	memcpy(self->addr, &sun, len);
+	self->len = (int)len;
+	return fd;
+}
+
+void dsm_bell_close(int fd) { close(fd); }
+
+int dsm_bell_pending(int fd) {
+	char b;
+	return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
+}
+
+// dsm_bell_ring sends one byte to a doorbell without waiting: a full queue
+// means the target has rings to read already, a gone socket a gone target.
+int dsm_bell_ring(int fd, const dsm_bell *to, char kind) {
+	if (fd < 0 || !to->len)
+		return 0;
+	ssize_t n = sendto(fd, &kind, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+		(const struct sockaddr *)to->addr, (socklen_t)to->len);
+	return n == 1 ? 0 : -errno;
+}
+
+#define BELL_BACK_MAX 16
+
+int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max) {
+	int *rings = &f->bell_reqs;
+	dsm_bell back[BELL_BACK_MAX];
+	int nback = 0;
+	*rings = 0;
+	for (;;) {
+		char kind;
+		struct sockaddr_un from;
+		socklen_t len = sizeof(from);
+		ssize_t n = recvfrom(f->bell_fd, &kind, 1, MSG_DONTWAIT, (struct sockaddr *)&from, &len);
+		if (n < 0)
+			break;
+		if (n == 1 && kind == BELL_REQ)
+			(*rings)++;
+		if (n != 1 || kind != BELL_REQ || len <= offsetof(struct sockaddr_un, sun_path))
+			continue;
+		int dup = 0;
+		for (int i = 0; i < nback && !dup; i++)
+			dup = back[i].len == (int)len && !memcmp(back[i].addr, &from, len);
+		if (!dup && nback < BELL_BACK_MAX) {
+			back[nback].len = (int)len;
+			memcpy(back[nback].addr, &from, len);
+			nback++;
+		}
+	}
+	// Reading the queue makes the provider progress: the requests that
+	// were posted before their rings are served now.
+	int n = dsm_poll(f, out, max, 0, 0, DSM_POLL_SLEEP);
+	for (int i = 0; i < nback; i++)
+		dsm_bell_ring(f->bell_fd, &back[i], BELL_ANS);
+	return n;
+}
+
+int dsm_cma_probe(int pid) {
+	char b;
+	struct iovec local = {.iov_base = &b, .iov_len = 1};
+	// An address nobody maps: allowed access fails with EFAULT, a refused
+	// one with EPERM.
+	struct iovec remote = {.iov_base = (void *)8, .iov_len = 1};
+	if (process_vm_readv(pid, &local, 1, &remote, 1, 0) >= 0)
+		return 1;
+	return errno == EFAULT;
 }
 
 int dsm_repost_recv(dsm_fab *f, uint32_t idx) {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <rdma/fabric.h>
+#include <sys/socket.h>
 
 #define DSM_MAX_BATCH 256
 #define DSM_RECV_TAG 0xffffffffu
@@ -75,6 +76,8 @@ typedef struct dsm_fab {
 	struct fid_cq *cq;
 	uint64_t mr_mode;
 	int waitable;     // the CQ has a wait object: fi_cq_sread blocks
+	int bell_fd;      // the doorbell socket, or -1
+	int bell_reqs;    // set by dsm_bell_serve
 	int auto_progress;
 	size_t inject_size;
 	char name[256];
@@ -107,17 +110,55 @@ void dsm_slot_free(dsm_slot *s);
 int dsm_slot_grow(dsm_fab *f, dsm_slot *s, size_t n);
 int dsm_slot_trim(dsm_fab *f, dsm_slot *s, size_t keep);
 
-int dsm_post(dsm_fab *f, dsm_slot *s, fi_addr_t dest, int from, int to);
-int dsm_send(dsm_fab *f, dsm_slot *s, fi_addr_t dest, size_t len);
+// dsm_bell is the doorbell of a peer endpoint on the same host (shm): the
+// address of its Unix datagram socket, empty (len 0) where it has none.
+typedef struct dsm_bell {
+	int len; // of the sockaddr_un in addr; 0: no doorbell
+	char addr[112];
+} dsm_bell;
+
+// dsm_post posts ops[from:to] of the slot to dest. WRITEs carry
+// FI_DELIVERY_COMPLETE when dc is set. When any op needs the target's
+// progress (all but READ), or the provider answered FI_EAGAIN, it rings the
+// target's doorbell, asking to be rung back.
+int dsm_post(dsm_fab *f, struct fid_ep *ep, dsm_slot *s, fi_addr_t dest, int from, int to,
+	int dc, const dsm_bell *bell);
+int dsm_send(dsm_fab *f, struct fid_ep *ep, dsm_slot *s, fi_addr_t dest, size_t len,
+	const dsm_bell *bell);
+
+// dsm_tx_open opens an endpoint of its own (named name, with an address
+// vector of its own holding only peer, its completions on f's queue) for
+// the requests this endpoint initiates towards one shm peer; dest is the
+// peer's address there. See the package documentation, "Dead peers".
+int dsm_tx_open(dsm_fab *f, const char *name, const void *peer, struct fid_ep **ep,
+	struct fid_av **av, fi_addr_t *dest);
+void dsm_tx_close(struct fid_ep *ep, struct fid_av *av);
 int dsm_repost_recv(dsm_fab *f, uint32_t idx);
 // How dsm_poll waits when no completion is ready.
 enum {
 	DSM_POLL_SLEEP = 1, // read, sleep 20 us, read again
 	DSM_POLL_BLOCK = 2, // fi_cq_sread on the CQ's wait object
 	DSM_POLL_SPIN = 3,  // read, sched_yield, read again
+	DSM_POLL_BELL = 4,  // the Go side waits for the doorbell (shm)
 };
 
 int dsm_poll(dsm_fab *f, dsm_cqe *out, int max, int timeout_ms, int spin, int mode);
+
+// The doorbell (see the package documentation, "Progress"): a non-blocking
+// Unix datagram socket bound at path; the Go side waits for it to be
+// readable in the runtime's network poller.
+int dsm_bell_open(const char *path, dsm_bell *self);
+void dsm_bell_close(int fd);
+// dsm_bell_pending reports whether a ring waits to be read.
+int dsm_bell_pending(int fd);
+int dsm_bell_ring(int fd, const dsm_bell *to, char kind);
+// dsm_bell_serve drains the doorbell, reads up to max completions (which
+// makes the provider progress) and then rings back every endpoint that
+// asked; f->bell_reqs is how many requests to be rung back it drained.
+int dsm_bell_serve(dsm_fab *f, dsm_cqe *out, int max);
+// dsm_cma_probe reports whether this process may access pid's memory with
+// process_vm_readv/writev (the shm provider's cross-memory attach).
+int dsm_cma_probe(int pid);
 void dsm_nap(int mode);
 int dsm_wake(dsm_fab *f);
 

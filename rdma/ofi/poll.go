@@ -46,7 +46,12 @@ func (t *Transport) progress() {
 		// it reads without waiting and naps between reads.
 		timeout := 0
 		if block {
-			timeout = 10
+			// 10 ms while requests are in flight (the reaper's period
+			// needs it), 100 ms idle: fewer wake-ups of an idle endpoint.
+			timeout = 100
+			if t.inflight.Load() > 0 {
+				timeout = 10
+			}
 		}
 		t.pollMu.Lock()
 		n := t.pollLocked(timeout, spin)
@@ -65,7 +70,77 @@ func (t *Transport) progress() {
 		if now.Sub(lastReap) > 50*time.Millisecond {
 			lastReap = now
 			t.reap(now)
+			t.checkPeers()
 		}
+	}
+}
+
+// Doorbell poller timings (see the package documentation, "Progress").
+const (
+	// bellIdle is the longest wait for the doorbell with nothing in
+	// flight, bellBusy with requests in flight: the fallback for a ring
+	// that was dropped (a full socket queue) or never sent (an endpoint
+	// that is not of this package).
+	bellIdle = 100 * time.Millisecond
+	bellBusy = time.Millisecond
+)
+
+// progressBell is the poller of a PollDoorbell endpoint: it waits for the
+// doorbell in the runtime's network poller (holding no OS thread), then
+// drains it, reads the queue (which serves the requests of the peers that
+// rang) and rings back those that asked.
+func (t *Transport) progressBell() {
+	defer t.wg.Done()
+	lastReap := time.Now()
+	waited := false
+	// wait is called by the runtime first after it cleared the socket's
+	// readiness, then after each wake-up: a ring that arrived between the
+	// last drain and the clearing is found by the peek.
+	wait := func(fd uintptr) bool {
+		if waited || C.dsm_bell_pending(C.int(fd)) != 0 {
+			return true
+		}
+		waited = true
+		return false
+	}
+	for {
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		t.pollMu.Lock()
+		n := int(C.dsm_bell_serve(t.c, t.cqe, C.int(t.cqeN)))
+		rings := t.c.bell_reqs
+		entries := unsafe.Slice(t.cqe, t.cqeN)
+		for i := 0; i < n; i++ {
+			t.complete(&entries[i])
+		}
+		t.pollMu.Unlock()
+		if n < 0 {
+			t.log.Warn("ofi: completion queue", "err", fabricErr("fi_cq_read", -n, 0))
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		now := time.Now()
+		if now.Sub(lastReap) > 50*time.Millisecond {
+			lastReap = now
+			t.reap(now)
+			t.checkPeers()
+		}
+		if rings > 0 {
+			// Served peers' requests: look once more before waiting,
+			// for the provider's own retries (a command it could not
+			// finish yet) and a request posted meanwhile.
+			continue
+		}
+		d := bellIdle
+		if t.inflight.Load() > 0 {
+			d = bellBusy
+		}
+		t.bell.SetReadDeadline(now.Add(d))
+		waited = false
+		t.bellRaw.Read(wait) // returns when rung, or with the deadline
 	}
 }
 
@@ -83,7 +158,13 @@ func (t *Transport) pollLocked(timeout, spin int) int {
 
 // callerPolls is how many times a caller that waits for its completions
 // reads the queue itself before it parks (see the package documentation).
-const callerPolls = 64
+const callerPolls = 16
+
+// callerSpin bounds how long a caller reads the queue itself before it
+// parks: about the round trip of an atomic on shm (the target's wake-up
+// included), so that the caller usually finds its own completion instead
+// of being woken for it.
+const callerSpin = 100 * time.Microsecond
 
 // pollOnce reads the queue from a caller's goroutine if nobody else does.
 func (t *Transport) pollOnce() bool {
@@ -202,6 +283,9 @@ func (t *Transport) handleFrame(f *frame) {
 			t.log.Debug("ofi: control queue full, dropped query", "from", f.From)
 		}
 	case frameReply:
+		if p != nil {
+			p.txSafe.Store(true) // it read our request, so tx's first
+		}
 		t.qmu.Lock()
 		ch := t.queries[f.ReqID]
 		t.qmu.Unlock()

@@ -196,6 +196,7 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
+	s.owner.Store(p)
 	s.state.Store(slotActive)
 	s.pending.Store(int32(n + 1))
 	posted := 0
@@ -213,9 +214,10 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 			postErr = &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: endpoint closed", rdma.ErrPeerUnreachable)}
 			break
 		}
-		rc := C.dsm_post(t.c, s.c, p.fi, C.int(posted), C.int(n))
+		rc := C.dsm_post(t.c, p.ep, s.c, p.fi, C.int(posted), C.int(n), p.dc, &p.bell)
 		p.leave()
 		posted += int(s.c.posted)
+		t.inflight.Add(int32(s.c.posted))
 		t.life.RUnlock()
 		if rc == 0 {
 			break
@@ -231,9 +233,11 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 	}
 	if finishPost(s, n, posted) {
 		if err := t.await(ctx, s, gen, p.id); err != nil {
+			t.inflight.Add(int32(-posted))
 			return true, err
 		}
 	}
+	t.inflight.Add(int32(-posted))
 	// Every posted request completed; the slot is ours again.
 	t.life.RLock()
 	defer t.life.RUnlock()
@@ -258,6 +262,11 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 		case C.DSM_OP_CAS, C.DSM_OP_FAA:
 			op.Result = uint64(s.c.res[k])
 		}
+	}
+	if first < 0 && s.c.ops[0].kind >= C.DSM_OP_CAS {
+		// The target ran an atomic of ours: it has read the connection
+		// request of our endpoint for it (see closeTx).
+		p.txSafe.Store(true)
 	}
 	// Empty ops of the segment succeeded.
 	for k := i; k < j; k++ {

@@ -2,6 +2,11 @@
 
 package ofi
 
+/*
+#include "fab.h"
+*/
+import "C"
+
 import (
 	"log/slog"
 	"os"
@@ -9,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // shmPrefix starts the name of every shm endpoint this package opens:
@@ -50,6 +56,18 @@ func cleanStaleShm(log *slog.Logger) {
 func processAlive(pid int) bool {
 	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 	return err == nil
+}
+
+// processRuns reports whether process pid exists and has not exited (a
+// zombie, killed and not yet reaped by its parent, has).
+func processRuns(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return !os.IsNotExist(err)
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || (s[i+2] != 'Z' && s[i+2] != 'X')
 }
 
 // removeShm removes this endpoint's own file if the provider left it.
@@ -141,4 +159,46 @@ func shmPeerLife(name []byte) *shmLife {
 		return l
 	}
 	return &shmLife{closed: true}
+}
+
+// bellSuffix ends the name of an endpoint's doorbell socket, which lies
+// beside the endpoint's file in /dev/shm (and is removed with it, or by
+// cleanStaleShm when its process is gone).
+const bellSuffix = ".bell"
+
+// shmPeerOf returns the process id and the doorbell path of the shm
+// endpoint an address names, when it is one of this package's endpoints
+// (0 and "" otherwise).
+func shmPeerOf(name []byte) (pid int, bell string) {
+	s := strings.TrimSuffix(string(name), "\x00")
+	s = strings.TrimPrefix(s, "fi_shm://")
+	rest, ok := strings.CutPrefix(s, shmPrefix)
+	if !ok || strings.ContainsAny(s, "/:") {
+		return 0, ""
+	}
+	pidStr, _, ok := strings.Cut(rest, "_")
+	if !ok {
+		return 0, ""
+	}
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 {
+		return 0, ""
+	}
+	return pid, filepath.Join(shmDir, s+bellSuffix)
+}
+
+// setBell fills a doorbell address with a socket path.
+func setBell(b *C.dsm_bell, path string) {
+	// struct sockaddr_un: the family (AF_UNIX, host order), then the path
+	// and its terminating zero.
+	const famLen = 2
+	if famLen+len(path)+1 > len(b.addr) {
+		return
+	}
+	*b = C.dsm_bell{}
+	*(*uint16)(unsafe.Pointer(&b.addr[0])) = C.AF_UNIX
+	for i := 0; i < len(path); i++ {
+		b.addr[famLen+i] = C.char(path[i])
+	}
+	b.len = C.int(famLen + len(path) + 1)
 }

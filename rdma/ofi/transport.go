@@ -20,10 +20,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -62,8 +64,8 @@ type PollMode uint8
 const (
 	// PollAuto blocks where the provider offers a wait object that wakes
 	// for incoming traffic (sockets, which also makes progress on its own,
-	// and the rxm providers, whose wait object holds their sockets) and
-	// sleeps otherwise (shm).
+	// and the rxm providers, whose wait object holds their sockets), waits
+	// for the doorbell on shm (PollDoorbell) and sleeps otherwise.
 	PollAuto PollMode = iota
 	// PollSleep reads the queue every 20 µs: little CPU, and the latency
 	// of a request grows by up to one period at each side that must poll.
@@ -75,6 +77,11 @@ const (
 	// PollSpin reads the queue continuously, yielding the CPU between
 	// reads: the lowest latency, for a core per endpoint.
 	PollSpin
+	// PollDoorbell (shm only; its default) waits for the endpoint's
+	// doorbell, which every peer of this package rings when it posts a
+	// request that needs this endpoint's progress, and rings back the
+	// initiators once served (see the package documentation, "Progress").
+	PollDoorbell
 )
 
 // DefaultOpTimeout is the OpTimeout of a zero Config.
@@ -110,6 +117,10 @@ type slot struct {
 	state   atomic.Int32
 	gen     atomic.Uint64 // bumped at each acquisition; guards kicks
 	peer    atomic.Uint32
+	// owner is the peer whose endpoint the slot's requests were posted on
+	// (nil while idle): closeTx reclaims the slots that a retired endpoint
+	// will never complete.
+	owner   atomic.Pointer[peer]
 	start   atomic.Int64 // unix nanos when the current segment was posted
 	kickGen atomic.Uint64
 	kickWhy atomic.Int32
@@ -137,6 +148,19 @@ type Transport struct {
 	timeout  time.Duration
 	shmName  string
 	pollMode C.int
+	// bell is the doorbell of a PollDoorbell endpoint (nil otherwise): a
+	// Unix datagram socket beside the shm endpoint's file, read through
+	// the runtime's network poller.
+	bell     *os.File
+	bellRaw  syscall.RawConn
+	bellPath string
+	selfBell C.dsm_bell
+	// inflight counts the requests posted and not yet completed or given
+	// up on: the doorbell poller waits for less long while some are.
+	inflight atomic.Int32
+	// fastWrite: WRITEs to shm peers that cross-memory attach reaches go
+	// without FI_DELIVERY_COMPLETE (see the package documentation).
+	fastWrite bool
 	// callerPoll lets callers read the completion queue while they wait.
 	callerPoll bool
 	cqe        *C.dsm_cqe
@@ -167,6 +191,8 @@ type Transport struct {
 
 	peerMu sync.RWMutex
 	peers  map[ids.NodeID]*peer
+	// txPeers are the peers with an endpoint of their own (shm).
+	txPeers []*peer
 
 	regMu sync.Mutex
 	regs  map[uint64]*registration
@@ -197,6 +223,31 @@ type peer struct {
 	// shm is the liveness of the peer when it is an shm endpoint of this
 	// process (nil otherwise): calls that reach it hold shm.mu shared.
 	shm *shmLife
+	// bell is the peer's doorbell (len 0: none); dc is 1 when WRITEs to it
+	// need FI_DELIVERY_COMPLETE. Both are set before the peer is published.
+	bell C.dsm_bell
+	dc   C.int
+	// ep is the endpoint this node's requests to the peer leave from: the
+	// transport's own, or on shm one of the peer's own (tx, with its
+	// address vector txAV), so that a peer that dies with requests in
+	// flight wedges only that one (see the package documentation).
+	// Calls into the provider on ep hold txMu shared; retireTx closes tx
+	// under it exclusively and sets txClosed.
+	ep       *C.struct_fid_ep
+	tx       *C.struct_fid_ep
+	txAV     *C.struct_fid_av
+	txMu     sync.RWMutex
+	txClosed bool
+	// txRetired is set once tx is closed and what it completed was read:
+	// its abandoned slots can be reused.
+	txRetired atomic.Bool
+	// txSafe is set once the peer answered a request sent on tx, so it has
+	// read tx's connection request (see closeTx).
+	txSafe atomic.Bool
+	// pid is the process of an shm peer of this package (0: unknown);
+	// dead is set once that process is gone.
+	pid  int
+	dead atomic.Bool
 
 	mu    sync.RWMutex
 	descs map[uint64]remoteDesc
@@ -304,15 +355,29 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		t.pollMode = C.DSM_POLL_BLOCK
 	case PollSpin:
 		t.pollMode = C.DSM_POLL_SPIN
+	case PollDoorbell:
+		t.pollMode = C.DSM_POLL_BELL
 	default:
 		t.pollMode = C.DSM_POLL_SLEEP
 		if t.c.waitable != 0 && (t.c.auto_progress != 0 || strings.HasSuffix(t.prov, ";ofi_rxm")) {
 			t.pollMode = C.DSM_POLL_BLOCK
 		}
 	}
+	if cfg.Poll == PollAuto && isShm(t.prov) {
+		t.pollMode = C.DSM_POLL_BELL
+	}
 	if t.pollMode == C.DSM_POLL_BLOCK && t.c.waitable == 0 {
 		t.pollMode = C.DSM_POLL_SLEEP
 	}
+	if t.pollMode == C.DSM_POLL_BELL {
+		if !isShm(t.prov) {
+			t.pollMode = C.DSM_POLL_SLEEP
+		} else if err := t.openBell(); err != nil {
+			t.log.Warn("ofi: no doorbell, sleeping between reads instead", "err", err)
+			t.pollMode = C.DSM_POLL_SLEEP
+		}
+	}
+	t.fastWrite = isShm(t.prov) && t.shmFastWrite()
 	// Callers read the queue themselves while they wait on shm (see the
 	// package documentation); in blocking mode the poller holds it anyway.
 	t.callerPoll = isShm(t.prov) && t.pollMode != C.DSM_POLL_BLOCK
@@ -337,7 +402,11 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 	// The endpoint reaches itself through the fabric, so that posts to the
 	// local node take the same path (and the same atomicity domain) as
 	// remote ones.
-	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
+	self := &peer{id: id, addr: t.addr, self: true, descs: map[uint64]remoteDesc{}, removed: make(chan struct{}), bell: t.selfBell, dc: 1}
+	if t.fastWrite {
+		self.dc = 0 // cross-memory attach always reaches the own process
+	}
+	self.ep = t.c.ep
 	rc = C.dsm_av_insert(t.c, unsafe.Pointer(&t.c.name[0]), &self.fi)
 	if rc != 0 {
 		t.freeC()
@@ -348,10 +417,66 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		"mr_mode", uint64(t.c.mr_mode), "waitable", t.c.waitable != 0, "auto_progress", t.c.auto_progress != 0)
 
 	t.wg.Add(3)
-	go t.progress()
+	if t.bell != nil {
+		go t.progressBell()
+	} else {
+		go t.progress()
+	}
 	go t.control()
 	go t.dispatch()
 	return t, nil
+}
+
+// openBell opens the endpoint's doorbell beside its shm file.
+func (t *Transport) openBell() error {
+	path := filepath.Join(shmDir, t.shmName+bellSuffix)
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	fd := C.dsm_bell_open(cpath, &t.selfBell)
+	if fd < 0 {
+		return fmt.Errorf("doorbell %s: %w", path, syscall.Errno(-fd))
+	}
+	// The socket is non-blocking, so os.NewFile hands it to the runtime's
+	// network poller, and the poller goroutine waits there without an
+	// OS thread.
+	f := os.NewFile(uintptr(fd), path)
+	raw, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	t.c.bell_fd = fd
+	t.bell, t.bellRaw, t.bellPath = f, raw, path
+	return nil
+}
+
+// closeBell closes the doorbell; the poller must have stopped.
+func (t *Transport) closeBell() {
+	if t.bell == nil {
+		return
+	}
+	t.c.bell_fd = -1
+	t.bell.Close()
+	os.Remove(t.bellPath)
+}
+
+// shmFastWrite reports whether WRITEs to shm peers that cross-memory
+// attach reaches may go without FI_DELIVERY_COMPLETE: true for the shm
+// provider of libfabric 1.17, whose WRITE then copies the payload into the
+// target's memory with process_vm_writev before it completes (smr_rma_fast)
+// unless FI_SHM_DISABLE_CMA turns cross-memory attach off. Other versions
+// keep delivery-complete writes.
+func (t *Transport) shmFastWrite() bool {
+	v := uint32(t.c.info.fabric_attr.prov_version)
+	if v>>16 != 117 {
+		return false
+	}
+	switch strings.ToLower(os.Getenv("FI_SHM_DISABLE_CMA")) {
+	case "", "0", "no", "false", "off":
+		return true
+	}
+	return false
 }
 
 // freeC releases the C side of a transport whose goroutines are stopped.
@@ -394,6 +519,7 @@ func (t *Transport) closeMRs() {
 
 // closeC closes the endpoint and frees its C memory.
 func (t *Transport) closeC() {
+	t.closeTxs()
 	C.dsm_close_ep(t.c)
 	t.closeMRs()
 	for _, s := range t.slots {
@@ -511,35 +637,160 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 	} else if len(name) != t.namelen {
 		return fmt.Errorf("%w: %d-byte endpoint name, want %d", ErrBadAddr, len(name), t.namelen)
 	}
-	t.peerMu.Lock()
-	defer t.peerMu.Unlock()
-	if old := t.peers[id]; old != nil {
-		if old.addr == addr && !old.down.Load() {
-			return nil
-		}
-		old.markGone()
-		t.kickPeer(id, kickPeerGone)
+	t.peerMu.RLock()
+	old := t.peers[id]
+	t.peerMu.RUnlock()
+	if old != nil && old.addr == addr && !old.down.Load() {
+		return nil
 	}
 	// Copy the name into a zeroed C buffer of the largest name size, so the
 	// provider never reads past it whatever its address format.
 	cname := (*[maxNameLen + 1]byte)(C.calloc(maxNameLen+1, 1))
 	defer C.free(unsafe.Pointer(cname))
 	copy(cname[:], name)
-	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}, removed: make(chan struct{})}
+	p := &peer{id: id, addr: addr, descs: map[uint64]remoteDesc{}, removed: make(chan struct{}), dc: 1}
 	if isShm(t.prov) {
 		p.shm = shmPeerLife(name)
+		pid, peerBell := shmPeerOf(name)
+		if t.bell != nil && peerBell != "" {
+			setBell(&p.bell, peerBell)
+		}
+		if t.fastWrite && pid > 0 && C.dsm_cma_probe(C.int(pid)) == 1 {
+			p.dc = 0
+		}
+		if pid != os.Getpid() {
+			p.pid = pid
+		}
+		if err := t.openTx(p, unsafe.Pointer(cname)); err != nil {
+			return err
+		}
 	}
+	t.peerMu.Lock()
+	old = t.peers[id]
+	if old != nil && old.addr == addr && !old.down.Load() {
+		t.peerMu.Unlock()
+		t.closeTx(p) // another AddPeer of the same address won
+		return nil
+	}
+	if old != nil {
+		old.markGone()
+		t.kickPeer(id, kickPeerGone)
+	}
+	t.life.RLock()
+	if t.closed {
+		t.life.RUnlock()
+		t.peerMu.Unlock()
+		return rdma.ErrClosed
+	}
+	if p.tx == nil {
+		p.ep = t.c.ep
+		if rc := C.dsm_av_insert(t.c, unsafe.Pointer(cname), &p.fi); rc != 0 {
+			t.life.RUnlock()
+			t.peerMu.Unlock()
+			return fmt.Errorf("ofi: add peer %v: %w", id, fabricErr("fi_av_insert", int(-rc), 0))
+		}
+	} else {
+		t.txPeers = append(t.txPeers, p)
+	}
+	t.life.RUnlock()
+	t.peers[id] = p
+	t.peerMu.Unlock()
+	if old != nil {
+		t.retireTx(old)
+	}
+	return nil
+}
+
+// openTx opens the peer's own endpoint (shm). The poller must not read the
+// queue meanwhile: the provider's progress would visit the endpoint before
+// it is enabled.
+func (t *Transport) openTx(p *peer, cname unsafe.Pointer) error {
+	t.pollMu.Lock()
+	defer t.pollMu.Unlock()
 	t.life.RLock()
 	defer t.life.RUnlock()
 	if t.closed {
 		return rdma.ErrClosed
 	}
-	rc := C.dsm_av_insert(t.c, unsafe.Pointer(cname), &p.fi)
-	if rc != 0 {
-		return fmt.Errorf("ofi: add peer %v: %w", id, fabricErr("fi_av_insert", int(-rc), 0))
+	name := C.CString(fmt.Sprintf("%s%d_%d_%d", shmPrefix, os.Getpid(), t.id, seq.Add(1)))
+	defer C.free(unsafe.Pointer(name))
+	if rc := C.dsm_tx_open(t.c, name, cname, &p.tx, &p.txAV, &p.fi); rc != 0 {
+		return fmt.Errorf("ofi: add peer %v: %w", p.id, fabricErr("open an endpoint for the peer", int(-rc), 0))
 	}
-	t.peers[id] = p
+	p.ep = p.tx
 	return nil
+}
+
+// closeTx closes the peer's own endpoint once, with the poller held off.
+//
+// libfabric 1.17's shm crashes a target that reads a connection request
+// (the first request of an endpoint) after the requesting endpoint closed:
+// smr_progress_connreq maps the requester's region by name and reads it
+// without checking that the mapping succeeded. So an endpoint is closed
+// only once the peer is known to have read its first request (txSafe: an
+// answer came back), the peer's process is gone, or the peer is in this
+// process (whose endpoints all close together); otherwise it is left open,
+// its file in /dev/shm until the process ends (cleanStaleShm removes it).
+func (t *Transport) closeTx(p *peer) {
+	p.txMu.Lock()
+	defer p.txMu.Unlock()
+	if p.tx == nil || p.txClosed {
+		return
+	}
+	if p.shm == nil && !p.dead.Load() && !p.txSafe.Load() {
+		t.log.Debug("ofi: left the endpoint of a removed peer open: its first request may be unread", "peer", p.id)
+		return
+	}
+	p.txClosed = true
+	t.pollMu.Lock()
+	defer t.pollMu.Unlock()
+	C.dsm_tx_close(p.tx, p.txAV)
+	t.reclaim(p)
+}
+
+// reclaim frees the slots whose requests went out on p's endpoint, which
+// closeTx has just closed: what that endpoint completed before it closed
+// is read from the queue first; what it did not will never complete, and
+// nothing writes those slots' C memory any more (their results would have
+// come through the closed endpoint). The caller holds pollMu.
+func (t *Transport) reclaim(p *peer) {
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.closed {
+		return
+	}
+	for t.pollLocked(0, 0) > 0 {
+	}
+	p.txRetired.Store(true)
+	for _, s := range t.slots {
+		if s.owner.Load() == p {
+			t.reclaimSlot(s)
+		}
+	}
+}
+
+// reclaimSlot frees an abandoned slot whose endpoint was retired. The
+// caller holds pollMu, so no completion is being handled meanwhile.
+func (t *Transport) reclaimSlot(s *slot) {
+	if s.state.Load() == slotAbandoned && s.pending.Load() > 0 {
+		s.pending.Store(0)
+		t.release(s)
+	}
+}
+
+// abandoned is called by a waiter that has just abandoned its slot: if the
+// endpoint the slot's requests went out on was retired meanwhile (reclaim
+// ran before the slot was abandoned), the slot is freed here.
+func (t *Transport) abandoned(s *slot) {
+	p := s.owner.Load()
+	if p == nil || !p.txRetired.Load() {
+		return
+	}
+	t.pollMu.Lock()
+	defer t.pollMu.Unlock()
+	if s.owner.Load() == p {
+		t.reclaimSlot(s)
+	}
 }
 
 // RemovePeer implements rdma.Transport. The fabric address stays in the
@@ -550,12 +801,64 @@ func (t *Transport) RemovePeer(id ids.NodeID) {
 		return
 	}
 	t.peerMu.Lock()
-	if p := t.peers[id]; p != nil {
+	p := t.peers[id]
+	if p != nil {
 		p.markGone()
 	}
 	delete(t.peers, id)
 	t.peerMu.Unlock()
 	t.kickPeer(id, kickPeerGone)
+	if p != nil {
+		t.retireTx(p)
+	}
+}
+
+// retireTx closes the endpoint of a peer that was removed, replaced or
+// found dead, after the requests pending on it were kicked: whatever the
+// peer never answered stays in that endpoint, which is gone. The endpoint
+// of a peer in this process stays open until the transport closes for
+// good (see shmPark).
+func (t *Transport) retireTx(p *peer) {
+	if p.shm == nil {
+		t.closeTx(p)
+	}
+}
+
+// closeTxs closes the peers' own endpoints; the transport is closing.
+func (t *Transport) closeTxs() {
+	t.peerMu.Lock()
+	ps := t.txPeers
+	t.txPeers = nil
+	t.peerMu.Unlock()
+	for _, p := range ps {
+		t.closeTx(p)
+	}
+}
+
+// checkPeers notices shm peers whose process is gone (its pid no longer
+// exists): their pending requests fail at once, later ones before anything
+// is posted, and their endpoint is retired. The node layer's RemovePeer
+// does the same on the directory's word.
+func (t *Transport) checkPeers() {
+	if t.shmName == "" {
+		return
+	}
+	t.peerMu.RLock()
+	var gone []*peer
+	for _, p := range t.peers {
+		if p.pid > 0 && !p.dead.Load() && !processRuns(p.pid) {
+			gone = append(gone, p)
+		}
+	}
+	t.peerMu.RUnlock()
+	for _, p := range gone {
+		if p.dead.Swap(true) {
+			continue
+		}
+		t.log.Info("ofi: shm peer's process is gone", "peer", p.id, "pid", p.pid)
+		t.kickPeer(p.id, kickPeerGone)
+		t.retireTx(p)
+	}
 }
 
 // markGone records that the peer was removed or replaced.
@@ -568,18 +871,23 @@ func (p *peer) markGone() {
 // enter and leave bracket a call into the provider that reaches p; enter
 // reports false when p is a closed shm endpoint of this process.
 func (p *peer) enter() bool {
-	if p.shm == nil {
-		return true
+	if p.shm != nil {
+		p.shm.mu.RLock()
+		if p.shm.closed {
+			p.shm.mu.RUnlock()
+			return false
+		}
 	}
-	p.shm.mu.RLock()
-	if p.shm.closed {
-		p.shm.mu.RUnlock()
+	p.txMu.RLock()
+	if p.txClosed {
+		p.leave()
 		return false
 	}
 	return true
 }
 
 func (p *peer) leave() {
+	p.txMu.RUnlock()
 	if p.shm != nil {
 		p.shm.mu.RUnlock()
 	}
@@ -597,6 +905,9 @@ func (t *Transport) lookup(id ids.NodeID) (*peer, error) {
 	}
 	if err := p.incarnationErr(); err != nil {
 		return nil, err
+	}
+	if p.dead.Load() {
+		return nil, &rdma.PeerError{Peer: id, Err: fmt.Errorf("%w: its process (pid %d) is gone", rdma.ErrPeerUnreachable, p.pid)}
 	}
 	if p.down.Load() {
 		return nil, &rdma.PeerError{Peer: id, Err: fmt.Errorf("%w: it closed its endpoint", rdma.ErrPeerUnreachable)}
@@ -627,7 +938,14 @@ func (t *Transport) Close() error {
 			t.kickSlot(s, s.gen.Load(), kickClosed)
 		}
 		close(t.stop)
+		if t.pollMode == C.DSM_POLL_BLOCK {
+			C.dsm_wake(t.c) // out of fi_cq_sread
+		}
+		if t.bell != nil {
+			C.dsm_bell_ring(t.c.bell_fd, &t.selfBell, 'A') // wake the poller
+		}
 		t.wg.Wait()
+		t.closeBell()
 		t.freeC()
 	})
 	return nil
@@ -696,6 +1014,7 @@ func (t *Transport) acquire(ctx context.Context, peer ids.NodeID) (*slot, uint64
 }
 
 func (t *Transport) release(s *slot) {
+	s.owner.Store(nil)
 	s.state.Store(slotIdle)
 	t.free <- s
 }
@@ -730,11 +1049,20 @@ func (t *Transport) kickPeer(id ids.NodeID, why int32) {
 // caller must not touch the slot again.
 func (t *Transport) await(ctx context.Context, s *slot, gen uint64, peer ids.NodeID) error {
 	if t.callerPoll {
-		for i := 0; i < callerPolls; i++ {
+		var until time.Time
+		for i := 0; ; i++ {
 			select {
 			case <-s.done:
 				return nil
 			default:
+			}
+			if i%callerPolls == 0 {
+				now := time.Now()
+				if i == 0 {
+					until = now.Add(callerSpin)
+				} else if now.After(until) {
+					break
+				}
 			}
 			if !t.pollOnce() {
 				runtime.Gosched()
@@ -764,6 +1092,7 @@ func (t *Transport) await(ctx context.Context, s *slot, gen uint64, peer ids.Nod
 			why = ctx.Err()
 		}
 		if s.state.CompareAndSwap(slotActive, slotAbandoned) {
+			t.abandoned(s)
 			return why
 		}
 		<-s.done
@@ -815,6 +1144,7 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
+	s.owner.Store(p)
 	s.state.Store(slotActive)
 	s.pending.Store(2)
 	posted := 0
@@ -832,7 +1162,11 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 			postErr = &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: endpoint closed", rdma.ErrPeerUnreachable)}
 			break
 		}
-		rc := C.dsm_send(t.c, s.c, p.fi, C.size_t(n))
+		t.inflight.Add(1)
+		rc := C.dsm_send(t.c, p.ep, s.c, p.fi, C.size_t(n), &p.bell)
+		if rc != 0 {
+			t.inflight.Add(-1)
+		}
 		p.leave()
 		t.life.RUnlock()
 		if rc == 0 {
@@ -850,9 +1184,11 @@ func (t *Transport) send(ctx context.Context, p *peer, hdr []byte, user []byte) 
 	}
 	if finishPost(s, 1, posted) {
 		if err := t.await(ctx, s, gen, p.id); err != nil {
+			t.inflight.Add(int32(-posted))
 			return err
 		}
 	}
+	t.inflight.Add(int32(-posted))
 	code, prov := s.errs[0], s.prov[0]
 	t.release(s)
 	if postErr != nil {
@@ -876,13 +1212,13 @@ func (t *Transport) backoff(ctx context.Context, p *peer, since int64, wait *tim
 	if t.closing.Load() {
 		return rdma.ErrClosed
 	}
-	if p.down.Load() || p.gone.Load() {
-		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or closed", rdma.ErrPeerUnreachable)}
+	if p.down.Load() || p.gone.Load() || p.dead.Load() {
+		return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed, closed or gone", rdma.ErrPeerUnreachable)}
 	}
 	if time.Now().UnixNano()-since > int64(t.timeout) {
 		if isShm(t.prov) {
 			t.wedged.Do(func() {
-				t.log.Error("ofi: the shm provider has refused posts for OpTimeout; the likely cause: a peer process died with writes, atomics or messages to it in flight, which leaves a libfabric 1.17 shm endpoint unable to post them ever again (READs still work): restart this process (docs/operations.md, Running on an RDMA fabric)",
+				t.log.Error("ofi: the shm provider has refused posts to a peer for OpTimeout; the likely cause: the peer's process died or hangs with atomics or messages to it in flight, which leaves the endpoint for that peer unable to post them again; RemovePeer (the directory's failure verdict) retires it (docs/operations.md, Running on an RDMA fabric)",
 					"peer", p.id)
 			})
 		}
