@@ -49,14 +49,15 @@ test: ## unit and integration tests with the race detector, the full CI share of
 
 # The share of the real-cluster tests (tests/) that test-ofi runs on dsmd
 # --transport ofi, per provider: cross-node coherence, atomics, the mutex and
-# the porcupine history on both; a kill and restart of a dsmd on tcp;ofi_rxm
-# (libfabric 1.17's shm does not survive a peer's death with requests in
-# flight: docs/operations.md); the refusal of a mixed cluster on shm.
+# the porcupine history on both; a kill and restart of a dsmd on both (on
+# shm, each peer has an endpoint of its own, closed when its process is
+# gone: rdma/ofi TestDeadPeerDoesNotWedge); the refusal of a mixed cluster
+# on shm.
 # (-run applies the part after the slash to subtests: only TestCoherentMemory
 # has any.)
 OFI_CLUSTER_SUB  := /^(BytesAcrossNodes|AddFromAllNodes|MutexIncrement|Linearizable)$$
 OFI_CLUSTER_RXM  := ^(TestCoherentMemory|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
-OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport)$$$(OFI_CLUSTER_SUB)
+OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
 
 test-ofi: ## the ofi backend's tests, and a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev)
 ifeq ($(HAVE_OFI),yes)

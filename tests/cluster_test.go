@@ -51,18 +51,6 @@ func transportArgs() []string {
 	return args
 }
 
-// skipOnShmWithDeaths skips, on the ofi shm provider, a test that kills a
-// dsmd while requests to it may be in flight: libfabric 1.17's shm never
-// completes them, which leaves every survivor's endpoint unable to post
-// writes, atomics and messages again (rdma/ofi TestShmDeadPeerWedges;
-// docs/operations.md, Running on an RDMA fabric).
-func skipOnShmWithDeaths(t testing.TB) {
-	t.Helper()
-	if testTransport == "ofi" && testOFIProvider == "shm" {
-		t.Skip("kills a dsmd with requests in flight, which wedges libfabric 1.17's shm endpoints of the survivors (rdma/ofi TestShmDeadPeerWedges)")
-	}
-}
-
 // needsTCP skips a test that depends on the tcp transport (TLS on the
 // verbs connections, its addresses) when the suite runs on another.
 func needsTCP(t testing.TB) {

@@ -57,7 +57,6 @@ func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint3
 // when it restarts, the shards it was home of move to their backups, which
 // serve the data written back before the kill, on every node.
 func TestHomeFailureIsLoud(t *testing.T) {
-	skipOnShmWithDeaths(t)
 	const region = "fo"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(home uint32) string { return strconv.FormatUint(homes[home]*4096, 10) }

@@ -28,7 +28,6 @@ func TestPartitionLease(t *testing.T) {
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("needs nft (CI installs nftables)")
 	}
-	skipOnShmWithDeaths(t)
 	const region = "part"
 	c, homes := threeNodesWithRegion(t, region)
 	off := strconv.FormatUint(homes[1]*4096, 10)
