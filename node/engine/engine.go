@@ -145,6 +145,9 @@ type Engine struct {
 
 	startOnce sync.Once
 	closeOnce sync.Once
+	// memMu: Populated reads the home memory under it (read), and Close
+	// frees it under it (write).
+	memMu sync.RWMutex
 
 	// Nodes set down (SetDown), and the loop's wake-up when they change.
 	availMu sync.Mutex
@@ -372,7 +375,9 @@ func (e *Engine) Close() error {
 		e.cancel()
 		e.wg.Wait()
 		if e.reg != nil {
+			e.memMu.Lock()
 			err = errors.Join(e.reg.Deregister(), rdma.Free(e.mem))
+			e.memMu.Unlock()
 		}
 	})
 	return err
@@ -464,6 +469,13 @@ func (e *Engine) Fill(pages []ids.PageNo, to ids.NodeID) {
 // to a zero word). A page left out was never written here, which is what
 // coherence.Fill asks of the pages a fill leaves out.
 func (e *Engine) Populated(first, end ids.PageNo) []ids.PageNo {
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	select {
+	case <-e.stop:
+		return nil // closed: the memory is gone
+	default:
+	}
 	end = min(end, ids.PageNo(e.cfg.NumPages))
 	var out []ids.PageNo
 	for p := first; p < end; p++ {
