@@ -885,7 +885,11 @@ func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
 		case coherence.VerbWrite:
 			op.Kind = rdma.OpWrite
 			op.Buf = v.Data
-			if d := e.wb[v.Page]; d != nil && v.Span == coherence.SpanPage {
+			// A write-back carries what the cache gave up (wb), newer
+			// than the state machine's copy; the home's copy that a
+			// fill or a refresh of the backups writes is sent as it is
+			// (wb is this node's client side's, possibly older).
+			if d := e.wb[v.Page]; d != nil && v.Span == coherence.SpanPage && !v.HomeCopy {
 				op.Buf = d
 			}
 		case coherence.VerbCAS:
