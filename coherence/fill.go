@@ -223,7 +223,7 @@ func (n *Node) driveFill(h *homeDuty) bool {
 	n.nextID++
 	id := n.nextID
 	verbs := []Verb{
-		{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.fillData)},
+		{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.fillData), HomeCopy: true},
 		{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
 	}
 	n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: f.to, epoch: n.epoch}

@@ -483,7 +483,7 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		n.nextID++
 		id := n.nextID
 		verbs := []Verb{
-			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData)},
+			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData), HomeCopy: true},
 			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
 		}
 		n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: b, epoch: n.epoch}

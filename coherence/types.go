@@ -103,6 +103,11 @@ type Verb struct {
 	// what the application stored. The state machine never reads the
 	// bytes back.
 	Data []byte
+	// HomeCopy: Data is the home's copy of the page, read from its slot
+	// (a fill of a backup, or the refresh of the backups before a repair
+	// or a rebuild), not this node's write-back: the executor posts it as
+	// it is, whatever the application holds of the page.
+	HomeCopy bool
 }
 
 func (v Verb) String() string {

@@ -19,6 +19,7 @@ const (
 	cmdSetMemberState
 	cmdSetRegionAccess
 	cmdSetDraining
+	cmdFilled
 )
 
 // commandVersion is the first byte of every encoded command.
@@ -50,6 +51,10 @@ type command struct {
 	// Nonce, if not 0, names the incarnation the new state is for: the
 	// command changes nothing if another incarnation holds the node id.
 	Nonce uint64 `json:"nonce,omitempty"`
+	// cmdFilled (with ID and Nonce: the incarnation filled)
+	Region ids.RegionID `json:"region,omitempty"`
+	Since  ids.Epoch    `json:"since,omitempty"`
+	Shards []ShardRange `json:"shards,omitempty"`
 }
 
 func encodeCommand(c command) []byte {
@@ -122,8 +127,18 @@ func decodeCommand(b []byte) (command, error) {
 		if c.ID == ids.None || c.Nonce == 0 {
 			return command{}, fmt.Errorf("%w: draining needs an id and a nonce", ErrInvalidMember)
 		}
+	case cmdFilled:
+		if c.ID == ids.None || c.Nonce == 0 || c.Region == 0 {
+			return command{}, fmt.Errorf("%w: a fill record needs a region, an id and a nonce", ErrBadCommand)
+		}
+		if err := validShardRanges(c.Shards, 0); err != nil {
+			return command{}, err
+		}
 	default:
 		return command{}, fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)
+	}
+	if c.Type != cmdFilled && (c.Region != 0 || c.Since != 0 || c.Shards != nil) {
+		return command{}, fmt.Errorf("%w: fill fields in a command of type %d", ErrBadCommand, c.Type)
 	}
 	return c, nil
 }

@@ -420,6 +420,20 @@ func (d *Directory) SetDraining(ctx context.Context) error {
 	return res.Err
 }
 
+// RecordFilled records that incarnation nonce of node holds a complete
+// copy of region's shards in shards (sorted, apart): the shards' home
+// filled it as a backup in the views from epoch since on. It is refused
+// (ErrStaleIncarnation, ErrInvalidMember) when that incarnation is no
+// longer the node's, is not alive, or was declared failed after since:
+// its copy may have missed releases. Retrying a record is harmless.
+func (d *Directory) RecordFilled(ctx context.Context, region ids.RegionID, node ids.NodeID, nonce uint64, since ids.Epoch, shards []ShardRange) error {
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdFilled, Region: region, ID: node, Nonce: nonce, Since: since, Shards: shards}))
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
 // LinearizableView returns a view that includes every change committed
 // before the call: the leader confirms its leadership with a barrier and a
 // heartbeat round, and this replica waits until it has applied as much.

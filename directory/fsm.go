@@ -169,6 +169,8 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		old.Epoch = next.Epoch
 		next.setMember(old)
 		return &next, applyResult{changed: true}
+	case cmdFilled:
+		return applyFilled(v, c)
 	case cmdSetMemberState:
 		old, ok := v.Member(c.ID)
 		if !ok || old.State == c.State {
@@ -190,6 +192,48 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		return &next, applyResult{changed: true}
 	}
 	return &next, applyResult{Err: fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)}
+}
+
+// applyFilled applies cmdFilled: a completeness record for the current
+// incarnation of c.ID, if it is that of c.Nonce, alive, and not declared
+// failed after c.Since (it may have missed releases since). It does not
+// move the epoch: it changes no member set, and the data plane counts it
+// only for departures after it (node/placement.go).
+func applyFilled(v *View, c command) (*View, applyResult) {
+	next := *v
+	i, ok := v.byID[c.Region]
+	if !ok {
+		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoRegion, c.Region)}
+	}
+	r := v.regions[i]
+	m, ok := v.Member(c.ID)
+	switch {
+	case !ok:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoMember, c.ID)}
+	case m.Nonce != c.Nonce:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v filled as nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.Nonce, m.Nonce)}
+	case m.State != StateAlive || m.Proto == ids.None:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v is %v", ErrInvalidMember, c.ID, m.State)}
+	case m.Failures > 0 && m.LastFailedAt > c.Since:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v was declared failed in epoch %v, after the fills began (%v)", ErrInvalidMember, c.ID, m.LastFailedAt, c.Since)}
+	case c.Since > v.Epoch || c.Since < r.Epoch:
+		return &next, applyResult{Err: fmt.Errorf("%w: fills began in epoch %v, outside [%v, %v]", ErrBadCommand, c.Since, r.Epoch, v.Epoch)}
+	}
+	if err := validShardRanges(c.Shards, r.Shards()); err != nil {
+		return &next, applyResult{Err: err}
+	}
+	rec := FillRecord{Node: m.ID, Incarnation: m.Incarnation, Proto: m.Proto, Since: c.Since, At: v.Epoch,
+		Shards: slices.Clone(c.Shards)}
+	for _, f := range r.Filled {
+		if f.Proto == rec.Proto && f.Since == rec.Since && f.At == rec.At && slices.Equal(f.Shards, rec.Shards) {
+			return &next, applyResult{Region: r} // a retry
+		}
+	}
+	r.Filled = append(slices.Clone(r.Filled), rec)
+	rs := slices.Clone(v.regions)
+	rs[i] = r
+	next.setRegions(rs)
+	return &next, applyResult{Region: r, changed: true}
 }
 
 // noteFailure records a failure verdict on m in epoch e.
@@ -222,6 +266,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 	next := *v
 	m := c.Member.clone()
 	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt, m.LastFailedAt, m.Failures, m.Draining = 0, 0, nil, 0, 0, 0, false
+	m.JoinedAt = 0
 	old, ok := v.Member(m.ID)
 	switch {
 	case !ok && m.Nonce == 0:
@@ -243,6 +288,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 		}
 		m.Incarnation, m.Proto, m.PastNonces = old.Incarnation, old.Proto, old.PastNonces
 		m.FailedAt, m.LastFailedAt, m.Failures = old.FailedAt, old.LastFailedAt, old.Failures
+		m.JoinedAt = old.JoinedAt
 		m.Draining = old.Draining && m.State == StateAlive
 		if m.Proto == ids.None && m.Nonce != 0 {
 			m.Proto = v.freeProto(ids.None)
@@ -268,7 +314,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 		}
 		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
 			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation,
-			FailedAt: old.FailedAt, LastFailedAt: old.LastFailedAt, Failures: old.Failures})
+			FailedAt: old.FailedAt, LastFailedAt: old.LastFailedAt, Failures: old.Failures, JoinedAt: old.JoinedAt})
 		m.Proto = next.freeProto(old.Proto)
 		if m.Proto == ids.None {
 			// Nobody can take the node's place: the old incarnation still
@@ -293,6 +339,9 @@ func putMember(v *View, c command) (*View, applyResult) {
 	}
 	next.Epoch++
 	m.Epoch = next.Epoch
+	if m.Incarnation != old.Incarnation || !ok {
+		m.JoinedAt = next.Epoch
+	}
 	next.setMember(m)
 	return &next, applyResult{changed: true}
 }
@@ -520,6 +569,11 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if a, err := r.Access.Normalize(); err != nil || !a.Equal(r.Access) {
 			return nil, fmt.Errorf("%w: region %q: access lists unsorted or too long", ErrBadSnapshot, r.Name)
+		}
+		for _, f := range r.Filled {
+			if err := validShardRanges(f.Shards, r.Shards()); err != nil || f.Proto == ids.None || f.Since > f.At || f.At > s.Epoch {
+				return nil, fmt.Errorf("%w: region %q: a bad fill record", ErrBadSnapshot, r.Name)
+			}
 		}
 		if len(r.HomeIncarnations) != len(r.Homes) {
 			return nil, fmt.Errorf("%w: region %q has %d homes and %d home incarnations", ErrBadSnapshot, r.Name, len(r.Homes), len(r.HomeIncarnations))

@@ -31,6 +31,7 @@ func seedCommands() []command {
 		createRegionCmd(RegionSpec{Name: "c", Size: 1 << 30}, time.Unix(3, 0)),
 		withAccess(createRegionCmd(RegionSpec{Name: "d", Size: 1 << 20}, time.Unix(4, 0)), &Access{Users: []uint32{1000}, ReadGroups: []uint32{50}}),
 		{Type: cmdSetRegionAccess, Name: "c", Access: &Access{Groups: []uint32{7, 3}}},
+		{Type: cmdFilled, Region: 3, ID: 1, Nonce: member(1).Nonce, Since: 4, Shards: []ShardRange{{0, 2}, {5, 9}}},
 		{Type: cmdSetDraining, ID: 1, Nonce: member(1).Nonce},
 	}
 }
@@ -64,6 +65,78 @@ func TestFSMDraining(t *testing.T) {
 	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 1, State: StateFailed}})
 	if r := applyAll(t, f, []command{{Type: cmdSetDraining, ID: 1, Nonce: restartOf(1, 2).Nonce}}); !errors.Is(r[0].Err, ErrInvalidMember) {
 		t.Fatalf("draining a failed member: %v", r[0].Err)
+	}
+}
+
+// TestFSMFilled: a completeness record is kept for the current, alive
+// incarnation that was not declared failed after the fills began, with
+// the epoch it was committed in; it survives a snapshot, does not move the
+// epoch, and a retry adds nothing.
+func TestFSMFilled(t *testing.T) {
+	f := newFSM(newNotifier())
+	one, two := member(1), member(2)
+	fill := func(id ids.NodeID, nonce uint64, since ids.Epoch, rs ...ShardRange) command {
+		return command{Type: cmdFilled, Region: 1, ID: id, Nonce: nonce, Since: since, Shards: rs}
+	}
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: one},                                                             // epoch 1
+		createRegionCmd(RegionSpec{Name: "r", Size: 64 << 20}, time.Unix(1, 0)),                       // 32 shards, epoch 1
+		{Type: cmdPutMember, Member: two},                                                             // epoch 2: 2 joins
+		fill(2, two.Nonce, 2, ShardRange{0, 4}, ShardRange{8, 9}),                                     // 3: kept, at 2
+		fill(2, two.Nonce, 2, ShardRange{0, 4}, ShardRange{8, 9}),                                     // 4: a retry
+		fill(2, two.Nonce+1, 2, ShardRange{0, 4}),                                                     // 5: another incarnation
+		fill(3, 103, 2, ShardRange{0, 4}),                                                             // 6: no member
+		fill(2, two.Nonce, 2, ShardRange{30, 33}),                                                     // 7: beyond the region
+		fill(2, two.Nonce, 3, ShardRange{0, 1}),                                                       // 8: since after the epoch
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: two.Nonce},                        // 9: epoch 3
+		fill(2, two.Nonce, 2, ShardRange{4, 8}),                                                       // 10: failed
+		{Type: cmdSetMemberState, ID: 2, State: StateAlive, Nonce: two.Nonce},                         // 11: epoch 4
+		fill(2, two.Nonce, 2, ShardRange{4, 8}),                                                       // 12: failed after since
+		fill(2, two.Nonce, 4, ShardRange{4, 8}),                                                       // 13: kept, at 4
+		{Type: cmdFilled, Region: 9, ID: 2, Nonce: two.Nonce, Since: 4, Shards: []ShardRange{{0, 1}}}, // 14: no region
+	})
+	for i, want := range []error{3: nil, 4: nil, 5: ErrStaleIncarnation, 6: ErrNoMember, 7: ErrBadCommand, 8: ErrBadCommand,
+		10: ErrInvalidMember, 12: ErrInvalidMember, 13: nil, 14: ErrNoRegion} {
+		if i < 3 || i == 9 || i == 11 {
+			continue
+		}
+		if !errors.Is(res[i].Err, want) || (want == nil && res[i].Err != nil) {
+			t.Errorf("command %d: %v, want %v", i, res[i].Err, want)
+		}
+	}
+	if res[3].Epoch != 2 || res[13].Epoch != 4 {
+		t.Errorf("a fill record moved the epoch: %v %v", res[3].Epoch, res[13].Epoch)
+	}
+	v, _ := f.current()
+	r, _ := v.Region("r")
+	m2, _ := v.Member(2)
+	want := []FillRecord{
+		{Node: 2, Incarnation: 1, Proto: m2.Proto, Since: 2, At: 2, Shards: []ShardRange{{0, 4}, {8, 9}}},
+		{Node: 2, Incarnation: 1, Proto: m2.Proto, Since: 4, At: 4, Shards: []ShardRange{{4, 8}}},
+	}
+	if !reflect.DeepEqual(r.Filled, want) {
+		t.Fatalf("records %+v, want %+v", r.Filled, want)
+	}
+	if m2.JoinedAt != 2 {
+		t.Errorf("member 2 joined in epoch %v, want 2", m2.JoinedAt)
+	}
+	for s, covered := range map[uint64]bool{0: true, 3: true, 4: false, 7: false, 8: true, 9: false} {
+		if r.Filled[0].Covers(s) != covered {
+			t.Errorf("record covers shard %d: %v", s, !covered)
+		}
+	}
+	// A snapshot keeps the records and the join epochs.
+	b, err := encodeSnapshot(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, _ := v2.Region("r")
+	if m, _ := v2.Member(2); !reflect.DeepEqual(r2.Filled, want) || m.JoinedAt != 2 {
+		t.Fatalf("after a snapshot: records %+v, member %+v", r2.Filled, m)
 	}
 }
 

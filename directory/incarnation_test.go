@@ -87,11 +87,11 @@ func TestRestartIsNewIncarnation(t *testing.T) {
 	}
 	v := viewOf(f)
 	m, _ := v.Member(1)
-	if m.Incarnation != 2 || m.Proto != 3 || m.Nonce != 201 || m.State != StateAlive || m.Epoch != e+1 ||
+	if m.Incarnation != 2 || m.Proto != 3 || m.Nonce != 201 || m.State != StateAlive || m.Epoch != e+1 || m.JoinedAt != e+1 ||
 		len(m.Descriptors) != 0 || !slices.Equal(m.PastNonces, []uint64{101}) {
 		t.Fatalf("restarted member: %+v", m)
 	}
-	if q := v.Quarantine(); !reflect.DeepEqual(q, []Quarantined{{Proto: 1, LeftAt: e + 1, Node: 1, Incarnation: 1}}) {
+	if q := v.Quarantine(); !reflect.DeepEqual(q, []Quarantined{{Proto: 1, LeftAt: e + 1, Node: 1, Incarnation: 1, JoinedAt: 1}}) {
 		t.Fatalf("quarantine %+v", q)
 	}
 	if _, ok := v.ByProto(1); ok {
@@ -146,7 +146,7 @@ func TestRestartIsNewIncarnation(t *testing.T) {
 	}
 	// The departed incarnation keeps the epoch it failed in: it was no
 	// complete backup from then on.
-	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e, LastFailedAt: e, Failures: 1}) {
+	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e, LastFailedAt: e, Failures: 1, JoinedAt: 2}) {
 		t.Fatalf("quarantine %+v", q)
 	}
 }

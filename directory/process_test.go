@@ -583,7 +583,7 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 			got = q[round]
 		}
 		want := directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation,
-			FailedAt: got.FailedAt, LastFailedAt: got.LastFailedAt, Failures: got.Failures}
+			FailedAt: got.FailedAt, LastFailedAt: got.LastFailedAt, Failures: got.Failures, JoinedAt: old.JoinedAt}
 		if len(q) != round+1 || got.LastFailedAt >= m.Epoch || got != want {
 			t.Fatalf("round %d: quarantine %+v, want %v left in %v", round, q, old.Proto, m.Epoch)
 		}

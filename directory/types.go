@@ -228,6 +228,65 @@ type Region struct {
 	// nil: every process allowed on dsmd's socket. Set at creation,
 	// changed by SetRegionAccess.
 	Access *Access `json:",omitempty"`
+	// Filled are the completeness records of the region's replacement
+	// backups, in the order they were recorded (RecordFilled): each says
+	// that an incarnation holds a complete copy of some shards. The data
+	// plane counts one only for departures after it was recorded, and
+	// only while the incarnation has not failed, departed or been pushed
+	// out of the shard's backups since (node/placement.go). Records are
+	// never removed: the placement of every past epoch depends on them.
+	Filled []FillRecord `json:",omitempty"`
+}
+
+// FillRecord records that incarnation Incarnation of Node (protocol id
+// Proto) holds a complete copy of the region's shards in Shards: its home
+// copied every populated page to it in an epoch in which it was a backup
+// of them, and every release since writes it.
+type FillRecord struct {
+	Node        ids.NodeID
+	Incarnation uint64
+	Proto       ids.NodeID
+	// Since is the epoch of the view in which the fills began: the
+	// incarnation was a backup of the shards from then on, and was not
+	// declared failed after it (the command is refused otherwise).
+	Since ids.Epoch
+	// At is the epoch in which the record was committed (Since <= At).
+	At     ids.Epoch
+	Shards []ShardRange
+}
+
+// ShardRange is the shards [First, End) of a region.
+type ShardRange struct{ First, End uint64 }
+
+// Covers reports whether the record names shard s.
+func (f FillRecord) Covers(s uint64) bool {
+	i, _ := slices.BinarySearchFunc(f.Shards, s, func(r ShardRange, s uint64) int {
+		if r.End <= s {
+			return -1
+		}
+		if r.First > s {
+			return 1
+		}
+		return 0
+	})
+	return i < len(f.Shards) && f.Shards[i].First <= s && s < f.Shards[i].End
+}
+
+// maxFillRanges bounds the shard ranges of one record.
+const maxFillRanges = 4096
+
+// validShardRanges checks that rs are non-empty, sorted, apart and below
+// n (n == 0: no bound).
+func validShardRanges(rs []ShardRange, n uint64) error {
+	if len(rs) == 0 || len(rs) > maxFillRanges {
+		return fmt.Errorf("%w: %d shard ranges", ErrBadCommand, len(rs))
+	}
+	for i, r := range rs {
+		if r.First >= r.End || (n != 0 && r.End > n) || (i > 0 && rs[i-1].End >= r.First) {
+			return fmt.Errorf("%w: shard range [%d, %d) empty, out of order or beyond the region", ErrBadCommand, r.First, r.End)
+		}
+	}
+	return nil
 }
 
 // HomeIncarnation returns the incarnation that home h had when the region
@@ -350,6 +409,11 @@ type Member struct {
 	// in every respect. Set by the member with SetDraining; ignored in a
 	// put.
 	Draining bool `json:",omitempty"`
+	// JoinedAt is the epoch in which this incarnation was first recorded
+	// (0: before it was kept). A join can push a replacement backup out
+	// of a shard's backups (node/placement.go). Assigned by the
+	// directory; ignored in a put.
+	JoinedAt ids.Epoch `json:",omitempty"`
 }
 
 func (m Member) clone() Member {
@@ -394,11 +458,12 @@ type Quarantined struct {
 	// Node and Incarnation say whose id it was.
 	Node        ids.NodeID
 	Incarnation uint64
-	// FailedAt, LastFailedAt and Failures are the incarnation's when it
-	// departed.
+	// FailedAt, LastFailedAt, Failures and JoinedAt are the
+	// incarnation's when it departed.
 	FailedAt     ids.Epoch `json:",omitempty"`
 	LastFailedAt ids.Epoch `json:",omitempty"`
 	Failures     uint32    `json:",omitempty"`
+	JoinedAt     ids.Epoch `json:",omitempty"`
 }
 
 // ProtoMember is one coherence member of an epoch: an incarnation and its

@@ -319,8 +319,8 @@ func protoIDsHealth(left int) []string {
 // home departed with no complete backup left is lost (its pages fail with
 // PAGE_UNAVAILABLE for good); one whose home failed is unavailable until
 // it is back or departs (then it moves to a backup); one with fewer
-// complete backups than its region asks for survives fewer failures (new
-// copies are not made yet: docs/failover.md §6).
+// complete backups than its region asks for survives fewer failures
+// until its home has filled the new ones (fills.go).
 func homesHealth(v *directory.View, ds *dataSummary) []string {
 	var out []string
 	for _, r := range v.Regions() {
@@ -336,7 +336,7 @@ func homesHealth(v *directory.View, ds *dataSummary) []string {
 			out = append(out, fmt.Sprintf("region %q: the pages of %s are unavailable while it is down", r.Name, shardsAt(rs.down, nil)))
 		}
 		if rs.thin > 0 {
-			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; new copies are not made yet)",
+			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; their homes are filling new ones)",
 				r.Name, rs.thin, r.Shards(), r.Backups))
 		}
 		if len(rs.only) > 0 && len(r.Homes) > 1 {
@@ -348,7 +348,7 @@ func homesHealth(v *directory.View, ds *dataSummary) []string {
 					parts = append(parts, fmt.Sprintf("%v of %d", h, rs.only[h]))
 				}
 			}
-			out = append(out, fmt.Sprintf("region %q: %s: stopping or restarting such a node loses them (new copies are not made yet; re-create the region to have them again)",
+			out = append(out, fmt.Sprintf("region %q: %s: stopping or restarting such a node before their homes have filled new backups loses them",
 				r.Name, strings.Join(parts, ", ")))
 		}
 	}
@@ -431,7 +431,8 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			continue
 		}
 		for i := uint64(0); i < r.Shards(); i++ {
-			c, hi := rc.place(placement.Shard{Region: r.ID, Index: i}, pm)
+			s := placement.Shard{Region: r.ID, Index: i}
+			c, _, hi := rc.place(s, pm)
 			in := pm.byProto[c[hi]]
 			switch {
 			case in.departed:
@@ -446,13 +447,9 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			if in.departed {
 				continue
 			}
-			backups := 0
-			for _, b := range c[hi+1:] {
-				if rc.complete(b, pm) {
-					backups++
-				}
-			}
-			if backups < want {
+			// Complete backups: creation members never failed since,
+			// replacements with a completeness record (placement.go).
+			if backups, _ := rc.completeBackups(s, pm); backups < want {
 				rs.thin++
 				if backups == 0 {
 					rs.only[in.node]++

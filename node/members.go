@@ -32,6 +32,10 @@ type incarnation struct {
 	// declared failed, failures how often (0: never).
 	leftAt, failedAt, lastFailed ids.Epoch
 	failures                     uint32
+	// joinedAt is the directory epoch in which it joined (0: unknown).
+	joinedAt ids.Epoch
+	// nonce is a member's process nonce (0 for a departed one).
+	nonce uint64
 }
 
 // protoMap is the protocol's view of one directory view.
@@ -48,7 +52,20 @@ type protoMap struct {
 	// one member set and one placement on every node, whichever views it
 	// skipped.
 	epoch ids.Epoch
+	// ins are every incarnation of byProto, sorted by protocol id.
+	ins []protoInc
+	// fills are the regions' completeness records.
+	fills map[ids.RegionID][]directory.FillRecord
+	// dirEpoch is the directory epoch of the view (0 in tests).
+	dirEpoch ids.Epoch
 }
+
+// incarnations implements eventsOf: the set of incarnations is a
+// function of the protocol epoch.
+func (pm *protoMap) incarnations() (ids.Epoch, []protoInc) { return pm.epoch, pm.ins }
+
+// fillRecords implements eventsOf.
+func (pm *protoMap) fillRecords(r ids.RegionID) []directory.FillRecord { return pm.fills[r] }
 
 // departedAt implements eventsOf.
 func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
@@ -70,7 +87,17 @@ func (pm *protoMap) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
 }
 
 func newProtoMap(v *directory.View) *protoMap {
-	return buildProtoMap(v.Members(), v.Quarantine())
+	pm := buildProtoMap(v.Members(), v.Quarantine())
+	pm.dirEpoch = v.Epoch
+	for _, r := range v.Regions() {
+		if len(r.Filled) > 0 {
+			if pm.fills == nil {
+				pm.fills = map[ids.RegionID][]directory.FillRecord{}
+			}
+			pm.fills[r.ID] = r.Filled
+		}
+	}
+	return pm
 }
 
 // buildProtoMap is newProtoMap of a view's member table and quarantine.
@@ -83,7 +110,8 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 		if m.Proto == ids.None {
 			continue
 		}
-		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt, lastFailed: m.LastFailedAt, failures: m.Failures}
+		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt, lastFailed: m.LastFailedAt, failures: m.Failures,
+			joinedAt: m.JoinedAt, nonce: m.Nonce}
 		switch m.State {
 		case directory.StateLeft:
 			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
@@ -107,12 +135,14 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			why = fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of and nobody backed up were lost with its previous process", m.Incarnation, q.LeftAt)
 		}
 		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why,
-			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures}
+			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures, joinedAt: q.JoinedAt}
 		departed++
 	}
-	for _, in := range pm.byProto {
+	for p, in := range pm.byProto {
 		failed += int(in.failures)
+		pm.ins = append(pm.ins, protoInc{proto: p, node: in.node, inc: in.inc, joined: in.joinedAt})
 	}
+	slices.SortFunc(pm.ins, func(a, b protoInc) int { return int(a.proto) - int(b.proto) })
 	slices.Sort(pm.members)
 	pm.epoch = coherenceEpoch + ids.Epoch(len(pm.byProto)+departed+failed)
 	return pm

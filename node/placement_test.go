@@ -1,6 +1,8 @@
 package node
 
 import (
+	"fmt"
+	"math/rand"
 	"slices"
 	"testing"
 
@@ -10,13 +12,28 @@ import (
 )
 
 // events is a table of departures and failure verdicts (one each at
-// most) by protocol id.
-type events struct{ left, failed map[ids.NodeID]ids.Epoch }
+// most) by protocol id, and of joins, incarnations and completeness
+// records.
+type events struct {
+	left, failed map[ids.NodeID]ids.Epoch
+	gen          ids.Epoch
+	ins          []protoInc
+	recs         []directory.FillRecord
+}
 
-func (e events) departedAt(p ids.NodeID) ids.Epoch { return e.left[p] }
+func (e events) departedAt(p ids.NodeID) ids.Epoch               { return e.left[p] }
+func (e events) incarnations() (ids.Epoch, []protoInc)           { return e.gen, e.ins }
+func (e events) fillRecords(ids.RegionID) []directory.FillRecord { return e.recs }
 func (e events) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
 	f := e.failed[p]
 	return f != 0 && f > after && f <= upTo
+}
+
+// walk is homeIndex over creation chain c of a region created in epoch
+// created.
+func walk(c []ids.NodeID, created ids.Epoch, ev eventsOf) int {
+	rc := &regionChains{r: directory.Region{ID: 1, Epoch: created}, k: 1}
+	return rc.homeIndex(c, len(c), placement.Shard{Region: 1}, ev)
 }
 
 func TestHomeIndexWalksCompleteBackups(t *testing.T) {
@@ -36,13 +53,13 @@ func TestHomeIndexWalksCompleteBackups(t *testing.T) {
 		{"no complete copy left", map[ids.NodeID]ids.Epoch{1: 5, 2: 3}, map[ids.NodeID]ids.Epoch{3: 2, 4: 4}, 0},
 		{"the last one departed too", map[ids.NodeID]ids.Epoch{1: 5, 2: 6, 3: 7, 4: 8}, nil, 3},
 	} {
-		if got := homeIndex(c, 0, events{tc.left, tc.failed}); got != tc.want {
+		if got := walk(c, 0, events{left: tc.left, failed: tc.failed}); got != tc.want {
 			t.Errorf("%s: home index %d, want %d", tc.name, got, tc.want)
 		}
 	}
 	// A verdict before the region's creation does not count: the node was
 	// alive again when the region was created.
-	if got := homeIndex(c, 4, events{map[ids.NodeID]ids.Epoch{1: 5}, map[ids.NodeID]ids.Epoch{2: 4}}); got != 1 {
+	if got := walk(c, 4, events{left: map[ids.NodeID]ids.Epoch{1: 5}, failed: map[ids.NodeID]ids.Epoch{2: 4}}); got != 1 {
 		t.Errorf("a failure before the creation: home index %d, want 1", got)
 	}
 }
@@ -115,11 +132,14 @@ func TestRegionChainsPlacement(t *testing.T) {
 		before, after := rc.shardHome(s, failed), rc.shardHome(s, gone)
 		if before != after {
 			moved++
-			if before != 12 || !slices.Contains(targets, after) || after != rc.chain(s)[1] {
-				t.Fatalf("shard %d moved %v -> %v (chain %v, targets %v)", i, before, after, rc.chain(s), targets)
+			if before != 12 || !slices.Contains(targets, after) || after != rc.baseChain(s)[1] {
+				t.Fatalf("shard %d moved %v -> %v (chain %v, targets %v)", i, before, after, rc.baseChain(s), targets)
 			}
-			if b := rc.shardBackups(s, gone); len(b) != 0 {
-				t.Fatalf("shard %d: backups %v after its only backup became home", i, b)
+			// Its only backup became home: the third home replaces it,
+			// incomplete until filled.
+			b := rc.shardBackups(s, gone)
+			if complete, inc := rc.completeBackups(s, gone); len(b) != 1 || b[0] != rc.baseChain(s)[2] || complete != 0 || !slices.Equal(inc, b) {
+				t.Fatalf("shard %d: backups %v (complete %d, incomplete %v) after its only backup became home", i, b, complete, inc)
 			}
 		}
 	}
@@ -151,5 +171,278 @@ func TestProtoEpochCountsFailures(t *testing.T) {
 	again.State, again.LastFailedAt, again.Failures = directory.StateFailed, 4, 2
 	if e4 := buildProtoMap([]directory.Member{again}, nil).epoch; e4 <= e3 {
 		t.Fatalf("protocol epoch %v after a second verdict, %v before", e4, e3)
+	}
+}
+
+// dirModel plays the directory's member table for placement tests: joins,
+// restarts, failure verdicts, returns and completeness records, each in
+// the epochs the FSM gives them.
+type dirModel struct {
+	epoch      ids.Epoch
+	members    map[ids.NodeID]*directory.Member
+	quarantine []directory.Quarantined
+	nextProto  ids.NodeID
+	fills      []directory.FillRecord
+}
+
+func newDirModel(nodes ...ids.NodeID) *dirModel {
+	d := &dirModel{members: map[ids.NodeID]*directory.Member{}, nextProto: 1}
+	for _, n := range nodes {
+		d.join(n)
+	}
+	return d
+}
+
+func (d *dirModel) join(n ids.NodeID) {
+	d.epoch++
+	d.members[n] = &directory.Member{ID: n, Incarnation: 1, Proto: d.nextProto, State: directory.StateAlive, Epoch: d.epoch, JoinedAt: d.epoch}
+	d.nextProto++
+}
+
+func (d *dirModel) restart(n ids.NodeID) {
+	d.epoch++
+	m := d.members[n]
+	left := d.epoch
+	if m.State == directory.StateLeft {
+		left = m.Epoch
+	}
+	d.quarantine = append(d.quarantine, directory.Quarantined{Proto: m.Proto, LeftAt: left, Node: n, Incarnation: m.Incarnation,
+		FailedAt: m.FailedAt, LastFailedAt: m.LastFailedAt, Failures: m.Failures, JoinedAt: m.JoinedAt})
+	d.members[n] = &directory.Member{ID: n, Incarnation: m.Incarnation + 1, Proto: d.nextProto, State: directory.StateAlive,
+		Epoch: d.epoch, JoinedAt: d.epoch}
+	d.nextProto++
+}
+
+func (d *dirModel) setState(n ids.NodeID, st directory.MemberState) {
+	d.epoch++
+	m := d.members[n]
+	m.State, m.Epoch = st, d.epoch
+	if st == directory.StateFailed {
+		if m.FailedAt == 0 {
+			m.FailedAt = d.epoch
+		}
+		m.LastFailedAt = d.epoch
+		m.Failures++
+	}
+}
+
+// fill records that n's incarnation holds shards [first, end) of region
+// 1, its fills begun in epoch since.
+func (d *dirModel) fill(n ids.NodeID, since ids.Epoch, first, end uint64) {
+	m := d.members[n]
+	d.fills = append(d.fills, directory.FillRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, Since: since, At: d.epoch,
+		Shards: []directory.ShardRange{{First: first, End: end}}})
+}
+
+func (d *dirModel) pm() *protoMap {
+	var ms []directory.Member
+	for _, m := range d.members {
+		ms = append(ms, *m)
+	}
+	slices.SortFunc(ms, func(a, b directory.Member) int { return int(a.ID) - int(b.ID) })
+	pm := buildProtoMap(ms, slices.Clone(d.quarantine))
+	pm.fills = map[ids.RegionID][]directory.FillRecord{1: slices.Clone(d.fills)}
+	return pm
+}
+
+// region creates region 1 (64 shards, k backups) over the alive members.
+func (d *dirModel) region(k int) *regionChains {
+	r := directory.Region{ID: 1, RegionSpec: directory.RegionSpec{Name: "r", Size: 128 << 20, PageSize: 4096, ShardSize: 2 << 20, Backups: k},
+		Epoch: d.epoch}
+	var protos []ids.NodeID
+	for n := ids.NodeID(1); int(n) <= len(d.members)+16; n++ {
+		if m, ok := d.members[n]; ok && m.State == directory.StateAlive {
+			r.Homes = append(r.Homes, n)
+			r.HomeIncarnations = append(r.HomeIncarnations, m.Incarnation)
+			protos = append(protos, m.Proto)
+		}
+	}
+	return newRegionChains(r, protos)
+}
+
+// fillAll records every incomplete backup of every shard complete, as the
+// homes' fills would, with the fills begun in the current epoch.
+func fillAll(d *dirModel, rc *regionChains) {
+	pm := d.pm()
+	for i := range rc.r.Shards() {
+		_, inc := rc.completeBackups(placement.Shard{Region: 1, Index: i}, pm)
+		for _, b := range inc {
+			n, _ := pm.nodeOf(b)
+			d.fill(n, d.epoch, i, i+1)
+		}
+	}
+}
+
+// A departed backup is replaced by the next usable member of the chain at
+// once, incomplete until its fill is recorded; with fills recorded between
+// restarts, restarting every node in turn, many rounds over, never loses a
+// shard, and every shard ends each round with all its backups complete.
+func TestRollingRestartPlacement(t *testing.T) {
+	for _, k := range []int{1, 2} {
+		d := newDirModel(1, 2, 3, 4)
+		rc := d.region(k)
+		for round := range 5 {
+			for n := ids.NodeID(1); n <= 4; n++ {
+				d.restart(n)
+				pm := d.pm()
+				for i := range rc.r.Shards() {
+					s := placement.Shard{Region: 1, Index: i}
+					home := pm.byProto[rc.shardHome(s, pm)]
+					if home.departed {
+						t.Fatalf("k=%d round %d, restart of %v: shard %d lost (chain %v)", k, round, n, i, first(rc.chain(s, pm)))
+					}
+					bs := rc.shardBackups(s, pm)
+					if len(bs) != k {
+						t.Fatalf("k=%d round %d: shard %d has backups %v", k, round, i, bs)
+					}
+					for _, b := range bs {
+						if pm.byProto[b].departed || b == rc.shardHome(s, pm) {
+							t.Fatalf("shard %d: backup %v", i, b)
+						}
+					}
+				}
+				fillAll(d, rc)
+				pm = d.pm()
+				for i := range rc.r.Shards() {
+					if c, _ := rc.completeBackups(placement.Shard{Region: 1, Index: i}, pm); c != k {
+						t.Fatalf("k=%d: shard %d has %d complete backups after the fills", k, i, c)
+					}
+				}
+			}
+		}
+	}
+}
+
+func first(c []ids.NodeID, _ int) []ids.NodeID { return c }
+
+// Without fills, the second restart loses the shards whose only complete
+// copy it held; a record committed after a departure does not count for
+// it; a record whose incarnation failed since its fills began does not
+// count.
+func TestReplacementNeedsARecord(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	d.restart(1)
+	d.restart(2)
+	pm := d.pm()
+	lost := 0
+	for i := range rc.r.Shards() {
+		if pm.byProto[rc.shardHome(placement.Shard{Region: 1, Index: i}, pm)].departed {
+			lost++
+		}
+	}
+	if lost == 0 {
+		t.Fatal("no shard lost by two restarts without fills")
+	}
+	// The same, with the fills recorded only after the second departure.
+	d = newDirModel(1, 2, 3)
+	rc = d.region(1)
+	d.restart(1)
+	since := d.epoch
+	d.restart(2)
+	before := d.pm()
+	d.fill(3, since, 0, rc.r.Shards())
+	d.fill(1, since, 0, rc.r.Shards())
+	after := d.pm()
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		if rc.shardHome(s, before) != rc.shardHome(s, after) {
+			t.Fatalf("shard %d: a record committed after the departure moved its home", i)
+		}
+	}
+	// A failure after the fills began voids the record.
+	d = newDirModel(1, 2, 3)
+	rc = d.region(1)
+	d.restart(1)
+	fillAll(d, rc)
+	d.setState(3, directory.StateFailed)
+	d.setState(3, directory.StateAlive)
+	d.restart(2)
+	pm = d.pm()
+	p3 := d.members[3].Proto
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		c, base, hi := rc.place(s, pm)
+		if c[hi] == p3 && hi >= base {
+			t.Fatalf("shard %d promoted replacement n3, declared failed after its fill", i)
+		}
+	}
+}
+
+// A joiner goes to the end of every chain: it never takes the place of a
+// backup, so the backups and homes of every shard stay as they were.
+func TestJoinerGoesLast(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	d.restart(2)
+	fillAll(d, rc)
+	pm := d.pm()
+	d.join(4)
+	pm4 := d.pm()
+	if pm4.epoch == pm.epoch {
+		t.Fatal("a join did not move the protocol epoch")
+	}
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		if !slices.Equal(rc.shardBackups(s, pm), rc.shardBackups(s, pm4)) || rc.shardHome(s, pm) != rc.shardHome(s, pm4) {
+			t.Fatalf("shard %d: a join changed its placement", i)
+		}
+		if c, _ := rc.chain(s, pm4); c[len(c)-1] != d.members[4].Proto {
+			t.Fatalf("shard %d: chain %v does not end with the joiner", i, c)
+		}
+	}
+}
+
+// Seeded random histories of joins, restarts, leaves, failure verdicts,
+// returns and fills: a view whose protocol epoch is that of the view
+// before places every shard as it did (completeness records and returns
+// move no protocol epoch), and a shard's home changes only when its home
+// departed.
+func TestPlacementFollowsEpochs(t *testing.T) {
+	for seed := int64(1); seed <= 12; seed++ {
+		rng := rand.New(rand.NewSource(seed))
+		d := newDirModel(1, 2, 3, 4)
+		rc := d.region(1 + rng.Intn(2))
+		prev := d.pm()
+		next := ids.NodeID(5)
+		var log []string
+		for step := 0; step < 60; step++ {
+			n := ids.NodeID(1 + rng.Intn(int(next)-1))
+			m := d.members[n]
+			switch op := rng.Intn(10); {
+			case op < 3:
+				d.restart(n)
+				log = append(log, fmt.Sprintf("restart %v", n))
+			case op < 4 && m.State == directory.StateAlive:
+				d.setState(n, directory.StateFailed)
+				log = append(log, fmt.Sprintf("fail %v", n))
+			case op < 5 && m.State == directory.StateFailed:
+				d.setState(n, directory.StateAlive)
+				log = append(log, fmt.Sprintf("back %v", n))
+			case op < 6 && m.State != directory.StateLeft:
+				d.setState(n, directory.StateLeft)
+				log = append(log, fmt.Sprintf("leave %v", n))
+			case op < 7 && next < 10:
+				d.join(next)
+				log = append(log, fmt.Sprintf("join %v", next))
+				next++
+			default:
+				fillAll(d, rc)
+				log = append(log, "fill")
+			}
+			pm := d.pm()
+			for i := range rc.r.Shards() {
+				s := placement.Shard{Region: 1, Index: i}
+				h0, h1 := rc.shardHome(s, prev), rc.shardHome(s, pm)
+				same := h0 == h1 && slices.Equal(rc.shardBackups(s, prev), rc.shardBackups(s, pm))
+				if pm.epoch == prev.epoch && !same {
+					t.Fatalf("seed %d: shard %d placed anew in protocol epoch %v after %v", seed, i, pm.epoch, log)
+				}
+				if h0 != h1 && pm.departedAt(h0) == 0 {
+					t.Fatalf("seed %d: shard %d moved from live home %v to %v after %v", seed, i, h0, h1, log)
+				}
+			}
+			prev = pm
+		}
 	}
 }

@@ -63,6 +63,9 @@ type regionEngine struct {
 	last *protoMap
 	// chains place the region's pages (placement.go).
 	chains *regionChains
+	// fills fill the backups of the shards this node is home of
+	// (fills.go).
+	fills *regionFills
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -306,6 +309,8 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 		es.mu.Unlock()
 		for _, t := range todo {
 			t.re.e.Reconfigure(t.rc)
+			// The engine is in the new epoch: fill its new backups.
+			t.re.fills.plan(pm)
 		}
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
@@ -368,6 +373,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 			joining = false
 		}
 	}
+	rf := newRegionFills(es, nil)
 	e, err := engine.New(engine.Config{
 		ID: self, Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
 		Epoch: pm.epoch, Members: pm.members, Joining: joining,
@@ -380,6 +386,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		Transport: es.n.verbs,
 		Send:      es.sender(r.ID),
 		Pages:     cachePages{n: es.n, pageSize: int(r.PageSize)},
+		Filled:    rf.filled,
 		Tick:      engineTick,
 		Logger:    es.log.With("region", r.Name),
 	})
@@ -387,11 +394,14 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		return err
 	}
 	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
-		down: map[ids.NodeID]string{}, last: pm, chains: chains}
+		down: map[ids.NodeID]string{}, last: pm, chains: chains, fills: rf}
+	rf.re = re
 	es.mu.Lock()
 	es.byID[r.ID] = re
 	es.mu.Unlock()
 	e.Start(nil)
+	go rf.loop()
+	rf.plan(pm)
 	// The page cache must not hold the name already: that would be a
 	// deleted region's memory (a removal that has not finished), never to
 	// be served as this one.
@@ -400,6 +410,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		es.mu.Lock()
 		delete(es.byID, r.ID)
 		es.mu.Unlock()
+		rf.close()
 		return errors.Join(fmt.Errorf("page cache: %w", err), e.Close())
 	}
 	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", r.Homes, "home_protos", homes, "proto", self)
@@ -419,6 +430,7 @@ func (es *engines) remove(re *regionEngine) {
 	delete(es.byID, r.ID)
 	es.mu.Unlock()
 	var errs []error
+	re.fills.close()
 	if err := re.e.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("engine: %w", err))
 	}
@@ -452,6 +464,7 @@ func (es *engines) close() error {
 	defer es.mu.Unlock()
 	var errs []error
 	for _, re := range es.byID {
+		re.fills.close()
 		errs = append(errs, re.e.Close())
 	}
 	es.byID = map[ids.RegionID]*regionEngine{}

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +21,7 @@ import (
 // backupCluster starts four engines over tcp on loopback: page p is homed
 // at node 2 and backed up at nodes 3.. (backups of them). Node 1 is the
 // writer.
-func backupCluster(tb testing.TB, backups int) map[ids.NodeID]*Engine {
+func backupCluster(tb testing.TB, backups int, opts ...func(*Config)) map[ids.NodeID]*Engine {
 	tb.Helper()
 	members := []ids.NodeID{1, 2, 3, 4}
 	eps := map[ids.NodeID]*tcp.Transport{}
@@ -45,12 +48,16 @@ func backupCluster(tb testing.TB, backups int) map[ids.NodeID]*Engine {
 	engines := map[ids.NodeID]*Engine{}
 	descs := map[ids.NodeID]rdma.Descriptor{}
 	for _, id := range members {
-		e, err := New(Config{
+		cfg := Config{
 			ID: id, Region: testRegion, NumPages: testPages, PageSize: 4096,
 			Epoch: 16, Members: members, Transport: eps[id], Tick: time.Millisecond,
 			HomeOf:  func(ids.PageNo) ids.NodeID { return 2 },
 			Backups: func(ids.PageNo) []ids.NodeID { return bk },
-		})
+		}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		e, err := New(cfg)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -133,6 +140,69 @@ func TestWriterIsItsOwnBackup(t *testing.T) {
 		w, slotData := slot(nodes[b].e, p)
 		if w.Holder() != coherence.NotHome || !bytes.Equal(slotData, data) {
 			t.Fatalf("p%d: backup n%d (the writer) holds word %v data %x, want the data", p, b, w, slotData)
+		}
+	}
+}
+
+// A backup that enters the set later is filled by the home: Populated
+// lists the pages written (and only those), Fill copies each with its
+// stamp, and every page ends in Config.Filled; a fill to a node that is no
+// backup is abandoned.
+func TestFillNewBackup(t *testing.T) {
+	var mu sync.Mutex
+	var filled []coherence.FillDone
+	es := backupCluster(t, 1, func(c *Config) {
+		if c.ID == 2 {
+			c.Filled = func(d []coherence.FillDone) {
+				mu.Lock()
+				filled = append(filled, d...)
+				mu.Unlock()
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	written := []ids.PageNo{1, 3, 4}
+	for _, p := range written {
+		page := bytes.Repeat([]byte{byte(p + 1)}, 4096)
+		if err := es[1].WriteMiss(ctx, testRegion, p, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := es[1].Evict(ctx, testRegion, p, page); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := es[2].Populated(0, testPages); !slices.Equal(got, written) {
+		t.Fatalf("populated %v, want %v", got, written)
+	}
+	for _, e := range es {
+		e.Reconfigure(coherence.Reconfigure{Epoch: 17, Members: []ids.NodeID{1, 2, 3, 4},
+			Backups: func(ids.PageNo) []ids.NodeID { return []ids.NodeID{3, 4} }})
+	}
+	es[2].Fill(written, 4)
+	es[2].Fill([]ids.PageNo{1}, 1) // n1 is no backup
+	for {
+		mu.Lock()
+		n := len(filled)
+		mu.Unlock()
+		if n == len(written)+1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("fills reported: %v", filled)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, f := range filled {
+		if (f.To == 1) != errors.Is(f.Err, coherence.ErrFillAbandoned) || f.To == 4 && f.Err != nil {
+			t.Fatalf("fill %v", f)
+		}
+	}
+	for _, p := range written {
+		hw, home := slot(es[2], p)
+		w, data := slot(es[4], p)
+		if w != coherence.Stamp(hw.Version()) || !bytes.Equal(data, home) {
+			t.Fatalf("p%d: the new backup holds %v and %x..., the home %v and %x...", p, w, data[:4], hw, home[:4])
 		}
 	}
 }

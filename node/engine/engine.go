@@ -104,6 +104,10 @@ type Config struct {
 	Send func(ctx context.Context, to ids.NodeID, msg []byte) error
 	// Pages receives drops and downgrades; nil: none (atomics only).
 	Pages Pages
+	// Filled receives the ends of the fills asked for with Fill
+	// (coherence.Ready.Filled), on the engine's goroutine: it must not
+	// block (dsmd hands them to its own goroutine). nil: discarded.
+	Filled func([]coherence.FillDone)
 	// Tick is the interval of the protocol clock (default 1ms).
 	Tick time.Duration
 	// UnavailableAfter is how long a call may wait for a page whose home
@@ -131,6 +135,7 @@ type Engine struct {
 	doneCh   chan posted
 	recvCh   chan coherence.Message
 	reconfCh chan coherence.Reconfigure
+	fillCh   chan coherence.Fill
 	// effectCh returns the cache's answers to drops and downgrades.
 	effectCh chan *effectJob
 	stop     chan struct{}
@@ -140,6 +145,9 @@ type Engine struct {
 
 	startOnce sync.Once
 	closeOnce sync.Once
+	// memMu: Populated reads the home memory under it (read), and Close
+	// frees it under it (write).
+	memMu sync.RWMutex
 
 	// Nodes set down (SetDown), and the loop's wake-up when they change.
 	availMu sync.Mutex
@@ -289,6 +297,7 @@ func New(cfg Config) (*Engine, error) {
 		parked:   map[ids.NodeID][]coherence.Batch{},
 		recvCh:   make(chan coherence.Message, 256),
 		reconfCh: make(chan coherence.Reconfigure),
+		fillCh:   make(chan coherence.Fill),
 		stop:     make(chan struct{}),
 		ctx:      ctx, cancel: cancel,
 		peers:    map[ids.NodeID]rdma.Descriptor{},
@@ -366,7 +375,9 @@ func (e *Engine) Close() error {
 		e.cancel()
 		e.wg.Wait()
 		if e.reg != nil {
+			e.memMu.Lock()
 			err = errors.Join(e.reg.Deregister(), rdma.Free(e.mem))
+			e.memMu.Unlock()
 		}
 	})
 	return err
@@ -439,6 +450,61 @@ func (e *Engine) Reconfigure(rc coherence.Reconfigure) {
 	}
 }
 
+// Fill asks this node, the home of pages, to fill backup `to` with them
+// (coherence.Fill): once the engine is in an epoch whose Backups name `to`
+// for each page, the call's pages end, each, in a coherence.FillDone
+// handed to Config.Filled. It waits until the loop has taken it (after
+// Start) or the engine is closed; a Fill the state machine refuses ends
+// every page abandoned.
+func (e *Engine) Fill(pages []ids.PageNo, to ids.NodeID) {
+	select {
+	case e.fillCh <- coherence.Fill{Pages: slices.Clone(pages), To: to}:
+	case <-e.stop:
+	}
+}
+
+// Populated lists the pages in [first, end) whose slot here may hold data
+// that was written: every page whose word is not zero, and every page
+// whose word is zero but whose data is not (a version that wrapped around
+// to a zero word). A page left out was never written here, which is what
+// coherence.Fill asks of the pages a fill leaves out.
+func (e *Engine) Populated(first, end ids.PageNo) []ids.PageNo {
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	select {
+	case <-e.stop:
+		return nil // closed: the memory is gone
+	default:
+	}
+	end = min(end, ids.PageNo(e.cfg.NumPages))
+	var out []ids.PageNo
+	for p := first; p < end; p++ {
+		off := SlotOffset(p, e.cfg.PageSize)
+		if rdma.LoadWord(e.mem, off) != 0 || !e.zeroData(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// zeroData reports whether the home copy in page p's slot is all zero. It
+// reads the slot through the transport, as the state machine's own verbs
+// do, so that it is ordered with the peers' writes.
+func (e *Engine) zeroData(p ids.PageNo) bool {
+	off := SlotOffset(p, e.cfg.PageSize) + 8
+	buf := make([]byte, e.cfg.PageSize)
+	op := rdma.Op{Kind: rdma.OpRead, RKey: e.reg.Descriptor().RKey, Offset: off, Buf: buf}
+	if err := e.cfg.Transport.Post(e.ctx, e.cfg.Transport.LocalID(), []rdma.Op{op}); err != nil {
+		return false // unsure: list it
+	}
+	for _, b := range buf {
+		if b != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // ---- the loop: sole owner of the state machine ----
 
 func (e *Engine) loop() {
@@ -468,6 +534,8 @@ func (e *Engine) loop() {
 			e.onReceive(m)
 		case rc := <-e.reconfCh:
 			e.onReconfigure(rc)
+		case f := <-e.fillCh:
+			e.onFill(f)
 		case j := <-e.effectCh:
 			e.effectDone(j)
 		case now := <-t.C:
@@ -539,6 +607,19 @@ func (e *Engine) onReconfigure(rc coherence.Reconfigure) {
 	e.unpark()
 }
 
+func (e *Engine) onFill(f coherence.Fill) {
+	if err := e.sm.Step(f); err != nil {
+		e.log.Warn("fill refused", "to", f.To, "pages", len(f.Pages), "err", err)
+		if e.cfg.Filled != nil {
+			done := make([]coherence.FillDone, len(f.Pages))
+			for i, p := range f.Pages {
+				done[i] = coherence.FillDone{Page: p, To: f.To, Err: fmt.Errorf("%w: %v", coherence.ErrFillAbandoned, err)}
+			}
+			e.cfg.Filled(done)
+		}
+	}
+}
+
 func (e *Engine) onTick(now time.Time) {
 	_ = e.sm.Step(coherence.Tick{})
 	if now.Sub(e.lastSweep) >= sweepInterval {
@@ -565,6 +646,9 @@ func (e *Engine) apply() {
 		}
 		for _, c := range rd.Completions {
 			e.complete(c)
+		}
+		if len(rd.Filled) > 0 && e.cfg.Filled != nil {
+			e.cfg.Filled(rd.Filled)
 		}
 		for _, m := range rd.Messages {
 			if q := e.effects[m.Page]; len(q) > 0 {
@@ -801,7 +885,11 @@ func (e *Engine) ops(b coherence.Batch) ([]rdma.Op, error) {
 		case coherence.VerbWrite:
 			op.Kind = rdma.OpWrite
 			op.Buf = v.Data
-			if d := e.wb[v.Page]; d != nil && v.Span == coherence.SpanPage {
+			// A write-back carries what the cache gave up (wb), newer
+			// than the state machine's copy; the home's copy that a
+			// fill or a refresh of the backups writes is sent as it is
+			// (wb is this node's client side's, possibly older).
+			if d := e.wb[v.Page]; d != nil && v.Span == coherence.SpanPage && !v.HomeCopy {
 				op.Buf = d
 			}
 		case coherence.VerbCAS:

@@ -74,6 +74,14 @@ type simConfig struct {
 	// Backups), as dsmd's chains do: nothing acknowledged is lost, and
 	// every call completes.
 	backups int
+	// rolling: that many times, a live home crashes and a new node joins
+	// in its place (a restart under a new id); the chains go on with the
+	// new node, which enters the backups of the pages short of them; each
+	// page's home fills it (Engine.onFill, Config.Filled), and a crash
+	// promotes only a complete member. The next crash waits until every
+	// fill is done: losing one node at a time, with time to refill in
+	// between, loses nothing (no page may be lost).
+	rolling int
 }
 
 // simUnavailableCalls counts the calls of a configuration's seeds that
@@ -93,6 +101,7 @@ var simConfigs = []simConfig{
 	{name: "failover", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, backups: 1},
 	{name: "failover-restart", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 2},
 	{name: "failover-restart-1", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 1},
+	{name: "rolling-restart", nodes: 3, pages: 3, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, crashHome: true, backups: 1, rolling: 6},
 }
 
 // simUnavailableAfter is the engines' UnavailableAfter in the simulation,
@@ -236,6 +245,21 @@ type engineSim struct {
 	epoch       ids.Epoch // the newest epoch any node was told
 	unavailable int       // calls that failed with ErrUnavailable
 	err         error
+	// With rolling: the complete members of every page's chain, the
+	// fills under way, and the fill results not yet taken.
+	complete [][]ids.NodeID
+	fills    []*simFill
+	filledQ  []coherence.FillDone
+	restarts int
+}
+
+// simFill is the fill of one page to one backup, asked of its home once
+// the home is in epoch (or later).
+type simFill struct {
+	page    ids.PageNo
+	to      ids.NodeID
+	epoch   ids.Epoch
+	started bool
 }
 
 func (s *engineSim) logf(format string, args ...any) {
@@ -281,6 +305,15 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 		}
 	}
 	for started < cfg.ops && s.err == nil {
+		if cfg.rolling > 0 {
+			s.driveFills()
+			// The next restart as soon as the fills are done, after a few
+			// calls: a backup promoted without its fill would lose what
+			// was released before it entered.
+			if s.restarts < cfg.rolling && started >= cfg.ops/8+s.restarts*cfg.ops/(4*cfg.rolling) && s.fillsDone() {
+				s.restart()
+			}
+		}
 		if started == crashAt {
 			s.crash(s.nodes[cfg.nodes-1])
 			crashAt = -1
@@ -306,6 +339,9 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	// until nothing is left to do, or (after a home crashed: write-backs
 	// to it wait for good) nothing but the clocks has moved for a while.
 	for limit, idle := 0, 0; s.err == nil; limit++ {
+		if cfg.rolling > 0 {
+			s.driveFills()
+		}
 		acted := s.act(limit < 20000)
 		if s.outstanding() || len(s.jobs) > 0 || len(s.net.Pending()) > 0 {
 			idle = 0
@@ -350,6 +386,7 @@ func (s *engineSim) setup() error {
 				c = append(c, ids.NodeID((h-1+i)%homes+1))
 			}
 			s.chains = append(s.chains, c)
+			s.complete = append(s.complete, slices.Clone(c))
 			s.home = append(s.home, c[0])
 		}
 		s.homeOf = s.placement()
@@ -378,6 +415,11 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 		ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
 		Epoch: s.epoch, Members: members, Joining: joining, HomeOf: s.homeOf, Transport: ep,
 		Pages: simPages{n}, UnavailableAfter: simUnavailableAfter,
+		Filled: func(d []coherence.FillDone) {
+			if !n.crashed {
+				s.filledQ = append(s.filledQ, d...)
+			}
+		},
 	}
 	if s.cfg.backups > 0 {
 		cfg.HomeOf, cfg.Backups = s.placement(), s.backupsNow()
@@ -661,7 +703,7 @@ func (s *engineSim) crash(n *simNode) {
 				continue
 			}
 			for _, b := range c[slices.Index(c, n.id)+1:] {
-				if !s.nodes[b-1].crashed {
+				if !s.nodes[b-1].crashed && (s.cfg.rolling == 0 || slices.Contains(s.complete[p], b)) {
 					s.home[p] = b
 					if !slices.Contains(s.targets, b) {
 						s.targets = append(s.targets, b)
@@ -682,6 +724,73 @@ func (s *engineSim) crash(n *simNode) {
 	}
 }
 
+// restart crashes a live home (of page restarts mod pages) and has a new
+// node join in its place; the new node goes to the end of every chain,
+// and the pages short of backups take it as a backup, to be filled by
+// their homes.
+func (s *engineSim) restart() {
+	victim := s.home[s.restarts%s.cfg.pages]
+	s.restarts++
+	s.crash(s.nodes[victim-1])
+	id := ids.NodeID(len(s.nodes) + 1)
+	for p := range s.chains {
+		s.chains[p] = append(s.chains[p], id)
+	}
+	s.join()
+	bk := s.backupsNow()
+	for p := range s.chains {
+		for _, b := range bk(ids.PageNo(p)) {
+			if !slices.Contains(s.complete[p], b) && !slices.ContainsFunc(s.fills, func(f *simFill) bool { return int(f.page) == p && f.to == b }) {
+				s.logf("p%d: n%d to be filled by n%d", p, b, s.home[p])
+				s.fills = append(s.fills, &simFill{page: ids.PageNo(p), to: b, epoch: s.epoch})
+			}
+		}
+	}
+}
+
+// fillsDone reports whether every fill asked for is done.
+func (s *engineSim) fillsDone() bool { return len(s.fills) == 0 }
+
+// driveFills takes the fill results and starts the fills whose homes are
+// in their epochs; a fill given up starts again, while it is needed.
+func (s *engineSim) driveFills() {
+	q := s.filledQ
+	s.filledQ = nil
+	for _, d := range q {
+		i := slices.IndexFunc(s.fills, func(f *simFill) bool { return f.page == d.Page && f.to == d.To && f.started })
+		if i < 0 {
+			continue
+		}
+		if d.Err != nil {
+			s.logf("p%d: fill of n%d given up: %v", d.Page, d.To, d.Err)
+			s.fills[i].started = false
+			continue
+		}
+		s.logf("p%d: n%d complete", d.Page, d.To)
+		s.complete[d.Page] = append(s.complete[d.Page], d.To)
+		s.fills = slices.Delete(s.fills, i, i+1)
+	}
+	bk := s.backupsNow()
+	for _, f := range s.fills {
+		if f.started {
+			continue
+		}
+		if !slices.Contains(bk(f.page), f.to) {
+			f.started = true // no longer needed: dropped below
+			continue
+		}
+		h := s.nodes[s.home[f.page]-1]
+		if h.crashed || h.e.sm.Epoch() < f.epoch {
+			continue
+		}
+		s.logf("n%d fills p%d to n%d", h.id, f.page, f.to)
+		f.started = true
+		h.e.onFill(coherence.Fill{Pages: []ids.PageNo{f.page}, To: f.to})
+		h.e.apply()
+	}
+	s.fills = slices.DeleteFunc(s.fills, func(f *simFill) bool { return f.started && !slices.Contains(bk(f.page), f.to) })
+}
+
 // placement is the current home of every page, as a function that later
 // moves do not change.
 func (s *engineSim) placement() func(ids.PageNo) ids.NodeID {
@@ -695,6 +804,9 @@ func (s *engineSim) backupsNow() func(ids.PageNo) []ids.NodeID {
 	out := make([][]ids.NodeID, len(s.chains))
 	for p, c := range s.chains {
 		for _, b := range c[slices.Index(c, s.home[p])+1:] {
+			if s.cfg.rolling > 0 && len(out[p]) == s.cfg.backups {
+				break // the first k live members after the home
+			}
 			if int(b) > len(s.nodes) || !s.nodes[b-1].crashed {
 				out[p] = append(out[p], b)
 			}
@@ -873,7 +985,7 @@ func (s *engineSim) result(c *simCall, r result) {
 		// A page whose home crashed, or that waited too long for a
 		// crashed node: the call fails. A write fails without effect (the
 		// model applies it when its call ends).
-		if !s.lostPage(c.page) && !s.cfg.crash {
+		if !s.lostPage(c.page) && !s.cfg.crash && s.cfg.rolling == 0 {
 			s.fail("n%d %v of p%d: %v, and no node crashed", c.node.id, c.kind, c.page, r.err)
 			return
 		}
@@ -1006,6 +1118,18 @@ var regModel = porcupine.Model{
 }
 
 func (s *engineSim) check() {
+	if s.cfg.rolling > 0 {
+		for p := range s.cfg.pages {
+			if s.lostPage(ids.PageNo(p)) {
+				s.fail("p%d lost after %d restarts: no complete member of chain %v was left (complete: %v)", p, s.restarts, s.chains[p], s.complete[p])
+				return
+			}
+		}
+		if s.restarts < s.cfg.rolling {
+			s.fail("%d restarts of %d", s.restarts, s.cfg.rolling)
+			return
+		}
+	}
 	// A write of a node that crashed may be lost with its Modified copy:
 	// one that no other node read is left out (had it taken effect, it
 	// was overwritten unseen; left out, the rest must still be
