@@ -606,7 +606,6 @@ func TestFailoverTime(t *testing.T) {
 // every page synced before, on shards homed at every node, is then read
 // with its data on every node.
 func TestRollingRestartLosesNothing(t *testing.T) {
-	skipOnShmWithDeaths(t)
 	const region = "roll"
 	c, homes := threeNodesWithRegion(t, region)
 	type page struct{ off, data string }
