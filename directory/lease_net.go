@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,7 +100,7 @@ func (d *Directory) handleLease(req rpcRequest) rpcResponse {
 	if err != nil {
 		return refuse("%v", err)
 	}
-	self := containsID(conf.voters, d.cfg.NodeID)
+	self := slices.Contains(conf.voters, d.cfg.NodeID)
 	if !self {
 		return refuse("%v is not a voter", d.cfg.NodeID)
 	}
@@ -266,21 +267,12 @@ func (d *Directory) leaseLoop() {
 			lp.ask(req, r, 4*p.Period)
 		}
 		for id, lp := range peers {
-			if !containsID(voters, id) {
+			if !slices.Contains(voters, id) {
 				lp.close()
 				delete(peers, id)
 			}
 		}
 	}
-}
-
-func containsID(s []ids.NodeID, id ids.NodeID) bool {
-	for _, x := range s {
-		if x == id {
-			return true
-		}
-	}
-	return false
 }
 
 // leaseRound counts the grants of one round.

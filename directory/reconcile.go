@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -430,10 +431,10 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 		d.log.Info("directory: removed from raft", "member", id.String(), "why", why)
 		return true
 	}
-	// failedVoters are the voters whose member failed, in id order: the
-	// first is replaced first.
+	// failedVoters are the voters whose member failed, in the order of
+	// their server ids: the first is replaced first.
 	var failedVoters []ids.NodeID
-	for _, sid := range sortedServerIDs(servers) {
+	for _, sid := range slices.Sorted(maps.Keys(servers)) {
 		id, ok := parseServerID(sid)
 		if !ok || id == d.cfg.NodeID {
 			continue
@@ -507,15 +508,6 @@ func (d *Directory) reconcileRaft(ctx context.Context) {
 			return // the failed voter leaves at a later pass, a fence wait after this change
 		}
 	}
-}
-
-func sortedServerIDs(m map[raft.ServerID]raft.Server) []raft.ServerID {
-	out := make([]raft.ServerID, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 func sortedKeys[V any](m map[ids.NodeID]V) []ids.NodeID {
