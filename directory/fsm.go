@@ -182,6 +182,14 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 			// replace this one).
 			return &next, applyResult{Err: fmt.Errorf("%w: %v state %v for nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.State, c.Nonce, old.Nonce)}
 		}
+		if old.DepartedAt() != 0 && c.State == StateAlive {
+			// Departures are final for an incarnation; a failed one may
+			// still be recorded left (removed).
+			return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d is %v; only a new process rejoins", ErrStaleIncarnation, c.ID, old.Incarnation, old.State)}
+		}
+		if old.State == StateLeft {
+			return &next, applyResult{} // left stays left
+		}
 		next.Epoch++
 		old.State = c.State
 		old.Epoch = next.Epoch
@@ -282,6 +290,13 @@ func putMember(v *View, c command) (*View, applyResult) {
 		// A departed incarnation never comes back (its protocol id may not
 		// name a member again): only a new process rejoins.
 		return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d left the cluster; only a new process rejoins", ErrStaleIncarnation, m.ID, old.Incarnation)}
+	case old.State == StateFailed && m.Nonce != 0 && old.Nonce == m.Nonce:
+		// A failure verdict is a departure from the data plane: the
+		// incarnation's homes moved and the words naming it were repaired.
+		// A process declared failed while alive (cut off, stopped) comes
+		// back only as a new incarnation.
+		return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d was declared failed in epoch %v; only a new process rejoins",
+			ErrDeclaredFailed, m.ID, old.Incarnation, old.DepartedAt())}
 	case m.Nonce == 0 || old.Nonce == m.Nonce || old.Nonce == 0:
 		if m.Nonce == 0 {
 			m.Nonce = old.Nonce
@@ -307,10 +322,11 @@ func putMember(v *View, c command) (*View, applyResult) {
 	default:
 		// A restart. The old incarnation departs and the new one joins in
 		// this one epoch.
-		// The old incarnation departs now, or departed when it left.
+		// The old incarnation departs now, or departed when it left or
+		// was declared failed.
 		leftAt := v.Epoch + 1
-		if old.State == StateLeft && old.Epoch > 0 {
-			leftAt = old.Epoch
+		if d := old.DepartedAt(); d != 0 {
+			leftAt = d
 		}
 		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
 			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation,

@@ -90,14 +90,15 @@ func TestFSMFilled(t *testing.T) {
 		fill(2, two.Nonce, 3, ShardRange{0, 1}),                                                       // 8: since after the epoch
 		{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: two.Nonce},                        // 9: epoch 3
 		fill(2, two.Nonce, 2, ShardRange{4, 8}),                                                       // 10: failed
-		{Type: cmdSetMemberState, ID: 2, State: StateAlive, Nonce: two.Nonce},                         // 11: epoch 4
-		fill(2, two.Nonce, 2, ShardRange{4, 8}),                                                       // 12: failed after since
-		fill(2, two.Nonce, 4, ShardRange{4, 8}),                                                       // 13: kept, at 4
+		{Type: cmdPutMember, Member: two},                                                             // 11: refused: a verdict is final
+		{Type: cmdPutMember, Member: restartOf(2, 2)},                                                 // 12: epoch 4, incarnation 2
+		fill(2, restartOf(2, 2).Nonce, 4, ShardRange{4, 8}),                                           // 13: kept, at 4
 		{Type: cmdFilled, Region: 9, ID: 2, Nonce: two.Nonce, Since: 4, Shards: []ShardRange{{0, 1}}}, // 14: no region
+		fill(2, two.Nonce, 4, ShardRange{4, 8}),                                                       // 15: the failed incarnation
 	})
 	for i, want := range []error{3: nil, 4: nil, 5: ErrStaleIncarnation, 6: ErrNoMember, 7: ErrBadCommand, 8: ErrBadCommand,
-		10: ErrInvalidMember, 12: ErrInvalidMember, 13: nil, 14: ErrNoRegion} {
-		if i < 3 || i == 9 || i == 11 {
+		10: ErrInvalidMember, 11: ErrDeclaredFailed, 13: nil, 14: ErrNoRegion, 15: ErrStaleIncarnation} {
+		if i < 3 || i == 9 || i == 12 {
 			continue
 		}
 		if !errors.Is(res[i].Err, want) || (want == nil && res[i].Err != nil) {
@@ -111,14 +112,14 @@ func TestFSMFilled(t *testing.T) {
 	r, _ := v.Region("r")
 	m2, _ := v.Member(2)
 	want := []FillRecord{
-		{Node: 2, Incarnation: 1, Proto: m2.Proto, Since: 2, At: 2, Shards: []ShardRange{{0, 4}, {8, 9}}},
-		{Node: 2, Incarnation: 1, Proto: m2.Proto, Since: 4, At: 4, Shards: []ShardRange{{4, 8}}},
+		{Node: 2, Incarnation: 1, Proto: 2, Since: 2, At: 2, Shards: []ShardRange{{0, 4}, {8, 9}}},
+		{Node: 2, Incarnation: 2, Proto: m2.Proto, Since: 4, At: 4, Shards: []ShardRange{{4, 8}}},
 	}
 	if !reflect.DeepEqual(r.Filled, want) {
 		t.Fatalf("records %+v, want %+v", r.Filled, want)
 	}
-	if m2.JoinedAt != 2 {
-		t.Errorf("member 2 joined in epoch %v, want 2", m2.JoinedAt)
+	if m2.JoinedAt != 4 {
+		t.Errorf("incarnation 2 of member 2 joined in epoch %v, want 4", m2.JoinedAt)
 	}
 	for s, covered := range map[uint64]bool{0: true, 3: true, 4: false, 7: false, 8: true, 9: false} {
 		if r.Filled[0].Covers(s) != covered {
@@ -135,7 +136,7 @@ func TestFSMFilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2, _ := v2.Region("r")
-	if m, _ := v2.Member(2); !reflect.DeepEqual(r2.Filled, want) || m.JoinedAt != 2 {
+	if m, _ := v2.Member(2); !reflect.DeepEqual(r2.Filled, want) || m.JoinedAt != 4 {
 		t.Fatalf("after a snapshot: records %+v, member %+v", r2.Filled, m)
 	}
 }

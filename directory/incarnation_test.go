@@ -144,9 +144,9 @@ func TestRestartIsNewIncarnation(t *testing.T) {
 	if res.Err != nil || res.Epoch != e+1 || m.Incarnation != 2 || m.Proto != 4 || m.State != StateAlive || string(m.Descriptors) != "new memory" {
 		t.Fatalf("failed member restarted: epoch %v err %v record %+v", res.Epoch, res.Err, m)
 	}
-	// The departed incarnation keeps the epoch it failed in: it was no
-	// complete backup from then on.
-	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e + 1, Node: 2, Incarnation: 1, FailedAt: e, LastFailedAt: e, Failures: 1, JoinedAt: 2}) {
+	// The failure verdict was the old incarnation's departure: the
+	// quarantine says it left in the epoch it failed in.
+	if q := v.Quarantine(); len(q) != 2 || q[1] != (Quarantined{Proto: 2, LeftAt: e, Node: 2, Incarnation: 1, FailedAt: e, LastFailedAt: e, Failures: 1, JoinedAt: 2}) {
 		t.Fatalf("quarantine %+v", q)
 	}
 }
@@ -240,11 +240,12 @@ func TestHistoryTrimmed(t *testing.T) {
 	f := newFSM(newNotifier())
 	cmds := []command{{Type: cmdPutMember, Member: member(1)}, {Type: cmdPutMember, Member: member(2)}}
 	for i := range 98 {
-		st := StateFailed
-		if i%2 == 1 {
-			st = StateAlive
+		// Node 2 fails, and comes back as a new process.
+		if i%2 == 0 {
+			cmds = append(cmds, command{Type: cmdSetMemberState, ID: 2, State: StateFailed})
+		} else {
+			cmds = append(cmds, command{Type: cmdPutMember, Member: restartOf(2, uint64(i+1))})
 		}
-		cmds = append(cmds, command{Type: cmdSetMemberState, ID: 2, State: st})
 	}
 	applyAll(t, f, cmds)
 	v := viewOf(f)
@@ -398,44 +399,59 @@ func TestSnapshotV1Decode(t *testing.T) {
 	}
 }
 
-// FailedAt records the first failure of an incarnation: it stays when the
-// incarnation comes back alive (it may have missed writes as a backup),
-// goes with it into the quarantine, and a new incarnation starts without
-// it. A member that left and comes back departed when it left.
+// A failure verdict is final for an incarnation: the same process is not
+// put alive again (neither by its gossip nor by a state change), it
+// departed in the epoch of the verdict, which goes with it into the
+// quarantine, and a new incarnation starts without it. A member that
+// left and comes back departed when it left.
 func TestFailedAtIsKeptPerIncarnation(t *testing.T) {
 	f := newFSM(newNotifier())
 	applyAll(t, f, []command{
 		{Type: cmdPutMember, Member: member(1)},
 		{Type: cmdPutMember, Member: member(2)},
 		{Type: cmdPutMember, Member: member(3)},
+		{Type: cmdPutMember, Member: member(4)},
 	})
 	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102}})
 	failed := viewOf(f).Epoch
-	if m, _ := viewOf(f).Member(2); m.FailedAt != failed {
-		t.Fatalf("failed member: %+v, want FailedAt %v", m, failed)
+	if m, _ := viewOf(f).Member(2); m.FailedAt != failed || m.DepartedAt() != failed {
+		t.Fatalf("failed member: %+v, want FailedAt and DepartedAt %v", m, failed)
 	}
-	// Alive again (the same process), then failed again: the first failure
-	// is what counts.
+	// The same process, alive again (a healed partition), is refused.
 	back := member(2)
 	back.FailedAt = 99 // a put cannot choose it
-	applyAll(t, f, []command{{Type: cmdPutMember, Member: back}})
-	if m, _ := viewOf(f).Member(2); m.State != StateAlive || m.FailedAt != failed {
-		t.Fatalf("member back alive: %+v, want FailedAt %v", m, failed)
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: back},
+		{Type: cmdSetMemberState, ID: 2, State: StateAlive, Nonce: 102},
+		{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102},
+	})
+	if !errors.Is(res[0].Err, ErrDeclaredFailed) || !errors.Is(res[1].Err, ErrStaleIncarnation) || res[2].Err != nil {
+		t.Fatalf("a failed incarnation put alive again: %v, %v, %v", res[0].Err, res[1].Err, res[2].Err)
 	}
-	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 2, State: StateFailed, Nonce: 102}})
-	if m, _ := viewOf(f).Member(2); m.FailedAt != failed || m.LastFailedAt != viewOf(f).Epoch || m.Failures != 2 {
-		t.Fatalf("failed twice: %+v, want FailedAt %v, LastFailedAt %v, 2 failures", m, failed, viewOf(f).Epoch)
+	if m, _ := viewOf(f).Member(2); m.State != StateFailed || m.FailedAt != failed || m.LastFailedAt != failed || m.Failures != 1 || viewOf(f).Epoch != failed {
+		t.Fatalf("after the refusals: %+v in epoch %v, want failed in %v", m, viewOf(f).Epoch, failed)
 	}
-	last := viewOf(f).Epoch
 	// A new incarnation starts clean; the old one's failure goes into the
-	// quarantine.
+	// quarantine, and it left when it failed.
 	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(2, 2)}})
 	v := viewOf(f)
-	if m, _ := v.Member(2); m.Incarnation != 2 || m.FailedAt != 0 || m.LastFailedAt != 0 || m.Failures != 0 {
+	if m, _ := v.Member(2); m.Incarnation != 2 || m.FailedAt != 0 || m.LastFailedAt != 0 || m.Failures != 0 || m.State != StateAlive {
 		t.Fatalf("new incarnation: %+v", m)
 	}
-	if q := v.Quarantine(); len(q) != 1 || q[0].FailedAt != failed || q[0].LastFailedAt != last || q[0].Failures != 2 || q[0].LeftAt != v.Epoch {
-		t.Fatalf("quarantine %+v, want FailedAt %v LeftAt %v", q, failed, v.Epoch)
+	if q := v.Quarantine(); len(q) != 1 || q[0].FailedAt != failed || q[0].LastFailedAt != failed || q[0].Failures != 1 || q[0].LeftAt != failed {
+		t.Fatalf("quarantine %+v, want FailedAt and LeftAt %v", q, failed)
+	}
+	// Node 4 fails and is then removed (left): it still departed when it
+	// failed, and a late "alive" changes nothing.
+	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 4, State: StateFailed, Nonce: 104}})
+	failed4 := viewOf(f).Epoch
+	res = applyAll(t, f, []command{
+		{Type: cmdSetMemberState, ID: 4, State: StateLeft, Nonce: 104},
+		{Type: cmdSetMemberState, ID: 4, State: StateFailed, Nonce: 104},
+		{Type: cmdSetMemberState, ID: 4, State: StateAlive, Nonce: 104},
+	})
+	if m, _ := viewOf(f).Member(4); m.State != StateLeft || m.DepartedAt() != failed4 || res[0].Err != nil || res[1].Err != nil || !errors.Is(res[2].Err, ErrStaleIncarnation) {
+		t.Fatalf("failed, then removed: %+v (departed %v, want %v); %v %v %v", m, m.DepartedAt(), failed4, res[0].Err, res[1].Err, res[2].Err)
 	}
 	// Node 3 leaves, then comes back as a new process: its old id departed
 	// in the epoch it left.

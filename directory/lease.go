@@ -206,6 +206,9 @@ type leaseHolder struct {
 	// revoked (0: never held).
 	until   time.Duration
 	changed chan struct{}
+	// departed, once set, says why this incarnation will never hold a
+	// lease again (ErrDeclaredFailed or ErrDeparted).
+	departed error
 }
 
 func newLeaseHolder(p leaseParams) *leaseHolder {
@@ -217,7 +220,7 @@ func (h *leaseHolder) extend(sentAt time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	u := sentAt + h.p.hold()
-	if u <= h.until {
+	if u <= h.until || h.departed != nil {
 		return
 	}
 	h.until = u
@@ -225,9 +228,23 @@ func (h *leaseHolder) extend(sentAt time.Duration) {
 	h.changed = make(chan struct{})
 }
 
-// get returns the lease's end and a channel closed at its next extension.
-func (h *leaseHolder) get() (time.Duration, <-chan struct{}) {
+// depart records that the incarnation departed (the first reason wins):
+// no grant extends the lease any more.
+func (h *leaseHolder) depart(why error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.until, h.changed
+	if h.departed != nil {
+		return
+	}
+	h.departed = why
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// get returns the lease's end, a channel closed at its next extension or
+// at the departure, and the departure (nil while none is known).
+func (h *leaseHolder) get() (time.Duration, <-chan struct{}, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.until, h.changed, h.departed
 }

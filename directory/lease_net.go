@@ -29,17 +29,25 @@ var ErrNoFence = errors.New("directory: no majority of voters fenced the incarna
 
 // Lease is this replica's lease, on the clock LeaseClock reads: local
 // access to pages is allowed while LeaseClock() < Until, and Until - Now
-// is at most the lease's hold. Changed is closed at the next extension.
+// is at most the lease's hold. Changed is closed at the next extension,
+// and when Departed is learned.
 type Lease struct {
 	Until   time.Duration
 	Changed <-chan struct{}
+	// Departed, when not nil, says that this incarnation will never be
+	// granted again: it was declared failed (ErrDeclaredFailed: its pages
+	// moved on, and only a new process is admitted) or it departed
+	// otherwise (ErrDeparted: removed, or replaced by another process of
+	// the node id). Learned from this replica's log or from a voter's
+	// refusal, which reaches a process that the log no longer reaches.
+	Departed error
 }
 
 // Lease returns this replica's current lease (Until is 0 before the
 // first majority granted).
 func (d *Directory) Lease() Lease {
-	u, ch := d.lease.get()
-	return Lease{Until: u, Changed: ch}
+	u, ch, dep := d.lease.get()
+	return Lease{Until: u, Changed: ch, Departed: dep}
 }
 
 // LeaseClock reads the clock leases are measured on (CLOCK_BOOTTIME).
@@ -106,6 +114,11 @@ func (d *Directory) handleLease(req rpcRequest) rpcResponse {
 	}
 	v := d.View()
 	m, ok := v.Member(req.ID)
+	if err := departure(m, ok, req.Nonce); err != nil {
+		// Committed in this voter's log: final. The requester stops
+		// asking and its node starts a new incarnation (or stops).
+		return rpcResponse{Err: toWire(fmt.Errorf("%w: %w", ErrLeaseRefused, err))}
+	}
 	if !ok || m.State != StateAlive || m.Nonce != req.Nonce || req.Nonce == 0 {
 		return refuse("%v at nonce %#x is not an alive member here", req.ID, req.Nonce)
 	}
@@ -116,6 +129,25 @@ func (d *Directory) handleLease(req rpcRequest) rpcResponse {
 		return refuse("%s", r)
 	}
 	return rpcResponse{Index: conf.index, Epoch: v.Epoch}
+}
+
+// departure says whether the incarnation of nonce departed, as member
+// record m (ok: there is one) says: an error wrapping ErrDeclaredFailed
+// or ErrDeparted, or nil.
+func departure(m Member, ok bool, nonce uint64) error {
+	switch {
+	case !ok || nonce == 0:
+		return nil
+	case slices.Contains(m.PastNonces, nonce):
+		return fmt.Errorf("%w: n%d has a later incarnation (%d) since epoch %v", ErrDeparted, m.ID, m.Incarnation, m.JoinedAt)
+	case m.Nonce != nonce:
+		return nil
+	case m.State == StateFailed:
+		return fmt.Errorf("%w: incarnation %d of n%d, in epoch %v: its pages moved; a new incarnation rejoins", ErrDeclaredFailed, m.Incarnation, m.ID, m.DepartedAt())
+	case m.State == StateLeft:
+		return fmt.Errorf("%w: incarnation %d of n%d left or was removed in epoch %v", ErrDeparted, m.Incarnation, m.ID, m.DepartedAt())
+	}
+	return nil
 }
 
 // handleFence fences an incarnation at this voter and answers once every
@@ -241,7 +273,12 @@ func (d *Directory) leaseLoop() {
 		case <-tick.C:
 		}
 		v := d.View()
-		if m, ok := v.Member(d.cfg.NodeID); !ok || m.State != StateAlive || m.Nonce != d.cfg.Nonce {
+		m, ok := v.Member(d.cfg.NodeID)
+		if err := departure(m, ok, d.cfg.Nonce); err != nil {
+			d.noteDeparted(err)
+			return
+		}
+		if !ok || m.State != StateAlive || m.Nonce != d.cfg.Nonce {
 			continue // not a member (yet, or any more): nothing to ask for
 		}
 		conf, err := d.configuration()
@@ -275,6 +312,14 @@ func (d *Directory) leaseLoop() {
 	}
 }
 
+// noteDeparted records that this incarnation departed; leases end here.
+func (d *Directory) noteDeparted(why error) {
+	if _, _, was := d.lease.get(); was == nil {
+		d.log.Info("directory: this incarnation departed; no lease will be granted to it again", "err", why)
+	}
+	d.lease.depart(why)
+}
+
 // leaseRound counts the grants of one round.
 type leaseRound struct {
 	d     *Directory
@@ -287,7 +332,14 @@ type leaseRound struct {
 }
 
 func (r *leaseRound) add(resp rpcResponse) {
-	if resp.Err != nil || resp.Index != r.index {
+	if resp.Err != nil {
+		if err := fromWire(resp.Err); errors.Is(err, ErrDeclaredFailed) || errors.Is(err, ErrDeparted) {
+			// One voter's log says so: committed, hence final.
+			r.d.noteDeparted(err)
+		}
+		return
+	}
+	if resp.Index != r.index {
 		return
 	}
 	r.mu.Lock()

@@ -1,6 +1,8 @@
 package directory
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -131,7 +133,7 @@ func TestLeaseExpiry(t *testing.T) {
 // round a majority granted, and each extension wakes the waiters.
 func TestLeaseHolder(t *testing.T) {
 	h := newLeaseHolder(testLease)
-	until, ch := h.get()
+	until, ch, _ := h.get()
 	if until != 0 {
 		t.Fatalf("a lease before any grant: %v", until)
 	}
@@ -141,17 +143,32 @@ func TestLeaseHolder(t *testing.T) {
 	default:
 		t.Fatal("an extension did not wake the waiters")
 	}
-	until, ch = h.get()
+	until, ch, _ = h.get()
 	if until != 10*time.Second+testLease.hold() {
 		t.Fatalf("lease until %v", until)
 	}
 	h.extend(9 * time.Second) // a late answer to an older round
-	if u, _ := h.get(); u != until {
+	if u, _, _ := h.get(); u != until {
 		t.Fatalf("an older round shortened or moved the lease: %v", u)
 	}
 	select {
 	case <-ch:
 		t.Fatal("an older round woke the waiters")
 	default:
+	}
+	why := fmt.Errorf("%w: test", ErrDeclaredFailed)
+	h.depart(why)
+	select {
+	case <-ch:
+	default:
+		t.Fatal("a departure did not wake the waiters")
+	}
+	h.extend(20 * time.Second)
+	if u, _, dep := h.get(); u != until || !errors.Is(dep, ErrDeclaredFailed) {
+		t.Fatalf("after a departure: lease until %v (want %v, not extended), departed %v", u, until, dep)
+	}
+	h.depart(fmt.Errorf("%w: later", ErrDeparted))
+	if _, _, dep := h.get(); dep != why {
+		t.Fatalf("a second departure replaced the first: %v", dep)
 	}
 }

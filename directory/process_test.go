@@ -576,13 +576,18 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 		protos[m.Proto] = true
 		// The old id is quarantined in the epoch of the restart, and that
 		// one epoch is where the new incarnation appears.
-		// It may have been declared failed before it came back (FailedAt).
+		// It may have been declared failed before it came back (FailedAt):
+		// it departed then.
 		q := v.Quarantine()
 		var got directory.Quarantined
 		if len(q) == round+1 {
 			got = q[round]
 		}
-		want := directory.Quarantined{Proto: old.Proto, LeftAt: m.Epoch, Node: victim, Incarnation: old.Incarnation,
+		leftAt := m.Epoch
+		if got.Failures > 0 {
+			leftAt = got.LastFailedAt
+		}
+		want := directory.Quarantined{Proto: old.Proto, LeftAt: leftAt, Node: victim, Incarnation: old.Incarnation,
 			FailedAt: got.FailedAt, LastFailedAt: got.LastFailedAt, Failures: got.Failures, JoinedAt: old.JoinedAt}
 		if len(q) != round+1 || got.LastFailedAt >= m.Epoch || got != want {
 			t.Fatalf("round %d: quarantine %+v, want %v left in %v", round, q, old.Proto, m.Epoch)
@@ -626,5 +631,54 @@ func TestProcessRestartIsNewIncarnation(t *testing.T) {
 				t.Fatalf("round %d: %v's view of %v moved to %+v", round, id, victim, x)
 			}
 		}
+	}
+}
+
+// TestProcessFailedIsFinal: a process stopped (SIGSTOP) for longer than
+// the failure detector waits is declared failed, and once it runs again
+// it is not put alive again: it learns that its incarnation departed
+// (from its log, or from a voter's lease refusal) and is never granted a
+// lease, so its node can start a new incarnation (node.Run does).
+func TestProcessFailedIsFinal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test")
+	}
+	pc := newProcCluster(t)
+	pc.startProcs(3, 3, func(c *procConfig) { c.Nonce = 0x2000 + uint64(c.ID) })
+	ctx := ctxT(t)
+	member := func(on, id ids.NodeID) (directory.Member, bool) {
+		v, err := directory.RemoteView(ctx, pc.procs[on].cfg.RPC)
+		if err != nil {
+			return directory.Member{}, false
+		}
+		return v.Member(id)
+	}
+	waitFor(t, "n3 alive", func() bool {
+		m, ok := member(1, 3)
+		return ok && m.State == directory.StateAlive
+	})
+	p3 := pc.procs[3].cmd.Process
+	if err := p3.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n3 declared failed", func() bool {
+		m, ok := member(1, 3)
+		return ok && m.State == directory.StateFailed && m.Nonce == 0x2003
+	})
+	if err := p3.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "n3 learns that its incarnation was declared failed", func() bool {
+		b, _ := os.ReadFile(pc.procs[3].stderr)
+		return strings.Contains(string(b), "this incarnation departed") && strings.Contains(string(b), "declared failed")
+	})
+	// Gossip reaches it again, and it refutes its death there; the
+	// directory still does not put it alive.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if m, ok := member(1, 3); !ok || m.State != directory.StateFailed || m.Nonce != 0x2003 {
+			t.Fatalf("the failed incarnation came back: %+v", m)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -209,8 +209,11 @@ func (d *Directory) reconcile() {
 		if ok && slices.Contains(m.PastNonces, want.Nonce) {
 			continue // stale gossip about an earlier incarnation
 		}
-		if ok && m.State == StateLeft && m.Nonce == want.Nonce {
-			continue // a departed incarnation (removed) never comes back
+		if ok && (m.State == StateLeft || m.State == StateFailed) && m.Nonce == want.Nonce {
+			// A departed incarnation (removed, or declared failed) never
+			// comes back: its process learns it from a lease refusal and
+			// starts a new incarnation (or stops, when removed).
+			continue
 		}
 		if d.noProto[id] == want.Nonce {
 			continue // refused for want of protocol ids; said once

@@ -72,7 +72,7 @@ var wireSentinels = []error{
 	ErrInvalidRegion, ErrRegionExists, ErrNoRegion, ErrTooManyRegions, ErrNoSpace, ErrPageOutOfRange,
 	ErrNoMembers, ErrInvalidMember, ErrNotLeader, ErrNoLeader, ErrClosed, ErrBadCommand,
 	ErrBadFrame, ErrStaleIncarnation, ErrNoProtoIDs, ErrInvalidAccess, ErrNotFailed, ErrNoMember,
-	ErrLeaseRefused, ErrNoFence,
+	ErrDeclaredFailed, ErrDeparted, ErrLeaseRefused, ErrNoFence,
 }
 
 func toWire(err error) *wireError {

@@ -45,6 +45,15 @@ var (
 	ErrNotFailed = errors.New("directory: member is not failed")
 	// ErrNoMember names a node that is not in the member table.
 	ErrNoMember = errors.New("directory: no such member")
+	// ErrDeclaredFailed: the incarnation was declared failed. A verdict is
+	// final: its pages moved on, and only a new process (a new
+	// incarnation) is admitted again. A voter refuses such an incarnation
+	// a lease with it, so a process cut off from the log learns it too.
+	ErrDeclaredFailed = errors.New("directory: this incarnation was declared failed")
+	// ErrDeparted: the incarnation left the cluster, was removed from it
+	// (dsmctl members remove), or another process of the node id took its
+	// place; a voter refuses it a lease with it.
+	ErrDeparted = errors.New("directory: this incarnation departed from the cluster")
 )
 
 // SpecError says which field of a RegionSpec is wrong and why. It matches
@@ -396,11 +405,12 @@ type Member struct {
 	Epoch ids.Epoch
 	// FailedAt and LastFailedAt are the epochs in which the failure
 	// detector first and last declared this incarnation failed, and
-	// Failures how many times (0: never). They stay when the incarnation
-	// comes back alive: it may have missed writes meanwhile, so the data
-	// plane does not count it as a complete backup copy of a region that
-	// existed then (docs/failover.md §7). Assigned by the directory;
-	// ignored in a put.
+	// Failures how many times (0: never). A verdict is final (the
+	// incarnation departs from the data plane: DepartedAt), so the two are
+	// equal. A log or snapshot of an earlier release may hold an incarnation that came back alive after
+	// verdicts; the data plane does not count it as a complete backup copy
+	// of a region that existed then (docs/failover.md §7). Assigned by the
+	// directory; ignored in a put.
 	FailedAt     ids.Epoch `json:",omitempty"`
 	LastFailedAt ids.Epoch `json:",omitempty"`
 	Failures     uint32    `json:",omitempty"`
@@ -414,6 +424,20 @@ type Member struct {
 	// of a shard's backups (node/placement.go). Assigned by the
 	// directory; ignored in a put.
 	JoinedAt ids.Epoch `json:",omitempty"`
+}
+
+// DepartedAt is the epoch in which this incarnation departed from the
+// data plane (0: it has not): that of its failure verdict, which is final
+// (the process is admitted again only as a new incarnation), or, for one
+// that left without a verdict, that of its leave.
+func (m Member) DepartedAt() ids.Epoch {
+	if m.State != StateFailed && m.State != StateLeft {
+		return 0
+	}
+	if m.Failures > 0 && m.LastFailedAt != 0 {
+		return m.LastFailedAt
+	}
+	return max(m.Epoch, 1)
 }
 
 func (m Member) clone() Member {
