@@ -316,11 +316,10 @@ func protoIDsHealth(left int) []string {
 
 // homesHealth names the regions whose pages are lost, unavailable or
 // short of backups in the data plane (node/placement.go): a shard whose
-// home departed with no complete backup left is lost (its pages fail with
-// PAGE_UNAVAILABLE for good); one whose home failed is unavailable until
-// it is back or departs (then it moves to a backup); one with fewer
-// complete backups than its region asks for survives fewer failures
-// until its home has filled the new ones (fills.go).
+// home departed (left, restarted or declared failed) with no complete
+// backup left is lost (its pages fail with PAGE_UNAVAILABLE for good);
+// one with fewer complete backups than its region asks for survives fewer
+// failures until its home has filled the new ones (fills.go).
 func homesHealth(v *directory.View, ds *dataSummary) []string {
 	var out []string
 	for _, r := range v.Regions() {
@@ -331,9 +330,6 @@ func homesHealth(v *directory.View, ds *dataSummary) []string {
 		if len(rs.lost) > 0 {
 			out = append(out, fmt.Sprintf("region %q lost the pages of %s: no complete backup was left when the home departed; they fail as unavailable",
 				r.Name, shardsAt(rs.lost, ds.why)))
-		}
-		if len(rs.down) > 0 {
-			out = append(out, fmt.Sprintf("region %q: the pages of %s are unavailable while it is down", r.Name, shardsAt(rs.down, nil)))
 		}
 		if rs.thin > 0 {
 			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; their homes are filling new ones)",
@@ -381,9 +377,9 @@ type dataSummary struct {
 }
 
 type regionSummary struct {
-	// lost and down count shards by home node: departed with no complete
-	// backup, and failed (a member that may come back).
-	lost, down map[ids.NodeID]uint64
+	// lost counts shards by home node: departed (left, restarted or
+	// declared failed) with no complete backup.
+	lost map[ids.NodeID]uint64
 	// thin counts the shards with fewer complete backups than asked;
 	// only counts, by node, those whose only copy is that node's.
 	thin uint64
@@ -418,7 +414,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			continue
 		}
 		rc := newRegionChains(r, protos)
-		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, down: map[ids.NodeID]uint64{}, only: map[ids.NodeID]uint64{}}
+		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, only: map[ids.NodeID]uint64{}}
 		want := min(r.Backups, len(r.Homes)-1)
 		if !rc.anyEvent(pm) {
 			// Every shard at the first of its chain, with every backup:
@@ -438,9 +434,6 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			case in.departed:
 				rs.lost[in.node]++
 				ds.why[in.node] = in.why
-			case in.failed:
-				rs.down[in.node]++
-				ds.homes[in.node]++
 			default:
 				ds.homes[in.node]++
 			}

@@ -16,11 +16,15 @@ import (
 // departure and move its homes and tenures. When a majority grants again
 // the cache resumes, and the pages set aside come back Modified without a
 // round trip. The node starts suspended: nothing is served before the
-// first lease.
+// first lease. When the directory says this incarnation departed (declared
+// failed, or removed), the lease never comes back and Run ends it.
 func (n *Node) guardLease(ctx context.Context) {
 	suspended := false
 	for {
 		l := n.dir.Lease()
+		if l.Departed != nil {
+			n.departed(l.Departed)
+		}
 		if now := directory.LeaseClock(); now < l.Until {
 			if suspended {
 				n.cache.Resume()

@@ -20,9 +20,10 @@ import (
 type incarnation struct {
 	node ids.NodeID
 	inc  uint64
-	// departed: the incarnation is gone for good (restarted, or left);
-	// failed: the directory's failure detector says so (it may be alive
-	// behind a partition, so it stays a member).
+	// departed: the incarnation is gone for good (restarted, left, or
+	// declared failed); failed: the directory's failure detector said so
+	// (departed too: a verdict is final, and a process that lived on
+	// behind a partition comes back as a new incarnation).
 	departed, failed bool
 	// why says what happened to it, for errors (a verb phrase), when it
 	// departed or failed.
@@ -42,11 +43,13 @@ type incarnation struct {
 type protoMap struct {
 	byProto map[ids.NodeID]incarnation
 	// members are the protocol ids that take part: every incarnation in
-	// the member table that did not leave. Sorted.
+	// the member table that did not depart (leave, or a failure verdict).
+	// Sorted.
 	members []ids.NodeID
 	// epoch is the protocol epoch of members: coherenceEpoch plus the
 	// number of ids ever given out, plus the number departed, plus the
-	// failure verdicts ever given (each drops a member from the backups).
+	// failure verdicts ever given (each a departure; before verdicts were
+	// final, each dropped a member from the backups).
 	// Ids are given out and depart once each, verdicts only add up, and
 	// every node computes this from the same table, so one epoch names
 	// one member set and one placement on every node, whichever views it
@@ -114,16 +117,24 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			joinedAt: m.JoinedAt, nonce: m.Nonce}
 		switch m.State {
 		case directory.StateLeft:
-			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.Epoch)
-			in.leftAt = max(m.Epoch, 1)
+			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.DepartedAt())
+			if m.Failures > 0 {
+				in.why = fmt.Sprintf("failed in epoch %d", m.DepartedAt())
+			}
+			in.leftAt = m.DepartedAt()
 			departed++
 		case directory.StateFailed:
-			in.failed, in.why = true, fmt.Sprintf("failed in epoch %d", m.Epoch)
+			// A failure verdict is a departure: the directory never puts
+			// this incarnation alive again (a process that lived on comes
+			// back as a new one), so its homes move to their backups and
+			// the homes repair the words that name it.
+			in.departed, in.failed, in.why = true, true, fmt.Sprintf("failed in epoch %d", m.DepartedAt())
 			if in.failures == 0 {
 				// Recorded before failures were counted.
 				in.failedAt, in.lastFailed, in.failures = max(m.Epoch, 1), max(m.Epoch, 1), 1
 			}
-			pm.members = append(pm.members, m.Proto)
+			in.leftAt = m.DepartedAt()
+			departed++
 		default:
 			pm.members = append(pm.members, m.Proto)
 		}

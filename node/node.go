@@ -322,8 +322,8 @@ type fencer interface {
 }
 
 // fenceDeparted has the verbs transport refuse, from now on, every batch
-// of every incarnation the view says departed: a left member's, and every
-// past incarnation of a node. A process removed while it was cut off then
+// of every incarnation the view says departed: a left or failed member's,
+// and every past incarnation of a node. A process removed while it was cut off then
 // executes nothing here when it comes back (docs/protocol.md, Departures
 // and leases). done records what was fenced already.
 func (n *Node) fenceDeparted(v *directory.View, done map[incarnationKey]bool) {
@@ -341,7 +341,7 @@ func (n *Node) fenceDeparted(v *directory.View, done map[incarnationKey]bool) {
 		n.log.Debug("verbs: departed incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce))
 	}
 	for _, m := range v.Members() {
-		if m.State == directory.StateLeft {
+		if m.DepartedAt() != 0 {
 			fence(m.ID, m.Nonce)
 		}
 		for _, pn := range m.PastNonces {
@@ -458,18 +458,48 @@ func (n *Node) follow(ctx context.Context) {
 // cluster: it has left already, so Run closes it without leaving again.
 var errRemoved = errors.New("node: this incarnation was removed from the cluster")
 
+// errDeclaredFailed is the error of a node whose incarnation the
+// directory declared failed while the process lived on (cut off from the
+// majority, stopped, stalled): its pages moved on and the words naming it
+// were repaired, so it must serve nothing more. Run starts a new
+// incarnation in the same process.
+var errDeclaredFailed = errors.New("node: this incarnation was declared failed")
+
 // checkRemoved notices that this incarnation departed without leaving: an
-// operator removed it (RemoveMember) while it was cut off. Its homes have
-// moved and the words naming it were repaired, so it must serve nothing
-// more: Run stops the process (a restart rejoins as a new incarnation).
+// operator removed it (RemoveMember) while it was cut off, or the
+// directory declared it failed. Its homes have moved and the words naming
+// it were repaired, so it must serve nothing more: Run stops the process
+// when it was removed (a restart rejoins as a new incarnation), and starts
+// a new incarnation when it was declared failed.
 func (n *Node) checkRemoved(v *directory.View) {
 	me, ok := v.Member(ids.NodeID(n.cfg.ID))
-	if !ok || me.State != directory.StateLeft || me.Nonce != n.verbs.Nonce() || n.leaving.Load() {
+	if !ok || me.Nonce != n.verbs.Nonce() || n.leaving.Load() {
 		return
 	}
-	if n.fail(fmt.Errorf("%w: incarnation %d of n%d, in epoch %d (dsmctl members remove): its pages moved; restart dsmd to rejoin as a new incarnation",
-		errRemoved, me.Incarnation, n.cfg.ID, me.Epoch)) {
-		n.log.Error("removed from the cluster: serving nothing more", "incarnation", me.Incarnation, "epoch", me.Epoch)
+	switch me.State {
+	case directory.StateLeft:
+		n.departed(fmt.Errorf("%w: incarnation %d of n%d, in epoch %d (dsmctl members remove): its pages moved; restart dsmd to rejoin as a new incarnation",
+			directory.ErrDeparted, me.Incarnation, n.cfg.ID, me.Epoch))
+	case directory.StateFailed:
+		n.departed(fmt.Errorf("%w: incarnation %d of n%d, in epoch %d", directory.ErrDeclaredFailed, me.Incarnation, n.cfg.ID, me.DepartedAt()))
+	}
+}
+
+// departed stops serving for good once the directory says this
+// incarnation departed (why wraps directory.ErrDeclaredFailed or
+// ErrDeparted), from its log or from a voter's lease refusal.
+func (n *Node) departed(why error) {
+	if n.leaving.Load() {
+		return // a graceful leave ends in a departure
+	}
+	if errors.Is(why, directory.ErrDeclaredFailed) {
+		if n.fail(fmt.Errorf("%w: %w", errDeclaredFailed, why)) {
+			n.log.Error("declared failed by the cluster: this incarnation serves nothing more; its pages moved on, and what it held Modified is lost", "err", why)
+		}
+		return
+	}
+	if n.fail(fmt.Errorf("%w: %w", errRemoved, why)) {
+		n.log.Error("removed from the cluster: serving nothing more", "err", why)
 	}
 }
 
@@ -617,28 +647,67 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 
 // Run starts a node and serves until ctx ends, then leaves the cluster
 // gracefully (bounded by leaveTimeout) and closes. It is dsmd's main loop.
+//
+// When the directory declares the running incarnation failed (it was cut
+// off, stopped or stalled for longer than the failure detector waits), Run
+// closes it without leaving and starts a new incarnation in the same
+// process: new transport nonce, empty page cache, its clients' mappings
+// end (they map again). Nothing it held Modified survives: the cluster
+// moved on without it.
 func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Duration) error {
-	n, err := New(cfg, opts)
-	if err != nil {
-		return err
-	}
-	if err := n.Start(); err != nil {
-		return err
-	}
 	notify := opts.Notify
 	if notify == nil {
 		notify = func(...string) {}
 	}
-	notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
+	for incarnations := 0; ; incarnations++ {
+		n, err := New(cfg, opts)
+		if err != nil {
+			return err
+		}
+		if err := n.Start(); err != nil {
+			return err
+		}
+		if incarnations == 0 {
+			notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
+		} else {
+			notify(fmt.Sprintf("STATUS=serving as n%d (a new incarnation after a failure verdict)", cfg.ID))
+		}
+		again, err := n.serve(ctx, notify, leaveTimeout)
+		if !again {
+			return err
+		}
+		lost := 0
+		if n.cache != nil {
+			lost = n.cache.DiscardSuspended()
+		}
+		n.log.Warn("starting a new incarnation of this node", "dirty_pages_lost", lost, "err", err)
+		if cerr := n.Close(); cerr != nil {
+			n.log.Warn("closing the failed incarnation", "err", cerr)
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// serve runs a started node until ctx ends (it leaves, bounded by
+// leaveTimeout), until it cannot serve, or until it was declared failed
+// (again: Run starts a new incarnation; the node is not closed yet).
+func (n *Node) serve(ctx context.Context, notify func(...string), leaveTimeout time.Duration) (again bool, err error) {
+	opts := n.opts
 	var failed error
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
 		case failed = <-n.failed:
+			if errors.Is(failed, errDeclaredFailed) {
+				notify(fmt.Sprintf("STATUS=declared failed; starting a new incarnation of n%d", n.cfg.ID))
+				return true, failed
+			}
 			if errors.Is(failed, errRemoved) {
 				notify("STOPPING=1", "STATUS=removed from the cluster")
-				return errors.Join(failed, n.Close())
+				return false, errors.Join(failed, n.Close())
 			}
 			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)
 			done = true
@@ -653,9 +722,9 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 	lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	if err := n.Shutdown(lctx); failed == nil {
-		return err
+		return false, err
 	}
-	return failed
+	return false, failed
 }
 
 // fail reports an error that stops the node from serving (Run leaves the

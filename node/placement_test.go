@@ -148,29 +148,35 @@ func TestRegionChainsPlacement(t *testing.T) {
 	}
 }
 
-// The protocol epoch counts failures, so that a view where a member is
-// dropped from the backups is a new epoch.
+// A failure verdict is a departure, in a new protocol epoch: the
+// incarnation leaves the members in the epoch of the verdict; its removal
+// later changes nothing; its restart (quarantine and a new incarnation) is
+// another epoch, and the old incarnation still departed at the verdict.
 func TestProtoEpochCountsFailures(t *testing.T) {
-	alive := directory.Member{ID: 1, Incarnation: 1, Proto: 1, State: directory.StateAlive}
-	v1 := buildProtoMap([]directory.Member{alive}, nil)
+	alive := directory.Member{ID: 1, Incarnation: 1, Proto: 1, State: directory.StateAlive, Epoch: 1}
+	other := directory.Member{ID: 2, Incarnation: 1, Proto: 2, State: directory.StateAlive, Epoch: 1}
+	v1 := buildProtoMap([]directory.Member{alive, other}, nil)
 	failed := alive
-	failed.State, failed.FailedAt, failed.LastFailedAt, failed.Failures = directory.StateFailed, 2, 2, 1
-	v2 := buildProtoMap([]directory.Member{failed}, nil)
-	back := failed
-	back.State = directory.StateAlive
-	v3 := buildProtoMap([]directory.Member{back}, nil)
-	e1, e2, e3 := v1.epoch, v2.epoch, v3.epoch
-	if !(e1 < e2 && e2 == e3) {
-		t.Fatalf("protocol epochs %v %v %v: want a new one at the failure, the same when it is back", e1, e2, e3)
+	failed.State, failed.Epoch, failed.FailedAt, failed.LastFailedAt, failed.Failures = directory.StateFailed, 2, 2, 2, 1
+	v2 := buildProtoMap([]directory.Member{failed, other}, nil)
+	removed := failed
+	removed.State, removed.Epoch = directory.StateLeft, 3
+	v3 := buildProtoMap([]directory.Member{removed, other}, nil)
+	q := directory.Quarantined{Proto: 1, LeftAt: 2, Node: 1, Incarnation: 1, FailedAt: 2, LastFailedAt: 2, Failures: 1}
+	restarted := directory.Member{ID: 1, Incarnation: 2, Proto: 3, State: directory.StateAlive, Epoch: 4, JoinedAt: 4}
+	v4 := buildProtoMap([]directory.Member{restarted, other}, []directory.Quarantined{q})
+	e1, e2, e3, e4 := v1.epoch, v2.epoch, v3.epoch, v4.epoch
+	if !(e1 < e2 && e2 == e3 && e3 < e4) {
+		t.Fatalf("protocol epochs %v %v %v %v: want a new one at the failure, the same at the removal, a new one at the restart", e1, e2, e3, e4)
 	}
-	if pm := v3; !pm.failedBetween(1, 1, 2) || pm.failedBetween(1, 2, never) || pm.departedAt(1) != 0 {
-		t.Fatalf("events of 1: failed in (1, 2] %v, after 2 %v, departed %v", pm.failedBetween(1, 1, 2), pm.failedBetween(1, 2, never), pm.departedAt(1))
+	for i, pm := range []*protoMap{v2, v3, v4} {
+		if pm.departedAt(1) != 2 || slices.Contains(pm.members, 1) || !pm.byProto[1].departed || !pm.failedBetween(1, 1, 2) {
+			t.Fatalf("view %d: proto 1 departed at %v, member %v, failed in (1, 2] %v; want departed at the verdict (2)",
+				i+2, pm.departedAt(1), slices.Contains(pm.members, 1), pm.failedBetween(1, 1, 2))
+		}
 	}
-	// A second verdict is another epoch.
-	again := back
-	again.State, again.LastFailedAt, again.Failures = directory.StateFailed, 4, 2
-	if e4 := buildProtoMap([]directory.Member{again}, nil).epoch; e4 <= e3 {
-		t.Fatalf("protocol epoch %v after a second verdict, %v before", e4, e3)
+	if !slices.Equal(v4.members, []ids.NodeID{2, 3}) {
+		t.Fatalf("members after the restart: %v", v4.members)
 	}
 }
 
@@ -203,8 +209,8 @@ func (d *dirModel) restart(n ids.NodeID) {
 	d.epoch++
 	m := d.members[n]
 	left := d.epoch
-	if m.State == directory.StateLeft {
-		left = m.Epoch
+	if dep := m.DepartedAt(); dep != 0 {
+		left = dep // left, or declared failed: as the directory's FSM
 	}
 	d.quarantine = append(d.quarantine, directory.Quarantined{Proto: m.Proto, LeftAt: left, Node: n, Incarnation: m.Incarnation,
 		FailedAt: m.FailedAt, LastFailedAt: m.LastFailedAt, Failures: m.Failures, JoinedAt: m.JoinedAt})
@@ -213,9 +219,15 @@ func (d *dirModel) restart(n ids.NodeID) {
 	d.nextProto++
 }
 
+// setState changes n's state as the directory's FSM does: a departed
+// incarnation (left, or declared failed) never comes back alive, and one
+// that left stays left.
 func (d *dirModel) setState(n ids.NodeID, st directory.MemberState) {
-	d.epoch++
 	m := d.members[n]
+	if m.DepartedAt() != 0 && st == directory.StateAlive || m.State == directory.StateLeft || m.State == st {
+		return
+	}
+	d.epoch++
 	m.State, m.Epoch = st, d.epoch
 	if st == directory.StateFailed {
 		if m.FailedAt == 0 {
@@ -356,7 +368,6 @@ func TestReplacementNeedsARecord(t *testing.T) {
 	d.restart(1)
 	fillAll(d, rc)
 	d.setState(3, directory.StateFailed)
-	d.setState(3, directory.StateAlive)
 	d.restart(2)
 	pm = d.pm()
 	p3 := d.members[3].Proto
@@ -417,8 +428,8 @@ func TestPlacementFollowsEpochs(t *testing.T) {
 				d.setState(n, directory.StateFailed)
 				log = append(log, fmt.Sprintf("fail %v", n))
 			case op < 5 && m.State == directory.StateFailed:
-				d.setState(n, directory.StateAlive)
-				log = append(log, fmt.Sprintf("back %v", n))
+				d.setState(n, directory.StateLeft) // removed
+				log = append(log, fmt.Sprintf("remove %v", n))
 			case op < 6 && m.State != directory.StateLeft:
 				d.setState(n, directory.StateLeft)
 				log = append(log, fmt.Sprintf("leave %v", n))
@@ -443,6 +454,46 @@ func TestPlacementFollowsEpochs(t *testing.T) {
 				}
 			}
 			prev = pm
+		}
+	}
+}
+
+// A failure verdict moves the failed home's shards at once, each to its
+// backup (complete since the creation), and only those; the failed
+// incarnation is in no backup set. A restart afterwards moves nothing
+// more: the new incarnation joins at the end of every chain.
+func TestFailureMovesHomes(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	before := d.pm()
+	p3 := d.members[3].Proto
+	d.setState(3, directory.StateFailed)
+	failed := d.pm()
+	moved := 0
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		h0, h1 := rc.shardHome(s, before), rc.shardHome(s, failed)
+		switch {
+		case h0 == p3 && (h1 == p3 || h1 != rc.shardBackups(s, before)[0]):
+			t.Fatalf("shard %d: homed at the failed %v, then at %v; want its backup %v", i, h0, h1, rc.shardBackups(s, before))
+		case h0 != p3 && h1 != h0:
+			t.Fatalf("shard %d moved from the live %v to %v", i, h0, h1)
+		case slices.Contains(rc.shardBackups(s, failed), p3):
+			t.Fatalf("shard %d: the failed incarnation is still a backup", i)
+		}
+		if h0 == p3 {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no shard was homed at n3")
+	}
+	d.restart(3)
+	back := d.pm()
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		if rc.shardHome(s, back) != rc.shardHome(s, failed) {
+			t.Fatalf("shard %d moved again at the restart of the failed node", i)
 		}
 	}
 }

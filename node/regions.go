@@ -284,17 +284,16 @@ func (es *engines) sync(v *directory.View) (changed bool) {
 // Reconfigure when its epoch changed: departed incarnations leave the
 // protocol and their words are repaired by the homes; new ones join; the
 // shards of a departed home move to their first complete backup, which
-// rebuilds their words from every member's reports; incarnations declared
-// failed leave every backup set: see placement.go), and tells it which
-// incarnations are down: departed (restarted, left) or failed. Calls on
-// the pages a down incarnation is still home of fail at once with
-// engine.ErrUnavailable instead of waiting for an answer that cannot come
-// (a failed home's until it is back or departs; a departed home's when no
-// complete backup was left), and calls waiting for one as holder or sharer
-// fail after engine.DefaultUnavailableAfter. A failed incarnation stays a
-// member: it may be alive behind a partition with a Modified copy, and
-// nothing fences it yet (leases), so its words are not repaired and its
-// homes do not move.
+// rebuilds their words from every member's reports: see placement.go),
+// and then tells it which incarnations are down: departed (restarted,
+// left, or declared failed: a verdict is a departure, made safe by the
+// lease fence that precedes it). Calls on the pages a departed home is
+// still home of (no complete backup was left) fail at once with
+// engine.ErrUnavailable instead of waiting for an answer that cannot
+// come, and calls waiting for one as holder or sharer fail after
+// engine.DefaultUnavailableAfter. The engine is in the new epoch before
+// it hears of the departure, so that calls waiting on a home that moved
+// go to the new home instead of failing with the old one's reason.
 func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	es.mu.Lock()
 	// Reconfigure waits for the engine's loop, which may be busy sending
@@ -305,12 +304,16 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 		rc coherence.Reconfigure
 	}
 	var todo []reconf
+	var avail []func() // SetDown and SetUp, after the Reconfigures
 	defer func() {
 		es.mu.Unlock()
 		for _, t := range todo {
 			t.re.e.Reconfigure(t.rc)
 			// The engine is in the new epoch: fill its new backups.
 			t.re.fills.plan(pm)
+		}
+		for _, f := range avail {
+			f()
 		}
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
@@ -339,16 +342,17 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			if in.departed || in.failed {
 				why = in.why
 			}
+			e := re.e
 			switch was := re.down[p]; {
 			case why == was:
 			case why == "":
 				delete(re.down, p)
-				re.e.SetUp(p)
+				avail = append(avail, func() { e.SetUp(p) })
 				es.log.Info("member up again", "region", re.region.Name, "node", in.node, "proto", p)
 			default:
 				re.down[p] = why
-				re.e.SetDown(p, why)
-				es.log.Warn("member down: pages it is home of fail until it is back", "region", re.region.Name,
+				avail = append(avail, func() { e.SetDown(p, why) })
+				es.log.Info("member down: the pages it is still home of fail (their shards had no complete copy to move to)", "region", re.region.Name,
 					"node", in.node, "proto", p, "why", why)
 			}
 		}
