@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time soak bench-cluster help run run-docker image image-multistage demo test test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time soak bench-cluster help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -59,6 +59,13 @@ OFI_CLUSTER_SUB  := /^(BytesAcrossNodes|AddFromAllNodes|MutexIncrement|Lineariza
 OFI_CLUSTER_RXM  := ^(TestCoherentMemory|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
 OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
 
+# The real-process failover tests that take minutes each (tests/, longTest):
+# make test skips them to stay within its budget on two cores; CI runs them.
+LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack)$$
+
+test-long: ## the long real-process failover tests that make test skips (a rolling restart of every node, kill -9 and removal, SIGTERM under writes), with the race detector; CI runs it after make test
+	DSM_LONG_TESTS=1 $(GO) test -race -count=1 -timeout 30m -run '$(LONG_TESTS)' ./tests
+
 test-ofi: ## the ofi backend's tests, and a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev)
 ifeq ($(HAVE_OFI),yes)
 	$(GO) test -race -tags ofi -timeout 10m ./rdma/ofi/...
@@ -71,8 +78,8 @@ endif
 
 test-ofi-cluster: ## every real-cluster test (tests/) on dsmd --transport ofi, over tcp;ofi_rxm and then shm, with the race detector (needs libfabric-dev; long)
 ifeq ($(HAVE_OFI),yes)
-	DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER='tcp;ofi_rxm' $(GO) test -race -count=1 -p 1 -timeout 60m ./tests
-	DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER=shm $(GO) test -race -count=1 -p 1 -timeout 60m ./tests
+	DSM_LONG_TESTS=1 DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER='tcp;ofi_rxm' $(GO) test -race -count=1 -p 1 -timeout 60m ./tests
+	DSM_LONG_TESTS=1 DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER=shm $(GO) test -race -count=1 -p 1 -timeout 60m ./tests
 else
 	@echo "SKIPPED: ofi cluster tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
 endif
@@ -121,7 +128,7 @@ failover: ROUNDS = 5
 failover: SEEDS = 1
 failover: DURATION = 45s
 failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of a home, SIGTERM, poisoned faults), then SEEDS chaos schedules of DURATION under kill, leave, join and pause (needs root)
-	$(GO) test ./tests -run '^(TestHomeFailureIsLoud|TestRemoveFailedMember|TestSigtermWritesBack|TestUnavailablePageFails)$$' -count=$(ROUNDS) -timeout 0 -v
+	DSM_LONG_TESTS=1 $(GO) test ./tests -run '^(TestKilledHomeFailsOver|TestRemoveFailedMember|TestSigtermWritesBack|TestUnavailablePageFails)$$' -count=$(ROUNDS) -timeout 0 -v
 	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults kill,leave,join,pause -out $(CURDIR)/tests/chaos/out
 
 failover-time: ROUNDS = 10

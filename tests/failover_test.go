@@ -48,23 +48,45 @@ func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint3
 	return out
 }
 
-// TestHomeFailureIsLoud kills the home of some pages with kill -9 and
-// checks that reading those pages through a survivor fails with one line
-// that names the page, the dead home and "unavailable", soon after the
-// failure is detected (no hang up to the caller's deadline), while the
-// pages homed on the survivors are served with their data, and written
-// (the dead node left their backup sets). A failed node may be alive
-// behind a partition, so its homes stay where they are until it departs:
-// when it restarts, the shards it was home of move to their backups, which
-// serve the data written back before the kill, on every node.
-func TestHomeFailureIsLoud(t *testing.T) {
+// incarnationOf is node's incarnation in the member table, as node on
+// sees it.
+func (c *dsmCluster) incarnationOf(t *testing.T, on, node int) uint64 {
+	t.Helper()
+	var members struct {
+		Members []struct {
+			Node        uint32 `json:"node_id"`
+			Incarnation uint64 `json:"incarnation"`
+		} `json:"members"`
+	}
+	c.ctlJSON(on, &members, "members")
+	for _, m := range members.Members {
+		if int(m.Node) == node {
+			return m.Incarnation
+		}
+	}
+	return 0
+}
+
+// TestKilledHomeFailsOver kills the home of some pages with kill -9 and
+// does not restart it. Until the directory declares it failed, accesses
+// to the pages it was home of wait or fail with one line that names the
+// page and "unavailable", and never return other data. Once it is
+// declared failed (a departure: its leases were fenced first), the shards
+// it was home of move to their backups, which serve every page written
+// back before the kill on every survivor; the page it held Modified
+// without Sync is served as last written back (its store died with it);
+// the survivors' own pages are served throughout. It then restarts from
+// its data directory as a new incarnation that reads and writes
+// everything.
+func TestKilledHomeFailsOver(t *testing.T) {
 	const region = "fo"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(home uint32) string { return strconv.FormatUint(homes[home]*4096, 10) }
 	for h := uint32(1); h <= 3; h++ {
 		c.mustCtl(t, 1, "put", region, offOf(h), fmt.Sprintf("homed-at-n%d", h))
 	}
-	// n2 reads them all once (n1 writes its copies back to the homes).
+	// n2 reads them all once (n1 writes its copies back to the homes and
+	// their backups).
 	for h := uint32(1); h <= 3; h++ {
 		if out := c.mustCtl(t, 2, "get", region, offOf(h), "11"); !strings.Contains(out, fmt.Sprintf("homed-at-n%d", h)) {
 			t.Fatalf("n2 reads %q at the page homed at n%d", out, h)
@@ -79,6 +101,10 @@ func TestHomeFailureIsLoud(t *testing.T) {
 		t.Fatalf("n2 reads %q", out)
 	}
 	c.mustCtl(t, 3, "put", region, held, "v3-unsynced")
+	// A page homed at n3 that only n3 wrote, synced: at its home and its
+	// backup, in no other cache.
+	synced := strconv.FormatUint((homes[3]+3)*4096, 10)
+	c.mustCtl(t, 3, "put", region, synced, "synced-by-n3", "--sync")
 
 	victim := c.nodes[2]
 	if err := victim.cmd.Process.Kill(); err != nil {
@@ -87,38 +113,62 @@ func TestHomeFailureIsLoud(t *testing.T) {
 	killed := time.Now()
 	<-victim.done
 
-	// A write through n1 of the page homed at n3 needs n2's copy
-	// invalidated and the word at n3: it cannot complete.
-	var line string
-	eventually(t, "a write of the page homed at the dead n3 fails as unavailable", 60*time.Second, func() error {
-		_, errs, code := c.ctl(1, "put", region, offOf(3), "after-death")
-		line = strings.TrimSpace(errs)
-		switch {
-		case code == 0:
-			t.Fatalf("a write of a page homed at the dead n3 succeeded")
-		case strings.Contains(line, "unavailable") && strings.Contains(line, "home n3"):
-			return nil
+	// Through the failover, a read of the synced page returns its data or
+	// fails as unavailable in one line; once n3 is declared failed, it is
+	// served from its backup, on both survivors.
+	for _, node := range []int{2, 1} {
+		var failures []string
+		eventually(t, fmt.Sprintf("n%d reads the page synced at the dead n3 from its backup", node), 60*time.Second, func() error {
+			out, errs, code := c.ctl(node, "--timeout", "15s", "get", region, synced, "12")
+			switch {
+			case code == 0 && !strings.Contains(out, "synced-by-n3"):
+				t.Fatalf("n%d reads %q at the page synced at the dead n3; want synced-by-n3", node, out)
+			case code == 0:
+				return nil
+			}
+			line := strings.TrimSpace(errs)
+			if strings.Contains(line, "\n") || !strings.Contains(line, "unavailable") && !strings.Contains(line, "deadline") {
+				t.Errorf("n%d's read during the failover failed unclearly: exit %d, %q", node, code, line)
+			}
+			failures = append(failures, line)
+			return fmt.Errorf("exit %d: %s", code, line)
+		})
+		t.Logf("n%d reads the page of the dead n3 %v after the kill (%d failed reads before: %q)",
+			node, time.Since(killed).Round(100*time.Millisecond), len(failures), failures)
+		if out := c.mustCtl(t, node, "get", region, offOf(3), "11"); !strings.Contains(out, "homed-at-n3") {
+			t.Fatalf("n%d reads %q at the page homed at the dead n3; want its last write-back, homed-at-n3", node, out)
 		}
-		return fmt.Errorf("exit %d: %s", code, line)
-	})
-	t.Logf("%v after kill -9 of n3: %s", time.Since(killed).Round(100*time.Millisecond), line)
-	if strings.Count(line, "\n") > 0 {
-		t.Errorf("the error is more than one line:\n%s", line)
 	}
-	// n2's Shared copy of that page stays valid (nobody can write the page
-	// now) and is read; a page of the same shard that n2 never held fails
-	// at once.
-	if out := c.mustCtl(t, 2, "get", region, offOf(3), "11"); !strings.Contains(out, "homed-at-n3") {
-		t.Fatalf("n2 reads %q from its copy of the page homed at the dead n3", out)
+	var members struct {
+		Members []struct {
+			Node        uint32 `json:"node_id"`
+			State       string `json:"state"`
+			Incarnation uint64 `json:"incarnation"`
+			ProtoID     uint32 `json:"proto_id"`
+		} `json:"members"`
 	}
+	c.ctlJSON(1, &members, "members")
+	for _, m := range members.Members {
+		if m.Node == 3 && m.State != "failed" && m.State != "dead" {
+			t.Errorf("dsmctl members after the failover: n3 is %s, want failed", m.State)
+		}
+	}
+	// A page of that shard nobody wrote reads as zeros (it is one), and
+	// the moved pages take writes.
 	untouched := strconv.FormatUint((homes[3]+1)*4096, 10)
-	start := time.Now()
-	_, errs, code := c.ctl(2, "get", region, untouched, "11")
-	if code == 0 || !strings.Contains(errs, "unavailable") || !strings.Contains(errs, "home n3") {
-		t.Fatalf("n2's read of a page homed at the dead n3: exit %d, %q", code, errs)
+	if out := c.mustCtl(t, 1, "get", region, untouched, "4", "--raw"); out != "\x00\x00\x00\x00" {
+		t.Fatalf("n1 reads %q at a page never written", out)
 	}
-	t.Logf("n2's read failed in %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(errs))
-
+	c.mustCtl(t, 1, "put", region, offOf(3), "moved-by-n1")
+	c.mustCtl(t, 2, "put", region, untouched, "fresh-by-n2")
+	for _, node := range []int{1, 2} {
+		if out := c.mustCtl(t, node, "get", region, offOf(3), "11"); !strings.Contains(out, "moved-by-n1") {
+			t.Fatalf("n%d reads %q after n1's write of a moved page", node, out)
+		}
+		if out := c.mustCtl(t, node, "get", region, untouched, "11"); !strings.Contains(out, "fresh-by-n2") {
+			t.Fatalf("n%d reads %q after n2's write of a moved page", node, out)
+		}
+	}
 	// The survivors' pages are served, with their data, from both.
 	for _, node := range []int{1, 2} {
 		for h := uint32(1); h <= 2; h++ {
@@ -128,89 +178,49 @@ func TestHomeFailureIsLoud(t *testing.T) {
 			}
 		}
 	}
-	for _, node := range []int{1, 2} {
-		c.mustCtl(t, node, "put", region, offOf(1), fmt.Sprintf("again-by-n%d", node))
-	}
-	if out := c.mustCtl(t, 1, "get", region, offOf(1), "11"); !strings.Contains(out, "again-by-n2") {
-		t.Fatalf("n1 reads %q after n2's write", out)
-	}
-
-	// The page n3 held Modified waits for n3, which may only be cut off
-	// (failed is not gone): after the engine's bound it fails, naming n3
-	// as its holder.
-	_, errs, code = c.ctl(2, "--timeout", "30s", "get", region, held, "8")
-	if code == 0 || !strings.Contains(errs, "unavailable") || !strings.Contains(errs, "holder n3") {
-		t.Fatalf("n2's read of the page the dead n3 held Modified: exit %d, %q", code, errs)
-	}
-
-	// n3 restarts from its data directory: a new incarnation with empty
-	// memory and a new protocol id. Nobody may read its empty memory as the
-	// region's data (that read zeros before incarnations existed): the
-	// shards it was home of move to their backups (n1 or n2), which hold
-	// every page written back before the kill, and serve them on every
-	// node, n3 included. The new n3 takes part in the region as a member
-	// that is home of nothing.
-	victim.log.Reset()
-	victim.start(t)
-	restarted := time.Now()
-	c.waitAllAlive(3)
-	for _, node := range []int{1, 2, 3} {
-		eventually(t, fmt.Sprintf("n%d reads the page homed at the old n3 from its backup", node), 60*time.Second, func() error {
-			out, errs, code := c.ctl(node, "get", region, offOf(3), "11")
-			if code != 0 {
-				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
-			}
-			if !strings.Contains(out, "homed-at-n3") {
-				t.Fatalf("n%d reads %q at the page homed at the old n3; want its last write-back, homed-at-n3", node, out)
-			}
-			return nil
-		})
-	}
-	t.Logf("the pages of the old n3 were served again %v after its restart", time.Since(restarted).Round(100*time.Millisecond))
-	// A page of that shard nobody wrote reads as zeros (it is one), and
-	// both take writes.
-	if out := c.mustCtl(t, 1, "get", region, untouched, "4", "--raw"); out != "\x00\x00\x00\x00" {
-		t.Fatalf("n1 reads %q at a page never written", out)
-	}
-	c.mustCtl(t, 1, "put", region, offOf(3), "moved-by-n1")
-	c.mustCtl(t, 2, "put", region, untouched, "fresh-by-n2")
-	for _, node := range []int{1, 2, 3} {
-		if out := c.mustCtl(t, node, "get", region, offOf(3), "11"); !strings.Contains(out, "moved-by-n1") {
-			t.Fatalf("n%d reads %q after n1's write of a moved page", node, out)
-		}
-		if out := c.mustCtl(t, node, "get", region, untouched, "11"); !strings.Contains(out, "fresh-by-n2") {
-			t.Fatalf("n%d reads %q after n2's write of a moved page", node, out)
-		}
-	}
-	var members struct {
-		Members []struct {
-			Node        uint32 `json:"node_id"`
-			Incarnation uint64 `json:"incarnation"`
-			ProtoID     uint32 `json:"proto_id"`
-		} `json:"members"`
-	}
-	c.ctlJSON(1, &members, "members")
-	for _, m := range members.Members {
-		if want := map[bool]uint64{true: 2, false: 1}[m.Node == 3]; m.Incarnation != want || m.ProtoID == 0 || m.Node == 3 && m.ProtoID == 3 {
-			t.Errorf("dsmctl members after n3's restart: n%d is incarnation %d, protocol id %d; want incarnation %d and a fresh id", m.Node, m.Incarnation, m.ProtoID, want)
-		}
-	}
-	// Its previous incarnation departed for good: n1 repairs the word of
-	// the page it held, so the page is served again with the last data
-	// written back (n3's unsynced store died with it), and can be written.
-	eventually(t, "n2 reads the page the old n3 held, as last written back", 60*time.Second, func() error {
+	// The page the dead n3 held Modified: its home repaired the word, and
+	// serves the last data written back (n3's unsynced store died with
+	// it).
+	eventually(t, "n2 reads the page the dead n3 held, as last written back", 60*time.Second, func() error {
 		out, errs, code := c.ctl(2, "get", region, held, "8")
 		if code != 0 {
 			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
 		}
 		if !strings.Contains(out, "v1-by-n1") {
-			t.Fatalf("n2 reads %q at the page the old n3 held; want the last write-back, v1-by-n1", out)
+			t.Fatalf("n2 reads %q at the page the dead n3 held; want the last write-back, v1-by-n1", out)
 		}
 		return nil
 	})
 	c.mustCtl(t, 1, "put", region, held, "v2-by-n1")
 	if out := c.mustCtl(t, 2, "get", region, held, "8"); !strings.Contains(out, "v2-by-n1") {
 		t.Fatalf("n2 reads %q after n1's write", out)
+	}
+
+	// n3 restarts from its data directory: a new incarnation with empty
+	// memory and a new protocol id, home of nothing, that reads what the
+	// others wrote (its empty memory is nobody's data: that read zeros
+	// before incarnations existed).
+	victim.log.Reset()
+	victim.start(t)
+	c.waitAllAlive(3)
+	eventually(t, "the restarted n3 reads the moved page", 60*time.Second, func() error {
+		out, errs, code := c.ctl(3, "get", region, offOf(3), "11")
+		if code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		if !strings.Contains(out, "moved-by-n1") {
+			t.Fatalf("the restarted n3 reads %q at the moved page; want moved-by-n1", out)
+		}
+		return nil
+	})
+	if out := c.mustCtl(t, 3, "get", region, untouched, "11"); !strings.Contains(out, "fresh-by-n2") {
+		t.Fatalf("the restarted n3 reads %q; want fresh-by-n2", out)
+	}
+	c.ctlJSON(1, &members, "members")
+	for _, m := range members.Members {
+		if want := map[bool]uint64{true: 2, false: 1}[m.Node == 3]; m.Incarnation != want || m.ProtoID == 0 || m.Node == 3 && m.ProtoID == 3 {
+			t.Errorf("dsmctl members after n3's restart: n%d is incarnation %d, protocol id %d; want incarnation %d and a fresh id", m.Node, m.Incarnation, m.ProtoID, want)
+		}
 	}
 
 	// Every shard has a live home that is not the new n3, and none is lost;
@@ -278,6 +288,7 @@ func TestHomeFailureIsLoud(t *testing.T) {
 // homed there that another node held Modified. A process mapping a
 // region there sees its mapping end with the reason.
 func TestSigtermWritesBack(t *testing.T) {
+	longTest(t)
 	const region = "drain"
 	c, homes := threeNodesWithRegion(t, region)
 	hold := c.startClient(t, 3, region, "hold")
@@ -342,13 +353,15 @@ func TestSigtermWritesBack(t *testing.T) {
 }
 
 // TestRemoveFailedMember kills the home of some pages with kill -9 and
-// does not restart it: once the directory holds it failed, an operator
-// removes it (dsmctl members remove), and its shards move to their backups:
+// does not restart it: once the directory holds it failed, its shards move
+// to their backups, and an operator removes it (dsmctl members remove):
 // every page written back before the kill is read on the survivors, and a
 // page a survivor held Modified without Sync keeps that survivor's data. A
 // member that is alive cannot be removed. The removed node restarts later
-// as a new incarnation and reads the same data.
+// as a new incarnation and reads the same data. Last, the home and the
+// backup of one shard restart at once: its pages are lost, and say so.
 func TestRemoveFailedMember(t *testing.T) {
+	longTest(t)
 	const region = "rm"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(home uint32, k uint64) string { return strconv.FormatUint((homes[home]+k)*4096, 10) }
@@ -443,10 +456,10 @@ func TestRemoveFailedMember(t *testing.T) {
 
 	// The shard that moved got a new backup (the other survivor), filled
 	// by its new home: once every backup is complete, a restart of that
-	// home loses nothing. Restarting both survivors at once does: then
-	// its pages are lost. They fail at once, through dsmctl and through a
-	// mapping (no wait for the fault timeout: they will not come back),
-	// naming the home that restarted, and dsmctl status names them.
+	// home loses nothing. Restarting a shard's home and its backup at once
+	// does: then its pages are lost. They fail at once, through dsmctl and
+	// through a mapping (no wait for the fault timeout: they will not come
+	// back), naming the home that departed, and dsmctl status names them.
 	eventually(t, "dsmctl status is healthy once the new backups are filled", 60*time.Second, func() error {
 		out, _, code := c.ctl(3, "status")
 		if code != 0 {
@@ -456,8 +469,9 @@ func TestRemoveFailedMember(t *testing.T) {
 	})
 	var info struct {
 		Shards []struct {
-			FirstPage uint64 `json:"first_page"`
-			Home      uint32 `json:"home"`
+			FirstPage uint64   `json:"first_page"`
+			Home      uint32   `json:"home"`
+			Backups   []uint32 `json:"backups"`
 		} `json:"shards"`
 	}
 	c.ctlJSON(1, &info, "region", "info", region, "--shards", "0:")
@@ -471,12 +485,21 @@ func TestRemoveFailedMember(t *testing.T) {
 		t.Fatalf("the shard of the removed n3 is homed at n%d; want n1 or n2", second)
 	}
 	p := c.nodes[second-1]
+	was := c.incarnationOf(t, 3, int(second))
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-p.done
 	p.log.Reset()
 	p.start(t)
+	// The directory records the new incarnation once the old one's leases
+	// are fenced; until then the old one is a member (and home).
+	eventually(t, fmt.Sprintf("the restart of n%d is recorded", second), 30*time.Second, func() error {
+		if now := c.incarnationOf(t, 3, int(second)); now <= was {
+			return fmt.Errorf("n%d is incarnation %d", second, now)
+		}
+		return nil
+	})
 	eventually(t, "n3 reads the moved page from its filled backup", 60*time.Second, func() error {
 		out, errs, code := c.ctl(3, "get", region, offOf(3, 0), "13")
 		if code != 0 {
@@ -487,33 +510,61 @@ func TestRemoveFailedMember(t *testing.T) {
 		}
 		return nil
 	})
-	for _, q := range []*proc{c.nodes[0], c.nodes[1]} {
+	for i := 1; i <= 3; i++ {
+		c.waitHealthy(i)
+	}
+	// A region created now has every shard at the first two members of
+	// its chain, and the third holds no copy of it.
+	const lostRegion = "rm-lost"
+	c.createRegion(t, 1, lostRegion, 4<<20)
+	c.ctlJSON(1, &info, "region", "info", lostRegion, "--shards", "0:")
+	sh := info.Shards[0]
+	if len(sh.Backups) != 1 || sh.Home == 0 || sh.Backups[0] == sh.Home {
+		t.Fatalf("shard 0 is homed at n%d with backups %v", sh.Home, sh.Backups)
+	}
+	lostPage, home, backup := sh.FirstPage, int(sh.Home), int(sh.Backups[0])
+	survivor := 6 - home - backup
+	t.Logf("shard 0 (first page %d) is homed at n%d, backed up at n%d: both restart, n%d survives", lostPage, home, backup, survivor)
+	lost := strconv.FormatUint(lostPage*4096, 10)
+	eventually(t, fmt.Sprintf("n%d writes and syncs a page of shard 0", home), 30*time.Second, func() error {
+		if _, errs, code := c.ctl(home, "put", lostRegion, lost, "to-be-lost", "--sync"); code != 0 { // at its home and backup
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		return nil
+	})
+	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
 		if err := q.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, q := range []*proc{c.nodes[0], c.nodes[1]} {
+	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
 		<-q.done
 		q.log.Reset()
 		q.start(t)
 	}
-	survivor := 3
+	departed := func(errs string) bool {
+		return strings.Contains(errs, "restarted") || strings.Contains(errs, "failed in epoch")
+	}
 	eventually(t, fmt.Sprintf("n%d fails the lost page", survivor), 60*time.Second, func() error {
-		_, errs, code := c.ctl(survivor, "get", region, offOf(3, 0), "13")
-		if code != 0 && strings.Contains(errs, "unavailable") && strings.Contains(errs, "restarted") {
+		out, errs, code := c.ctl(survivor, "get", lostRegion, lost, "10")
+		if code == 0 && strings.Contains(out, "to-be-lost") {
+			t.Fatalf("n%d reads the page whose home and backup both restarted: %q", survivor, out)
+		}
+		if code != 0 && strings.Contains(errs, "unavailable") && departed(errs) {
 			return nil
 		}
 		return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
 	})
-	out, err := c.client(survivor, region, "-fault-timeout", "1h", "try-get-bytes", offOf(3, 2), "8")
+	lostNext := strconv.FormatUint((lostPage+2)*4096, 10)
+	out, err := c.client(survivor, lostRegion, "-fault-timeout", "1h", "try-get-bytes", lostNext, "8")
 	if err != nil {
 		t.Fatalf("plain load of a lost page (fault timeout 1h): %v", err)
 	}
-	if !strings.HasPrefix(out, "fault: ") || !strings.Contains(out, "restarted") {
-		t.Fatalf("plain load of a lost page: %q; want a fault naming the restarted home", out)
+	if !strings.HasPrefix(out, "fault: ") || !departed(out) {
+		t.Fatalf("plain load of a lost page: %q; want a fault naming the departed home", out)
 	}
 	st, _, code := c.ctl(survivor, "status")
-	if code != 3 || !strings.Contains(st, `region "rm" lost the pages of`) {
+	if code != 3 || !strings.Contains(st, `region "rm-lost" lost the pages of`) {
 		t.Errorf("dsmctl status with a lost shard: exit %d, want 3 and the lost shard named:\n%s", code, st)
 	}
 }
@@ -606,6 +657,7 @@ func TestFailoverTime(t *testing.T) {
 // every page synced before, on shards homed at every node, is then read
 // with its data on every node.
 func TestRollingRestartLosesNothing(t *testing.T) {
+	longTest(t)
 	const region = "roll"
 	c, homes := threeNodesWithRegion(t, region)
 	type page struct{ off, data string }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -439,3 +440,14 @@ func (c *dsmCluster) protocolMessages(t *testing.T, node int) map[string]float64
 
 // evictions is the eviction counter, whichever source answered.
 func (cc cacheCounters) evictions() float64 { return cc["evict"] + cc["evictions"] }
+
+// longTest skips a real-process test that takes minutes unless
+// DSM_LONG_TESTS is set. make test-long runs them, and CI runs make
+// test-long after make test: they stay checked on every change while make
+// test keeps within its budget on two cores.
+func longTest(t *testing.T) {
+	t.Helper()
+	if os.Getenv("DSM_LONG_TESTS") == "" {
+		t.Skip("a long failover test: make test-long runs it (and CI does), or set DSM_LONG_TESTS=1")
+	}
+}
