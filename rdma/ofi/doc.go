@@ -251,7 +251,7 @@
 // (connection errors), shm within about 50 ms (the process check),
 // tcp;ofi_rxm after OpTimeout. In dsmd the directory's failure detector
 // usually comes first (gossip declared a killed dsmd failed about a second
-// after the kill in the real-process tests, TestHomeFailureIsLoud):
+// after the kill in the real-process tests, TestKilledHomeFailsOver):
 // RemovePeer then kicks every operation pending on it (an error that wraps
 // rdma.ErrOutcomeUnknown), and later ones fail with rdma.ErrUnknownPeer
 // before anything is posted. When a Post's context ends first, the slot is
