@@ -25,6 +25,23 @@ func (c Change) Joined() []ids.NodeID { return minus(c.Cur.alive, c.Prev.alive) 
 // to their backups.
 func (c Change) Departed() []ids.NodeID { return minus(c.Prev.alive, c.Cur.alive) }
 
+// Failed returns the members whose incarnation in Cur was declared failed
+// since Prev (or is failed, and Prev did not hold it failed): a departure
+// without a write-back, as a crash is.
+func (c Change) Failed() []ids.NodeID {
+	var out []ids.NodeID
+	for _, m := range c.Cur.members {
+		if m.State != StateFailed {
+			continue
+		}
+		if p, ok := c.Prev.Member(m.ID); ok && p.State == StateFailed && p.Nonce == m.Nonce {
+			continue
+		}
+		out = append(out, m.ID)
+	}
+	return out
+}
+
 // Restarted returns members alive in both Prev and Cur under different
 // incarnations: the process was replaced (its memory with it), though the
 // node id stayed alive. Neither Joined nor Departed lists them.

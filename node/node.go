@@ -381,6 +381,13 @@ func (n *Node) follow(ctx context.Context) {
 				return
 			}
 			cur := ch.Cur
+			if ch.EpochChanged() {
+				// Logged before the engines move to the epoch: a
+				// failure verdict's time bounds what it lost (the
+				// chaos checker reads "failed").
+				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed(),
+					"failed", ch.Failed())
+			}
 			n.checkRemoved(cur)
 			seen := map[ids.NodeID]bool{}
 			if err := n.checkTransports(cur, mixed); err != nil {
@@ -447,9 +454,6 @@ func (n *Node) follow(ctx context.Context) {
 				}
 			}
 			n.revokeMappings(cur, access)
-			if ch.EpochChanged() {
-				n.log.Info("directory: epoch", "epoch", cur.Epoch, "joined", ch.Joined(), "departed", ch.Departed())
-			}
 		}
 	}
 }

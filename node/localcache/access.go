@@ -147,14 +147,27 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 	if n != 0 && uint64(first)+n < end {
 		end = uint64(first) + n
 	}
+	// While suspended, what is dirty here is not known for sure (a
+	// removed incarnation's pages are discarded, and a Flush that found
+	// none would report them written): wait until serving, and list the
+	// pages only while serving.
 	var dirty []ids.PageNo
-	r.mu.Lock()
-	for no, pg := range r.pages {
-		if uint64(no) >= uint64(first) && uint64(no) < end && pg.State() == Modified {
-			dirty = append(dirty, no)
+	for {
+		if err := c.waitServing(ctx); err != nil {
+			return 0, fmt.Errorf("localcache: write-back of %s: %w", rid, err)
+		}
+		dirty = dirty[:0]
+		r.mu.Lock()
+		for no, pg := range r.pages {
+			if uint64(no) >= uint64(first) && uint64(no) < end && pg.State() == Modified {
+				dirty = append(dirty, no)
+			}
+		}
+		r.mu.Unlock()
+		if !c.suspended.Load() {
+			break
 		}
 	}
-	r.mu.Unlock()
 	slices.Sort(dirty)
 	written := 0
 	for _, no := range dirty {

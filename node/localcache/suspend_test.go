@@ -402,6 +402,65 @@ func TestSuspendedPagesWrittenBack(t *testing.T) {
 	d.quiesce(regionR)
 }
 
+// A Flush (a client's Sync) while suspended waits; when the incarnation
+// is removed meanwhile (DiscardSuspended, then Close), it fails: it never
+// reports pages written back that were discarded. A Flush that starts
+// after the discard waits and fails the same way.
+func TestFlushWhileSuspendedNeverLies(t *testing.T) {
+	d := newDaemon(t, 0)
+	a := d.client("A", "r")
+	for p := ids.PageNo(10); p < 14; p++ {
+		a.store(off(p), 0x100+uint64(p))
+	}
+	d.suspend()
+	type res struct {
+		n   int
+		err error
+	}
+	flush := func() chan res {
+		ch := make(chan res, 1)
+		go func() {
+			n, err := d.c.Flush(context.Background(), regionR, 0, 0)
+			ch <- res{n, err}
+		}()
+		return ch
+	}
+	before := flush()
+	select {
+	case r := <-before:
+		t.Fatalf("Flush while suspended returned at once: %d, %v", r.n, r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if n := d.c.DiscardSuspended(); n != 4 {
+		t.Fatalf("DiscardSuspended lost %d pages, want 4", n)
+	}
+	after := flush()
+	select {
+	case r := <-after:
+		t.Fatalf("Flush after the discard returned at once: %d, %v", r.n, r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := d.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range []chan res{before, after} {
+		select {
+		case r := <-ch:
+			if r.err == nil || !errors.Is(r.err, ErrClosed) {
+				t.Fatalf("Flush %d after the discard and Close: %d written, err %v; want ErrClosed", i, r.n, r.err)
+			}
+		case <-time.After(hangDeadline):
+			t.Fatalf("Flush %d hangs after Close", i)
+		}
+	}
+	buf := make([]byte, ps)
+	for p := ids.PageNo(10); p < 14; p++ {
+		if d.home.Get(regionR, p, buf); binary.LittleEndian.Uint64(buf) != 0 {
+			t.Fatalf("page %d reached the home as %#x after its incarnation was removed", p, binary.LittleEndian.Uint64(buf))
+		}
+	}
+}
+
 // runsOf and merge: the ranges of one write protection or one punch.
 func TestRevokeRanges(t *testing.T) {
 	pages := func(nos ...ids.PageNo) []*page {

@@ -3,10 +3,12 @@ package chaos
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -49,6 +51,93 @@ func readEvents(path string) ([]event, error) {
 		out = append(out, e)
 	}
 	return out, sc.Err()
+}
+
+// failureVerdicts reads the directory's failure verdicts from the dsmd
+// logs: every node logs `directory: epoch ... failed=[nK]` as it takes an
+// epoch in which nK was declared failed (before its engines move to it),
+// and the leader logs `directory: member failed ... member=nK`. A verdict
+// is the departure of that incarnation, as a kill -9 is: what it held
+// Modified and had not written back is lost (a process cut off or paused
+// lives on and starts a new incarnation), so each is a loss of its node at
+// the earliest time any log shows it.
+func failureVerdicts(dirs map[int]string) ([]event, error) {
+	type verdict struct {
+		node  int
+		epoch string
+	}
+	first := map[verdict]time.Time{}
+	note := func(node int, epoch string, t time.Time) {
+		k := verdict{node, epoch}
+		if was, ok := first[k]; !ok || t.Before(was) {
+			first[k] = t
+		}
+	}
+	for _, d := range dirs {
+		f, err := os.Open(filepath.Join(d, "dsmd.log"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			leader := strings.Contains(line, `msg="directory: member failed"`)
+			epochLine := strings.Contains(line, `msg="directory: epoch"`) && strings.Contains(line, " failed=")
+			if !leader && !epochLine {
+				continue
+			}
+			t, err := time.Parse(time.RFC3339Nano, field(line, "time"))
+			if err != nil {
+				continue
+			}
+			epoch := field(line, "epoch")
+			if leader {
+				if node, err := strconv.Atoi(strings.TrimPrefix(field(line, "member"), "n")); err == nil {
+					note(node, epoch, t)
+				}
+				continue
+			}
+			for _, n := range strings.Fields(strings.Trim(field(line, "failed"), "[]")) {
+				if node, err := strconv.Atoi(strings.TrimPrefix(n, "n")); err == nil {
+					note(node, epoch, t)
+				}
+			}
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return nil, err
+		}
+	}
+	var out []event
+	for k, t := range first {
+		out = append(out, event{T: t.UnixNano(), What: evLoss, Node: k.node, Detail: "declared failed in " + k.epoch})
+	}
+	return out, nil
+}
+
+// field returns the value of key in a logfmt line (unquoted), or "".
+func field(line, key string) string {
+	i := strings.Index(line, " "+key+"=")
+	if i < 0 && strings.HasPrefix(line, key+"=") {
+		i = -1
+	} else if i < 0 {
+		return ""
+	}
+	v := line[i+len(key)+2:]
+	if strings.HasPrefix(v, `"`) {
+		if j := strings.Index(v[1:], `"`); j >= 0 {
+			return v[1 : 1+j]
+		}
+		return v[1:]
+	}
+	if j := strings.IndexByte(v, ' '); j >= 0 {
+		return v[:j]
+	}
+	return v
 }
 
 // analyzeDir reads a run directory (run.json, schedule.json, events.jsonl,
@@ -95,12 +184,17 @@ func analyzeDir(dir string) (*Verdict, error) {
 	if err := writeHistory(filepath.Join(dir, "history.jsonl"), ops); err != nil {
 		return nil, err
 	}
-	c := newChecker(ops, schedule, events, info.TEnd, info.Config.OpDeadline, dir)
-	v := c.check()
 	dirs := map[int]string{}
 	for i := 1; i <= info.Nodes; i++ {
 		dirs[i] = filepath.Join(dir, "nodes", fmt.Sprintf("n%d", i))
 	}
+	verdicts, err := failureVerdicts(dirs)
+	if err != nil {
+		return nil, err
+	}
+	events = append(events, verdicts...)
+	c := newChecker(ops, schedule, events, info.TEnd, info.Config.OpDeadline, dir)
+	v := c.check()
 	c.crashes(events, dirs)
 	c.recovery(events)
 	v.Seed, v.Mode = info.Seed, info.Mode
