@@ -1,8 +1,10 @@
 package directory_test
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -633,4 +635,53 @@ func TestLeases(t *testing.T) {
 	if last.Lease().Until != l.Until {
 		t.Fatal("the lone node's lease moved")
 	}
+}
+
+// A voter fences an incarnation only for the leader it follows: a fence
+// asked for by another member (a deposed leader that resumed still
+// believing it leads) is refused, and the member it named keeps its lease.
+func TestFenceOnlyFromTheLeader(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	var followers []*directory.Directory
+	for _, d := range c.live() {
+		if d != l {
+			followers = append(followers, d)
+		}
+	}
+	voter, stale := followers[0], followers[1]
+	m, _ := l.View().Member(l.NodeID())
+	// The frame of the directory RPC: a 4-byte big-endian length, then JSON.
+	req := fmt.Sprintf(`{"op":"fence","id":%d,"nonce":%d,"from":%d}`, uint32(l.NodeID()), m.Nonce, uint32(stale.NodeID()))
+	conn, err := net.DialTimeout("tcp", voter.Addrs().RPC, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	frame := binary.BigEndian.AppendUint32(nil, uint32(len(req)))
+	if _, err := conn.Write(append(frame, req...)); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, 4)
+	if _, err := io.ReadFull(conn, hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr))
+	if _, err := io.ReadFull(conn, body); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(body), directory.ErrNotLeader.Error()) {
+		t.Fatalf("a fence asked for by follower %v: %s; want it refused", stale.NodeID(), body)
+	}
+	// The leader, named in the refused fence, is still granted leases by
+	// that voter: with the other follower stopped, that voter's grant is
+	// the one its majority needs, and its lease goes on being extended.
+	c.stop(stale.NodeID())
+	until := l.Lease().Until
+	waitFor(t, "the leader's lease extended after the refused fence", func() bool {
+		return l.Lease().Until > until+500*time.Millisecond
+	})
 }

@@ -151,8 +151,14 @@ func departure(m Member, ok bool, nonce uint64) error {
 }
 
 // handleFence fences an incarnation at this voter and answers once every
-// lease this voter granted it is over.
+// lease this voter granted it is over. Only the leader this voter follows
+// may fence: a fence is lifted only by the departure it precedes, so one
+// asked for by a deposed leader (paused, then resumed still believing it
+// leads) would leave a healthy member without a lease for good.
 func (d *Directory) handleFence(ctx context.Context, req rpcRequest) rpcResponse {
+	if _, lid := d.raft.LeaderWithID(); lid == "" || lid != serverID(req.From) {
+		return rpcResponse{Err: toWire(fmt.Errorf("%w: fence of %v asked for by %v, and this voter follows %q", ErrNotLeader, req.ID, req.From, lid))}
+	}
 	if err := d.fenceLocal(ctx, req.ID, req.Nonce); err != nil {
 		return rpcResponse{Err: toWire(err)}
 	}
@@ -195,7 +201,7 @@ func (d *Directory) fence(ctx context.Context, id ids.NodeID, nonce uint64) erro
 				results <- d.fenceLocal(ctx, id, nonce)
 				return
 			}
-			_, err := d.callPeer(ctx, v, rpcRequest{Op: opFence, ID: id, Nonce: nonce})
+			_, err := d.callPeer(ctx, v, rpcRequest{Op: opFence, ID: id, Nonce: nonce, From: d.cfg.NodeID})
 			results <- err
 		}()
 	}

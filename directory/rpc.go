@@ -43,6 +43,8 @@ type rpcRequest struct {
 	ID    ids.NodeID `json:"id,omitempty"`
 	Nonce uint64     `json:"nonce,omitempty"`
 	Epoch ids.Epoch  `json:"epoch,omitempty"`
+	// From is the requester's node id (opFence: the leader that fences).
+	From ids.NodeID `json:"from,omitempty"`
 }
 
 type rpcResponse struct {
