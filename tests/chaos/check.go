@@ -533,7 +533,11 @@ func (c *checker) pages() {
 			if !w.o.acked() {
 				continue
 			}
-			if w.o.Return < r.Call && !c.lossBetween(w.o.Return, r.Call) && (ackW == nil || w.o.Arg > ackW.Arg) {
+			// A dsmd that died (or was declared failed) after the write
+			// returned and before the read did may have taken the write
+			// with it: a read in flight across the loss may see the data
+			// before it.
+			if w.o.Return < r.Call && !c.lossBetween(w.o.Return, r.Return) && (ackW == nil || w.o.Arg > ackW.Arg) {
 				ackW = w.o
 			}
 			if w.syncedAt != 0 && w.syncedAt < r.Call && (syncW == nil || w.o.Arg > syncW.Arg) {
