@@ -9,64 +9,93 @@ import (
 )
 
 // TestUnavailablePageFails is the no-hang bound of a mapped access (design
-// §10, must-hold 5) on real processes: after kill -9 of n3, a client
-// process on n1 whose mapping has a fault timeout of 2 s reads, with
-// ReadAt, a page homed at n3 that n1 never held. The read fails with
-// ErrUnavailable naming n3 instead of waiting forever (dsmd poisons the
-// fault, the library turns EHWPOISON into the error dsmd gave). A plain
-// load of another such page through Bytes() faults (SIGBUS, recovered by
-// the client with debug.SetPanicOnFault) and the client learns why from
-// Region.Unavailable. Pages homed at the survivors are read as usual. The
-// only thing timed is that nothing hangs (clientHang).
+// §10, must-hold 5) on real processes, for pages that are lost: the home
+// and the backup of a shard are killed with kill -9 and restarted (new
+// incarnations, with empty memory), so no copy of the shard is left. A
+// client process on the third node, whose mapping has a fault timeout of
+// 2 s, reads with ReadAt a page of that shard it never held. The read
+// fails with ErrUnavailable naming the departed home instead of waiting
+// forever (dsmd fails the fault, the library turns EHWPOISON into the
+// error dsmd gave). A plain load of another such page through Bytes()
+// faults (SIGBUS, recovered by the client with debug.SetPanicOnFault) and
+// the client learns why from Region.Unavailable. Pages homed at the
+// survivor are read as usual. The only thing timed is that nothing hangs
+// (clientHang). (A page whose home died and that has a backup is served
+// again once the failure verdict moves it: TestKilledHomeFailsOver.)
 func TestUnavailablePageFails(t *testing.T) {
 	const region = "un"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(page uint64) string { return strconv.FormatUint(page*4096, 10) }
-	c.mustCtl(t, 1, "put", region, offOf(homes[1]), "homed-at-n1")
-
-	victim := c.nodes[2]
-	if err := victim.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
+	var info struct {
+		Shards []struct {
+			FirstPage uint64   `json:"first_page"`
+			Home      uint32   `json:"home"`
+			Backups   []uint32 `json:"backups"`
+		} `json:"shards"`
 	}
-	<-victim.done
-	// n1 knows that n3 is down once its engine fails a page homed there at
+	c.ctlJSON(1, &info, "region", "info", region, "--shards", "0:")
+	sh := info.Shards[0]
+	if len(sh.Backups) != 1 || sh.Home == 0 || sh.Backups[0] == sh.Home {
+		t.Fatalf("shard 0 is homed at n%d with backups %v", sh.Home, sh.Backups)
+	}
+	home, backup := int(sh.Home), int(sh.Backups[0])
+	s := 6 - home - backup
+	first := sh.FirstPage
+	// The error names the shard's last home: its home, or the backup it
+	// moved to when the home departed first.
+	names := func(s string) bool {
+		return strings.Contains(s, fmt.Sprintf("n%d", home)) || strings.Contains(s, fmt.Sprintf("n%d", backup))
+	}
+	c.mustCtl(t, s, "put", region, offOf(homes[uint32(s)]), fmt.Sprintf("homed-at-n%d", s))
+
+	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
+		if err := q.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
+		<-q.done
+		q.log.Reset()
+		q.start(t)
+	}
+	// The survivor knows the shard is lost once its engine fails a page of it at
 	// once (a page the clients below do not use).
-	probe := offOf(homes[3] + 3)
-	eventually(t, "n1 fails a page homed at the dead n3 as unavailable", 60*time.Second, func() error {
-		_, errs, code := c.ctl(1, "get", region, probe, "8")
-		if code != 0 && strings.Contains(errs, "unavailable") && strings.Contains(errs, "n3") {
+	probe := offOf(first + 3)
+	eventually(t, fmt.Sprintf("n%d fails a page of the lost shard as unavailable", s), 60*time.Second, func() error {
+		_, errs, code := c.ctl(s, "get", region, probe, "8")
+		if code != 0 && strings.Contains(errs, "unavailable") && names(errs) {
 			return nil
 		}
 		return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
 	})
 
-	// ReadAt of a page homed at n3 that n1 never held.
+	// ReadAt of a page of the lost shard that the survivor never held.
 	start := time.Now()
-	out, err := c.client(1, region, "-fault-timeout", "2s", "read-at", offOf(homes[3]+1), "8")
+	out, err := c.client(s, region, "-fault-timeout", "2s", "read-at", offOf(first+1), "8")
 	switch {
 	case err == nil:
-		t.Fatalf("ReadAt of a page homed at the dead n3 returned %q", out)
+		t.Fatalf("ReadAt of a page of the lost shard returned %q", out)
 	case strings.Contains(err.Error(), "hung"):
-		t.Fatalf("ReadAt of a page homed at the dead n3 hung: %v", err)
-	case !strings.Contains(err.Error(), "page unavailable") || !strings.Contains(err.Error(), "n3"):
-		t.Fatalf("ReadAt of a page homed at the dead n3: %v; want ErrUnavailable naming n3", err)
+		t.Fatalf("ReadAt of a page of the lost shard hung: %v", err)
+	case !strings.Contains(err.Error(), "page unavailable") || !names(err.Error()):
+		t.Fatalf("ReadAt of a page of the lost shard: %v; want ErrUnavailable naming n%d or n%d", err, home, backup)
 	}
 	t.Logf("ReadAt failed after %v: %v", time.Since(start).Round(100*time.Millisecond), err)
 
 	// A plain load of another such page faults, and the client can say why.
 	start = time.Now()
-	out, err = c.client(1, region, "-fault-timeout", "2s", "try-get-bytes", offOf(homes[3]+2), "8")
+	out, err = c.client(s, region, "-fault-timeout", "2s", "try-get-bytes", offOf(first+2), "8")
 	if err != nil {
-		t.Fatalf("plain load of a page homed at the dead n3: %v", err)
+		t.Fatalf("plain load of a page of the lost shard: %v", err)
 	}
-	if !strings.HasPrefix(out, "fault: ") || !strings.Contains(out, "n3") {
-		t.Fatalf("plain load of a page homed at the dead n3: %q; want a fault naming n3", out)
+	if !strings.HasPrefix(out, "fault: ") || !names(out) {
+		t.Fatalf("plain load of a page of the lost shard: %q; want a fault naming n%d or n%d", out, home, backup)
 	}
 	t.Logf("plain load faulted after %v: %s", time.Since(start).Round(100*time.Millisecond), strings.TrimSpace(out))
 
 	// The survivors' pages are served as usual.
-	got := c.mustClient(t, 1, region, "-fault-timeout", "2s", "read-at", offOf(homes[1]), "11")
-	if want := fmt.Sprintf("%x", "homed-at-n1"); got != want {
-		t.Fatalf("n1 reads %s at the page homed at the live n1, want %s", got, want)
+	got := c.mustClient(t, s, region, "-fault-timeout", "2s", "read-at", offOf(homes[uint32(s)]), "11")
+	if want := fmt.Sprintf("%x", fmt.Sprintf("homed-at-n%d", s)); got != want {
+		t.Fatalf("n%d reads %s at the page homed at itself, want %s", s, got, want)
 	}
 }
