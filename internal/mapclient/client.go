@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +120,23 @@ type Mapping struct {
 	poisoned map[ids.PageNo]string
 	// pchanged is closed (and replaced) whenever poisoned changes.
 	pchanged chan struct{}
+
+	// prot is the protection the mapping was made with, which the
+	// watchdog gives back when it lets go.
+	prot int
+	// wd is the lease watchdog (watchdog_linux.go); nil when dsmd gave no
+	// lease page.
+	wd *watchdog
+	// wmu orders the changes of protection: the watchdog's (leaseFence)
+	// and end's fence, after which the watchdog changes nothing. It
+	// guards held (the watchdog made the mapping PROT_NONE), wgen and
+	// heldCount (changes of held, and those to true) and wchanged (closed
+	// and replaced at each change).
+	wmu       sync.Mutex
+	held      bool
+	wgen      uint64
+	heldCount uint64
+	wchanged  chan struct{}
 }
 
 // Options tune MapWith.
@@ -136,6 +154,11 @@ type Options struct {
 	// needs a dsmd that knows it (an older one refuses the Map as a bad
 	// request).
 	Session bool
+	// NoWatchdog maps without asking for dsmd's lease page, so without
+	// the watchdog that makes the mapping inaccessible when dsmd's lease
+	// runs out (see the package doc). Every Map asks for it otherwise, and
+	// a dsmd that has none, or predates it, maps without it.
+	NoWatchdog bool
 }
 
 // Map maps the region name and hands its faults to dsmd, with faults that
@@ -157,6 +180,17 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 		return nil, err
 	}
 	m, err := handshake(ctx, conn, name, opts)
+	var se *ServerError
+	if !opts.NoWatchdog && errors.As(err, &se) && se.Code == mapproto.CodeBadRequest && strings.Contains(se.Text, "unknown features") {
+		// A dsmd older than the lease page refuses the Map that asks for
+		// it: map again without.
+		conn.Close()
+		opts.NoWatchdog = true
+		if conn, err = dial(ctx, c.path); err != nil {
+			return nil, err
+		}
+		m, err = handshake(ctx, conn, name, opts)
+	}
 	if err != nil {
 		conn.Close()
 		if cerr := ctx.Err(); cerr != nil {
@@ -166,6 +200,9 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 	}
 	m.c = c
 	go m.monitor()
+	if m.wd != nil {
+		go m.watch()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -190,6 +227,11 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 	if opts.Session {
 		features |= mapproto.FeatureSession
 	}
+	maxFDs := 1
+	if !opts.NoWatchdog {
+		features |= mapproto.FeatureLeasePage
+		maxFDs = 2
+	}
 	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name, FaultTimeout: opts.FaultTimeout, Features: features})
 	if err != nil {
 		return nil, err
@@ -198,13 +240,25 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	buf := make([]byte, mapproto.MaxMsg)
-	reply, fds, err := recv(conn, buf, 1)
+	reply, fds, err := recv(conn, buf, maxFDs)
 	if err != nil {
 		return nil, err
 	}
-	if reply.Type != mapproto.TypeMapped || len(fds) != 1 {
+	if reply.Type != mapproto.TypeMapped || len(fds) < 1 {
 		closeFDs(fds)
 		return nil, fmt.Errorf("%w: %s with %d descriptors in answer to map", ErrProtocol, reply.Type, len(fds))
+	}
+	var wd *watchdog
+	if len(fds) == 2 {
+		if wd, err = newWatchdog(fds[1]); err != nil {
+			closeFDs(fds[:1])
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				wd.release()
+			}
+		}()
 	}
 	mf, err := memfd.FromFD(fds[0])
 	if err != nil {
@@ -262,6 +316,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
 		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
+		prot: int(memfd.ReadWrite), wd: wd, wchanged: make(chan struct{}),
 	}, nil
 }
 
@@ -502,8 +557,14 @@ func (m *Mapping) end(to int32, why error) {
 		m.why = why
 		m.state.Store(to)
 		// Fence before Done closes: whoever sees Done closed finds the
-		// mapping inaccessible already.
+		// mapping inaccessible already. Under wmu, after the state: the
+		// watchdog never opens it again.
+		m.wmu.Lock()
 		m.fence()
+		m.wmu.Unlock()
+		if m.wd != nil {
+			m.wd.stop()
+		}
 		close(m.done)
 	})
 	if to == closed {
@@ -622,11 +683,18 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		if err := m.populate(start, end-start, write); err != nil {
 			return done, err
 		}
+		gen := m.watchGen()
 		n, err := copyMapped(m.b, p[done:done+int(end-start)], start, write)
 		// A release of the faults happens only after the state changed, so
 		// checking it after the copy catches every unserved page.
 		if serr := m.Err(); serr != nil {
 			return done, serr
+		}
+		if err != nil && m.waitWatchdog(gen) {
+			// The lease watchdog held the mapping: copy the rest again
+			// once it lets go (what was copied stays copied).
+			done += n
+			continue
 		}
 		if err != nil {
 			if perr := m.poisonedIn(start, end); perr != nil {
@@ -664,6 +732,9 @@ func (m *Mapping) Close() error {
 	m.end(closed, nil)
 	m.conn.Close()
 	<-m.mon
+	if m.wd != nil {
+		<-m.wd.done // it mprotects nothing after end, and unmaps the lease page
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.c != nil {
