@@ -513,7 +513,8 @@ func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
 
 // FaultErr explains a fault of an access at off through Bytes() (a
 // recovered panic of a goroutine with debug.SetPanicOnFault): Err's error
-// if the mapping is no longer served; else a *PageError if dsmd poisoned
+// if the mapping is no longer served; else ErrPageUnavailable if the lease
+// watchdog holds the mapping inaccessible; else a *PageError if dsmd poisoned
 // the page, waiting for dsmd's message if the library has not read it yet
 // (it is sent before the poison, but the thread can fault before the
 // library has read it); else, after a few seconds, an ErrPageUnavailable
@@ -522,6 +523,9 @@ func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
 func (m *Mapping) FaultErr(off int64) error {
 	if err := m.Err(); err != nil {
 		return err
+	}
+	if _, held, _ := m.Watchdog(); held {
+		return fmt.Errorf("%w: dsmd holds no lease: the watchdog keeps the mapping inaccessible until it does", ErrPageUnavailable)
 	}
 	lo := off / m.pageSize * m.pageSize
 	return m.unavailable(lo, lo+m.pageSize)

@@ -5,6 +5,7 @@ package mapclient
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -114,6 +115,9 @@ func TestWatchdog(t *testing.T) {
 	}
 	if err := m.Err(); err != nil {
 		t.Fatalf("a held mapping is not dead: Err = %v", err)
+	}
+	if err := m.FaultErr(1); !errors.Is(err, ErrPageUnavailable) {
+		t.Fatalf("FaultErr of a held mapping: %v, want ErrPageUnavailable", err)
 	}
 	read := make(chan error, 1)
 	got := make([]byte, len(data))
