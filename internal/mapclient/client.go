@@ -133,6 +133,7 @@ type Mapping struct {
 	// heldCount (changes of held, and those to true) and wchanged (closed
 	// and replaced at each change).
 	wmu       sync.Mutex
+	wfirst    chan struct{} // closed after the watchdog's first look at the page
 	held      bool
 	wgen      uint64
 	heldCount uint64
@@ -162,7 +163,11 @@ type Options struct {
 }
 
 // Map maps the region name and hands its faults to dsmd, with faults that
-// wait as long as it takes. ctx bounds the handshake only.
+// wait as long as it takes. ctx bounds the handshake only, and, with a
+// lease watchdog, the wait for dsmd's lease: Map returns a mapping only
+// once dsmd holds a lease (a dsmd that starts, or that lost its lease, has
+// none for a while), and fails with ErrUnavailable if it still has none
+// when ctx ends (after DefaultTimeout if ctx has no deadline).
 func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
 	return c.MapWith(ctx, name, Options{})
 }
@@ -211,6 +216,10 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 	}
 	c.maps[m] = struct{}{}
 	c.mu.Unlock()
+	if err := m.waitLease(ctx); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("mapclient: map %q: %w", name, err)
+	}
 	return m, nil
 }
 
@@ -316,7 +325,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
 		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
-		prot: int(memfd.ReadWrite), wd: wd, wchanged: make(chan struct{}),
+		prot: int(memfd.ReadWrite), wd: wd, wchanged: make(chan struct{}), wfirst: make(chan struct{}),
 	}, nil
 }
 

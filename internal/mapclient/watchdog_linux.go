@@ -3,6 +3,7 @@
 package mapclient
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -159,9 +160,12 @@ func (m *Mapping) watch() {
 	defer w.release()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	for {
+	for first := true; ; first = false {
 		open, until := leaseOpen(w.page)
 		m.leaseFence(!open)
+		if first {
+			close(m.wfirst)
+		}
 		if !open {
 			until = boottime() + watchdogPoll
 		}
@@ -231,4 +235,43 @@ func (m *Mapping) Watchdog() (on, held bool, times uint64) {
 	m.wmu.Lock()
 	defer m.wmu.Unlock()
 	return m.wd != nil, m.held, m.heldCount
+}
+
+// waitLease waits, for Map, until the watchdog lets the new mapping be
+// accessible (dsmd holds a lease), bounded by ctx or, without a deadline,
+// DefaultTimeout. Without a watchdog it returns at once.
+func (m *Mapping) waitLease(ctx context.Context) error {
+	if m.wd == nil {
+		return nil
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultTimeout)
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	first := m.wfirst
+	for {
+		m.wmu.Lock()
+		held, ch := m.held, m.wchanged
+		m.wmu.Unlock()
+		if first == nil && !held {
+			return nil
+		}
+		if first != nil {
+			ch = first
+		}
+		select {
+		case <-ch:
+			if ch == first {
+				first = nil
+			}
+		case <-m.done:
+			return m.Err()
+		case <-ctx.Done():
+			return fmt.Errorf("%w: dsmd holds no lease: %v", ErrUnavailable, ctx.Err())
+		case <-t.C:
+			return fmt.Errorf("%w: dsmd holds no lease", ErrUnavailable)
+		}
+	}
 }

@@ -5,6 +5,7 @@ package mapclient
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -216,3 +217,43 @@ func TestWatchdogOldDaemon(t *testing.T) {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// TestWatchdogMapWaitsForLease: Map returns a mapping only once dsmd holds
+// a lease (a new mapping is not handed out inaccessible), and fails with
+// ErrUnavailable when ctx ends first.
+func TestWatchdogMapWaitsForLease(t *testing.T) {
+	d := newFakeDaemon(t, 1)
+	d.LeasePage(mapclienttest.Serving(time.Hour)) // for a first mapping, to get a Client
+	c, _ := mapRegion(t, d)
+	lp := d.LeasePage(mapproto.Lease{State: mapproto.LeaseSuspended}) // the next sessions get this one
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := c.Map(ctx, "r"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Map while dsmd holds no lease: %v, want ErrUnavailable", err)
+	}
+	type result struct {
+		m   *Mapping
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+		defer cancel()
+		m, err := c.Map(ctx, "r")
+		res <- result{m, err}
+	}()
+	select {
+	case r := <-res:
+		t.Fatalf("Map returned (%v) while dsmd holds no lease", r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	lp.Set(mapclienttest.Serving(time.Hour))
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if on, held, _ := r.m.Watchdog(); !on || held {
+		t.Fatalf("Map after the grant: watchdog %v, held %v", on, held)
+	}
+	r.m.Close()
+}
