@@ -63,7 +63,9 @@
 // its own protection once the deadline is ahead again; the pages' data and
 // dsmd's write protection are untouched by the round trip (uffd
 // TestWriteProtectSurvivesMprotect). A mapping that died is never opened
-// again. A dsmd that has no lease page, or predates it (it refuses the
+// again. Map hands out a mapping only once dsmd holds a lease (bounded
+// by its ctx), so a new mapping is never inaccessible from the start. A
+// dsmd that has no lease page, or predates it (it refuses the
 // Map that asks: Map then maps again without), gives a mapping without a
 // watchdog, as before; Options.NoWatchdog asks for none.
 //
