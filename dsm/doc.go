@@ -126,6 +126,17 @@
 //		return r.Bytes()[off], nil
 //	}
 //
+// A live Region is inaccessible in the same way while its dsmd holds no
+// lease from the directory majority (docs/failover.md §9): dsmd writes
+// until when its clients may access their mappings into a lease page it
+// shares with them, and the library's watchdog makes the mapping
+// PROT_NONE once that time passes unmoved, which covers a dsmd that is
+// stopped (SIGSTOP, a long stall) and so cannot suspend its page cache
+// itself. A plain access then faults as above (FaultErr matches
+// ErrUnavailable and says that dsmd holds no lease), while ReadAt,
+// WriteAt, Prefault and the atomics wait; the mapping comes back, with
+// its data, when dsmd is granted a lease again, or dies.
+//
 // Close a dead Region as a live one; Map the region again (with this
 // Client or a new one) once dsmd is back, or once a region of that name
 // exists again (a region created under a deleted one's name is a new,

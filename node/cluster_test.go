@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/internal/mapproto"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
 
@@ -218,6 +220,13 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The lease page follows the lease, watchdogMargin early.
+	waitFor(ctx, t, "n3's lease page shows its lease", func() bool {
+		lp, ok := n3.n.cache.Lease()
+		until := n3.n.dir.Lease().Until
+		return ok && lp.State == mapproto.LeaseServing && lp.Incarnation == n3.n.dir.Nonce() &&
+			lp.Deadline > directory.LeaseClock() && lp.Deadline <= until-watchdogMargin(n3.n.dir.LeaseRevoke())
+	})
 	var cfgs []Config
 	for _, m := range ms[:2] {
 		cfg, a := m.n.cfg, m.n.Addrs()
@@ -229,6 +238,9 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 		}
 	}
 	waitFor(ctx, t, "n3 suspends local access", func() bool { return n3.n.cache.Suspended() })
+	if lp, _ := n3.n.cache.Lease(); lp.State != mapproto.LeaseSuspended || lp.Deadline != 0 {
+		t.Fatalf("n3's lease page while suspended: %v", lp)
+	}
 	lctx, lcancel := context.WithTimeout(ctx, time.Second)
 	_, err := n3.cli.Load(lctx, &dsmpb.LoadRequest{Region: "l", Offset: 8})
 	lcancel()
@@ -248,6 +260,9 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 	l, err := n3.cli.Load(ctx, &dsmpb.LoadRequest{Region: "l", Offset: 8})
 	if err != nil || l.Value != 77 {
 		t.Fatalf("load on n3 after the majority came back: %v, %v; want 77", l, err)
+	}
+	if lp, _ := n3.n.cache.Lease(); lp.State != mapproto.LeaseServing || lp.Deadline == 0 {
+		t.Fatalf("n3's lease page after the lease came back: %v", lp)
 	}
 	if n3.n.cache.Suspended() || n3.n.stats.leaseSuspends.Load() == 0 || n3.n.stats.leaseResumes.Load() == 0 {
 		t.Fatalf("n3: suspended %v, lease ends %d, returns %d", n3.n.cache.Suspended(), n3.n.stats.leaseSuspends.Load(), n3.n.stats.leaseResumes.Load())

@@ -26,6 +26,8 @@ func (n *Node) guardLease(ctx context.Context) {
 			n.departed(l.Departed)
 		}
 		if now := directory.LeaseClock(); now < l.Until {
+			// The lease page first: a Resume below shows its deadline.
+			n.cache.SetLease(n.dir.Nonce(), l.Until-watchdogMargin(n.dir.LeaseRevoke()), uint64(n.dir.Epoch()))
 			if suspended {
 				n.cache.Resume()
 				suspended = false
@@ -57,6 +59,23 @@ func (n *Node) guardLease(ctx context.Context) {
 		}
 	}
 }
+
+// watchdogMargin is how much earlier than the lease's Until the deadline
+// on the lease page falls (docs/failover.md §9, "The library's watchdog"):
+// a third of the revocation budget R (100 ms with the default timings).
+//
+// dsmd starts to suspend at Until and must be done by Until + R, when a
+// majority may fence this incarnation and move its pages. A client's
+// watchdog, woken by its timer at the page's deadline, still has to be
+// scheduled and make its mapping PROT_NONE (a TLB flush on every CPU
+// that runs one of its threads), and on a loaded machine that takes
+// milliseconds to tens of them. With the deadline at Until - R/3, a
+// watchdog that needs up to R/3 has cut its process off no later than dsmd
+// itself would have started to suspend, and one that needs up to 4R/3 is
+// still done before the lease is over. It costs the clients of a healthy
+// dsmd nothing: a grant moves Until every LeasePeriod, far ahead of the
+// deadline.
+func watchdogMargin(revoke time.Duration) time.Duration { return revoke / 3 }
 
 // suspendForLease suspends the page cache within the revocation budget.
 func (n *Node) suspendForLease(ctx context.Context, held bool) {

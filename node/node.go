@@ -212,6 +212,7 @@ func (n *Node) Start() (err error) {
 		Admit:         n.admitConn(n.socketPolicy(n.addrs.MapSocket), rf),
 		MayMap:        n.mayMap,
 		Control:       n.control,
+		LeasePage:     true, // guardLease writes it
 	})
 	if err != nil {
 		return fmt.Errorf("node: page cache: %w", err)

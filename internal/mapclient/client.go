@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +120,24 @@ type Mapping struct {
 	poisoned map[ids.PageNo]string
 	// pchanged is closed (and replaced) whenever poisoned changes.
 	pchanged chan struct{}
+
+	// prot is the protection the mapping was made with, which the
+	// watchdog gives back when it lets go.
+	prot int
+	// wd is the lease watchdog (watchdog_linux.go); nil when dsmd gave no
+	// lease page.
+	wd *watchdog
+	// wmu orders the changes of protection: the watchdog's (leaseFence)
+	// and end's fence, after which the watchdog changes nothing. It
+	// guards held (the watchdog made the mapping PROT_NONE), wgen and
+	// heldCount (changes of held, and those to true) and wchanged (closed
+	// and replaced at each change).
+	wmu       sync.Mutex
+	wfirst    chan struct{} // closed after the watchdog's first look at the page
+	held      bool
+	wgen      uint64
+	heldCount uint64
+	wchanged  chan struct{}
 }
 
 // Options tune MapWith.
@@ -136,10 +155,19 @@ type Options struct {
 	// needs a dsmd that knows it (an older one refuses the Map as a bad
 	// request).
 	Session bool
+	// NoWatchdog maps without asking for dsmd's lease page, so without
+	// the watchdog that makes the mapping inaccessible when dsmd's lease
+	// runs out (see the package doc). Every Map asks for it otherwise, and
+	// a dsmd that has none, or predates it, maps without it.
+	NoWatchdog bool
 }
 
 // Map maps the region name and hands its faults to dsmd, with faults that
-// wait as long as it takes. ctx bounds the handshake only.
+// wait as long as it takes. ctx bounds the handshake only, and, with a
+// lease watchdog, the wait for dsmd's lease: Map returns a mapping only
+// once dsmd holds a lease (a dsmd that starts, or that lost its lease, has
+// none for a while), and fails with ErrUnavailable if it still has none
+// when ctx ends (after DefaultTimeout if ctx has no deadline).
 func (c *Client) Map(ctx context.Context, name string) (*Mapping, error) {
 	return c.MapWith(ctx, name, Options{})
 }
@@ -157,6 +185,17 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 		return nil, err
 	}
 	m, err := handshake(ctx, conn, name, opts)
+	var se *ServerError
+	if !opts.NoWatchdog && errors.As(err, &se) && se.Code == mapproto.CodeBadRequest && strings.Contains(se.Text, "unknown features") {
+		// A dsmd older than the lease page refuses the Map that asks for
+		// it: map again without.
+		conn.Close()
+		opts.NoWatchdog = true
+		if conn, err = dial(ctx, c.path); err != nil {
+			return nil, err
+		}
+		m, err = handshake(ctx, conn, name, opts)
+	}
 	if err != nil {
 		conn.Close()
 		if cerr := ctx.Err(); cerr != nil {
@@ -166,6 +205,9 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 	}
 	m.c = c
 	go m.monitor()
+	if m.wd != nil {
+		go m.watch()
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -174,6 +216,10 @@ func (c *Client) MapWith(ctx context.Context, name string, opts Options) (*Mappi
 	}
 	c.maps[m] = struct{}{}
 	c.mu.Unlock()
+	if err := m.waitLease(ctx); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("mapclient: map %q: %w", name, err)
+	}
 	return m, nil
 }
 
@@ -190,6 +236,11 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 	if opts.Session {
 		features |= mapproto.FeatureSession
 	}
+	maxFDs := 1
+	if !opts.NoWatchdog {
+		features |= mapproto.FeatureLeasePage
+		maxFDs = 2
+	}
 	req, err := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMap, Name: name, FaultTimeout: opts.FaultTimeout, Features: features})
 	if err != nil {
 		return nil, err
@@ -198,13 +249,25 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	buf := make([]byte, mapproto.MaxMsg)
-	reply, fds, err := recv(conn, buf, 1)
+	reply, fds, err := recv(conn, buf, maxFDs)
 	if err != nil {
 		return nil, err
 	}
-	if reply.Type != mapproto.TypeMapped || len(fds) != 1 {
+	if reply.Type != mapproto.TypeMapped || len(fds) < 1 {
 		closeFDs(fds)
 		return nil, fmt.Errorf("%w: %s with %d descriptors in answer to map", ErrProtocol, reply.Type, len(fds))
+	}
+	var wd *watchdog
+	if len(fds) == 2 {
+		if wd, err = newWatchdog(fds[1]); err != nil {
+			closeFDs(fds[:1])
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				wd.release()
+			}
+		}()
 	}
 	mf, err := memfd.FromFD(fds[0])
 	if err != nil {
@@ -262,6 +325,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
 		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
+		prot: int(memfd.ReadWrite), wd: wd, wchanged: make(chan struct{}), wfirst: make(chan struct{}),
 	}, nil
 }
 
@@ -458,7 +522,8 @@ func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
 
 // FaultErr explains a fault of an access at off through Bytes() (a
 // recovered panic of a goroutine with debug.SetPanicOnFault): Err's error
-// if the mapping is no longer served; else a *PageError if dsmd poisoned
+// if the mapping is no longer served; else ErrPageUnavailable if the lease
+// watchdog holds the mapping inaccessible; else a *PageError if dsmd poisoned
 // the page, waiting for dsmd's message if the library has not read it yet
 // (it is sent before the poison, but the thread can fault before the
 // library has read it); else, after a few seconds, an ErrPageUnavailable
@@ -467,6 +532,9 @@ func (m *Mapping) lookupPoisoned(lo, hi int64) (<-chan struct{}, error) {
 func (m *Mapping) FaultErr(off int64) error {
 	if err := m.Err(); err != nil {
 		return err
+	}
+	if _, held, _ := m.Watchdog(); held {
+		return fmt.Errorf("%w: dsmd holds no lease: the watchdog keeps the mapping inaccessible until it does", ErrPageUnavailable)
 	}
 	lo := off / m.pageSize * m.pageSize
 	return m.unavailable(lo, lo+m.pageSize)
@@ -502,8 +570,14 @@ func (m *Mapping) end(to int32, why error) {
 		m.why = why
 		m.state.Store(to)
 		// Fence before Done closes: whoever sees Done closed finds the
-		// mapping inaccessible already.
+		// mapping inaccessible already. Under wmu, after the state: the
+		// watchdog never opens it again.
+		m.wmu.Lock()
 		m.fence()
+		m.wmu.Unlock()
+		if m.wd != nil {
+			m.wd.stop()
+		}
 		close(m.done)
 	})
 	if to == closed {
@@ -622,11 +696,18 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		if err := m.populate(start, end-start, write); err != nil {
 			return done, err
 		}
+		gen := m.watchGen()
 		n, err := copyMapped(m.b, p[done:done+int(end-start)], start, write)
 		// A release of the faults happens only after the state changed, so
 		// checking it after the copy catches every unserved page.
 		if serr := m.Err(); serr != nil {
 			return done, serr
+		}
+		if err != nil && m.waitWatchdog(gen) {
+			// The lease watchdog held the mapping: copy the rest again
+			// once it lets go (what was copied stays copied).
+			done += n
+			continue
 		}
 		if err != nil {
 			if perr := m.poisonedIn(start, end); perr != nil {
@@ -664,6 +745,9 @@ func (m *Mapping) Close() error {
 	m.end(closed, nil)
 	m.conn.Close()
 	<-m.mon
+	if m.wd != nil {
+		<-m.wd.done // it mprotects nothing after end, and unmaps the lease page
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.c != nil {

@@ -44,6 +44,31 @@
 // monitor removes the marker with madvise(MADV_DONTNEED) of the page:
 // the next access faults and is served as usual.
 //
+// # The lease watchdog
+//
+// dsmd may let its clients access pages only while it holds its lease from
+// the directory majority; when the lease ends it suspends its page cache. A
+// dsmd that is stopped (SIGSTOP, a long stall) cannot, so Map asks dsmd for
+// its lease page (mapproto.FeatureLeasePage), a read-only shared page in
+// which dsmd writes until when access is allowed (a deadline on
+// CLOCK_BOOTTIME, a little before its lease ends), and starts a watchdog: a
+// goroutine on its own locked OS thread (one thread per mapping) that
+// sleeps until that deadline (a timerfd of CLOCK_BOOTTIME) and, if dsmd has
+// not moved it by then or says it is suspended, makes the whole mapping
+// PROT_NONE. Every access then faults, as on a dead mapping: a plain load
+// or store through Bytes() raises SIGSEGV (a panic where the goroutine has
+// debug.SetPanicOnFault, else a crash), while ReadAt, WriteAt, Populate and
+// Word wait until the watchdog lets go (or the mapping dies). The watchdog
+// reads the page every 10 ms while it holds the mapping, and gives it back
+// its own protection once the deadline is ahead again; the pages' data and
+// dsmd's write protection are untouched by the round trip (uffd
+// TestWriteProtectSurvivesMprotect). A mapping that died is never opened
+// again. Map hands out a mapping only once dsmd holds a lease (bounded by
+// its ctx), so a new mapping is never inaccessible from the start. A dsmd
+// that has no lease page, or predates it (it refuses the Map that asks: Map
+// then maps again without), gives a mapping without a watchdog, as before;
+// Options.NoWatchdog asks for none.
+//
 // # When the session ends
 //
 // The mapping watches its session socket. dsmd ends a session in two ways:

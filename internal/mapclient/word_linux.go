@@ -42,15 +42,22 @@ func (m *Mapping) Populate(off, length int64, write bool) error {
 func (m *Mapping) populate(off, length int64, write bool) error {
 	sys := int64(os.Getpagesize())
 	lo := off / sys * sys
-	var err error
-	if write {
-		err = m.mp.PopulateWrite(lo, off+length-lo)
-	} else {
-		err = m.mp.PopulateRead(lo, off+length-lo)
-	}
-	if err != nil {
+	for {
+		gen := m.watchGen()
+		var err error
+		if write {
+			err = m.mp.PopulateWrite(lo, off+length-lo)
+		} else {
+			err = m.mp.PopulateRead(lo, off+length-lo)
+		}
+		if err == nil {
+			return nil
+		}
 		if serr := m.Err(); serr != nil {
 			return serr
+		}
+		if m.waitWatchdog(gen) {
+			continue // EFAULT of a mapping the lease watchdog held
 		}
 		if errors.Is(err, unix.EHWPOISON) {
 			// A poison marker: dsmd gave up on a page (FaultTimeout).
@@ -58,7 +65,6 @@ func (m *Mapping) populate(off, length int64, write bool) error {
 		}
 		return err
 	}
-	return nil
 }
 
 // Word runs op on the aligned 8-byte word at off of the mapping, for
@@ -79,29 +85,38 @@ func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
 	if off < 0 || off%8 != 0 || off > size-8 {
 		return fmt.Errorf("%w: 8-byte word at %d of %d (must be 8-byte aligned and inside)", ErrOutOfRange, off, size)
 	}
-	if err := m.populate(off, 8, write); err != nil {
-		return err
-	}
-	if err := m.Err(); err != nil {
-		return err
-	}
-	// The end of the session (or Close) makes the mapping inaccessible
-	// while this call may run: a fault of op then becomes a panic
-	// recovered here, not a crash.
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if serr := m.Err(); serr != nil {
-				err = serr
-				return
-			}
-			if perr := m.poisonedIn(off, off+8); perr != nil {
-				err = perr
-				return
-			}
-			err = fmt.Errorf("mapclient: fault on the word at %d: %v", off, r)
+	for {
+		if err := m.populate(off, 8, write); err != nil {
+			return err
 		}
-	}()
+		if err := m.Err(); err != nil {
+			return err
+		}
+		gen := m.watchGen()
+		fault := m.wordOp(off, op)
+		if fault == nil {
+			return m.Err()
+		}
+		if serr := m.Err(); serr != nil {
+			return serr
+		}
+		if perr := m.poisonedIn(off, off+8); perr != nil {
+			return perr
+		}
+		if m.waitWatchdog(gen) {
+			continue // op faulted on a mapping the lease watchdog held: it did nothing
+		}
+		return fmt.Errorf("mapclient: fault on the word at %d: %v", off, fault)
+	}
+}
+
+// wordOp runs op on the word at off and returns the fault it raised, if
+// any: the end of the session (or Close) and the lease watchdog make the
+// mapping inaccessible while Word may run, and a fault of op then becomes
+// a panic recovered here, not a crash.
+func (m *Mapping) wordOp(off int64, op func(w *uint64)) (fault any) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() { fault = recover() }()
 	op((*uint64)(unsafe.Pointer(&m.b[off])))
-	return m.Err()
+	return nil
 }

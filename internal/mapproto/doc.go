@@ -9,6 +9,7 @@
 //	client                                   dsmd
 //	Map{Name, Size}                  ->
 //	                                 <-      Mapped{Region, Size, PageSize} + memfd (SCM_RIGHTS)
+//	                                         [+ the lease page's memfd: FeatureLeasePage]
 //	(maps the memfd, MADV_DONTFORK, opens a userfaultfd,
 //	 registers the mapping MISSING|WP|MINOR)
 //	Register{Addr, Len} + userfaultfd ->
@@ -101,11 +102,22 @@
 // client that asked: an older client never sees it, and an older dsmd
 // refuses the Map that asks.
 //
+// FeatureLeasePage asks for dsmd's lease page (lease.go; docs/failover.md
+// §9): Mapped then carries two descriptors, the region's memfd and the
+// lease page's, a memfd sealed against writes through any new mapping
+// (F_SEAL_FUTURE_WRITE), which the client maps read-only and watches. A
+// dsmd with no lease page (a page cache that no lease guards) sends the
+// region's memfd alone. An older dsmd refuses the Map that asks
+// (CodeBadRequest: unknown features); mapclient then maps again without
+// it, and that mapping has no watchdog. Version stays 1 here too.
+//
 // # Encoding
 //
 // Each message is one seqpacket datagram: a version byte (Version), a type
 // byte, then the fields of the type in order, little endian; a string is a
 // uint16 length and that many bytes. Trailing bytes are an error. Decode
 // trusts nothing: every malformed message is an error wrapping ErrMalformed,
-// never a panic (FuzzDecode).
+// never a panic (FuzzDecode). The lease page is not a message: its record
+// is six 64-bit words (lease.go), read under a sequence counter, and
+// DecodeLease trusts it no more (FuzzDecodeLease).
 package mapproto

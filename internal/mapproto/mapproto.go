@@ -44,7 +44,9 @@ const (
 	// and Available.
 	TypeMap Type = 1 + iota
 	// TypeMapped answers Map with the region's id, size and page size; the
-	// region's memfd travels with it (dsmd -> client).
+	// region's memfd travels with it, and, when the Map asked with
+	// FeatureLeasePage and dsmd has one, the lease page's memfd after it
+	// (dsmd -> client).
 	TypeMapped
 	// TypeRegister gives dsmd the client's mapping [Addr, Addr+Len) of the
 	// whole region; the client's userfaultfd travels with it (client -> dsmd).
@@ -162,7 +164,12 @@ const (
 	// are not reused, by which any process can later ask whether the
 	// session is still alive (the dsm Mutex records its holder with it).
 	FeatureSession Features = 1 << iota
-	featuresKnown           = FeatureSession
+	// FeatureLeasePage asks dsmd for its lease page (lease.go): Mapped
+	// then carries a second descriptor, a memfd whose record the client
+	// maps read-only and watches. A dsmd that has no lease page to give
+	// sends the region's memfd alone, as to a client that did not ask.
+	FeatureLeasePage
+	featuresKnown = FeatureSession | FeatureLeasePage
 )
 
 // Msg is one message. Which fields are meaningful depends on Type:

@@ -19,6 +19,8 @@ var samples = []Msg{
 	{Type: TypeRegistered},
 	{Type: TypeRegistered, Session: 3<<32 | 17},
 	{Type: TypeMap, Name: "kv", Features: FeatureSession},
+	{Type: TypeMap, Name: "kv", Features: FeatureSession | FeatureLeasePage},
+	{Type: TypeMap, Name: "kv", Features: FeatureLeasePage},
 	{Type: TypeMap, Name: "kv", Size: 4096, FaultTimeout: 30 * time.Second, Features: FeatureSession},
 	{Type: TypeError, Code: CodeUnknownRegion, Text: `no region "kv"`},
 	{Type: TypeUnavailable, Page: 513, Text: "page p513 of region fo (r1) unavailable: its home n3 failed in epoch 7"},

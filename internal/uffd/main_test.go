@@ -52,6 +52,8 @@ func TestMain(m *testing.M) {
 //	               (debug.SetPanicOnFault) and answered "fault"
 //	trypop P       as popread, but a failed madvise is answered
 //	               "failed errno=N" (N in decimal)
+//	prot none|r|rw mprotect the whole mapping PROT_NONE, PROT_READ or
+//	               PROT_READ|PROT_WRITE
 //	exit
 //
 // It never reads its own userfaultfd: every fault is resolved by the parent.
@@ -154,6 +156,16 @@ func child(modeArg string) error {
 			}
 		case "tryread":
 			reply = tryRead(b[p : p+ps])
+		case "prot":
+			prot := map[string]int{"none": unix.PROT_NONE, "r": unix.PROT_READ, "rw": unix.PROT_READ | unix.PROT_WRITE}
+			v, ok := prot[f[len(f)-1]]
+			if !ok || len(f) != 2 {
+				reply = "err prot none|r|rw"
+				break
+			}
+			if err := unix.Mprotect(b, v); err != nil {
+				reply = "err " + err.Error()
+			}
 		case "trypop":
 			if err := mp.PopulateRead(int64(p), int64(ps)); err != nil {
 				var errno syscall.Errno

@@ -416,3 +416,63 @@ func TestRedeliveredFault(t *testing.T) {
 		t.Fatal("child not woken")
 	}
 }
+
+// TestWriteProtectSurvivesMprotect is the check that mapclient's lease
+// watchdog relies on (docs/failover.md §9): the watchdog makes a client's
+// whole mapping PROT_NONE when dsmd's lease runs out and restores it
+// (PROT_READ|PROT_WRITE) when the lease moves again, and neither step may
+// lose uffd write protection. A page dsmd write-protected (Shared here,
+// or Modified being suspended) must still raise a WP fault on the first
+// store after the round trip, or that store would land without dsmd
+// knowing; a page mapped writable stays writable with its data. It also
+// checks that every access faults while the mapping is PROT_NONE.
+func TestWriteProtectSurvivesMprotect(t *testing.T) {
+	r := newRegion(t, 4)
+	c := startClient(t, "client", r.mf, allModes)
+	// Pages 0 and 1 mapped writable in the client with its data.
+	c.do("write 0 a0", want{FaultMissing, 0, true, c.copyPage(0, 0, 0)})
+	c.do("write 1 a1", want{FaultMissing, 1, true, c.copyPage(1, 0, 0)})
+	// Page 0 write-protected, as dsmd does on a downgrade or a suspension.
+	c.protect(0)
+
+	for _, prot := range []string{"rw", "r"} {
+		t.Run("round trip to "+prot, func(t *testing.T) {
+			c.t = t
+			c.do("prot none")
+			if got := c.do("tryread 0"); got != "fault" {
+				t.Fatalf("load of a mapped page under PROT_NONE: %q, want a fault", got)
+			}
+			if got := c.do("tryread 1"); got != "fault" {
+				t.Fatalf("load of a writable page under PROT_NONE: %q, want a fault", got)
+			}
+			c.do("prot " + prot)
+			if got := c.do("read 0"); got != answer(0xa0) {
+				t.Fatalf("page 0 after the round trip: %q", got)
+			}
+			if got := c.do("read 1"); got != answer(0xa1) {
+				t.Fatalf("page 1 after the round trip: %q", got)
+			}
+		})
+	}
+	c.t = t
+	c.do("prot rw")
+	// The write protection survived both round trips: the first store to
+	// page 0 is a WP fault, and only after it is resolved does it land.
+	c.do("write 0 b0", want{FaultWP, 0, true, c.unprotect(0)})
+	if r.byteAt(0) != 0xb0 {
+		t.Fatalf("parent sees %#x on page 0, want the client's store b0", r.byteAt(0))
+	}
+	// Page 1 was never write-protected: it stores without a fault.
+	c.do("write 1 b1")
+	if r.byteAt(1) != 0xb1 {
+		t.Fatalf("parent sees %#x on page 1, want b1", r.byteAt(1))
+	}
+	// And a WP set while the mapping is PROT_NONE holds after it too.
+	c.do("prot none")
+	c.protect(1)
+	c.do("prot rw")
+	c.do("write 1 c1", want{FaultWP, 1, true, c.unprotect(1)})
+	if r.byteAt(1) != 0xc1 {
+		t.Fatalf("parent sees %#x on page 1, want c1", r.byteAt(1))
+	}
+}

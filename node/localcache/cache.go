@@ -101,6 +101,12 @@ type Config struct {
 	// carries its code to the client, any other is CodeInternal. Nil:
 	// control sessions are refused (CodeBadRequest).
 	Control func(ctx context.Context, peer localsock.Identity, req mapproto.Ctl) (mapproto.Ctl, error)
+	// LeasePage makes the Cache keep a lease page (leasepage.go) and give
+	// it to the clients that ask (mapproto.FeatureLeasePage), whose
+	// watchdogs then make their mappings inaccessible once its deadline
+	// passes. It reads "no lease" until the first SetLease: set it only
+	// where something (dsmd's lease guard) calls SetLease.
+	LeasePage bool
 }
 
 // RegionSpec describes a region to serve.
@@ -136,6 +142,7 @@ type Cache struct {
 	mayMap    func(localsock.Identity, string) error
 	control   func(context.Context, localsock.Identity, mapproto.Ctl) (mapproto.Ctl, error)
 	sessions  map[*net.UnixConn]struct{}
+	lease     *leasePage // nil without Config.LeasePage
 
 	lruMu sync.Mutex
 	lru   list.List // of *page: the pages held, oldest install first
@@ -173,6 +180,13 @@ func New(cfg Config) (*Cache, error) {
 		log.Warn("transparent huge pages are enabled for shmem; page-granular invalidation assumes they are off",
 			"shmem_enabled", strings.TrimSpace(string(b)))
 	}
+	var lease *leasePage
+	if cfg.LeasePage {
+		var err error
+		if lease, err = newLeasePage(); err != nil {
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	flight, flightEnd := context.WithCancel(ctx)
 	resumed := make(chan struct{})
@@ -196,6 +210,7 @@ func New(cfg Config) (*Cache, error) {
 		mayMap:    cfg.MayMap,
 		control:   cfg.Control,
 		sessions:  make(map[*net.UnixConn]struct{}),
+		lease:     lease,
 	}, nil
 }
 
@@ -738,9 +753,12 @@ func (c *Cache) Close() error {
 	// (the calls it waits for were cancelled above).
 	c.suspendMu.Lock()
 	defer c.suspendMu.Unlock()
+	var errs []error
+	if c.lease != nil {
+		errs = append(errs, c.lease.close()) // before c.mu: publish takes lp.mu, then c.mu
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var errs []error
 	for _, r := range c.regions {
 		errs = append(errs, r.mp.Unmap(), r.mf.Close(), r.closeAside())
 	}

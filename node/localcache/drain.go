@@ -33,6 +33,7 @@ func (c *Cache) Drain(reason string) {
 		cls = append(cls, cl)
 	}
 	c.mu.Unlock()
+	c.publishLease()
 	c.endSessions(cls, mapproto.CodeUnavailable, reason)
 }
 

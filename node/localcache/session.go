@@ -206,7 +206,11 @@ func (c *Cache) handshake(conn *net.UnixConn, pid int, peer *localsock.Addr) (*c
 	if err != nil {
 		return nil, err
 	}
-	if err := fdpass.Send(conn, reply, r.mf.Fd()); err != nil {
+	fds = []int{r.mf.Fd()}
+	if req.Features&mapproto.FeatureLeasePage != 0 && c.lease != nil {
+		fds = append(fds, c.lease.fd)
+	}
+	if err := fdpass.Send(conn, reply, fds...); err != nil {
 		return nil, err
 	}
 

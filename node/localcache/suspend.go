@@ -141,6 +141,9 @@ func (c *Cache) Suspend(ctx context.Context) (SuspendStats, error) {
 		c.st.suspends.Add(1)
 	}
 	c.gateMu.Unlock()
+	// The lease page says so before any page is revoked: a client's
+	// watchdog that reads it from now on keeps its mapping inaccessible.
+	c.publishLease()
 
 	var st SuspendStats
 	var errs []error
@@ -402,6 +405,9 @@ func (c *Cache) Resume() {
 	c.suspended.Store(false)
 	close(c.resumed)
 	c.log.Info("resumed")
+	// The deadline the page shows again is the last SetLease's: the
+	// caller grants a new one before or right after Resume.
+	c.publishLease()
 }
 
 // DiscardSuspended forgets every page this node holds, as dsmd does when

@@ -71,6 +71,8 @@ type Daemon struct {
 	hold     map[int]bool
 	reply    []byte // when set, replaces the answer to every Map
 	sessions []*session
+	lease    *LeasePage        // given to sessions that ask; nil: none
+	refused  mapproto.Features // Maps asking for these are refused as unknown
 }
 
 type session struct {
@@ -147,6 +149,15 @@ func (d *Daemon) Sessions() []Session {
 		}
 	}
 	return out
+}
+
+// RefuseFeatures makes the Daemon refuse, as a dsmd that predates them
+// does, every later Map that asks for any of features (CodeBadRequest:
+// unknown features).
+func (d *Daemon) RefuseFeatures(features mapproto.Features) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.refused = features
 }
 
 // Die closes every session socket and userfaultfd, as dsmd's exit does.
@@ -253,9 +264,14 @@ func (d *Daemon) serve(s *session) {
 	d.mu.Lock()
 	reply := d.reply
 	r, ok := d.regions[req.Name]
+	lease, refused := d.lease, d.refused&req.Features
 	d.mu.Unlock()
 	if reply != nil {
 		conn.Write(reply)
+		return
+	}
+	if refused != 0 {
+		d.refuse(conn, mapproto.CodeBadRequest, fmt.Sprintf("mapproto: malformed message: unknown features %#x", uint64(refused)))
 		return
 	}
 	if !ok {
@@ -271,7 +287,11 @@ func (d *Daemon) serve(s *session) {
 	s.Region, s.Memfd = r, mf
 	d.mu.Unlock()
 	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: r.ID, Size: uint64(mf.Size()), PageSize: uint32(ps)})
-	if err := fdpass.Send(conn, b, mf.Fd()); err != nil {
+	sendFDs := []int{mf.Fd()}
+	if lease != nil && req.Features&mapproto.FeatureLeasePage != 0 {
+		sendFDs = append(sendFDs, lease.fd)
+	}
+	if err := fdpass.Send(conn, b, sendFDs...); err != nil {
 		return
 	}
 	n, fds, err := fdpass.Recv(conn, buf, 1)

@@ -58,6 +58,19 @@
 //	fault-loop OFF LEN       print "started", then write every page of
 //	                         [OFF, OFF+LEN) through Bytes(), over and over,
 //	                         until killed
+//	watch-loop OFF           print "started", then load the uint64 at OFF
+//	                         through Bytes(), check that it holds the
+//	                         last value this loop stored, store it plus
+//	                         one, over and over (a fault is recovered
+//	                         with debug.SetPanicOnFault and the access
+//	                         tried again 1 ms later); every 50 ms print
+//	                         "tick NOW LASTOK FAULTS LAST": NOW and the
+//	                         time of the last access that succeeded, in
+//	                         CLOCK_BOOTTIME nanoseconds, the faults so far
+//	                         and the last value stored. A value that is
+//	                         not the last stored: print "wrong GOT WANT"
+//	                         and exit 1. When the mapping dies: print
+//	                         "dead: " and its error and exit 0
 //	hold                     read the first page through Bytes(), print
 //	                         "mapped", and keep the mapping until stdin
 //	                         closes or SIGTERM or SIGINT arrives; if the
@@ -92,8 +105,13 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dsmkit/dsm/dsm"
 	"github.com/dsmkit/dsm/internal/mapclient"
@@ -223,6 +241,8 @@ func run(ctx context.Context, addr, region string, id int, args []string) error 
 		return cl.history(ctx, args[1:])
 	case "fault-loop":
 		return cl.faultLoop(args[1:])
+	case "watch-loop":
+		return cl.watchLoop(args[1:])
 	}
 	s, err := cl.do(ctx, args)
 	if err != nil {
@@ -703,6 +723,89 @@ func (cl *client) faultLoop(args []string) error {
 		}
 		if err := cl.r.Err(); err != nil {
 			return err
+		}
+	}
+}
+
+// boottime reads CLOCK_BOOTTIME in nanoseconds.
+func boottime() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		panic(err)
+	}
+	return ts.Nano()
+}
+
+// watchLoop checks and increments the word at OFF over and over,
+// reporting when accesses succeed (see the command's doc).
+func (cl *client) watchLoop(args []string) error {
+	v, err := ints(args)
+	if err != nil || len(v) != 1 || v[0]%8 != 0 {
+		return usagef("watch-loop OFF (8-byte aligned)")
+	}
+	if err := cl.span(v[0], 8); err != nil {
+		return err
+	}
+	w := (*uint64)(unsafe.Pointer(&cl.r.Bytes()[v[0]]))
+	var lastOK, faults atomic.Int64
+	var stored atomic.Uint64
+	// One access: a load that must find the last value stored, then the
+	// store of the next. A fault on either leaves the count as it was.
+	access := func() (got uint64, wrong, faulted bool) {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if recover() != nil {
+				faulted = true
+			}
+		}()
+		last := stored.Load()
+		if got = atomic.LoadUint64(w); got != last {
+			return got, true, false
+		}
+		atomic.StoreUint64(w, last+1)
+		stored.Store(last + 1)
+		return got, false, false
+	}
+	// The first load gives the value to start from.
+	var first [8]byte
+	if _, err := cl.r.ReadAt(first[:], v[0]); err != nil {
+		return err
+	}
+	stored.Store(binary.NativeEndian.Uint64(first[:]))
+	fmt.Fprintln(cl.out, "started")
+	if err := cl.out.Flush(); err != nil {
+		return err
+	}
+	var mu sync.Mutex // cl.out
+	say := func(format string, a ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(cl.out, format+"\n", a...)
+		cl.out.Flush()
+	}
+	go func() {
+		for {
+			select {
+			case <-cl.r.Done():
+				say("dead: %v", cl.r.Err())
+				os.Exit(0)
+			case <-time.After(50 * time.Millisecond):
+				say("tick %d %d %d %d", boottime(), lastOK.Load(), faults.Load(), stored.Load())
+			}
+		}
+	}()
+	for {
+		got, wrong, faulted := access()
+		switch {
+		case wrong:
+			say("wrong %d %d", got, stored.Load())
+			os.Exit(1)
+		case faulted:
+			faults.Add(1)
+			time.Sleep(time.Millisecond)
+		default:
+			lastOK.Store(boottime())
+			time.Sleep(200 * time.Microsecond)
 		}
 	}
 }
