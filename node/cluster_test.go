@@ -238,7 +238,7 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 		}
 	}
 	waitFor(ctx, t, "n3 suspends local access", func() bool { return n3.n.cache.Suspended() })
-	if lp, _ := n3.n.cache.Lease(); lp.State != mapproto.LeaseSuspended || lp.Deadline != 0 {
+	if lp, _ := n3.n.cache.Lease(); lp.State != mapproto.LeaseRevoked || lp.Deadline != 0 {
 		t.Fatalf("n3's lease page while suspended: %v", lp)
 	}
 	lctx, lcancel := context.WithTimeout(ctx, time.Second)

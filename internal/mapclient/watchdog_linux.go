@@ -144,11 +144,17 @@ func boottime() time.Duration {
 
 // leaseOpen reports whether the lease page allows access now, and until
 // when. A page that cannot be read (dsmd stopped in the middle of a
-// write) allows nothing.
+// write) allows nothing. A dsmd that revoked every local access (state
+// revoked) has punched its pages out of the mapping: accesses fault into
+// it and wait there, so the mapping may stay open; the watchdog reads
+// the page again a poll later.
 func leaseOpen(page []byte) (open bool, until time.Duration) {
 	l, err := mapproto.LoadLease(page)
-	if err != nil || l.State == mapproto.LeaseSuspended {
+	switch {
+	case err != nil || l.State == mapproto.LeaseSuspended:
 		return false, 0
+	case l.State == mapproto.LeaseRevoked:
+		return true, boottime() + watchdogPoll
 	}
 	return boottime() < l.Deadline, l.Deadline
 }

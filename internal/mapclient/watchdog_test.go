@@ -166,6 +166,27 @@ func TestWatchdogSuspended(t *testing.T) {
 	waitHeld(t, m, false)
 }
 
+// TestWatchdogRevoked: a dsmd that says it revoked every local access
+// (its pages are out of the mapping, accesses fault into it and wait) has
+// the mapping opened again; a serving page past its deadline closes it,
+// and revoked opens it again.
+func TestWatchdogRevoked(t *testing.T) {
+	d := newFakeDaemon(t, 1)
+	lp := d.LeasePage(mapclienttest.Serving(200 * time.Millisecond))
+	_, m := mapRegion(t, d)
+	waitHeld(t, m, true) // the deadline passed
+	revoked := mapclienttest.Serving(0)
+	revoked.State, revoked.Deadline = mapproto.LeaseRevoked, 0
+	lp.Set(revoked)
+	waitHeld(t, m, false)
+	suspended := revoked
+	suspended.State = mapproto.LeaseSuspended
+	lp.Set(suspended)
+	waitHeld(t, m, true)
+	lp.Set(revoked)
+	waitHeld(t, m, false)
+}
+
 // TestWatchdogNeverReopensADeadMapping: once the session ended, the
 // mapping stays inaccessible whatever the lease page says, whether the
 // watchdog held it then or not.

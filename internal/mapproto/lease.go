@@ -55,6 +55,12 @@ const (
 	// LeaseDraining: dsmd is draining (shutting down); it still serves
 	// until the deadline, and ends the sessions.
 	LeaseDraining
+	// LeaseRevoked: dsmd suspended its page cache and finished revoking
+	// every local access (every page it held is punched out of the
+	// mappings): an access faults into dsmd and waits there until it
+	// serves again, so a client need not keep its mapping inaccessible.
+	// The deadline is in the past.
+	LeaseRevoked
 	leaseStateEnd
 )
 
@@ -66,6 +72,8 @@ func (s LeaseState) String() string {
 		return "suspended"
 	case LeaseDraining:
 		return "draining"
+	case LeaseRevoked:
+		return "revoked"
 	}
 	return fmt.Sprintf("lease-state(%d)", uint64(s))
 }

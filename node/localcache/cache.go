@@ -156,6 +156,9 @@ type Cache struct {
 	suspendMu  sync.Mutex
 	suspended  atomic.Bool
 	suspendGen atomic.Uint64 // Suspend calls that started a suspension
+	// revoked: the current suspension revoked every local access (a
+	// Suspend finished without error); the lease page says so.
+	revoked atomic.Bool
 	gateMu     sync.Mutex
 	resumed    chan struct{}   // closed while serving; open while suspended
 	flight     context.Context // parent of every Coherence call; cancelled by Suspend

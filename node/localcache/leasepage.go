@@ -82,6 +82,8 @@ func (lp *leasePage) publish(c *Cache) {
 	c.mu.Unlock()
 	l := lp.granted
 	switch {
+	case c.suspended.Load() && c.revoked.Load() && !closed:
+		l.State, l.Deadline = mapproto.LeaseRevoked, 0
 	case c.suspended.Load() || closed:
 		l.State, l.Deadline = mapproto.LeaseSuspended, 0
 	case draining:

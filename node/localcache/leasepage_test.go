@@ -107,9 +107,10 @@ func TestLeasePage(t *testing.T) {
 	if _, err := c.Suspend(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	read("suspended", mapproto.Lease{Incarnation: 0xabc, State: mapproto.LeaseSuspended, Epoch: 7})
+	// Suspend finished: every access is revoked (and would wait here).
+	read("suspended", mapproto.Lease{Incarnation: 0xabc, State: mapproto.LeaseRevoked, Epoch: 7})
 	c.SetLease(0xabc, 43*time.Second, 8) // a grant while suspended changes nothing yet
-	read("granted while suspended", mapproto.Lease{Incarnation: 0xabc, State: mapproto.LeaseSuspended, Epoch: 8})
+	read("granted while suspended", mapproto.Lease{Incarnation: 0xabc, State: mapproto.LeaseRevoked, Epoch: 8})
 	c.Resume()
 	granted.Deadline, granted.Epoch = 43*time.Second, 8
 	read("resumed", granted)

@@ -133,6 +133,7 @@ func (c *Cache) Suspend(ctx context.Context) (SuspendStats, error) {
 	slices.SortFunc(regions, func(a, b *region) int { return cmp.Compare(a.id, b.id) })
 
 	c.gateMu.Lock()
+	c.revoked.Store(false)
 	if !c.suspended.Load() {
 		c.suspended.Store(true)
 		c.suspendGen.Add(1)
@@ -156,6 +157,11 @@ func (c *Cache) Suspend(ctx context.Context) (SuspendStats, error) {
 	if len(errs) > 0 {
 		return st, fmt.Errorf("localcache: suspend: %w", errors.Join(errs...))
 	}
+	// Every page held is out of every mapping: the clients' accesses fault
+	// into this Cache and wait, and their watchdogs may open the mappings
+	// again (a plain access then waits instead of faulting in the client).
+	c.revoked.Store(true)
+	c.publishLease()
 	c.log.Info("suspended", "punched", st.Punched, "aside", st.Aside, "waited", st.Waited, "took", st.Duration)
 	return st, nil
 }
@@ -403,6 +409,7 @@ func (c *Cache) Resume() {
 	}
 	c.flight, c.flightEnd = context.WithCancel(c.ctx)
 	c.suspended.Store(false)
+	c.revoked.Store(false)
 	close(c.resumed)
 	c.log.Info("resumed")
 	// The deadline the page shows again is the last SetLease's: the
