@@ -208,6 +208,9 @@ type roundsFigures struct {
 	longest                                          time.Duration
 	longestWhat                                      string
 	errs                                             map[string]int // error texts, shortened, by count
+	// firstErr is the first instance of each of errs: its client, node,
+	// time and whole text.
+	firstErr map[string]string
 }
 
 // TestKillRestartRounds is issue 17's "rounds of kill/restart of random
@@ -392,7 +395,8 @@ func TestKillRestartRounds(t *testing.T) {
 	}
 	var errs []string
 	for e, k := range fig.errs {
-		errs = append(errs, fmt.Sprintf("%d× %s", k, e))
+		first := fig.firstErr[e]
+		errs = append(errs, fmt.Sprintf("%d× %s\n    first: %s", k, e, first[strings.IndexByte(first, ' ')+1:]))
 	}
 	slices.Sort(errs)
 	t.Logf("%d rounds on %d nodes in %v (seed %d): %d operations by %d client processes: %d synced writes, %d writes of unknown outcome (%d failed, the others in flight when killed), %d reads (%d of a written value; %d more failed), %d final reads; longest wait %v (%s); linearizable",
@@ -409,7 +413,7 @@ func TestKillRestartRounds(t *testing.T) {
 // has an unknown outcome, a read is left out.
 func roundsHistory(t *testing.T, clients []*regClient) ([]regOp, roundsFigures) {
 	t.Helper()
-	fig := roundsFigures{errs: map[string]int{}}
+	fig := roundsFigures{errs: map[string]int{}, firstErr: map[string]string{}}
 	var ops []regOp
 	wait := func(d time.Duration, what string) {
 		if d > fig.longest {
@@ -446,7 +450,12 @@ func roundsHistory(t *testing.T, clients []*regClient) ([]regOp, roundsFigures) 
 				wait(time.Duration(e.Return-e.Call), what)
 			}
 			if e.Err != "" {
-				fig.errs[shortErr(e.Err)]++
+				k := shortErr(e.Err)
+				fig.errs[k]++
+				if first, ok := fig.firstErr[k]; !ok || e.Return < firstAt(first) {
+					fig.firstErr[k] = fmt.Sprintf("%d %s at %s after %v: %s", e.Return, what, time.Unix(0, e.Return).Format("15:04:05.000"),
+						time.Duration(e.Return-e.Call).Round(time.Millisecond), e.Err)
+				}
 			}
 			op := regOp{Client: rc.id, Kind: e.Kind, Off: e.Off, Value: e.Value, Out: e.Out, Call: e.Call, Return: e.Return}
 			switch {
@@ -481,6 +490,12 @@ func roundsHistory(t *testing.T, clients []*regClient) ([]regOp, roundsFigures) 
 		}
 	}
 	return ops, fig
+}
+
+// firstAt is the time in front of a firstErr entry.
+func firstAt(s string) int64 {
+	v, _ := strconv.ParseInt(s[:strings.IndexByte(s, ' ')], 10, 64)
+	return v
 }
 
 // shortErr is an error text without the numbers that make every instance
