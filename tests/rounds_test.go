@@ -228,15 +228,17 @@ type roundsFigures struct {
 //
 // Then, with the workload stopped: every node reads every register and
 // the first pages of every shard with ReadAt, and all read the same
-// bytes; the node restarted last reads the whole region as zeros with the
-// registers' values; every register holds its last synced value, or the value of a
-// write of unknown outcome not followed by a synced one; the whole
-// history, those final reads included, is linearizable (porcupine; a write
-// whose Sync did not return took effect within its call, or never); and
-// no call of the library waited longer than roundsBound (the documented
-// no-hang bound), including the calls in flight when their client was
-// killed. Calls that fail with an error within the bound (ErrUnavailable
-// during a failover, the dsmd of a killed node gone) are allowed.
+// bytes; the node restarted last reads the whole region as zeros with
+// the registers' values; every register holds its last synced value, or
+// the value of a write of unknown outcome not followed by a synced one;
+// the whole history, those final reads included, is linearizable
+// (porcupine; a write whose WriteAt or Sync failed, or that was in flight
+// when its client died, took effect between its call and that moment, or
+// never); and no call of the library waited longer than roundsBound (the
+// documented no-hang bound), including the calls in flight when their
+// client was killed. Calls that fail with an error within the bound
+// (ErrUnavailable during a failover, the dsmd of a killed node gone) are
+// allowed.
 //
 // It asserts only what a user sees, so it holds whether the failure
 // detector declares the killed node failed before its restart or not.
