@@ -129,9 +129,10 @@ failover-time: ## failover time of a home killed with kill -9 and restarted at o
 	DSM_FAILOVER_ROUNDS=$(ROUNDS) $(GO) test ./tests -run '^TestFailoverTime$$' -count=1 -timeout 0 -v
 
 rounds: ROUNDS = 20
+rounds: NODES ?= 3
 rounds: SEED ?=
-rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of three under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test runs 3)
-	DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
+rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of NODES (3) under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test runs 3 rounds)
+	DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_NODES=$(NODES) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
