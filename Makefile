@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time soak bench-cluster help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time rounds soak bench-cluster help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -134,6 +134,12 @@ failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of
 failover-time: ROUNDS = 10
 failover-time: ## failover time of a home killed with kill -9 and restarted at once, ROUNDS rounds on a three-node cluster (median, min, max)
 	DSM_FAILOVER_ROUNDS=$(ROUNDS) $(GO) test ./tests -run '^TestFailoverTime$$' -count=1 -timeout 0 -v
+
+rounds: ROUNDS = 20
+rounds: NODES ?= 3
+rounds: SEED ?=
+rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of NODES (3) under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test runs 3 rounds)
+	DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_NODES=$(NODES) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

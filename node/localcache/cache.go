@@ -158,11 +158,11 @@ type Cache struct {
 	suspendGen atomic.Uint64 // Suspend calls that started a suspension
 	// revoked: the current suspension revoked every local access (a
 	// Suspend finished without error); the lease page says so.
-	revoked atomic.Bool
-	gateMu     sync.Mutex
-	resumed    chan struct{}   // closed while serving; open while suspended
-	flight     context.Context // parent of every Coherence call; cancelled by Suspend
-	flightEnd  context.CancelFunc
+	revoked   atomic.Bool
+	gateMu    sync.Mutex
+	resumed   chan struct{}   // closed while serving; open while suspended
+	flight    context.Context // parent of every Coherence call; cancelled by Suspend
+	flightEnd context.CancelFunc
 
 	st counters
 }

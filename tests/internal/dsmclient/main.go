@@ -51,6 +51,8 @@
 //	read-u64 OFF...          load the uint64 at each OFF through Bytes();
 //	                         prints the values on one line, space-separated
 //	read-at OFF LEN          ReadAt of LEN bytes; prints hex
+//	read-sum OFF LEN         ReadAt of LEN bytes, 1 MiB at a time; prints
+//	                         their SHA-256 in hex
 //	try-get-bytes OFF LEN    as get-bytes, but a fault (SIGBUS on a page
 //	                         that is unavailable) is recovered
 //	                         (debug.SetPanicOnFault): prints "fault: " and
@@ -71,6 +73,20 @@
 //	                         not the last stored: print "wrong GOT WANT"
 //	                         and exit 1. When the mapping dies: print
 //	                         "dead: " and its error and exit 0
+//	registers write|read SEED PAUSEMS OFF...
+//	                         until stdin closes: after a random pause of
+//	                         0 to PAUSEMS milliseconds, pick one of the
+//	                         8-byte words at OFF... at random; write:
+//	                         WriteAt a value unique to this client (-id in
+//	                         the high 32 bits, a count in the low ones),
+//	                         then Sync; read: ReadAt it. Prints one JSON
+//	                         object (RegEvent) as each operation starts
+//	                         (phase "call") and one as it ends (phase
+//	                         "return", with the error if it failed), each
+//	                         written at once, so that a client killed
+//	                         mid-operation leaves that operation's call
+//	                         behind. A failed operation does not end the
+//	                         run; a dead mapping does (exit status 1)
 //	hold                     read the first page through Bytes(), print
 //	                         "mapped", and keep the mapping until stdin
 //	                         closes or SIGTERM or SIGINT arrives; if the
@@ -78,8 +94,9 @@
 //	                         error and exit 0
 //	map-direct SOCK          map the region through the mapping socket SOCK
 //	                         directly (no gRPC call first); prints "mapped"
-//	repl                     read commands (put-bytes, get-bytes, add,
-//	                         mutex-inc, fill, check, touch-sparse, read-u64,
+//	repl                     read commands (put-bytes, get-bytes, read-at,
+//	                         read-sum, add, mutex-inc, fill, check,
+//	                         touch-sparse, read-u64,
 //	                         lock, unlock, session, barrier..., sem-...)
 //	                         from stdin, one a line, on one mapping held
 //	                         until stdin closes; answer each with one line:
@@ -92,6 +109,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -134,6 +152,26 @@ type Event struct {
 	Swapped bool  `json:"swapped,omitempty"`
 	Call    int64 `json:"call"`
 	Return  int64 `json:"return"`
+}
+
+// RegEvent is one line of the registers command. A write's Call is
+// time.Now().UnixNano() just before WriteAt, Written just after it
+// returned without an error (0 otherwise), and Return just after Sync
+// returned (or WriteAt failed); a read's Call and Return surround ReadAt.
+type RegEvent struct {
+	Client int    `json:"client"`
+	Kind   string `json:"kind"`  // write or read
+	Phase  string `json:"phase"` // call or return
+	Off    int64  `json:"off"`
+	// Value is the value written (write).
+	Value uint64 `json:"value,omitempty"`
+	// Out is the value read (read, without an error).
+	Out     uint64 `json:"out,omitempty"`
+	Call    int64  `json:"call"`
+	Written int64  `json:"written,omitempty"`
+	Return  int64  `json:"return,omitempty"`
+	// Err is the error of a failed operation.
+	Err string `json:"err,omitempty"`
 }
 
 // mapOpts are the options of the mapping (from the flags).
@@ -239,6 +277,8 @@ func run(ctx context.Context, addr, region string, id int, args []string) error 
 		return cl.hold(ctx)
 	case "history":
 		return cl.history(ctx, args[1:])
+	case "registers":
+		return cl.registers(ctx, args[1:], os.Stdin)
 	case "fault-loop":
 		return cl.faultLoop(args[1:])
 	case "watch-loop":
@@ -390,6 +430,24 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 			return "", err
 		}
 		return hex.EncodeToString(p), nil
+	case "read-sum":
+		v, err := ints(args)
+		if err != nil || len(v) != 2 {
+			return "", usagef("read-sum OFF LEN")
+		}
+		if err := cl.span(v[0], v[1]); err != nil {
+			return "", err
+		}
+		h := sha256.New()
+		p := make([]byte, 1<<20)
+		for at, end := v[0], v[0]+v[1]; at < end; at += int64(len(p)) {
+			q := p[:min(int64(len(p)), end-at)]
+			if _, err := cl.r.ReadAt(q, at); err != nil {
+				return "", err
+			}
+			h.Write(q)
+		}
+		return hex.EncodeToString(h.Sum(nil)), nil
 	case "try-get-bytes":
 		v, err := ints(args)
 		if err != nil || len(v) != 2 {
@@ -701,6 +759,87 @@ func (cl *client) history(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// registers writes or reads the words at random until in closes (see
+// the package documentation).
+func (cl *client) registers(ctx context.Context, args []string, in io.Reader) error {
+	if len(args) < 4 || args[0] != "write" && args[0] != "read" {
+		return usagef("registers write|read SEED PAUSEMS OFF...")
+	}
+	write := args[0] == "write"
+	v, err := ints(args[1:])
+	if err != nil {
+		return err
+	}
+	seed, pause, offs := uint64(v[0]), v[1], v[2:]
+	if pause < 0 {
+		return usagef("negative pause %d", pause)
+	}
+	for _, off := range offs {
+		if err := cl.span(off, 8); err != nil {
+			return err
+		}
+	}
+	stop := make(chan struct{})
+	go func() { io.Copy(io.Discard, in); close(stop) }()
+	rng := rand.New(rand.NewPCG(seed, uint64(cl.id)))
+	enc := json.NewEncoder(cl.out)
+	emit := func(e RegEvent) error {
+		if err := enc.Encode(e); err != nil {
+			return err
+		}
+		return cl.out.Flush()
+	}
+	var buf [8]byte
+	for seq := uint64(1); ; seq++ {
+		if pause > 0 {
+			t := time.NewTimer(time.Duration(rng.Int64N(pause+1)) * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-stop:
+				t.Stop()
+			}
+		}
+		select {
+		case <-stop:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		e := RegEvent{Client: cl.id, Kind: "read", Phase: "call", Off: offs[rng.IntN(len(offs))]}
+		if write {
+			e.Kind, e.Value = "write", uint64(cl.id)<<32|seq&(1<<32-1)
+		}
+		e.Call = time.Now().UnixNano()
+		if err := emit(e); err != nil {
+			return err
+		}
+		var err error
+		if write {
+			binary.LittleEndian.PutUint64(buf[:], e.Value)
+			if _, err = cl.r.WriteAt(buf[:], e.Off); err == nil {
+				e.Written = time.Now().UnixNano()
+				err = cl.r.Sync(ctx)
+			}
+		} else {
+			if _, err = cl.r.ReadAt(buf[:], e.Off); err == nil {
+				e.Out = binary.LittleEndian.Uint64(buf[:])
+			}
+		}
+		e.Return = time.Now().UnixNano()
+		e.Phase = "return"
+		if err != nil {
+			e.Err = err.Error()
+		}
+		if err := emit(e); err != nil {
+			return err
+		}
+		if err := cl.r.Err(); err != nil {
+			return err
+		}
+	}
 }
 
 // faultLoop writes one byte of every page of the range, over and over.
