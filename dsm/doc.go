@@ -135,7 +135,10 @@
 // itself. A plain access then faults as above (FaultErr matches
 // ErrUnavailable and says that dsmd holds no lease), while ReadAt,
 // WriteAt, Prefault and the atomics wait; the mapping comes back, with
-// its data, when dsmd is granted a lease again, or dies.
+// its data, when dsmd is granted a lease again, or dies. A dsmd that runs
+// revokes the pages itself within a fraction of a second and then says
+// so: the mapping is accessible again, and plain accesses wait in dsmd
+// (as faults do) until it is granted again.
 //
 // Close a dead Region as a live one; Map the region again (with this
 // Client or a new one) once dsmd is back, or once a region of that name
