@@ -132,8 +132,9 @@ failover: ## the real-process failure tests ROUNDS times (kill -9 and restart of
 	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults kill,leave,join,pause -out $(CURDIR)/tests/chaos/out
 
 failover-time: ROUNDS = 10
-failover-time: ## failover time of a home killed with kill -9 and restarted at once, ROUNDS rounds on a three-node cluster (median, min, max)
-	DSM_FAILOVER_ROUNDS=$(ROUNDS) $(GO) test ./tests -run '^TestFailoverTime$$' -count=1 -timeout 0 -v
+failover-time: RESTART = 1
+failover-time: ## failover time of a home killed with kill -9 and restarted at once (RESTART=0: not restarted; the failure verdict moves its pages), ROUNDS rounds on a three-node cluster (median, min, max)
+	DSM_FAILOVER_ROUNDS=$(ROUNDS) DSM_FAILOVER_RESTART=$(RESTART) $(GO) test ./tests -run '^TestFailoverTime$$' -count=1 -timeout 0 -v
 
 rounds: ROUNDS = 20
 rounds: NODES ?= 3
