@@ -665,12 +665,12 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		notify = func(...string) {}
 	}
 	for incarnations := 0; ; incarnations++ {
-		n, err := New(cfg, opts)
+		n, err := startIncarnation(ctx, cfg, opts, incarnations > 0)
 		if err != nil {
 			return err
 		}
-		if err := n.Start(); err != nil {
-			return err
+		if n == nil {
+			return nil // ctx ended while a new incarnation could not start
 		}
 		if incarnations == 0 {
 			notify("READY=1", fmt.Sprintf("STATUS=serving as n%d", cfg.ID))
@@ -692,6 +692,38 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		if ctx.Err() != nil {
 			return nil
 		}
+	}
+}
+
+// startIncarnation creates and starts a node. The first incarnation's
+// failure is returned (a configuration error, a port in use: dsmd exits
+// with it); a later one's is logged and tried again, with a backoff up to
+// 30 s, until it starts or ctx ends (nil, nil): the process that was
+// declared failed stays up and rejoins once what stopped it (a full disk,
+// a data directory it cannot open) is gone.
+func startIncarnation(ctx context.Context, cfg Config, opts Options, again bool) (*Node, error) {
+	backoff := time.Second
+	for {
+		n, err := New(cfg, opts)
+		if err == nil {
+			if err = n.Start(); err == nil {
+				return n, nil
+			}
+		}
+		if !again {
+			return nil, err
+		}
+		log := opts.Logger
+		if log == nil {
+			log = slog.New(slog.DiscardHandler)
+		}
+		log.Error("a new incarnation of this node could not start; trying again", "node", ids.NodeID(cfg.ID), "in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
 	}
 }
 

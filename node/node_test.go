@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,3 +334,60 @@ func TestPageCacheFollowsRegions(t *testing.T) {
 		}
 	}
 }
+
+// A new incarnation that cannot start (here its data directory is a file,
+// as a full disk fails an open) is tried again with a backoff instead of
+// ending the process, and starts once the cause is gone; the first
+// incarnation's failure is returned at once.
+func TestNewIncarnationRetries(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Default()
+	cfg.ID, cfg.DataDir, cfg.BootstrapExpect = 1, dir, 1
+	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.CacheSize = 8 << 20
+	var logs strings.Builder
+	var mu sync.Mutex
+	opts := Options{Logger: slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))}
+	if n, err := startIncarnation(context.Background(), cfg, opts, false); err == nil || n != nil {
+		t.Fatalf("the first incarnation started on a data directory that is a file: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() {
+		time.Sleep(1500 * time.Millisecond)
+		os.Remove(dir)
+	}()
+	n, err := startIncarnation(ctx, cfg, opts, true)
+	if err != nil || n == nil {
+		t.Fatalf("a new incarnation did not start once the cause was gone: %v", err)
+	}
+	defer n.Close()
+	mu.Lock()
+	tries := strings.Count(logs.String(), "a new incarnation of this node could not start")
+	mu.Unlock()
+	if tries < 1 {
+		t.Fatalf("no failed try was logged:\n%s", logs.String())
+	}
+	// A context that ends stops the tries: no error, no node.
+	bad := cfg
+	bad.DataDir = filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(bad.DataDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel2()
+	if n, err := startIncarnation(short, bad, opts, true); n != nil || err != nil {
+		t.Fatalf("tries after ctx ended: %v, %v", n, err)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
