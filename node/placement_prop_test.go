@@ -15,9 +15,10 @@ import (
 // any history, for every shard, each member after the home that counts as
 // complete now is one of the shard's backups (a complete member outside
 // the backups would miss releases, and a later departure of the home could
-// promote its stale copy).
+// promote its stale copy). 40 seeded histories (80 s under the race
+// detector for 200).
 func TestCompleteMembersAreBackups(t *testing.T) {
-	for seed := int64(1); seed <= 200; seed++ {
+	for seed := int64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		d := newDirModel(1, 2, 3, 4)
 		rc := d.region(1 + rng.Intn(2))
