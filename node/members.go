@@ -21,10 +21,9 @@ type incarnation struct {
 	node ids.NodeID
 	inc  uint64
 	// departed: the incarnation is gone for good (restarted, left, or
-	// declared failed); failed: the directory's failure detector said so
-	// (departed too: a verdict is final, and a process that lived on
+	// declared failed: a verdict is final, and a process that lived on
 	// behind a partition comes back as a new incarnation).
-	departed, failed bool
+	departed bool
 	// why says what happened to it, for errors (a verb phrase), when it
 	// departed or failed.
 	why string
@@ -128,7 +127,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			// this incarnation alive again (a process that lived on comes
 			// back as a new one), so its homes move to their backups and
 			// the homes repair the words that name it.
-			in.departed, in.failed, in.why = true, true, fmt.Sprintf("failed in epoch %d", m.DepartedAt())
+			in.departed, in.why = true, fmt.Sprintf("failed in epoch %d", m.DepartedAt())
 			if in.failures == 0 {
 				// Recorded before failures were counted.
 				in.failedAt, in.lastFailed, in.failures = max(m.Epoch, 1), max(m.Epoch, 1), 1

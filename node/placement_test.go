@@ -404,13 +404,12 @@ func TestJoinerGoesLast(t *testing.T) {
 	}
 }
 
-// Seeded random histories of joins, restarts, leaves, failure verdicts,
-// returns and fills: a view whose protocol epoch is that of the view
-// before places every shard as it did (completeness records and returns
-// move no protocol epoch), and a shard's home changes only when its home
-// departed.
-func TestPlacementFollowsEpochs(t *testing.T) {
-	for seed := int64(1); seed <= 12; seed++ {
+// randomHistories runs seeds seeded random histories of 60 steps each
+// (restarts, failure verdicts, removals of failed members, leaves, joins
+// and fills) on a region over four members, and calls check after every
+// step with the protocol views before and after it and the steps so far.
+func randomHistories(seeds int64, check func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string)) {
+	for seed := int64(1); seed <= seeds; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		d := newDirModel(1, 2, 3, 4)
 		rc := d.region(1 + rng.Intn(2))
@@ -442,20 +441,30 @@ func TestPlacementFollowsEpochs(t *testing.T) {
 				log = append(log, "fill")
 			}
 			pm := d.pm()
-			for i := range rc.r.Shards() {
-				s := placement.Shard{Region: 1, Index: i}
-				h0, h1 := rc.shardHome(s, prev), rc.shardHome(s, pm)
-				same := h0 == h1 && slices.Equal(rc.shardBackups(s, prev), rc.shardBackups(s, pm))
-				if pm.epoch == prev.epoch && !same {
-					t.Fatalf("seed %d: shard %d placed anew in protocol epoch %v after %v", seed, i, pm.epoch, log)
-				}
-				if h0 != h1 && pm.departedAt(h0) == 0 {
-					t.Fatalf("seed %d: shard %d moved from live home %v to %v after %v", seed, i, h0, h1, log)
-				}
-			}
+			check(seed, step, rc, prev, pm, log)
 			prev = pm
 		}
 	}
+}
+
+// Seeded random histories: a view whose protocol epoch is that of the
+// view before places every shard as it did (completeness records and
+// removals of failed members move no protocol epoch), and a shard's home
+// changes only when its home departed.
+func TestPlacementFollowsEpochs(t *testing.T) {
+	randomHistories(12, func(seed int64, _ int, rc *regionChains, prev, pm *protoMap, log []string) {
+		for i := range rc.r.Shards() {
+			s := placement.Shard{Region: 1, Index: i}
+			h0, h1 := rc.shardHome(s, prev), rc.shardHome(s, pm)
+			same := h0 == h1 && slices.Equal(rc.shardBackups(s, prev), rc.shardBackups(s, pm))
+			if pm.epoch == prev.epoch && !same {
+				t.Fatalf("seed %d: shard %d placed anew in protocol epoch %v after %v", seed, i, pm.epoch, log)
+			}
+			if h0 != h1 && pm.departedAt(h0) == 0 {
+				t.Fatalf("seed %d: shard %d moved from live home %v to %v after %v", seed, i, h0, h1, log)
+			}
+		}
+	})
 }
 
 // A failure verdict moves the failed home's shards at once, each to its

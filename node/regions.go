@@ -339,7 +339,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 				continue
 			}
 			why := ""
-			if in.departed || in.failed {
+			if in.departed {
 				why = in.why
 			}
 			e := re.e

@@ -53,7 +53,7 @@ func (n *Node) sessionsAlive(ctx context.Context, tokens []uint64, localOnly boo
 		case !ok: // an id newer than this node's view
 		case in.departed:
 			out[i] = dsmpb.SessionState_SESSION_STATE_DEAD
-		case !localOnly && !in.failed:
+		case !localOnly:
 			ask[in.node] = append(ask[in.node], i)
 		}
 	}

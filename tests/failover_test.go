@@ -28,24 +28,66 @@ func threeNodesWithRegion(t *testing.T, region string) (*dsmCluster, map[uint32]
 	return c, homes
 }
 
+// shardInfo is one shard of `dsmctl region info --json`: where the data
+// plane places it.
+type shardInfo struct {
+	FirstPage uint64   `json:"first_page"`
+	Home      uint32   `json:"home"`
+	HomeLost  bool     `json:"home_lost"`
+	Backups   []uint32 `json:"backups"`
+}
+
+// shards returns the placement of every shard of region, as node sees it.
+func (c *dsmCluster) shards(t *testing.T, node int, region string) []shardInfo {
+	t.Helper()
+	var info struct {
+		Shards []shardInfo `json:"shards"`
+	}
+	c.ctlJSON(node, &info, "region", "info", region, "--shards", "0:")
+	return info.Shards
+}
+
 // homedPages returns, from `region info`, the first page of a shard homed
 // at each node.
 func (c *dsmCluster) homedPages(t *testing.T, node int, region string) map[uint32]uint64 {
 	t.Helper()
-	var info struct {
-		Shards []struct {
-			FirstPage uint64 `json:"first_page"`
-			Home      uint32 `json:"home"`
-		} `json:"shards"`
-	}
-	c.ctlJSON(node, &info, "region", "info", region, "--shards", "0:")
 	out := map[uint32]uint64{}
-	for _, s := range info.Shards {
+	for _, s := range c.shards(t, node, region) {
 		if _, ok := out[s.Home]; !ok {
 			out[s.Home] = s.FirstPage
 		}
 	}
 	return out
+}
+
+// firstShardCopies returns the first page of region's shard 0 and the two
+// nodes that hold its copies (home and backup), and the third, which
+// holds none, in a three-node cluster.
+func (c *dsmCluster) firstShardCopies(t *testing.T, region string) (first uint64, home, backup, other int) {
+	t.Helper()
+	sh := c.shards(t, 1, region)[0]
+	if len(sh.Backups) != 1 || sh.Home == 0 || sh.Backups[0] == sh.Home {
+		t.Fatalf("shard 0 is homed at n%d with backups %v", sh.Home, sh.Backups)
+	}
+	home, backup = int(sh.Home), int(sh.Backups[0])
+	return sh.FirstPage, home, backup, 6 - home - backup
+}
+
+// killAndRestart kills the dsmd of every node given with kill -9, all
+// before any restarts, then starts each again from its data directory.
+func (c *dsmCluster) killAndRestart(t *testing.T, nodes ...int) {
+	t.Helper()
+	for _, i := range nodes {
+		if err := c.nodes[i-1].cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range nodes {
+		q := c.nodes[i-1]
+		<-q.done
+		q.log.Reset()
+		q.start(t)
+	}
 }
 
 // incarnationOf is node's incarnation in the member table, as node on
@@ -227,15 +269,7 @@ func TestKilledHomeFailsOver(t *testing.T) {
 	// the shards whose backup became home have a new backup (the member
 	// after it in their chain), which their homes fill: dsmctl status is
 	// degraded until they are recorded complete, then healthy.
-	var info struct {
-		Shards []struct {
-			Home     uint32   `json:"home"`
-			HomeLost bool     `json:"home_lost"`
-			Backups  []uint32 `json:"backups"`
-		} `json:"shards"`
-	}
-	c.ctlJSON(2, &info, "region", "info", region, "--shards", "0:")
-	for i, sh := range info.Shards {
+	for i, sh := range c.shards(t, 2, region) {
 		if sh.HomeLost || sh.Home == 3 || sh.Home == 0 {
 			t.Errorf("region info after n3's restart: shard %d homed at n%d, lost %t", i, sh.Home, sh.HomeLost)
 		}
@@ -467,16 +501,8 @@ func TestRemoveFailedMember(t *testing.T) {
 		}
 		return nil
 	})
-	var info struct {
-		Shards []struct {
-			FirstPage uint64   `json:"first_page"`
-			Home      uint32   `json:"home"`
-			Backups   []uint32 `json:"backups"`
-		} `json:"shards"`
-	}
-	c.ctlJSON(1, &info, "region", "info", region, "--shards", "0:")
 	var second uint32
-	for _, sh := range info.Shards {
+	for _, sh := range c.shards(t, 1, region) {
 		if sh.FirstPage == homes[3] {
 			second = sh.Home
 		}
@@ -517,13 +543,7 @@ func TestRemoveFailedMember(t *testing.T) {
 	// its chain, and the third holds no copy of it.
 	const lostRegion = "rm-lost"
 	c.createRegion(t, 1, lostRegion, 4<<20)
-	c.ctlJSON(1, &info, "region", "info", lostRegion, "--shards", "0:")
-	sh := info.Shards[0]
-	if len(sh.Backups) != 1 || sh.Home == 0 || sh.Backups[0] == sh.Home {
-		t.Fatalf("shard 0 is homed at n%d with backups %v", sh.Home, sh.Backups)
-	}
-	lostPage, home, backup := sh.FirstPage, int(sh.Home), int(sh.Backups[0])
-	survivor := 6 - home - backup
+	lostPage, home, backup, survivor := c.firstShardCopies(t, lostRegion)
 	t.Logf("shard 0 (first page %d) is homed at n%d, backed up at n%d: both restart, n%d survives", lostPage, home, backup, survivor)
 	lost := strconv.FormatUint(lostPage*4096, 10)
 	eventually(t, fmt.Sprintf("n%d writes and syncs a page of shard 0", home), 30*time.Second, func() error {
@@ -532,16 +552,7 @@ func TestRemoveFailedMember(t *testing.T) {
 		}
 		return nil
 	})
-	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
-		if err := q.cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
-		<-q.done
-		q.log.Reset()
-		q.start(t)
-	}
+	c.killAndRestart(t, home, backup)
 	departed := func(errs string) bool {
 		return strings.Contains(errs, "restarted") || strings.Contains(errs, "failed in epoch")
 	}

@@ -30,20 +30,7 @@ type wordEvent struct {
 // reports only whether it swapped).
 var wordModel = porcupine.Model{
 	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[int64][]porcupine.Operation{}
-		var offs []int64
-		for _, o := range h {
-			off := o.Input.(wordEvent).Off
-			if _, ok := by[off]; !ok {
-				offs = append(offs, off)
-			}
-			by[off] = append(by[off], o)
-		}
-		out := make([][]porcupine.Operation, 0, len(offs))
-		for _, off := range offs {
-			out = append(out, by[off])
-		}
-		return out
+		return partitionByOff(h, func(in any) int64 { return in.(wordEvent).Off })
 	},
 	Init: func() any { return uint64(0) },
 	Step: func(state, input, _ any) (bool, any) {
@@ -193,4 +180,24 @@ func testLinearizable(t *testing.T, c *dsmCluster) {
 	if err := checkHistory(h, true); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// partitionByOff splits a history into one per word: independent words
+// are checked apart (off reads an operation's input's offset), in the
+// order each word first appears.
+func partitionByOff(h []porcupine.Operation, off func(input any) int64) [][]porcupine.Operation {
+	by := map[int64][]porcupine.Operation{}
+	var offs []int64
+	for _, o := range h {
+		k := off(o.Input)
+		if _, ok := by[k]; !ok {
+			offs = append(offs, k)
+		}
+		by[k] = append(by[k], o)
+	}
+	out := make([][]porcupine.Operation, 0, len(offs))
+	for _, k := range offs {
+		out = append(out, by[k])
+	}
+	return out
 }

@@ -159,20 +159,7 @@ type regOp struct {
 // of unknown outcome (which may leave the register as it was) and reads.
 var regModel = porcupine.NondeterministicModel{
 	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		by := map[int64][]porcupine.Operation{}
-		var offs []int64
-		for _, o := range h {
-			off := o.Input.(regOp).Off
-			if _, ok := by[off]; !ok {
-				offs = append(offs, off)
-			}
-			by[off] = append(by[off], o)
-		}
-		out := make([][]porcupine.Operation, 0, len(offs))
-		for _, off := range offs {
-			out = append(out, by[off])
-		}
-		return out
+		return partitionByOff(h, func(in any) int64 { return in.(regOp).Off })
 	},
 	Init: func() []any { return []any{uint64(0)} },
 	Step: func(state, input, _ any) []any {

@@ -26,21 +26,7 @@ func TestUnavailablePageFails(t *testing.T) {
 	const region = "un"
 	c, homes := threeNodesWithRegion(t, region)
 	offOf := func(page uint64) string { return strconv.FormatUint(page*4096, 10) }
-	var info struct {
-		Shards []struct {
-			FirstPage uint64   `json:"first_page"`
-			Home      uint32   `json:"home"`
-			Backups   []uint32 `json:"backups"`
-		} `json:"shards"`
-	}
-	c.ctlJSON(1, &info, "region", "info", region, "--shards", "0:")
-	sh := info.Shards[0]
-	if len(sh.Backups) != 1 || sh.Home == 0 || sh.Backups[0] == sh.Home {
-		t.Fatalf("shard 0 is homed at n%d with backups %v", sh.Home, sh.Backups)
-	}
-	home, backup := int(sh.Home), int(sh.Backups[0])
-	s := 6 - home - backup
-	first := sh.FirstPage
+	first, home, backup, s := c.firstShardCopies(t, region)
 	// The error names the shard's last home: its home, or the backup it
 	// moved to when the home departed first.
 	names := func(s string) bool {
@@ -48,16 +34,7 @@ func TestUnavailablePageFails(t *testing.T) {
 	}
 	c.mustCtl(t, s, "put", region, offOf(homes[uint32(s)]), fmt.Sprintf("homed-at-n%d", s))
 
-	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
-		if err := q.cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, q := range []*proc{c.nodes[home-1], c.nodes[backup-1]} {
-		<-q.done
-		q.log.Reset()
-		q.start(t)
-	}
+	c.killAndRestart(t, home, backup)
 	// The survivor knows the shard is lost once its engine fails a page of it at
 	// once (a page the clients below do not use).
 	probe := offOf(first + 3)
