@@ -97,7 +97,9 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	}
 	if rc.HomeOf != nil {
 		// Checked on the pages this node knows: a page moves to a
-		// member, and only away from a home that departed; or it is
+		// member that is a target, away from a home that departed or
+		// from a live one (a promotion, a drain: the old home is
+		// demoted, docs/protocol.md "Moves from live homes"); or it is
 		// lost (its home is no member: no copy of its slot is left).
 		for _, t := range rc.Targets {
 			if _, ok := slices.BinarySearch(newMembers, t); !ok {
@@ -109,11 +111,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 			if _, ok := slices.BinarySearch(newMembers, h); !ok {
 				continue // lost
 			}
-			old := n.homeFn(p.no)
-			if old != h && slices.Contains(newMembers, old) {
-				return fmt.Errorf("%w: %v moves from %v, still a member, to %v", ErrBadConfig, p.no, old, h)
-			}
-			if old != h && !slices.Contains(rc.Targets, h) {
+			if old := n.homeFn(p.no); old != h && !slices.Contains(rc.Targets, h) {
 				return fmt.Errorf("%w: %v moves to %v, not a target", ErrBadConfig, p.no, h)
 			}
 		}
@@ -131,13 +129,16 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	// Probes of the old epoch are answered no more (an answer would be
 	// refused); their senders probe again in the new one.
 	clear(n.ackOwed)
-	if departed {
+	if departed || rc.HomeOf != nil && slices.Contains(rc.Targets, n.cfg.ID) {
 		// Acknowledgements count from this epoch on. Without a
 		// departure, those of the epochs since the last one still do:
 		// a member that acknowledged any of them has dropped what that
 		// departure made untrustworthy (under a stream of epochs the
 		// probe would otherwise start over at each and a repair wait
-		// for a quiet spell).
+		// for a quiet spell). A new home of moved pages needs this
+		// epoch's: each is a fence for the batches its member posted
+		// to this node before it (a backup write of the old epoch must
+		// not land on a rebuilt slot), with or without a departure.
 		n.synced = false
 		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
 		n.probing = false
@@ -208,6 +209,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 				n.freeze(p)
 			}
 		}
+		n.demote()
 	}
 	for _, p := range n.order {
 		if p.ph == phWaitAcks {
@@ -255,6 +257,36 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	n.reportMoves()
 	n.checkMoveDone()
 	return nil
+}
+
+// demote drops the duties of the pages this node is the home of no more:
+// their home moved away while this node stays a member (a promotion of a
+// filled backup, a drain). The new home rebuilds each word from the
+// members' reports, as for a home that departed; nothing of the duty goes
+// with it. A starving node queued here, or granted the reservation, asks
+// the new home again once its page is rebuilt (its copy was frozen and
+// reported like every other); a fill under way is given up (the node
+// layer asks the new home). A batch of the duty still in flight completes
+// without a duty and is ignored. The node layer turns the words of the
+// slots left behind into stamps (docs/protocol.md, "Moves from live
+// homes"): a lagging member's verb that reaches one then finds NotHome.
+func (n *Node) demote() {
+	kept := n.homes[:0]
+	for _, h := range n.homes {
+		if n.homeFn(h.no) == n.cfg.ID {
+			kept = append(kept, h)
+			continue
+		}
+		for _, f := range h.fills {
+			n.fillDone(h.no, f.to, fmt.Errorf("%w: %v is not the home of %v in %v", ErrFillAbandoned, n.cfg.ID, h.no, n.epoch))
+		}
+		if h.inflight != 0 {
+			n.dutyAbandoned[h.no]++
+		}
+		delete(n.homeIdx, h.no)
+	}
+	clear(n.homes[len(kept):])
+	n.homes = kept
 }
 
 // repaired is w in the current epoch without what non-members left in
@@ -352,7 +384,7 @@ func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
 // the word, pass the reservation on when its holder handed it back, poll
 // the word while a reservation is out or nodes are queued.
 func (n *Node) driveHome(h *homeDuty) {
-	for h.inflight == 0 && n.now >= h.retryAt {
+	for h.inflight == 0 && n.dutyAbandoned[h.no] == 0 && n.now >= h.retryAt {
 		if h.rebuilding {
 			if !n.movesReported() || !n.synced {
 				// Every member's reports first, and every member in
@@ -506,7 +538,14 @@ func (n *Node) sendGrant(h *homeDuty) {
 
 func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	h := n.duty(rec.page)
-	if h == nil {
+	if h == nil || h.inflight != d.ID {
+		// A batch of a duty that demote dropped.
+		if n.dutyAbandoned[rec.page]--; n.dutyAbandoned[rec.page] <= 0 {
+			delete(n.dutyAbandoned, rec.page)
+		}
+		if h != nil {
+			n.driveHome(h)
+		}
 		return
 	}
 	h.inflight = 0
@@ -698,9 +737,14 @@ func (n *Node) epochAck(from ids.NodeID) {
 // reconnection can follow a message sent on the new connection). A batch
 // is finished when its VerbsDone arrived: done, failed, or of unknown
 // outcome (which never executes later).
+//
+// Batches of home duties of an older epoch hold back every acknowledgement,
+// whatever their destination: a home demoted by a move (demote) may have a
+// refresh or a fill of a backup in flight, and the new home rebuilds, and
+// then releases write the backups, only once every member acknowledged.
 func (n *Node) epochAckDue(to ids.NodeID) {
 	for _, rec := range n.batches {
-		if rec.to == to && rec.epoch < n.epoch {
+		if rec.epoch < n.epoch && (rec.to == to || rec.home) {
 			return
 		}
 	}
@@ -752,7 +796,8 @@ func (n *Node) lose(p *page, h ids.NodeID) {
 	p.home = h
 	p.frozen, p.mustReport, p.frozenM = false, false, false
 	p.awaiting, p.needData, p.wbData = nil, false, nil
-	p.ph, p.inflight = phIdle, 0
+	p.ph = phIdle
+	n.abandon(p)
 	p.resolving, p.unknown = phIdle, nil
 	p.downgrade, p.granted, p.recall, p.unitCounted = false, false, false, false
 	if p.state != Invalid {
@@ -773,6 +818,17 @@ func (n *Node) freeze(p *page) {
 		// keep the data, map nothing writable meanwhile. (So also for
 		// a release whose batch had an unknown outcome.)
 		p.frozenM = true
+		if p.state == Shared {
+			// A release to S: the copy is not readable either. The
+			// claim reports M, so no rebuilt word counts the copy,
+			// and the new home may grant the next tenure before its
+			// answer comes (with a live old home, no departure drops
+			// the Shared copies). The copy comes back as M if the
+			// claim wins; wbData keeps the bytes.
+			p.state = Invalid
+			p.data = nil
+			n.effect(PageDrop, p)
+		}
 	}
 	switch p.ph {
 	case phWaitAcks:
@@ -790,13 +846,22 @@ func (n *Node) freeze(p *page) {
 	// A tenure taken to settle a coarse unit is not needed any more: the
 	// new home's word counts no unit the reports do not show.
 	p.downgrade = false
-	p.inflight = 0
+	n.abandon(p)
 	p.unitCounted = false
 	p.granted = false
 	p.recall = false
 	p.retryAt = n.now
 	p.frozen = true
 	p.mustReport = true
+}
+
+// abandon gives up page p's batch in flight, if any: it is finished when
+// its VerbsDone comes, and nothing else is posted for p before (I11).
+func (n *Node) abandon(p *page) {
+	if p.inflight != 0 {
+		p.abandoned = append(p.abandoned, p.inflight)
+		p.inflight = 0
+	}
 }
 
 // reportMoves sends, in a new epoch (or at creation), the report of every

@@ -49,6 +49,11 @@ import (
 //	join nX [async]                 next epoch with nX added (the next new id), created in
 //	                                that epoch as a joining member (async: nobody else learns
 //	                                it until learn nY)
+//	promote page=P to=nX [async]    next epoch with page P moved away from its live home to its
+//	                                complete backup nX; the old home becomes its first backup, to
+//	                                fill, and owes the stamp of the slot it leaves behind (async:
+//	                                nobody learns it until learn nY)
+//	stamp nX page=P                 the old home nX stamps the slot of P it left behind
 //	fill                            give every home the fills due there (coherence.Fill)
 //	stabilize [max=K]               run until nothing is in flight (at most K steps), fills given
 //	pending | dump | check          inspect
@@ -205,6 +210,20 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 		}
 	case "learn":
 		if err := s.Learn(node(t, d)); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "promote":
+		var to string
+		d.ScanArgs(t, "to", &to)
+		id, err := strconv.Atoi(strings.TrimPrefix(to, "n"))
+		if err != nil {
+			d.Fatalf(t, "promote page=P to=nX")
+		}
+		if err := s.Promote(ids.PageNo(intArg(t, d, "page", 0)), ids.NodeID(id), d.HasArg("async")); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "stamp":
+		if err := s.Stamp(node(t, d), ids.PageNo(intArg(t, d, "page", 0))); err != nil {
 			return fmt.Sprintf("error: %v\n", err)
 		}
 	case "fill":

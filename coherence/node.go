@@ -171,8 +171,13 @@ type page struct {
 
 	ph       phase
 	inflight uint64 // outstanding batch, 0 = none
-	retryAt  uint64 // tick before which nothing is posted
-	attempts int
+	// abandoned: batches a freeze or a loss gave up while they were in
+	// flight. Nothing new is posted for the page until they are finished
+	// (I11): an abandoned batch to a peer could otherwise land after a
+	// later one, an old release's data over a newer backup copy.
+	abandoned []uint64
+	retryAt   uint64 // tick before which nothing is posted
+	attempts  int
 
 	// phResolve: the phase whose batch had an unknown outcome, and that
 	// batch's verbs.
@@ -314,8 +319,12 @@ type Node struct {
 	order   []*page     // creation order, for deterministic iteration
 	homes   []*homeDuty // creation order, for deterministic iteration
 	homeIdx map[ids.PageNo]*homeDuty
-	batches map[uint64]batchRec
-	nextID  uint64
+	// dutyAbandoned counts, per page, the batches of home duties dropped
+	// (demote) that are not finished: a later duty of the page posts
+	// nothing before they are (I11).
+	dutyAbandoned map[ids.PageNo]int
+	batches       map[uint64]batchRec
+	nextID        uint64
 
 	rd Ready
 }
@@ -326,23 +335,24 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		cfg:       cfg,
-		epoch:     cfg.Epoch,
-		members:   sortedIDs(cfg.Members),
-		homeFn:    cfg.HomeOf,
-		backupsFn: cfg.Backups,
-		hist:      []func(ids.PageNo) ids.NodeID{cfg.HomeOf},
-		owed:      map[ids.NodeID]bool{},
-		sent:      map[ids.NodeID]map[ids.PageNo]bool{},
-		counts:    map[ids.NodeID]int{},
-		reportsIn: map[ids.NodeID]int{},
-		queryAt:   map[ids.NodeID]uint64{},
-		synced:    true,
-		pages:     map[ids.PageNo]*page{},
-		batches:   map[uint64]batchRec{},
-		homeIdx:   map[ids.PageNo]*homeDuty{},
-		ackOwed:   map[ids.NodeID]bool{},
-		ackedIn:   map[ids.NodeID]ids.Epoch{},
+		cfg:           cfg,
+		epoch:         cfg.Epoch,
+		members:       sortedIDs(cfg.Members),
+		homeFn:        cfg.HomeOf,
+		backupsFn:     cfg.Backups,
+		hist:          []func(ids.PageNo) ids.NodeID{cfg.HomeOf},
+		owed:          map[ids.NodeID]bool{},
+		sent:          map[ids.NodeID]map[ids.PageNo]bool{},
+		counts:        map[ids.NodeID]int{},
+		reportsIn:     map[ids.NodeID]int{},
+		queryAt:       map[ids.NodeID]uint64{},
+		synced:        true,
+		pages:         map[ids.PageNo]*page{},
+		batches:       map[uint64]batchRec{},
+		homeIdx:       map[ids.PageNo]*homeDuty{},
+		dutyAbandoned: map[ids.PageNo]int{},
+		ackOwed:       map[ids.NodeID]bool{},
+		ackedIn:       map[ids.NodeID]ids.Epoch{},
 	}
 	if cfg.Joining {
 		n.synced, n.joining = false, true
@@ -504,7 +514,7 @@ func (n *Node) backoff(p *page) {
 
 // drive makes every step the page can make now.
 func (n *Node) drive(p *page) {
-	for !n.joining && !p.frozen && p.inflight == 0 && n.now >= p.retryAt {
+	for !n.joining && !p.frozen && p.inflight == 0 && len(p.abandoned) == 0 && n.now >= p.retryAt {
 		switch p.ph {
 		case phIdle:
 			if !n.driveIdle(p) {
@@ -624,7 +634,14 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return fmt.Errorf("%w: #%d", ErrUnknownBatch, d.ID)
 	}
 	delete(n.batches, d.ID)
-	if n.ackOwed[rec.to] {
+	switch {
+	case rec.home && len(n.ackOwed) > 0:
+		for _, m := range n.members {
+			if n.ackOwed[m] {
+				n.epochAckDue(m)
+			}
+		}
+	case n.ackOwed[rec.to]:
 		n.epochAckDue(rec.to)
 	}
 	if rec.home {
@@ -632,8 +649,15 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return nil
 	}
 	p := n.pages[rec.page]
+	if i := slices.Index(p.abandoned, d.ID); i >= 0 {
+		// A batch given up when the page's home moved: its outcome
+		// does not matter, only that it can land no more.
+		p.abandoned = slices.Delete(p.abandoned, i, i+1)
+		n.drive(p)
+		return nil
+	}
 	if p.inflight != d.ID {
-		return nil // a batch abandoned when the page's home moved
+		return nil
 	}
 	p.inflight = 0
 	if p.ph == phBackup {

@@ -33,6 +33,15 @@ func changesWord(verbs []Verb) bool {
 // word as read after it, and puts the page back in the phase that follows.
 func (n *Node) resolveDone(p *page, w Word) {
 	ph := p.resolving
+	if ph == phRelease && w.Holder() == NotHome {
+		// Not the page's home any more: the slot cannot tell whether
+		// the release executed. It stays unresolved (the tenure
+		// claimed, wbData kept) until the epoch that moved the page
+		// freezes it, or a repair makes the word a home word again.
+		p.guess = w
+		n.notHome(p)
+		return
+	}
 	p.resolving, p.unknown = phIdle, nil
 	p.ph = ph
 	p.guess = w
@@ -107,6 +116,7 @@ func (n *Node) resolveAcquire(p *page, w Word) {
 // when the tenure was taken.
 func (n *Node) resolveRelease(p *page, w Word) {
 	switch {
+
 	case w.Version() != p.copyVer:
 		n.releaseLost(p)
 	case w.Holder() == n.cfg.ID:

@@ -347,11 +347,35 @@ func (n *Node) releaseDone(p *page, verbs []Verb, res []Result) {
 		return
 	}
 	p.guess = w
+	if w.Holder() == NotHome {
+		// Not the page's home any more (a move away from a live home
+		// that this node has not learnt yet): the tenure is still
+		// ours. Try again; the epoch brings the freeze, and the claim
+		// goes to the new home.
+		n.notHome(p)
+		return
+	}
 	if w.Holder() != n.cfg.ID || w.Version() != p.copyVer {
 		// The tenure was taken from us (we were declared gone): the
 		// data reverts to the home copy.
 		n.releaseLost(p)
 	}
+}
+
+// notHome handles a word with the NotHome holder found where this node
+// took the page's home to be: a slot left behind by a move (the old home
+// stamped it) or a promoted backup's stamp not yet turned into a home
+// word. The home is asked to repair it (a new home turns its stamp into a
+// word; an old home ignores it) and the phase is tried again later: a
+// node that lags behind a move learns the epoch, which freezes the page.
+func (n *Node) notHome(p *page) {
+	if p.home == n.cfg.ID {
+		n.stamp(p.no)
+	} else {
+		n.send(MsgStamp, p.home, p.no, 0, false)
+	}
+	p.attempts++
+	n.backoff(p)
 }
 
 // released ends a release whose CAS took effect; cur is the word as last
@@ -430,10 +454,17 @@ func (n *Node) evictDone(p *page, verbs []Verb, res []Result) {
 	} else {
 		w = Word(res[0].Word)
 	}
-	if verbs[0].Kind == VerbCAS && w == p.expect {
+	switch {
+	case verbs[0].Kind == VerbCAS && w == p.expect:
 		p.guess = n.evictTarget(w)
 		p.unitCounted = false
-	} else {
+	case w.Holder() == NotHome:
+		// Not the page's home any more (see notHome): the copy goes
+		// without its unit, which no home word counts now (a phantom
+		// unit costs an invalidation at most).
+		p.guess = w
+		p.unitCounted = false
+	default:
 		p.guess = w
 		if w.Version() != p.unitVer {
 			p.unitCounted = false

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -144,12 +145,56 @@ func (s *Sim) Stabilize(maxSteps int) bool {
 		if len(s.fillsDue) > 0 && s.Fill() {
 			continue
 		}
+		if len(s.stampsDue) > 0 {
+			s.step++
+			ok := s.stampOne()
+			s.check(false)
+			if ok {
+				continue
+			}
+		}
 		if !s.busy() {
 			return true
 		}
 		s.Tick()
 	}
 	return !s.busy()
+}
+
+// Promote moves page p away from its live home to its complete backup to,
+// in the next epoch (Options.Promotions): every node learns it at once, or
+// only when Learn hands it over (async).
+func (s *Sim) Promote(p ids.PageNo, to ids.NodeID, async bool) error {
+	if !s.Opts.Fills {
+		return fmt.Errorf("sim: promotions need fills")
+	}
+	if s.promotable(p) != to {
+		return fmt.Errorf("sim: %v is not the first complete backup of %v", to, p)
+	}
+	s.step++
+	s.promote[p] = to
+	s.tracef("promote %v from live %v to %v", p, s.slots[p].home, to)
+	s.reconfigure(async)
+	s.check(false)
+	return s.err
+}
+
+// Stamp makes the stamp that node id owes for the slot of page p it left
+// behind (its node layer's CAS loop), once it has learnt the move.
+func (s *Sim) Stamp(id ids.NodeID, p ids.PageNo) error {
+	for i, d := range s.stampsDue {
+		if d.page == p && d.node == id {
+			if s.nodes[id].sm.Epoch() < d.epoch {
+				return fmt.Errorf("sim: %v has not learnt the move of %v", id, p)
+			}
+			s.step++
+			s.stampsDue = slices.Delete(s.stampsDue, i, i+1)
+			s.stampSlot(p, id)
+			s.check(false)
+			return s.err
+		}
+	}
+	return fmt.Errorf("sim: %v owes no stamp for %v", id, p)
 }
 
 // Pending lists the deliveries waiting in the network and the executed

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"maps"
 	"slices"
 
 	"github.com/dsmkit/dsm/coherence"
@@ -81,9 +82,9 @@ func (s *Sim) addBackupSlot(p ids.PageNo, id ids.NodeID) {
 		return
 	}
 	if s.bslots[p] == nil {
-		s.bslots[p] = map[ids.NodeID]rdma.Registration{}
+		s.bslots[p] = map[ids.NodeID]slot{}
 	}
-	s.bslots[p][id] = reg
+	s.bslots[p][id] = slot{home: id, reg: reg}
 }
 
 // filling reports whether a live backup of some page is not complete yet.
@@ -237,12 +238,15 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 	}
 	home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
 	for _, b := range s.completeBackups(p) {
-		reg, ok := s.bslots[p][b]
+		bs, ok := s.bslots[p][b]
 		if !ok {
 			s.fail("I10: complete backup %v of %v has no slot", b, p)
 			return
 		}
-		bw := coherence.Word(rdma.LoadWord(reg.Bytes(), 0))
+		bw := bs.word()
+		if s.former[p][b] {
+			bw = formerWord(bw)
+		}
 		if bw != 0 && bw.Holder() != coherence.NotHome {
 			s.fail("I10: backup %v of %v: word %v is no stamp", b, p, bw)
 			return
@@ -250,7 +254,7 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 		if bw != 0 && int16(bw.Version()-w.Version()) > 0 {
 			continue // a release under way
 		}
-		if data := reg.Bytes()[8 : 8+s.Opts.PageSize]; !bytes.Equal(data, home) {
+		if data := bs.data(s.Opts.PageSize); !bytes.Equal(data, home) {
 			if s.backupsSettling(p) {
 				return
 			}
@@ -279,4 +283,146 @@ func (s *Sim) backupsSettling(p ids.PageNo) bool {
 		}
 	}
 	return false
+}
+
+// ---- moves away from live homes (Options.Promotions) ----
+
+// choosePromotion picks a page whose home is live and which has a complete
+// live backup, and that backup, for a promotion; ok is false when there is
+// none.
+func (s *Sim) choosePromotion() (ids.PageNo, ids.NodeID, bool) {
+	var pages []ids.PageNo
+	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		if _, ok := s.promote[p]; !ok && !s.gone[s.slots[p].home] && s.promotable(p) != ids.None {
+			pages = append(pages, p)
+		}
+	}
+	if len(pages) == 0 {
+		return 0, ids.None, false
+	}
+	p := pages[s.rng.Intn(len(pages))]
+	return p, s.promotable(p), true
+}
+
+// promotable is page p's first complete live backup that is not tainted,
+// or None.
+func (s *Sim) promotable(p ids.PageNo) ids.NodeID {
+	for _, b := range s.bset[p] {
+		if !s.gone[b] && !s.tainted[b] && s.complete[p][b] {
+			if _, ok := s.bslots[p][b]; ok {
+				return b
+			}
+		}
+	}
+	return ids.None
+}
+
+// promoteLive moves every page of s.promote away from its live home to the
+// backup chosen: the backup's slot becomes the home slot (its stamp turns
+// into a home word lazily, as for a crashed home's), the old home becomes
+// the page's first backup and owes the stamp of the word it leaves behind.
+// It is not complete until the new home has filled it, although its slot
+// holds the last released data: the fill waits for every member to
+// acknowledge the epoch of the move, and before that a member may still
+// hold the page under the old home's word without knowing of the move. A
+// move back to the old home before then would be no move at all for that
+// member (it skipped the epoch between), while the other members' reports
+// rebuild the word without its tenure.
+func (s *Sim) promoteLive() {
+	for _, p := range slices.Sorted(maps.Keys(s.promote)) {
+		c := s.promote[p]
+		old := s.slots[p]
+		bs, ok := s.bslots[p][c]
+		if s.gone[old.home] || s.gone[c] || !ok || !s.complete[p][c] {
+			s.tracef("%v: promotion to %v given up", p, c)
+			continue
+		}
+		s.stampFormer(p, c)
+		if !s.judgeBackup(p, c, bs, slices.Clone(old.data(s.Opts.PageSize)), old.word(), true) {
+			return
+		}
+		delete(s.bslots[p], c)
+		delete(s.former[p], c)
+		s.slots[p] = bs
+		s.bslots[p][old.home] = old
+		if s.former[p] == nil {
+			s.former[p] = map[ids.NodeID]bool{}
+		}
+		s.former[p][old.home] = true
+		s.stampsDue = append(s.stampsDue, stampDue{page: p, node: old.home, epoch: s.epoch})
+		i := slices.Index(s.bset[p], c)
+		s.bset[p] = slices.Insert(slices.Delete(s.bset[p], i, i+1), 0, old.home)
+		delete(s.complete[p], c)
+		delete(s.filled[p], c)
+		delete(s.complete[p], old.home)
+		delete(s.filled[p], old.home)
+		s.moved[p] = true
+		s.pageMoves[p]++
+		s.stats.Promotions++
+		s.tracef("%v moves from live %v to %v, which was its backup", p, old.home, c)
+	}
+	clear(s.promote)
+}
+
+// stampFormer drops the stamp node id owes for the slot of page p it left
+// behind, when that slot becomes a home slot again: a node that skipped the
+// epoch that moved the page away never learnt of the move, and its node
+// layer stamps nothing. The slot's word stays as the old home left it, or
+// as a lagging member's verb made it.
+func (s *Sim) stampFormer(p ids.PageNo, id ids.NodeID) {
+	s.stampsDue = slices.DeleteFunc(s.stampsDue, func(d stampDue) bool { return d.page == p && d.node == id })
+}
+
+// formerWord is the word of a slot that an old home left behind as the
+// stamp it stands for: a word a lagging member's verb made after the
+// stamp (a CAS on a zero word: the node layer leaves zero words alone)
+// or before it, judged like the node layer's CAS loop judges it.
+func formerWord(w coherence.Word) coherence.Word {
+	if w == 0 || w.Holder() == coherence.NotHome {
+		return w
+	}
+	v := w.Version()
+	if w.Holder() != ids.None {
+		v--
+	}
+	return coherence.Stamp(v)
+}
+
+// stampSlot turns the word of node id's slot of page p into a stamp, as the
+// node layer's CAS loop does: a word without a holder stamps its version
+// (the data beside it is that tenure's), a word with a holder the version
+// before (the held tenure's data is not there). A zero word or a stamp
+// (written by a backup write or a fill since the move) stays.
+func (s *Sim) stampSlot(p ids.PageNo, id ids.NodeID) {
+	sl, ok := s.bslots[p][id]
+	if !ok {
+		return
+	}
+	w := sl.word()
+	if st := formerWord(w); st != w {
+		rdma.StoreWord(sl.reg.Bytes(), sl.off, uint64(st))
+		s.stats.DemoteStamps++
+		s.tracef("%v stamps its old slot of %v: %v -> %v", id, p, w, st)
+	}
+}
+
+// stampOne makes one stamp owed by a live old home that has learnt the
+// epoch of the move (stamps owed by crashed nodes are dropped); it reports
+// whether it did.
+func (s *Sim) stampOne() bool {
+	s.stampsDue = slices.DeleteFunc(s.stampsDue, func(d stampDue) bool { return s.gone[d.node] })
+	var ready []int
+	for i, d := range s.stampsDue {
+		if s.nodes[d.node].sm.Epoch() >= d.epoch {
+			ready = append(ready, i)
+		}
+	}
+	if len(ready) == 0 {
+		return false
+	}
+	i := ready[s.rng.Intn(len(ready))]
+	d := s.stampsDue[i]
+	s.stampsDue = slices.Delete(s.stampsDue, i, i+1)
+	s.stampSlot(d.page, d.node)
+	return true
 }

@@ -136,6 +136,14 @@ type Options struct {
 	// MidFillCrashes lets crashes (of homes, backups being filled and
 	// any client) come while fills are under way.
 	MidFillCrashes bool
+	// Promotions (with Fills) is the number of moves away from a live
+	// home during the workload (docs/protocol.md, "Moves from live
+	// homes"): a page's first complete backup becomes its home in a new
+	// epoch without a departure, and the old home is demoted to its first
+	// backup. The old home's slot stays where lagging members' verbs
+	// reach it; at a random step after the old home learnt the epoch, the
+	// driver, playing its node layer, turns the slot's word into a stamp.
+	Promotions int
 	// EarlyPromote (with Fills) breaks the rule on purpose: a crashed
 	// home's pages move to the first live backup, complete or not. The
 	// checks must catch it (TestSimCatchesEarlyPromotion).
@@ -184,6 +192,9 @@ func (o *Options) norm() error {
 	if o.Fills && o.Backups <= 0 {
 		return fmt.Errorf("sim: fills need Backups > 0")
 	}
+	if o.Promotions > 0 && !o.Fills {
+		return fmt.Errorf("sim: promotions need Fills")
+	}
 	return nil
 }
 
@@ -230,6 +241,9 @@ func (o Options) String() string {
 	if o.EarlyPromote {
 		s += " early-promote=true"
 	}
+	if o.Promotions > 0 {
+		s += fmt.Sprintf(" promotions=%d", o.Promotions)
+	}
 	return s
 }
 
@@ -267,6 +281,12 @@ type Stats struct {
 	// up, FilledPromotions the promotions of a backup that a fill made
 	// complete, MidFillCrashes the crashes while a fill was under way.
 	Fills, FillsAbandoned, FilledPromotions, MidFillCrashes int
+	// Promotions counts the moves away from a live home, DemoteStamps
+	// the old home slots whose word the driver turned into a stamp
+	// (others were written by a backup write or a fill first), and
+	// LaggingHomeVerbs the batches that reached an old home's slot
+	// after its page had moved.
+	Promotions, DemoteStamps, LaggingHomeVerbs int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -327,6 +347,7 @@ type clientOp struct {
 	req    coherence.Request
 	call   int
 	grants int // grants on the page when the request was issued
+	moves  int // moves of the page when the request was issued
 }
 
 type simNode struct {
@@ -342,6 +363,8 @@ type simNode struct {
 	// home of every page in play): its next Reconfigure moves the pages
 	// whose home differs from it.
 	placed []ids.NodeID
+	// learnt is the last epoch the node learnt (or was created in).
+	learnt ids.Epoch
 	// mutex client
 	mstate int // 0 idle, 1 locking, 2 to load the counter, 3 to store it, 4 to unlock
 	mval   uint64
@@ -360,6 +383,20 @@ type slot struct {
 	home ids.NodeID
 	reg  rdma.Registration
 	off  uint64
+}
+
+func (sl slot) word() coherence.Word { return coherence.Word(rdma.LoadWord(sl.reg.Bytes(), sl.off)) }
+
+func (sl slot) data(pageSize int) []byte {
+	return sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(pageSize)]
+}
+
+// stampDue is the stamp of the slot that node left behind when page moved
+// away from it in epoch epoch.
+type stampDue struct {
+	page  ids.PageNo
+	node  ids.NodeID
+	epoch ids.Epoch
 }
 
 // Sim is one simulated cluster over a manual mem network. Its methods
@@ -392,7 +429,7 @@ type Sim struct {
 	// bslots are the backup slots: page -> backup node -> its slot there
 	// (8+PageSize bytes, a word then the data). Every page of a run with
 	// home crashes has backups (backupList), written by every release.
-	bslots     map[ids.PageNo]map[ids.NodeID]rdma.Registration
+	bslots     map[ids.PageNo]map[ids.NodeID]slot
 	moved      map[ids.PageNo]bool // pages the last reconfiguration moved
 	moveEpochs int                 // epochs since the first move
 	slotsDue   map[ids.NodeID]ids.Epoch
@@ -407,8 +444,14 @@ type Sim struct {
 	stats      Stats
 	history    []op
 	grants     map[ids.PageNo]int // exclusive grants per page
-	csOwner    ids.NodeID
-	csCount    uint64
+	pageMoves  map[ids.PageNo]int // moves of each page so far
+	// epochTargets are the targets of every epoch that moved pages.
+	epochTargets map[ids.Epoch][]ids.NodeID
+	// undecided: pages whose data is one of these candidates, decided
+	// when their home first makes its slot's data the page's (settle).
+	undecided map[ids.PageNo][][]byte
+	csOwner   ids.NodeID
+	csCount   uint64
 
 	// With Fills: bset is the backups of each page in promotion order,
 	// complete those whose copy is complete (filled, or backups from the
@@ -423,6 +466,16 @@ type Sim struct {
 	fillsDue []fillDue
 	fillOut  map[fillDue]bool
 	newSlots []fillDue
+
+	// With Promotions: promote the pages to move away from their live
+	// home at the next reconfiguration, and the new home of each;
+	// former the backup slots that were home slots (lagging members'
+	// verbs of every kind may reach them); stampsDue the stamps the
+	// old homes' node layer owes.
+	promote    map[ids.PageNo]ids.NodeID
+	former     map[ids.PageNo]map[ids.NodeID]bool
+	stampsDue  []stampDue
+	promotions int
 
 	trace []string
 	err   error
@@ -439,10 +492,10 @@ func New(seed int64, o Options) (*Sim, error) {
 		Seed: seed, Opts: o, rng: rand.New(rand.NewSource(seed)),
 		net:   mem.NewNetwork(mem.Manual()),
 		slots: map[ids.PageNo]slot{}, ref: map[ids.PageNo][]byte{},
-		epoch: o.Epoch, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{},
+		epoch: o.Epoch, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{}, pageMoves: map[ids.PageNo]int{}, epochTargets: map[ids.Epoch][]ids.NodeID{}, undecided: map[ids.PageNo][][]byte{},
 		moving:     map[ids.PageNo][]byte{},
 		movingWord: map[ids.PageNo]coherence.Word{},
-		bslots:     map[ids.PageNo]map[ids.NodeID]rdma.Registration{},
+		bslots:     map[ids.PageNo]map[ids.NodeID]slot{},
 		moved:      map[ids.PageNo]bool{},
 		slotsDue:   map[ids.NodeID]ids.Epoch{},
 		tainted:    map[ids.NodeID]bool{},
@@ -450,6 +503,8 @@ func New(seed int64, o Options) (*Sim, error) {
 		complete:   map[ids.PageNo]map[ids.NodeID]bool{},
 		filled:     map[ids.PageNo]map[ids.NodeID]bool{},
 		fillOut:    map[fillDue]bool{},
+		promote:    map[ids.PageNo]ids.NodeID{},
+		former:     map[ids.PageNo]map[ids.NodeID]bool{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -532,11 +587,11 @@ func New(seed int64, o Options) (*Sim, error) {
 				return nil, err
 			}
 			if s.bslots[ids.PageNo(p)] == nil {
-				s.bslots[ids.PageNo(p)] = map[ids.NodeID]rdma.Registration{}
+				s.bslots[ids.PageNo(p)] = map[ids.NodeID]slot{}
 			}
-			s.bslots[ids.PageNo(p)][id] = reg
+			s.bslots[ids.PageNo(p)][id] = slot{home: id, reg: reg}
 		}
-		n := &simNode{id: id, sm: sm, ep: ep, alive: true, placed: slices.Clone(s.rcHomes)}
+		n := &simNode{id: id, sm: sm, ep: ep, alive: true, placed: slices.Clone(s.rcHomes), learnt: o.Epoch}
 		ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
 		s.nodes[i] = n
 	}
@@ -665,10 +720,13 @@ func (s *Sim) postBatch(n *simNode, b coherence.Batch) {
 		return
 	}
 	if ok && sl.home != b.Home {
-		// A backup's slot (a release writes its data and stamp there).
-		reg, isBackup := s.bslots[b.Verbs[0].Page][b.Home]
+		// A backup's slot (a release writes its data and stamp there),
+		// or a slot left behind by a move away from a live home, where
+		// a lagging member's verbs of every kind may land.
+		bs, isBackup := s.bslots[b.Verbs[0].Page][b.Home]
+		former := s.former[b.Verbs[0].Page][b.Home]
 		for _, v := range b.Verbs {
-			if v.Kind != coherence.VerbWrite || v.Page != b.Verbs[0].Page {
+			if v.Kind != coherence.VerbWrite && !former || v.Page != b.Verbs[0].Page {
 				isBackup = false
 			}
 		}
@@ -676,7 +734,10 @@ func (s *Sim) postBatch(n *simNode, b coherence.Batch) {
 			s.fail("%v posted %v to a node that is neither the home nor a backup", n.id, b)
 			return
 		}
-		sl = slot{home: b.Home, reg: reg}
+		if former && b.Verbs[0].Kind != coherence.VerbWrite {
+			s.stats.LaggingHomeVerbs++
+		}
+		sl = bs
 	}
 	if !ok {
 		s.fail("%v posted %v to a node that is not the home", n.id, b)
@@ -791,13 +852,24 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 	}
 	if ov := s.grants[co.req.Page] - co.grants - 1; ov > s.stats.MaxOvertakes {
 		s.stats.MaxOvertakes = ov
-		if bound := 2*(len(s.nodes)-1) + 4; ov > bound {
+		// A move of the page while the request waited costs it its place
+		// in the reservation queue (the new home starts a queue of its
+		// own): the bound holds anew after each.
+		if bound := (2*(len(s.nodes)-1) + 4) * (1 + s.pageMoves[co.req.Page] - co.moves); ov > bound {
 			s.fail("fairness: %v's %v on %v waited through %d tenures of other nodes (bound %d)", n.id, co.req.Op, co.req.Page, ov, bound)
 		}
 	}
 	r := co.req
 	if r.Op == coherence.OpEvict {
 		return
+	}
+	if s.undecided[r.Page] != nil {
+		// Served before the new home made its slot's data the page's:
+		// through the old home, which lagged behind the move and
+		// repaired the word, refreshing every backup (the new home's
+		// slot too) with its copy first. The reverted data stands.
+		delete(s.undecided, r.Page)
+		s.tracef("%v: its data is decided by an access through the old home", r.Page)
 	}
 	cur := s.refWord(r.Page, r.Offset)
 	switch r.Op {
@@ -852,7 +924,7 @@ func (s *Sim) request(id ids.NodeID, r coherence.Request) error {
 	}
 	s.nextReq++
 	r.ID = s.nextReq
-	n.client = &clientOp{req: r, call: s.step, grants: s.grants[r.Page]}
+	n.client = &clientOp{req: r, call: s.step, grants: s.grants[r.Page], moves: s.pageMoves[r.Page]}
 	s.tracef("%v requests %v %v+%d v=%d", id, r.Op, r.Page, r.Offset, r.Value)
 	if err := n.sm.Step(r); err != nil {
 		n.client = nil
@@ -1062,6 +1134,11 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 		}
 		clear(s.moving)
 		clear(s.movingWord)
+	}
+	if len(s.promote) > 0 {
+		s.promoteLive()
+	}
+	if len(s.moved) > 0 {
 		homeOf = s.placement()
 		s.rcPlace = homeOf
 		for p := range s.moved {
@@ -1084,6 +1161,9 @@ func (s *Sim) reconfigureJoin(async bool, joins int) {
 	}
 	s.bkCur = s.backupsNow()
 	s.rc = coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: homeOf, Targets: targets, SlotsPending: s.Opts.SlowSlots && homeOf != nil, Backups: s.bkCur}
+	if len(targets) > 0 {
+		s.epochTargets[s.epoch] = targets
+	}
 	if s.rc.SlotsPending {
 		for _, t := range targets {
 			s.slotsDue[t] = s.epoch
@@ -1155,15 +1235,50 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 			break
 		}
 	}
-	reg, ok := s.bslots[p][home]
+	bs, ok := s.bslots[p][home]
 	if home == ids.None || !ok {
 		s.fail("%v has no live backup left", p)
 		return false
 	}
+	s.stampFormer(p, home)
 	delete(s.bslots[p], home)
-	w := coherence.Word(rdma.LoadWord(reg.Bytes(), 0))
-	data := reg.Bytes()[8 : 8+s.Opts.PageSize]
-	old := s.movingWord[p]
+	if !s.judgeBackup(p, home, bs, s.moving[p], s.movingWord[p], false) {
+		return false
+	}
+	delete(s.former[p], home)
+	// The stamp stays: the first access finds a holder that is no
+	// member and asks the home to repair the word (MsgStamp), which
+	// writes the home copy to the other backups first. A rebuild
+	// replaces it as well.
+	s.slots[p] = bs
+	s.moved[p] = true
+	s.pageMoves[p]++
+	s.tracef("%v moves to %v", p, home)
+	return true
+}
+
+// judgeBackup checks the slot bs of page p at backup home, which becomes
+// the page's home, against the old home's copy and word (oldData, old):
+// it must hold the old home copy, or the data of the tenure the old word
+// names as held, written by a release whose CAS did not happen: then,
+// unless the releaser lives (it claims the tenure and the rebuild
+// decides), that write takes effect (the releaser's last write before it
+// died), and the reference model takes it.
+//
+// live says the old home lives on (a promotion): if it still owes a repair
+// of the word (a dead holder, or a stamp of its own), its refresh of the
+// backups may yet write its copy over the new home's slot, until the new
+// home makes the slot's data the page's (its rebuild or repair, after
+// every member acknowledged the epoch, the old home last of all): the data
+// is decided then (settle).
+func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte, old coherence.Word, live bool) bool {
+	w := bs.word()
+	if s.former[p][home] {
+		// An old home's slot, promoted back: judged as the stamp
+		// its word stands for.
+		w = formerWord(w)
+	}
+	data := bs.data(s.Opts.PageSize)
 	// A batch of unknown outcome may have executed in part: the data of
 	// the held tenure under the stamp of the one before (or under no
 	// stamp at all).
@@ -1173,9 +1288,14 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 	case w != 0 && w.Holder() != coherence.NotHome:
 		s.fail("backup of %v at %v: word %v is no stamp", p, home, w)
 		return false
-	case bytes.Equal(data, s.moving[p]):
+	case bytes.Equal(data, oldData):
+	case s.undecided[p] != nil && slices.ContainsFunc(s.undecided[p], func(c []byte) bool { return bytes.Equal(c, data) }):
+		// Still undecided since an earlier promotion.
 	case held:
-		if h := s.nodes[old.Holder()]; h == nil || !h.alive {
+		if h := s.nodes[old.Holder()]; live && (h == nil || !h.alive) {
+			s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
+			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect unless the old home's repair overwrites it", p, home, old.Version(), old.Holder())
+		} else if h == nil || !h.alive {
 			copy(s.ref[p], data)
 			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect", p, home, old.Version(), old.Holder())
 		}
@@ -1195,20 +1315,42 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 		// slot that just became a home). That write takes effect or
 		// not, unseen; the checks of every copy against the data
 		// still hold.
-		copy(s.ref[p], data)
-		s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data", p, home)
+		if live {
+			s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
+			s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data unless the old home's repair overwrites it", p, home)
+		} else {
+			copy(s.ref[p], data)
+			s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data", p, home)
+		}
 	default:
-		s.fail("backup of %v at %v (stamp %v, data %v) is neither the home copy (%v) nor the held tenure's (home word %v)", p, home, w, data, s.moving[p], old)
+		s.fail("backup of %v at %v (stamp %v, data %v) is neither the home copy (%v) nor the held tenure's (home word %v)", p, home, w, data, oldData, old)
 		return false
 	}
-	// The stamp stays: the first access finds a holder that is no
-	// member and asks the home to repair the word (MsgStamp), which
-	// writes the home copy to the other backups first. A rebuild
-	// replaces it as well.
-	s.slots[p] = slot{home: home, reg: reg}
-	s.moved[p] = true
-	s.tracef("%v moves to %v", p, home)
 	return true
+}
+
+// settle decides the data of an undecided page once its home's word is a
+// home word (no stamp): the home's rebuild or repair made the slot's data
+// the page's, and no old home writes it any more.
+func (s *Sim) settle(p ids.PageNo) {
+	cands := s.undecided[p]
+	if cands == nil {
+		return
+	}
+	sl := s.slots[p]
+	if w := sl.word(); w == 0 || w.Holder() == coherence.NotHome || s.gone[sl.home] {
+		return
+	}
+	delete(s.undecided, p)
+	data := sl.data(s.Opts.PageSize)
+	for _, c := range cands {
+		if bytes.Equal(c, data) {
+			copy(s.ref[p], data)
+			s.tracef("%v: its data is decided at %v: %v", p, sl.home, data)
+			return
+		}
+	}
+	s.fail("%v: the home %v made %v its data, none of %v", p, sl.home, data, cands)
 }
 
 // liveTenure reports whether a live node holds page p in M or claims its
@@ -1266,11 +1408,12 @@ func (s *Sim) slotsReady() bool {
 }
 
 // movedTo is the homes of the pages that moved so far: a joiner waits for
-// their moves.
+// their moves. A page that moved back to its first home counts too (a
+// promotion, then a crash of the new home): its move may not be done.
 func (s *Sim) movedTo() []ids.NodeID {
 	var out []ids.NodeID
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
-		if h := s.slots[p].home; h != s.homeOf(p) && !slices.Contains(out, h) {
+		if h := s.slots[p].home; s.pageMoves[p] > 0 && !slices.Contains(out, h) {
 			out = append(out, h)
 		}
 	}
@@ -1297,7 +1440,7 @@ func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
 	if err != nil {
 		return err
 	}
-	n := &simNode{id: id, sm: sm, ep: ep, alive: true, joining: sm.Joining(), placed: slices.Clone(s.rcHomes)}
+	n := &simNode{id: id, sm: sm, ep: ep, alive: true, joining: sm.Joining(), placed: slices.Clone(s.rcHomes), learnt: s.epoch}
 	ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
 	s.nodes = append(s.nodes, n)
 	s.tracef("%v joins in %v", id, s.epoch)
@@ -1353,6 +1496,7 @@ func (s *Sim) reconfigureOne(i int) {
 		s.stats.SkippedMoves++
 	}
 	n.placed = slices.Clone(s.rcHomes)
+	n.learnt = rc.Epoch
 	if rc.SlotsPending && slices.Contains(rc.Targets, n.id) && s.slotsDue[n.id] < rc.Epoch {
 		// A target by an epoch it skipped: its slots are those of the
 		// epoch it learns.
@@ -1367,15 +1511,24 @@ func (s *Sim) reconfigureOne(i int) {
 // rcFor is the latest reconfiguration as node n learns it: the latest
 // members, backups and placement, with the targets computed against the
 // placement of the last epoch n learnt (the epochs it skips may have moved
-// pages; a page never moves back, since it moves only away from a home that
-// departed): the new homes of the pages whose home differs. Without such a
-// page, no placement.
+// pages): the new homes of the pages whose home differs, and the targets of
+// every epoch it skips. Without a target, no placement.
 func (s *Sim) rcFor(n *simNode) coherence.Reconfigure {
 	rc := s.rc
 	rc.HomeOf, rc.Targets, rc.SlotsPending = nil, nil, false
 	for p, h := range s.rcHomes {
 		if h != n.placed[p] && !slices.Contains(rc.Targets, h) {
 			rc.Targets = append(rc.Targets, h)
+		}
+	}
+	// The targets of the epochs it skips too: a page moved to a target
+	// there may have moved on since (a move away from a live home), and
+	// that target still waits for this node's count.
+	for e := n.learnt + 1; e < rc.Epoch; e++ {
+		for _, t := range s.epochTargets[e] {
+			if slices.Contains(rc.Members, t) && !slices.Contains(rc.Targets, t) {
+				rc.Targets = append(rc.Targets, t)
+			}
 		}
 	}
 	if len(rc.Targets) > 0 {
@@ -1414,7 +1567,7 @@ func (s *Sim) busy() bool {
 			return true
 		}
 	}
-	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling()
+	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0
 }
 
 // deliverOne delivers (or, with faults, drops or duplicates, or executes
@@ -1490,8 +1643,8 @@ func (s *Sim) executePrefix(d *mem.Delivery, k int) {
 			}
 		}
 		for _, bs := range s.bslots {
-			if reg, ok := bs[d.To]; ok && mem == nil && reg.Descriptor().RKey == op.RKey {
-				mem = reg.Bytes()
+			if sl, ok := bs[d.To]; ok && mem == nil && sl.reg.Descriptor().RKey == op.RKey {
+				mem = sl.reg.Bytes()
 			}
 		}
 		if mem == nil {
@@ -1533,6 +1686,9 @@ func (s *Sim) randomStep(workload bool) {
 		return
 	}
 	if len(s.fillsDue) > 0 && s.rng.Intn(8) == 0 && s.issueFill(false) {
+		return
+	}
+	if len(s.stampsDue) > 0 && s.rng.Intn(8) == 0 && s.stampOne() {
 		return
 	}
 	pending := s.net.Pending()
@@ -1633,6 +1789,18 @@ func (s *Sim) randomStep(workload bool) {
 			s.reconfigure(s.Opts.AsyncReconfig)
 			return
 		}
+	case workload && x < 24 && s.promotions < s.Opts.Promotions && s.reconf < 0 && (len(s.lagging) == 0 || s.Opts.SkipMoves) &&
+		s.promotions*s.Opts.Ops < s.Opts.Promotions*(s.issued+1) && s.rng.Intn(3) == 0:
+		// A move away from a live home: a complete backup is promoted
+		// and the old home demoted, in an epoch without a departure
+		// (a joiner that won the page once filled, a drain).
+		if p, c, ok := s.choosePromotion(); ok {
+			s.promotions++
+			s.promote[p] = c
+			s.tracef("promote %v from live %v to %v", p, s.slots[p].home, c)
+			s.reconfigure(s.Opts.AsyncReconfig)
+			return
+		}
 	case x < 30 && (len(pending) < 4*s.Opts.Nodes || s.rng.Intn(10) == 0):
 		// Time passes slowly while much is in flight: the network is
 		// much faster than a tick.
@@ -1715,6 +1883,7 @@ func (s *Sim) check(quiescent bool) {
 		return
 	}
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
+		s.settle(p)
 		var holder ids.NodeID
 		valid := 0
 		for _, n := range s.nodes[1:] {

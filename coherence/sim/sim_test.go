@@ -116,6 +116,17 @@ var configs = []struct {
 	// Only the fill's fence (every member in the epoch first) keeps the
 	// filled backup complete.
 	{"fill-taint", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2, Restarts: 2, Taints: 2, Backups: 1, Fills: true, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 100},
+	// Moves away from live homes (docs/protocol.md, "Moves from live
+	// homes"): a page's complete backup becomes its home in an epoch
+	// without a departure, the old home becomes its first backup and
+	// stamps the word it leaves behind at a random later step; members
+	// learn the epoch slowly, so that lagging members' verbs land on the
+	// old home's slot before and after its stamp. promote-crash adds
+	// crashes (of the new homes too: a page moves back to the demoted
+	// home), restarts, batches of unknown outcome and skipped epochs.
+	{"promote", Options{Nodes: 5, Pages: 4, Ops: 150, Faults: true, Evict: true, Backups: 1, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32, Linearizability: true}, 150},
+	{"promote-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 150},
+	{"promote-mutex", Options{Nodes: 4, Pages: 1, Ops: 60, Mutex: true, Faults: true, Backups: 1, Fills: true, Promotions: 4, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 50},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
 
@@ -196,6 +207,9 @@ func TestSimSeeds(t *testing.T) {
 						worst.FillsAbandoned += st.FillsAbandoned
 						worst.FilledPromotions += st.FilledPromotions
 						worst.MidFillCrashes += st.MidFillCrashes
+						worst.Promotions += st.Promotions
+						worst.DemoteStamps += st.DemoteStamps
+						worst.LaggingHomeVerbs += st.LaggingHomeVerbs
 						mu.Unlock()
 					}
 				}()
@@ -222,8 +236,11 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && c.opts.SkipMoves && worst.SkippedMoves == 0 {
 				t.Fatalf("no node skipped a move in %d seeds of a configuration with SkipMoves", n)
 			}
-			if n >= 20 && c.opts.Fills && (worst.Fills == 0 || worst.FilledPromotions == 0 || c.opts.MidFillCrashes && worst.MidFillCrashes == 0) {
+			if n >= 20 && c.opts.Fills && c.opts.HomeCrashes > 0 && (worst.Fills == 0 || worst.FilledPromotions == 0 || c.opts.MidFillCrashes && worst.MidFillCrashes == 0) {
 				t.Fatalf("%d seeds with fills: %d pages filled, %d filled backups promoted, %d crashes during fills", n, worst.Fills, worst.FilledPromotions, worst.MidFillCrashes)
+			}
+			if n >= 20 && c.opts.Promotions > 0 && (worst.Promotions == 0 || worst.DemoteStamps == 0 || worst.LaggingHomeVerbs == 0) {
+				t.Fatalf("%d seeds with promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", n, worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
 			}
 			if n >= 20 && c.opts.EmptyEpochs > 0 && worst.EmptyEpochs == 0 {
 				t.Fatalf("no empty epoch happened in %d seeds of a configuration with empty epochs", n)
@@ -232,6 +249,9 @@ func TestSimSeeds(t *testing.T) {
 				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes, worst.Unknown, worst.UnknownExecuted, worst.EmptyEpochs, worst.Stamps, worst.Joins, worst.JoinerOps, worst.Taints, worst.PassedTainted, worst.SkippedMoves)
 			if c.opts.Fills {
 				t.Logf("fills: %d pages filled, %d fills given up, %d promotions of filled backups, %d crashes during fills", worst.Fills, worst.FillsAbandoned, worst.FilledPromotions, worst.MidFillCrashes)
+			}
+			if c.opts.Promotions > 0 {
+				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
 			}
 		})
 		total += n
