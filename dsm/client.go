@@ -132,12 +132,16 @@ type Durability int
 // Durabilities. The zero value is not one: WithDurability(0) is refused.
 const (
 	// Memory: pages live only in memory. Sync writes dirty pages back to
-	// their home; a crash of a page's holder loses its unsynced writes.
+	// their home and to the region's backups (one per page unless the
+	// region was created with more), so losing up to that many nodes loses no synced byte; a crash of a
+	// page's holder loses its unsynced writes, and a restart of the whole
+	// cluster loses every page.
 	Memory Durability = 1 + iota
-	// Durable asks for pages that survive crashes: Sync is meant to
-	// persist them at the home and copy them to a backup home. Not built
-	// yet: today Sync writes dirty pages back to their homes' memory, as
-	// for Memory, and a crash of a home loses its pages.
+	// Durable asks for pages that also survive a restart of the whole
+	// cluster: Sync is meant to persist them on disk at the home and the
+	// backups. Persistence is not built yet: today Sync of a Durable
+	// region does what it does for Memory (home and backups, in memory),
+	// and a restart of the whole cluster loses its pages too.
 	Durable
 )
 

@@ -354,9 +354,11 @@ func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new u
 
 // Sync is the durability point of the whole region: when it returns, the
 // region's dirty pages held by this machine are written back to their
-// homes (and leave this machine's cache), so the crash of this machine no
-// longer loses them. Homes keep pages in memory: persistence and backup
-// copies for Durable regions are not built yet. On a dead Region it fails
+// homes and to the region's backups (and leave this machine's cache), so
+// the crash of this machine, or of as many other nodes as the region has
+// backups, no longer loses them. Homes and backups keep pages in memory:
+// persistence for Durable regions is not built yet, and a restart of the
+// whole cluster loses every page. On a dead Region it fails
 // as Err does (nothing it could sync is this mapping's any more), also
 // when the mapping dies while Sync runs.
 func (r *Region) Sync(ctx context.Context) error {

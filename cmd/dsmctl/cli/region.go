@@ -135,7 +135,7 @@ its own list.`,
 		},
 	}
 	c.Flags().StringVar(&pageSize, "page-size", "4KiB", "page size, a power of two from 4KiB to 2MiB")
-	c.Flags().BoolVar(&durable, "durable", false, "record the region as durable (this build does not persist pages yet: Sync writes back to home memory only)")
+	c.Flags().BoolVar(&durable, "durable", false, "record the region as durable (this build does not persist pages yet: Sync writes back to the memory of the home and the backups only)")
 	access.add(c.Flags())
 	return c
 }

@@ -88,8 +88,9 @@ type ClientClient interface {
 	CompareAndSwap(ctx context.Context, in *CompareAndSwapRequest, opts ...grpc.CallOption) (*CompareAndSwapResponse, error)
 	// Sync is the durability point of a byte range (length 0: the whole
 	// region): when it returns, the dirty pages of the range held by this node
-	// are written back to their homes, and for a DURABLE region persisted and
-	// copied to a backup. INVALID_ARGUMENT for a range outside the region.
+	// are written back to their homes and the region's backups (persisting
+	// them for a DURABLE region is not built yet). INVALID_ARGUMENT for a
+	// range outside the region.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error)
 	// SessionsAlive says, for each mapping-session token (handed out by the
 	// dsmd that served the mapping, in the Registered message of the mapping
@@ -259,8 +260,9 @@ type ClientServer interface {
 	CompareAndSwap(context.Context, *CompareAndSwapRequest) (*CompareAndSwapResponse, error)
 	// Sync is the durability point of a byte range (length 0: the whole
 	// region): when it returns, the dirty pages of the range held by this node
-	// are written back to their homes, and for a DURABLE region persisted and
-	// copied to a backup. INVALID_ARGUMENT for a range outside the region.
+	// are written back to their homes and the region's backups (persisting
+	// them for a DURABLE region is not built yet). INVALID_ARGUMENT for a
+	// range outside the region.
 	Sync(context.Context, *SyncRequest) (*SyncResponse, error)
 	// SessionsAlive says, for each mapping-session token (handed out by the
 	// dsmd that served the mapping, in the Registered message of the mapping

@@ -73,11 +73,14 @@ type Durability int32
 
 const (
 	Durability_DURABILITY_UNSPECIFIED Durability = 0
-	// Pages live only in memory (caches and homes). A crash of a page's holder
-	// loses its unsynced writes; Sync writes back to the home only.
+	// Pages live only in memory (caches, homes and backups). Sync writes back
+	// to the home and the region's backups: synced data survives the crash of
+	// as many nodes as the region has backups, not a restart of the whole
+	// cluster. A crash of a page's holder loses its unsynced writes.
 	Durability_DURABILITY_MEMORY Durability = 1
-	// Sync persists the pages at the home (pebble) and copies them to a backup
-	// home before it returns: synced data survives the crash of any one node.
+	// Meant to persist synced pages on disk at the home and the backups, so
+	// that they survive a restart of the whole cluster. Not built yet: Sync
+	// does what it does for DURABILITY_MEMORY.
 	Durability_DURABILITY_DURABLE Durability = 2
 )
 
