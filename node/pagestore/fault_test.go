@@ -1,0 +1,119 @@
+package pagestore
+
+import (
+	"errors"
+
+	"github.com/cockroachdb/pebble"
+	"testing"
+)
+
+// A failed WAL fsync fails the Write with ErrNotPersisted (not
+// ErrDiskFull), leaves the synced pages readable, and the next Write
+// succeeds once the fault clears; everything acknowledged survives a
+// reopen.
+func TestFailedSyncIsAnError(t *testing.T) {
+	testWALFault(t, func(f *faultFS) { f.failSync = errEIO }, false)
+}
+
+// A WAL write that finds the disk full fails with ErrDiskFull.
+func TestFullDiskOnWALWriteIsDiskFull(t *testing.T) {
+	testWALFault(t, func(f *faultFS) { f.failWrite = errENOSPC }, true)
+}
+
+// A WAL fsync that finds the disk full fails with ErrDiskFull.
+func TestFullDiskOnWALSyncIsDiskFull(t *testing.T) {
+	testWALFault(t, func(f *faultFS) { f.failSync = errENOSPC }, true)
+}
+
+func testWALFault(t *testing.T, inject func(*faultFS), diskFull bool) {
+	dir := t.TempDir()
+	ffs, fs := newFaultFS()
+	s := openTest(t, Options{Dir: dir, FS: fs})
+	old := []Page{page(1, 0, 1), page(1, 1, 1), page(2, 7, 3)}
+	mustWrite(t, s, old...)
+
+	ffs.set(inject)
+	err := s.Write(t.Context(), []Page{page(1, 0, 2), page(1, 2, 1)})
+	if !errors.Is(err, ErrNotPersisted) {
+		t.Fatalf("Write under a WAL fault = %v; want ErrNotPersisted", err)
+	}
+	if errors.Is(err, ErrDiskFull) != diskFull {
+		t.Fatalf("Write under a WAL fault = %v; ErrDiskFull %v, want %v", err, errors.Is(err, ErrDiskFull), diskFull)
+	}
+	// Reads work while the fault persists.
+	for _, p := range old[1:] {
+		wantPage(t, s, p)
+	}
+	if v, _, ok, err := s.Get(1, 0); err != nil || !ok || (v != 1 && v != 2) {
+		t.Fatalf("Get(1, 0) under a fault = %d, %v, %v; want version 1 or 2", v, ok, err)
+	}
+	// Still failing while the fault is there.
+	if err := s.Write(t.Context(), []Page{page(3, 0, 1)}); !errors.Is(err, ErrNotPersisted) {
+		t.Fatalf("second Write under a WAL fault = %v; want ErrNotPersisted", err)
+	}
+
+	ffs.set(func(f *faultFS) { f.failSync, f.failWrite = nil, nil })
+	later := page(1, 3, 9)
+	mustWrite(t, s, later)
+	wantPage(t, s, later)
+	for _, p := range old[1:] {
+		wantPage(t, s, p)
+	}
+	if st := s.Stats(); st.Failed < 2 || st.Reopens < 1 {
+		t.Fatalf("Stats = %+v; want at least 2 failed batches and a reopen", st)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+
+	s2 := openTest(t, Options{Dir: dir})
+	for _, p := range append(old[1:], later) {
+		wantPage(t, s2, p)
+	}
+	if err := s2.Scan(1, 0, ^uint64(0), func(Page) error { return nil }); err != nil {
+		t.Fatalf("Scan after reopen: %v", err)
+	}
+}
+
+// recordingLogger is a pebble logger whose Fatalf returns.
+type recordingLogger struct{ fatal []string }
+
+func (*recordingLogger) Infof(string, ...any) {}
+
+func (l *recordingLogger) Fatalf(format string, _ ...any) { l.fatal = append(l.fatal, format) }
+
+// TestPebbleReportsFailedCommitThroughFatalf pins the pebble v1.1.5
+// behaviour commitBatch is built on: a failed WAL fsync reaches only
+// Logger.Fatalf (with pebbleCommitFatal), Batch.Commit itself returns nil
+// when Fatalf returns, and the failed batch is visible to reads of that DB.
+func TestPebbleReportsFailedCommitThroughFatalf(t *testing.T) {
+	ffs, fs := newFaultFS()
+	l := &recordingLogger{}
+	db, err := pebble.Open(t.TempDir(), &pebble.Options{FS: fs, Logger: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ffs.set(func(f *faultFS) { f.failSync = errEIO })
+	b := db.NewBatch()
+	if err := b.Set([]byte("k"), []byte("v"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		t.Fatalf("Commit = %v; pebble now returns the error (commitBatch can be simplified)", err)
+	}
+	if len(l.fatal) != 1 || l.fatal[0] != pebbleCommitFatal {
+		t.Fatalf("Fatalf calls %q; want one %q", l.fatal, pebbleCommitFatal)
+	}
+	v, closer, err := db.Get([]byte("k"))
+	if err != nil {
+		t.Fatalf("Get of the failed batch: %v; pebble no longer applies it", err)
+	}
+	if string(v) != "v" {
+		t.Fatalf("Get = %q", v)
+	}
+	closer.Close()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
