@@ -3,6 +3,7 @@ package pagestore
 import (
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -57,6 +58,18 @@ func mustWrite(t *testing.T, s *Store, pages ...Page) {
 	if err := s.Write(context.Background(), pages); err != nil {
 		t.Fatalf("Write: %v", err)
 	}
+}
+
+// testLogger sends a store's messages to the test's log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
 
 // writeOrError is mustWrite for goroutines other than the test's.
