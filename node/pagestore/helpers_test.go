@@ -17,6 +17,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashChildEnv) != "" {
+		crashChild()
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
