@@ -73,6 +73,5 @@
 // own invariants or corruption of its files) panics, as raftstore's does.
 //
 // Reopening takes the store's lock for writing, which waits for Gets and
-// Scans in progress; a Scan's callback must not call Write on the same
-// store.
+// Scans in progress; a Scan's callback must therefore not call the store.
 package pagestore

@@ -2,6 +2,10 @@ package pagestore
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"syscall"
 
 	"github.com/cockroachdb/pebble"
 	"testing"
@@ -116,4 +120,55 @@ func TestPebbleReportsFailedCommitThroughFatalf(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestPebbleLoggerFatalf(t *testing.T) {
+	l := &pebbleLogger{log: slog.New(slog.DiscardHandler)}
+	full := &os.PathError{Op: "write", Path: "000002.log", Err: syscall.ENOSPC}
+
+	func() {
+		defer func() {
+			f, ok := recover().(commitFailure)
+			if !ok || !errors.Is(f.err, syscall.ENOSPC) {
+				t.Fatalf("Fatalf(pebbleCommitFatal) raised %#v; want commitFailure wrapping ENOSPC", f)
+			}
+		}()
+		l.Fatalf(pebbleCommitFatal, full)
+	}()
+	if l.faulted() {
+		t.Fatal("a commit failure marked a background fault")
+	}
+
+	// A disk fault of a background MANIFEST write returns and is noted.
+	l.Fatalf("%s", fmt.Errorf("MANIFEST sync failed: %w", full))
+	if !l.faulted() {
+		t.Fatal("a background disk fault was not noted")
+	}
+	l.clearFault()
+
+	func() {
+		defer func() {
+			if r := recover(); r == nil {
+				t.Fatal("Fatalf of a broken invariant returned")
+			}
+		}()
+		l.Fatalf("L%d->L%d: %s already being compacted", 0, 6, "000007")
+	}()
+	if l.faulted() {
+		t.Fatal("a broken invariant was noted as a disk fault")
+	}
+}
+
+// A disk fault pebble reported in the background makes the next batch
+// reopen the database first.
+func TestBackgroundFaultReopensBeforeNextBatch(t *testing.T) {
+	s := openTest(t, Options{})
+	mustWrite(t, s, page(1, 1, 1))
+	s.plog.Fatalf("%s", &os.PathError{Op: "sync", Path: "MANIFEST-000001", Err: syscall.EIO})
+	mustWrite(t, s, page(1, 2, 1))
+	if st := s.Stats(); st.Reopens != 1 || st.Batches != 2 {
+		t.Fatalf("Stats = %+v; want one reopen and two batches", st)
+	}
+	wantPage(t, s, page(1, 1, 1))
+	wantPage(t, s, page(1, 2, 1))
 }

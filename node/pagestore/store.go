@@ -473,8 +473,9 @@ func (s *Store) Get(region ids.RegionID, no uint64) (version uint16, data []byte
 
 // Scan calls fn for every stored page from through to-1 of region, in page
 // order, with a copy of its data; an error from fn ends the scan and is
-// returned. fn must not call Write or a delete on the same store: Scan holds
-// a read lock that a failed commit waits for.
+// returned. fn must not call the store's methods: Scan holds a read lock
+// that a reopen after a failed commit waits for, and a Get inside fn would
+// wait behind that reopen.
 func (s *Store) Scan(region ids.RegionID, from, to uint64, fn func(Page) error) error {
 	if to <= from {
 		return nil
