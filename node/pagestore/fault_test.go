@@ -172,3 +172,42 @@ func TestBackgroundFaultReopensBeforeNextBatch(t *testing.T) {
 	wantPage(t, s, page(1, 1, 1))
 	wantPage(t, s, page(1, 2, 1))
 }
+
+// When the disk is too full for pebble to reopen for writing (replaying
+// the WAL writes an sstable), reads go to a read-only open, Writes keep
+// failing with ErrDiskFull, and the first Write after space is freed
+// reopens for writing and succeeds.
+func TestReadOnlyWhileReopenFails(t *testing.T) {
+	dir := t.TempDir()
+	ffs, fs := newFaultFS()
+	s := openTest(t, Options{Dir: dir, FS: fs})
+	old := []Page{page(5, 0, 1), page(5, 1, 1)}
+	mustWrite(t, s, old...)
+
+	ffs.set(func(f *faultFS) { f.failWrite, f.failSST = errENOSPC, errENOSPC })
+	for i := range 2 {
+		if err := s.Write(t.Context(), []Page{page(5, 2, uint16(i))}); !errors.Is(err, ErrDiskFull) {
+			t.Fatalf("Write %d with no room to reopen = %v; want ErrDiskFull", i, err)
+		}
+		s.mu.RLock()
+		ro := s.readOnly
+		s.mu.RUnlock()
+		if !ro {
+			t.Fatalf("after failed Write %d the database is not the read-only open", i)
+		}
+		for _, p := range old {
+			wantPage(t, s, p)
+		}
+	}
+
+	ffs.set(func(f *faultFS) { f.failWrite, f.failSST = nil, nil })
+	later := page(5, 3, 1)
+	mustWrite(t, s, later)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openTest(t, Options{Dir: dir})
+	for _, p := range append(old, later) {
+		wantPage(t, s2, p)
+	}
+}

@@ -108,6 +108,8 @@ type faultFS struct {
 	// failSync, failWrite: the error every WAL sync or write returns while
 	// set.
 	failSync, failWrite error
+	// failSST: the error every creation of an sstable returns while set.
+	failSST error
 	// gate, while non-nil, holds every WAL sync until it is closed.
 	gate    chan struct{}
 	holding chan struct{} // receives a value when a sync starts waiting on gate
@@ -119,6 +121,12 @@ func newFaultFS() (*faultFS, vfs.FS) {
 }
 
 func (f *faultFS) Create(name string) (vfs.File, error) {
+	f.mu.Lock()
+	sstErr := f.failSST
+	f.mu.Unlock()
+	if sstErr != nil && strings.HasSuffix(name, ".sst") {
+		return nil, &os.PathError{Op: "injected create", Path: name, Err: sstErr}
+	}
 	file, err := f.FS.Create(name)
 	return f.wrap(name, file), err
 }
