@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"syscall"
 
 	"github.com/cockroachdb/pebble"
@@ -209,5 +210,98 @@ func TestReadOnlyWhileReopenFails(t *testing.T) {
 	s2 := openTest(t, Options{Dir: dir})
 	for _, p := range append(old, later) {
 		wantPage(t, s2, p)
+	}
+}
+
+// Writers, readers and WAL faults at once: every Write either fails with
+// ErrNotPersisted or is acknowledged, every acknowledged page is found
+// (at its version or a newer one), and reads never fail.
+func TestFaultsUnderConcurrentWriters(t *testing.T) {
+	ffs, fs := newFaultFS()
+	s := openTest(t, Options{FS: fs})
+	const writers, pagesEach, rounds = 6, 8, 60
+	var (
+		mu       sync.Mutex
+		acked    = map[pageID]uint16{}
+		failed   int
+		outcomes int
+		wg       sync.WaitGroup
+		done     = make(chan struct{})
+	)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range rounds {
+				version := uint16(i + 1)
+				no := uint64(w*100 + i%pagesEach)
+				err := s.Write(t.Context(), []Page{page(7, no, version)})
+				mu.Lock()
+				switch {
+				case err == nil:
+					acked[pageID{7, no}] = version
+				case errors.Is(err, ErrNotPersisted):
+					failed++
+				default:
+					t.Errorf("Write: %v", err)
+				}
+				// Every 25 outcomes the fault switches on or off.
+				outcomes++
+				if outcomes%25 == 0 {
+					on := outcomes/25%2 == 1
+					ffs.set(func(f *faultFS) {
+						f.failSync = nil
+						if on {
+							f.failSync = errEIO
+						}
+					})
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	var readers sync.WaitGroup
+	for r := range 3 {
+		readers.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				no := uint64(r*100 + 3)
+				v, data, ok, err := s.Get(7, no)
+				if err != nil {
+					t.Errorf("Get during faults: %v", err)
+					return
+				}
+				if ok && string(data) != string(pageData(7, no, v, 4096)) {
+					t.Errorf("Get(7, %d) version %d: wrong data", no, v)
+					return
+				}
+				err = s.Scan(7, 0, ^uint64(0), func(p Page) error {
+					if string(p.Data) != string(pageData(7, p.No, p.Version, 4096)) {
+						return fmt.Errorf("page %d version %d: wrong data", p.No, p.Version)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Errorf("Scan during faults: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(done)
+	readers.Wait()
+	ffs.set(func(f *faultFS) { f.failSync = nil })
+	t.Logf("%d pages acknowledged, %d writes failed, %+v", len(acked), failed, s.Stats())
+	if failed == 0 {
+		t.Fatal("no Write met a fault")
+	}
+	for id, v := range acked {
+		got, data, ok, err := s.Get(id.region, id.no)
+		if err != nil || !ok || Newer(v, got) || string(data) != string(pageData(id.region, id.no, got, 4096)) {
+			t.Fatalf("page %d: version %d ok %v err %v; acknowledged %d", id.no, got, ok, err, v)
+		}
 	}
 }
