@@ -51,7 +51,7 @@ func (p *pebbleLogger) Fatalf(format string, args ...any) {
 	for _, a := range args {
 		if e, ok := a.(error); ok && isIOError(e) {
 			p.fault.Store(true)
-			p.log.Error("pagestore: pebble failed on a disk fault; the database is reopened before the next write", "err", msg, "component", "pebble")
+			p.log.Error("pebble failed on a disk fault; the database is reopened before the next write", "err", msg, "component", "pebble")
 			return
 		}
 	}

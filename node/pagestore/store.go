@@ -321,22 +321,27 @@ func (s *Store) commit(reqs []*request) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	var pages, bytes uint64
-	if reqs[0].del {
-		if err := b.DeleteRange(reqs[0].lo, reqs[0].hi, nil); err != nil {
-			return notPersisted(err)
+	err := func() error {
+		if reqs[0].del {
+			return b.DeleteRange(reqs[0].lo, reqs[0].hi, nil)
 		}
-	} else {
 		for _, r := range merge(reqs) {
 			if err := b.Set(r.key, r.val, nil); err != nil {
-				return notPersisted(err)
+				return err
 			}
 			pages++
 			bytes += uint64(len(r.val))
 		}
+		return nil
+	}()
+	if err != nil {
+		// Building the batch touched no file: nothing to reopen.
+		s.failed.Add(1)
+		return notPersisted(err)
 	}
 	if err := s.commitBatch(b); err != nil {
 		s.failed.Add(1)
-		s.log.Warn("pagestore: batch commit failed; reopening the database", "err", err, "pages", pages)
+		s.log.Warn("batch commit failed; reopening the database", "err", err, "pages", pages)
 		_ = s.reopen()
 		return notPersisted(err)
 	}
@@ -419,18 +424,18 @@ func (s *Store) reopen() error {
 	s.reopens.Add(1)
 	if s.db != nil {
 		if err := s.closeDB(); err != nil {
-			s.log.Warn("pagestore: close before reopen", "err", err)
+			s.log.Warn("close before reopen", "err", err)
 		}
 	}
 	s.plog.clearFault()
 	db, err := s.openDB(false)
 	if err == nil {
 		s.db, s.readOnly, s.dbErr = db, false, nil
-		s.log.Info("pagestore: database reopened for writing", "dir", s.opts.Dir)
+		s.log.Info("database reopened for writing", "dir", s.opts.Dir)
 		return nil
 	}
 	s.plog.clearFault()
-	s.log.Warn("pagestore: reopen for writing failed; reads go to a read-only open", "err", err)
+	s.log.Warn("reopen for writing failed; reads go to a read-only open", "err", err)
 	ro, rerr := s.openDB(true)
 	if rerr != nil {
 		s.db, s.readOnly, s.dbErr = nil, false, errors.Join(err, rerr)
