@@ -72,6 +72,16 @@
 // reopen the database before its next batch. Any other Fatalf (pebble's
 // own invariants or corruption of its files) panics, as raftstore's does.
 //
+// One fault pebble v1.1.5 does not survive: when it switches to a new WAL
+// (the memtable is full, every 32 MiB of writes, or one batch is larger than
+// 16 MiB) and cannot close the old one, DB.rotateWAL panics while holding
+// DB.mu. The committer recovers that panic too, but the database can then be
+// neither closed nor reopened in this process: the store is wedged. The
+// failed Write and every later one return an error wrapping ErrWedged and
+// ErrNotPersisted, reads keep being served by the wedged database (they do
+// not take DB.mu), and Close returns ErrWedged without closing it. A restart
+// of the process recovers every synced record.
+//
 // Reopening takes the store's lock for writing, which waits for Gets and
 // Scans in progress; a Scan's callback must therefore not call the store.
 package pagestore

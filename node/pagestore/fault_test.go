@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"sync"
 	"syscall"
 
@@ -303,5 +304,68 @@ func TestFaultsUnderConcurrentWriters(t *testing.T) {
 		if err != nil || !ok || Newer(v, got) || string(data) != string(pageData(id.region, id.no, got, 4096)) {
 			t.Fatalf("page %d: version %d ok %v err %v; acknowledged %d", id.no, got, ok, err, v)
 		}
+	}
+}
+
+// A Write larger than half of pebble's memtable takes pebble's large-batch
+// path: the batch becomes a memtable of its own, which switches to a new
+// WAL. Under a WAL fault pebble cannot close the old WAL and panics holding
+// DB.mu (DB.rotateWAL): the store reports ErrWedged, keeps serving reads,
+// refuses writes, and a new process recovers everything acknowledged. The
+// wedged database cannot be closed, so the scenario runs in a child
+// process, out of the goroutine leak check.
+func TestLargeWriteUnderFaultWedges(t *testing.T) {
+	dir := os.Getenv(wedgeChildEnv)
+	if dir == "" {
+		dir = t.TempDir()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestLargeWriteUnderFaultWedges$", "-test.v")
+		cmd.Env = append(os.Environ(), wedgeChildEnv+"="+dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		s := openTest(t, Options{Dir: dir})
+		for no := range uint64(5) {
+			v, data, ok, err := s.Get(8, no)
+			// The failed Write may have reached the WAL before the fault.
+			if err != nil || !ok || (v != 1 && v != 2) || string(data) != string(pageData(8, no, v, 4<<20)) {
+				t.Fatalf("page %d in a new process: version %d, ok %v, err %v", no, v, ok, err)
+			}
+		}
+		wantPage(t, s, page(8, 9, 1))
+		return
+	}
+
+	ffs, fs := newFaultFS()
+	s, err := Open(Options{Dir: dir, FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := func(version uint16) []Page {
+		var pages []Page
+		for no := range uint64(5) {
+			pages = append(pages, Page{Region: 8, No: no, Version: version, Data: pageData(8, no, version, 4<<20)})
+		}
+		return pages
+	}
+	if 5*(4<<20) <= memTableSize/2 {
+		t.Fatal("the large Write is not larger than pebble's large-batch threshold")
+	}
+	mustWrite(t, s, big(1)...)
+	mustWrite(t, s, page(8, 9, 1))
+	ffs.set(func(f *faultFS) { f.failSync = errEIO })
+	if err := s.Write(t.Context(), big(2)); !errors.Is(err, ErrNotPersisted) || !errors.Is(err, ErrWedged) {
+		t.Fatalf("large Write under a WAL fault = %v; want ErrNotPersisted and ErrWedged", err)
+	}
+	ffs.set(func(f *faultFS) { f.failSync = nil })
+	if err := s.Write(t.Context(), []Page{page(8, 10, 1)}); !errors.Is(err, ErrWedged) {
+		t.Fatalf("Write after the wedge = %v; want ErrWedged", err)
+	}
+	wantPage(t, s, page(8, 9, 1))
+	for _, p := range big(1) {
+		wantPage(t, s, p)
+	}
+	if err := s.Close(); !errors.Is(err, ErrWedged) {
+		t.Fatalf("Close of a wedged store = %v; want ErrWedged", err)
 	}
 }

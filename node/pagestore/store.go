@@ -24,6 +24,12 @@ var (
 	// ErrDiskFull is wrapped, beside ErrNotPersisted, when the cause was a
 	// full file system (ENOSPC).
 	ErrDiskFull = errors.New("pagestore: disk full")
+	// ErrWedged is wrapped, beside ErrNotPersisted, by every Write after
+	// pebble panicked while holding its own lock (a WAL it could not close
+	// while switching to a new one): that database cannot be closed or
+	// reopened in this process, only read. A restart of the process
+	// recovers every synced record.
+	ErrWedged = errors.New("pagestore: pebble wedged by a disk fault; writes need a restart of the process")
 	// ErrClosed is returned by calls after Close.
 	ErrClosed = errors.New("pagestore: closed")
 )
@@ -83,7 +89,10 @@ type Store struct {
 	db       *pebble.DB // nil after Close, or when no open succeeded
 	readOnly bool       // db was opened read-only after a failed reopen
 	dbErr    error      // why db is read-only or nil
-	closed   bool
+	// wedged, once set, is the panic that left db unusable for writes; db
+	// is kept for reads and never closed.
+	wedged error
+	closed bool
 
 	qmu     sync.Mutex
 	queue   []*request // in the order of the Write and delete calls
@@ -169,6 +178,10 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
+	if s.wedged != nil {
+		s.db = nil
+		return fmt.Errorf("pagestore: close: database left open: %w: %w", ErrWedged, s.wedged)
+	}
 	if s.db == nil {
 		return nil
 	}
@@ -339,8 +352,15 @@ func (s *Store) commit(reqs []*request) error {
 		s.failed.Add(1)
 		return notPersisted(err)
 	}
-	if err := s.commitBatch(b); err != nil {
+	if wedged, err := s.commitBatch(b); err != nil {
 		s.failed.Add(1)
+		if wedged {
+			s.log.Error("pebble panicked in a commit; the database takes no more writes until the process restarts", "err", err, "pages", pages)
+			s.mu.Lock()
+			s.wedged = err
+			s.mu.Unlock()
+			return notPersisted(fmt.Errorf("%w: %w", ErrWedged, err))
+		}
 		s.log.Warn("batch commit failed; reopening the database", "err", err, "pages", pages)
 		_ = s.reopen()
 		return notPersisted(err)
@@ -380,10 +400,15 @@ func merge(reqs []*request) []record {
 }
 
 // commitBatch commits b with Sync. pebble v1.1.5 reports a failed WAL write
-// or fsync through Logger.Fatalf, which pebbleLogger turns into a panic
-// recovered here; a raw error panic from pebble's WAL writer on an I/O
-// error is recovered too. Any other panic is not ours to handle.
-func (s *Store) commitBatch(b *pebble.Batch) (err error) {
+// or fsync through Logger.Fatalf, which pebbleLogger turns into a
+// commitFailure panic recovered here: no lock of pebble's is held then, and
+// the database can be closed and reopened. pebble also panics with a bare
+// error, among others when it cannot close the old WAL while switching to a
+// new one (DB.rotateWAL), and then with DB.mu held: that database can
+// neither be closed nor reopened in this process, so such a panic wedges
+// the store (wedged is true). A panic that is not an error is not ours to
+// handle.
+func (s *Store) commitBatch(b *pebble.Batch) (wedged bool, err error) {
 	defer func() {
 		r := recover()
 		if r == nil {
@@ -393,20 +418,20 @@ func (s *Store) commitBatch(b *pebble.Batch) (err error) {
 		case commitFailure:
 			err = v.err
 		case error:
-			if !isIOError(v) {
-				panic(r)
-			}
-			err = v
+			err, wedged = v, true
 		default:
 			panic(r)
 		}
 	}()
-	return b.Commit(pebble.Sync)
+	return false, b.Commit(pebble.Sync)
 }
 
 // ensureWritable reopens the database when a commit failed before, pebble
 // reported a disk fault in the background, or it is open read-only.
 func (s *Store) ensureWritable() error {
+	if s.wedged != nil {
+		return fmt.Errorf("%w: %w", ErrWedged, s.wedged)
+	}
 	if s.db != nil && !s.readOnly && !s.plog.faulted() {
 		return nil
 	}
