@@ -220,9 +220,10 @@ func (s *Store) Stats() Stats {
 //
 // The data is copied before Write returns. When ctx ends first, Write
 // returns ctx.Err() and the pages may still be committed. An error
-// wrapping ErrNotPersisted (and ErrDiskFull for ENOSPC) means the batch
-// failed; its pages may or may not be found after a restart, and the
-// earlier records are unharmed.
+// wrapping ErrNotPersisted (and ErrDiskFull for ENOSPC, ErrWedged when
+// writes need a restart of the process) means the batch failed; its pages
+// may or may not be found after a reopen or a restart, and the earlier
+// records are unharmed.
 func (s *Store) Write(ctx context.Context, pages []Page) error {
 	if err := ctx.Err(); err != nil {
 		return err
