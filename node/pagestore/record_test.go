@@ -55,7 +55,7 @@ func TestDecodeRecordRejects(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	f.Add(appendRecord(nil, 1, []byte("data")))
 	f.Add(appendRecord(nil, 0xffff, nil))
-	f.Add(appendRecord(nil, 7, pageData(1, 2, 7, 4096)))
+	f.Add(appendRecord(nil, 7, pageData(1, 2, 7, 64)))
 	f.Add([]byte{recordFormat, 0, 1, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, v []byte) {
