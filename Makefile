@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time rounds soak bench-cluster help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time rounds soak bench-cluster bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -108,6 +108,16 @@ bench: ## transport benchmarks (compare runs with benchstat)
 bench-cluster: ## data-path benchmarks on real dsmd clusters of 3 and 9 nodes (docs/benchmarks.md)
 	$(GO) test ./tests -run '^$$' -bench . -benchtime 1000x -count 3 -timeout 30m
 
+# The page store and dd write to the same directory, so that the three
+# figures are of one disk.
+PAGESTORE_BENCH_DIR ?= $(CURDIR)/.bench-pagestore
+
+bench-pagestore: ## the durable page store's group commit against raw synced pebble batches, and dd with fsync, on one disk (PAGESTORE_BENCH_DIR; docs/benchmarks.md)
+	mkdir -p $(PAGESTORE_BENCH_DIR)
+	DSM_PAGESTORE_BENCH_DIR=$(PAGESTORE_BENCH_DIR) $(GO) test ./node/pagestore -run '^$$' -bench . -benchtime 2000x -count $(BENCHCOUNT)
+	dd if=/dev/zero of=$(PAGESTORE_BENCH_DIR)/dd.tmp bs=4M count=64 oflag=direct conv=fsync
+	rm -f $(PAGESTORE_BENCH_DIR)/dd.tmp
+
 fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each, and print the executions in all
 	GO=$(GO) FUZZTIME=$(FUZZTIME) TAGS="$(if $(HAVE_OFI),-tags ofi)" ./tests/fuzz-all.sh
 
@@ -152,5 +162,5 @@ install-clients: ## install dsm.h, libdsm.a, libdsm.so and dsm.pc under PREFIX (
 	$(MAKE) -C clients/c install PREFIX=$(or $(PREFIX),/usr/local)
 
 clean: ## remove build outputs and local run data
-	rm -rf bin .run .image
+	rm -rf bin .run .image .bench-pagestore
 	$(MAKE) -C clients/c clean
