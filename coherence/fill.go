@@ -44,13 +44,23 @@ import (
 // home) is reported abandoned; a reservation taken for it goes on like any
 // other turn of the home.
 
-// fillOp is one backup to fill with one page.
+// Persist (docs/durability.md §2) is a fill without a backup: the same
+// reservation and the same READ of a slot that shows no holder, and the
+// copy handed to the node layer (Ready.Persisted) instead of written. It
+// needs no fence: its copy is the page's data at one moment, not a copy
+// that later releases must keep up to date.
+
+// fillOp is one backup to fill with one page, or (to None) one stable copy
+// of the page to hand over for a Persist.
 type fillOp struct {
 	to ids.NodeID
 	// epoch is the home's epoch when the Fill came; members the members
 	// then: each must acknowledge epoch or a later one first.
 	epoch   ids.Epoch
 	members []ids.NodeID
+	// since (a Persist) is Node.slotReads when it came: its copy comes
+	// from a later READ, never from one in flight or done before.
+	since uint64
 }
 
 // stepFill starts the fills that f asks for.
@@ -58,6 +68,17 @@ func (n *Node) stepFill(f Fill) error {
 	if f.To == ids.None || f.To > MaxNodeID {
 		return fmt.Errorf("%w: fill to %v", ErrBadRequest, f.To)
 	}
+	return n.startCopies(f)
+}
+
+// stepPersist starts the stable copies that p asks for.
+func (n *Node) stepPersist(p Persist) error {
+	return n.startCopies(Fill{Pages: p.Pages})
+}
+
+// startCopies starts the fills of f, or with f.To None the copies of a
+// Persist.
+func (n *Node) startCopies(f Fill) error {
 	if n.target {
 		// Pages may have moved to this node and not be rebuilt yet: a
 		// duty started now would take the rebuild's place. The fills
@@ -67,10 +88,14 @@ func (n *Node) stepFill(f Fill) error {
 	}
 	for _, no := range f.Pages {
 		if why := n.fillRefused(no, f.To); why != "" {
-			n.fillDone(no, f.To, fmt.Errorf("%w: %s", ErrFillAbandoned, why))
+			n.copyAbandoned(no, f.To, why)
 			continue
 		}
 		h := n.lazyDuty(no)
+		if f.To == ids.None {
+			h.fills = append(h.fills, &fillOp{since: n.slotReads})
+			continue
+		}
 		if slices.ContainsFunc(h.fills, func(op *fillOp) bool { return op.to == f.To }) {
 			continue
 		}
@@ -91,6 +116,8 @@ func (n *Node) fillRefused(no ids.PageNo, to ids.NodeID) string {
 	switch {
 	case n.homeOf(no) != n.cfg.ID:
 		return fmt.Sprintf("%v is not the home of %v in %v", n.cfg.ID, no, n.epoch)
+	case to == ids.None:
+		return "" // a Persist
 	case to == n.cfg.ID:
 		return "a home is no backup of its own pages"
 	case !n.isMember(to):
@@ -105,11 +132,27 @@ func (n *Node) fillDone(no ids.PageNo, to ids.NodeID, err error) {
 	n.rd.Filled = append(n.rd.Filled, FillDone{Page: no, To: to, Err: err})
 }
 
+// copyAbandoned reports a fill to node to (or a Persist, to None) of page
+// no given up, saying why.
+func (n *Node) copyAbandoned(no ids.PageNo, to ids.NodeID, why string) {
+	if to == ids.None {
+		n.rd.Persisted = append(n.rd.Persisted, PersistDone{Page: no, Err: fmt.Errorf("%w: %s", ErrPersistAbandoned, why)})
+		return
+	}
+	n.fillDone(no, to, fmt.Errorf("%w: %s", ErrFillAbandoned, why))
+}
+
+// persisted hands the stable copy of page no at version ver to the node
+// layer.
+func (n *Node) persisted(no ids.PageNo, ver uint16, data []byte) {
+	n.rd.Persisted = append(n.rd.Persisted, PersistDone{Page: no, Version: ver, Data: slices.Clone(data)})
+}
+
 // pruneFills abandons the fills of h that cannot complete any more.
 func (n *Node) pruneFills(h *homeDuty) {
 	h.fills = slices.DeleteFunc(h.fills, func(f *fillOp) bool {
 		if why := n.fillRefused(h.no, f.to); why != "" {
-			n.fillDone(h.no, f.to, fmt.Errorf("%w: %s", ErrFillAbandoned, why))
+			n.copyAbandoned(h.no, f.to, why)
 			return true
 		}
 		return false
@@ -163,7 +206,7 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		return false
 	}
 	f := h.fills[0]
-	if !h.fresh || h.fillData == nil {
+	if !h.fresh || h.fillData == nil || f.to == ids.None && h.fillSeq <= f.since {
 		if n.now < h.pollAt {
 			return true
 		}
@@ -177,9 +220,11 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		h.pending = true
 		return true
 	}
-	if w.Holder() == ids.None && w.Version() == 0 && allZero(h.fillData) {
+	if f.to != ids.None && w.Holder() == ids.None && w.Version() == 0 && allZero(h.fillData) {
 		// Never written: nothing to copy, and every later release
-		// writes the backup (the fence).
+		// writes the backup (the fence). (A Persist takes the turn all
+		// the same: its copy is one moment's, and a READ without the
+		// turn could race the first tenure's release.)
 		h.fills = h.fills[1:]
 		n.fillDone(h.no, f.to, nil)
 		h.fresh = true
@@ -218,6 +263,16 @@ func (n *Node) driveFill(h *homeDuty) bool {
 			}
 		}
 		h.fresh = false
+		return true
+	}
+	if f.to == ids.None {
+		// A Persist: the copy, read with the turn held and no holder,
+		// is the page's data as of tenure w.Version().
+		h.fills = h.fills[1:]
+		n.persisted(h.no, w.Version(), h.fillData)
+		if len(h.fills) == 0 {
+			h.fillData = nil
+		}
 		return true
 	}
 	n.nextID++

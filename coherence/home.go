@@ -76,11 +76,15 @@ type homeDuty struct {
 	// on once no fill needs it. fillData is the home copy read with the
 	// word the duty last learnt by a READ of the slot (nil when that word
 	// came from elsewhere); fillRecallAt the tick of the next recall of a
-	// holder.
+	// holder. readPosted numbers the READ of the slot in flight (from
+	// Node.slotReads), fillSeq the one fillData came from: a Persist uses
+	// only a copy read after it came.
 	fills        []*fillOp
 	fillHeld     bool
 	fillData     []byte
 	fillRecallAt uint64
+	readPosted   uint64
+	fillSeq      uint64
 }
 
 // ---- reconfiguration ----
@@ -278,7 +282,7 @@ func (n *Node) demote() {
 			continue
 		}
 		for _, f := range h.fills {
-			n.fillDone(h.no, f.to, fmt.Errorf("%w: %v is not the home of %v in %v", ErrFillAbandoned, n.cfg.ID, h.no, n.epoch))
+			n.copyAbandoned(h.no, f.to, fmt.Sprintf("%v is not the home of %v in %v", n.cfg.ID, h.no, n.epoch))
 		}
 		if h.inflight != 0 {
 			n.dutyAbandoned[h.no]++
@@ -374,6 +378,10 @@ func (n *Node) postHomeVerbs(h *homeDuty, op homeOp, verbs ...Verb) {
 	n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: n.cfg.ID, epoch: n.epoch}
 	n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: n.cfg.ID, Verbs: verbs})
 	h.inflight, h.op = id, op
+	if op == hFillRead || op == hFillResv {
+		n.slotReads++
+		h.readPosted = n.slotReads
+	}
 }
 
 func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
@@ -609,11 +617,13 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	switch op {
 	case hFillRead:
 		h.fillData = slices.Clone(d.Results[0].Data[8:])
+		h.fillSeq = h.readPosted
 	case hFillResv:
 		// The READ of the slot that follows the CAS in its batch gives
 		// the word as it is now, and the data beside it.
 		w = Word(binary.LittleEndian.Uint64(d.Results[1].Data))
 		h.fillData = slices.Clone(d.Results[1].Data[8:])
+		h.fillSeq = h.readPosted
 	}
 	h.guess, h.fresh, h.known = w, true, true
 	if t := h.passUnsure; t != ids.None && op != hPass {
@@ -1028,7 +1038,7 @@ func (n *Node) checkMoveDone() {
 	held := n.fillsHeld
 	n.fillsHeld = nil
 	for _, f := range held {
-		_ = n.stepFill(f) // checked when it came
+		_ = n.startCopies(f) // checked when it came
 	}
 }
 

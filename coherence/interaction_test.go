@@ -54,6 +54,7 @@ import (
 //	                                fill, and owes the stamp of the slot it leaves behind (async:
 //	                                nobody learns it until learn nY)
 //	stamp nX page=P                 the old home nX stamps the slot of P it left behind
+//	persist nX page=P               a Persist of P at nX (its home: a stable copy; else given up)
 //	fill                            give every home the fills due there (coherence.Fill)
 //	stabilize [max=K]               run until nothing is in flight (at most K steps), fills given
 //	pending | dump | check          inspect
@@ -220,6 +221,10 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 			d.Fatalf(t, "promote page=P to=nX")
 		}
 		if err := s.Promote(ids.PageNo(intArg(t, d, "page", 0)), ids.NodeID(id), d.HasArg("async")); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "persist":
+		if err := s.Persist(node(t, d), ids.PageNo(intArg(t, d, "page", 0))); err != nil {
 			return fmt.Sprintf("error: %v\n", err)
 		}
 	case "stamp":

@@ -311,7 +311,7 @@ type Node struct {
 	// the tick of the last probe sent for fills.
 	ackedIn     map[ids.NodeID]ids.Epoch
 	fillProbeAt uint64
-	// fillsHeld: fills asked for while moves to this node were not done
+	// fillsHeld: fills (and Persists: To None) asked for while moves to this node were not done
 	// (target); they start when the moves are.
 	fillsHeld []Fill
 
@@ -324,7 +324,10 @@ type Node struct {
 	// nothing before they are (I11).
 	dutyAbandoned map[ids.PageNo]int
 	batches       map[uint64]batchRec
-	nextID        uint64
+	// slotReads numbers the READs of a home slot posted for fills and
+	// Persists (homeDuty.readPosted).
+	slotReads uint64
+	nextID    uint64
 
 	rd Ready
 }
@@ -446,6 +449,8 @@ func (n *Node) Step(ev Event) error {
 		return nil
 	case Fill:
 		return n.stepFill(ev)
+	case Persist:
+		return n.stepPersist(ev)
 	}
 	return fmt.Errorf("%w: event %T", ErrBadRequest, ev)
 }

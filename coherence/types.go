@@ -251,11 +251,37 @@ type Ready struct {
 	// Filled reports the end of the fill of one page of a backup (the
 	// Fill event): done, or given up (FillDone.Err).
 	Filled []FillDone
+	// Persisted reports a stable copy of a page asked for by a Persist
+	// event, or why there is none (PersistDone.Err).
+	Persisted []PersistDone
 }
 
 // Empty reports whether there is nothing to do.
 func (r *Ready) Empty() bool {
-	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0 && len(r.Filled) == 0
+	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0 && len(r.Filled) == 0 &&
+		len(r.Persisted) == 0
+}
+
+// PersistDone answers a Persist event for page Page at its home. Err nil:
+// Data is the page's data as released by tenure Version, read from the
+// home's slot while the home held the page's turn and the word named no
+// holder, so no release could write the slot during the read: the data
+// of every release up to that tenure, and of no later one. A page never
+// written reports Version 0 and all-zero Data. Err wraps
+// ErrPersistAbandoned when this node is not (or no longer) the page's
+// home; the node layer asks the home of a later epoch.
+type PersistDone struct {
+	Page    ids.PageNo
+	Version uint16
+	Data    []byte
+	Err     error
+}
+
+func (p PersistDone) String() string {
+	if p.Err != nil {
+		return fmt.Sprintf("persist %v: %v", p.Page, p.Err)
+	}
+	return fmt.Sprintf("persisted %v v%d", p.Page, p.Version)
 }
 
 // FillDone reports the end of the fill of page Page at backup To, asked
@@ -283,7 +309,7 @@ func (f FillDone) String() string {
 }
 
 // Event is an input of Node.Step: Request, VerbsDone, Receive, Tick,
-// Reconfigure, SlotsReady or Fill.
+// Reconfigure, SlotsReady, Fill or Persist.
 type Event interface{ isEvent() }
 
 // Request is a local access (a fault, an explicit ReadAt/WriteAt word, an
@@ -383,6 +409,18 @@ type Fill struct {
 	To    ids.NodeID
 }
 
+// Persist asks this node, the home of Pages in its current epoch, for a
+// stable copy of each (docs/durability.md §2): the copy a fill would
+// write, read the same way (the page's turn taken, a holder recalled to
+// S, the slot read with no holder), and handed to the node layer instead
+// of written to a backup, in a PersistDone in Ready.Persisted. No epoch
+// fence: the copy needs only that no tenure end while it is read. Several
+// Persists of one page are served one after the other, each with the data
+// of its own moment.
+type Persist struct {
+	Pages []ids.PageNo
+}
+
 func (Request) isEvent()     {}
 func (VerbsDone) isEvent()   {}
 func (Receive) isEvent()     {}
@@ -390,6 +428,7 @@ func (Tick) isEvent()        {}
 func (Reconfigure) isEvent() {}
 func (SlotsReady) isEvent()  {}
 func (Fill) isEvent()        {}
+func (Persist) isEvent()     {}
 
 // Errors.
 var (
@@ -406,4 +445,7 @@ var (
 	// ErrFillAbandoned ends the fill of a page that cannot complete at
 	// this node (FillDone.Err wraps it, saying why).
 	ErrFillAbandoned = errors.New("coherence: fill abandoned")
+	// ErrPersistAbandoned ends a Persist of a page this node is not the
+	// home of (PersistDone.Err wraps it, saying why).
+	ErrPersistAbandoned = errors.New("coherence: persist abandoned")
 )

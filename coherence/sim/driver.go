@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/rdma/mem"
 )
@@ -175,6 +176,23 @@ func (s *Sim) Promote(p ids.PageNo, to ids.NodeID, async bool) error {
 	s.promote[p] = to
 	s.tracef("promote %v from live %v to %v", p, s.slots[p].home, to)
 	s.reconfigure(async)
+	s.check(false)
+	return s.err
+}
+
+// Persist gives node id a Persist of page p (docs/durability.md §2), as one
+// step.
+func (s *Sim) Persist(id ids.NodeID, p ids.PageNo) error {
+	if int(id) <= 0 || int(id) >= len(s.nodes) || !s.nodes[id].alive {
+		return fmt.Errorf("sim: no live node %v", id)
+	}
+	s.step++
+	n := s.nodes[id]
+	s.tracef("%v persists %v", id, p)
+	if err := n.sm.Step(coherence.Persist{Pages: []ids.PageNo{p}}); err != nil {
+		return err
+	}
+	s.apply(n)
 	s.check(false)
 	return s.err
 }

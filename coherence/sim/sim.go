@@ -144,6 +144,11 @@ type Options struct {
 	// reach it; at a random step after the old home learnt the epoch, the
 	// driver, playing its node layer, turns the slot's word into a stamp.
 	Promotions int
+	// Persists is the number of Persist events (docs/durability.md §2)
+	// given during the workload, each for one page, to its home (three in
+	// four) or to another live node (which must give it up). Every copy
+	// reported must be the page's latest data and its home word's version.
+	Persists int
 	// EarlyPromote (with Fills) breaks the rule on purpose: a crashed
 	// home's pages move to the first live backup, complete or not. The
 	// checks must catch it (TestSimCatchesEarlyPromotion).
@@ -244,6 +249,9 @@ func (o Options) String() string {
 	if o.Promotions > 0 {
 		s += fmt.Sprintf(" promotions=%d", o.Promotions)
 	}
+	if o.Persists > 0 {
+		s += fmt.Sprintf(" persists=%d", o.Persists)
+	}
 	return s
 }
 
@@ -287,6 +295,9 @@ type Stats struct {
 	// LaggingHomeVerbs the batches that reached an old home's slot
 	// after its page had moved.
 	Promotions, DemoteStamps, LaggingHomeVerbs int
+	// Persisted counts the stable copies reported for Persist events,
+	// PersistsAbandoned those given up.
+	Persisted, PersistsAbandoned int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -476,6 +487,7 @@ type Sim struct {
 	former     map[ids.PageNo]map[ids.NodeID]bool
 	stampsDue  []stampDue
 	promotions int
+	persists   int
 
 	trace []string
 	err   error
@@ -709,6 +721,10 @@ func (s *Sim) apply(n *simNode) {
 	for _, f := range rd.Filled {
 		s.tracef("%v %v", n.id, f)
 		s.fillReported(n, f)
+	}
+	for _, d := range rd.Persisted {
+		s.tracef("%v %v", n.id, d)
+		s.persistReported(n, d)
 	}
 }
 
@@ -1329,6 +1345,63 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 	return true
 }
 
+// persistOne gives one live node a Persist of a random page: its home, or
+// (one in four) another node, which must give it up. It reports whether it
+// gave one.
+func (s *Sim) persistOne() bool {
+	p := ids.PageNo(s.rng.Intn(s.Opts.Pages))
+	id := s.slots[p].home
+	if s.rng.Intn(4) == 0 {
+		id = ids.NodeID(1 + s.rng.Intn(len(s.nodes)-1))
+	}
+	n := s.nodes[id]
+	if !n.alive {
+		return false
+	}
+	s.persists++
+	s.tracef("%v persists %v", id, p)
+	if err := n.sm.Step(coherence.Persist{Pages: []ids.PageNo{p}}); err != nil {
+		s.fail("%v refused a Persist of %v: %v", id, p, err)
+		return true
+	}
+	s.apply(n)
+	return true
+}
+
+// persistReported checks a stable copy node n reported: n is the page's
+// home, its word names no holder and shows the version reported, and the
+// data is the page's latest (the reference model), unless the page's data
+// is still undecided.
+func (s *Sim) persistReported(n *simNode, d coherence.PersistDone) {
+	if d.Err != nil {
+		s.stats.PersistsAbandoned++
+		if !errors.Is(d.Err, coherence.ErrPersistAbandoned) {
+			s.fail("%v: persist of %v failed with %v", n.id, d.Page, d.Err)
+		}
+		return
+	}
+	s.stats.Persisted++
+	sl := s.slots[d.Page]
+	if sl.home != n.id {
+		// A home that lags behind the move of the page: no tenure can
+		// begin at the new home before it learns the epoch, so its
+		// copy is still the latest.
+		bs, ok := s.bslots[d.Page][n.id]
+		if !ok || n.placed[d.Page] != n.id || !s.former[d.Page][n.id] {
+			s.fail("%v reported a stable copy of %v, whose home is %v", n.id, d.Page, sl.home)
+			return
+		}
+		sl = bs
+	}
+	if w := sl.word(); w.Holder() != ids.None || w.Version() != d.Version {
+		s.fail("%v reported a stable copy of %v at v%d while its word is %v", n.id, d.Page, d.Version, w)
+		return
+	}
+	if s.undecided[d.Page] == nil && !bytes.Equal(d.Data, s.ref[d.Page]) {
+		s.fail("%v reported a stable copy of %v: %v, the latest is %v", n.id, d.Page, d.Data, s.ref[d.Page])
+	}
+}
+
 // settle decides the data of an undecided page once its home's word is a
 // home word (no stamp): the home's rebuild or repair made the slot's data
 // the page's, and no old home writes it any more.
@@ -1689,6 +1762,9 @@ func (s *Sim) randomStep(workload bool) {
 		return
 	}
 	if len(s.stampsDue) > 0 && s.rng.Intn(8) == 0 && s.stampOne() {
+		return
+	}
+	if workload && s.persists < s.Opts.Persists && s.rng.Intn(40) == 0 && s.persistOne() {
 		return
 	}
 	pending := s.net.Pending()

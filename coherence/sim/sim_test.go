@@ -126,6 +126,10 @@ var configs = []struct {
 	// home), restarts, batches of unknown outcome and skipped epochs.
 	{"promote", Options{Nodes: 5, Pages: 4, Ops: 150, Faults: true, Evict: true, Backups: 1, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32, Linearizability: true}, 150},
 	{"promote-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 150},
+	// Persists (docs/durability.md §2): homes hand over stable copies of
+	// pages under writes, crashes, fills and moves; every copy is the
+	// page's latest data at its home word's version.
+	{"persist", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 2, Restarts: 2, Backups: 2, Fills: true, Promotions: 3, Persists: 30, AsyncReconfig: true, LazyHomes: true, LearnOdds: 16}, 100},
 	{"promote-mutex", Options{Nodes: 4, Pages: 1, Ops: 60, Mutex: true, Faults: true, Backups: 1, Fills: true, Promotions: 4, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 50},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
@@ -139,7 +143,7 @@ func totalShare() int {
 }
 
 // TestSimSeeds runs the simulator over many seeds of every configuration:
-// the CI share by default (3,275 seeds; a quarter under the race
+// the CI share by default (3,375 seeds; a quarter under the race
 // detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
 // -workers. A failure prints the seed, the invariant and the trace, and
 // the command that reruns that seed alone.
@@ -210,6 +214,8 @@ func TestSimSeeds(t *testing.T) {
 						worst.Promotions += st.Promotions
 						worst.DemoteStamps += st.DemoteStamps
 						worst.LaggingHomeVerbs += st.LaggingHomeVerbs
+						worst.Persisted += st.Persisted
+						worst.PersistsAbandoned += st.PersistsAbandoned
 						mu.Unlock()
 					}
 				}()
@@ -242,6 +248,9 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && c.opts.Promotions > 0 && (worst.Promotions == 0 || worst.DemoteStamps == 0 || worst.LaggingHomeVerbs == 0) {
 				t.Fatalf("%d seeds with promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", n, worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
 			}
+			if n >= 20 && c.opts.Persists > 0 && (worst.Persisted == 0 || worst.PersistsAbandoned == 0) {
+				t.Fatalf("%d seeds with persists: %d stable copies, %d given up", n, worst.Persisted, worst.PersistsAbandoned)
+			}
 			if n >= 20 && c.opts.EmptyEpochs > 0 && worst.EmptyEpochs == 0 {
 				t.Fatalf("no empty epoch happened in %d seeds of a configuration with empty epochs", n)
 			}
@@ -249,6 +258,9 @@ func TestSimSeeds(t *testing.T) {
 				n, time.Since(start).Round(time.Millisecond), worst.Steps, worst.SettleSteps, worst.MaxLatency, worst.MaxOvertakes, worst.CriticalSections, worst.Crashes, worst.HomeCrashes, worst.Unknown, worst.UnknownExecuted, worst.EmptyEpochs, worst.Stamps, worst.Joins, worst.JoinerOps, worst.Taints, worst.PassedTainted, worst.SkippedMoves)
 			if c.opts.Fills {
 				t.Logf("fills: %d pages filled, %d fills given up, %d promotions of filled backups, %d crashes during fills", worst.Fills, worst.FillsAbandoned, worst.FilledPromotions, worst.MidFillCrashes)
+			}
+			if c.opts.Persists > 0 {
+				t.Logf("persists: %d stable copies, %d given up", worst.Persisted, worst.PersistsAbandoned)
 			}
 			if c.opts.Promotions > 0 {
 				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
