@@ -231,3 +231,59 @@ func BenchmarkWriteBack(b *testing.B) {
 		})
 	}
 }
+
+// Persist hands over, from the home, the page's data as its last release
+// left it and the version in the word (docs/durability.md §2); a page
+// never written comes back as version 0 and zeros, and a Persist at a
+// node that is not the home is given up.
+func TestPersistStableCopy(t *testing.T) {
+	var mu sync.Mutex
+	got := map[ids.NodeID][]coherence.PersistDone{}
+	es := backupCluster(t, 1, func(c *Config) {
+		id := c.ID
+		c.Persisted = func(d []coherence.PersistDone) {
+			mu.Lock()
+			got[id] = append(got[id], d...)
+			mu.Unlock()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	page := bytes.Repeat([]byte{0xd5}, 4096)
+	if err := es[1].WriteMiss(ctx, testRegion, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := es[1].Evict(ctx, testRegion, 3, page); err != nil {
+		t.Fatal(err)
+	}
+	es[2].Persist([]ids.PageNo{3, 5})
+	es[1].Persist([]ids.PageNo{3}) // n2 is the home
+	for {
+		mu.Lock()
+		n, m := len(got[2]), len(got[1])
+		mu.Unlock()
+		if n == 2 && m == 1 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("persists reported: %v", got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if d := got[1][0]; !errors.Is(d.Err, coherence.ErrPersistAbandoned) {
+		t.Fatalf("a Persist away from the home: %v", d)
+	}
+	for _, d := range got[2] {
+		w, _ := slot(es[2], d.Page)
+		switch {
+		case d.Err != nil:
+			t.Fatalf("p%d: %v", d.Page, d.Err)
+		case d.Page == 3 && (d.Version != w.Version() || d.Version == 0 || !bytes.Equal(d.Data, page)):
+			t.Fatalf("p3: copy v%d %x..., want v%d (the word %v) and %x...", d.Version, d.Data[:4], w.Version(), w, page[:4])
+		case d.Page == 5 && (d.Version != 0 || !bytes.Equal(d.Data, make([]byte, 4096))):
+			t.Fatalf("p5, never written: copy v%d %x...", d.Version, d.Data[:4])
+		}
+	}
+}

@@ -108,6 +108,10 @@ type Config struct {
 	// (coherence.Ready.Filled), on the engine's goroutine: it must not
 	// block (dsmd hands them to its own goroutine). nil: discarded.
 	Filled func([]coherence.FillDone)
+	// Persisted receives the stable copies asked for with Persist
+	// (coherence.Ready.Persisted), on the engine's goroutine: it must not
+	// block. nil: discarded.
+	Persisted func([]coherence.PersistDone)
 	// Tick is the interval of the protocol clock (default 1ms).
 	Tick time.Duration
 	// UnavailableAfter is how long a call may wait for a page whose home
@@ -136,6 +140,7 @@ type Engine struct {
 	recvCh   chan coherence.Message
 	reconfCh chan coherence.Reconfigure
 	fillCh   chan coherence.Fill
+	persCh   chan coherence.Persist
 	// effectCh returns the cache's answers to drops and downgrades.
 	effectCh chan *effectJob
 	stop     chan struct{}
@@ -298,6 +303,7 @@ func New(cfg Config) (*Engine, error) {
 		recvCh:   make(chan coherence.Message, 256),
 		reconfCh: make(chan coherence.Reconfigure),
 		fillCh:   make(chan coherence.Fill),
+		persCh:   make(chan coherence.Persist),
 		stop:     make(chan struct{}),
 		ctx:      ctx, cancel: cancel,
 		peers:    map[ids.NodeID]rdma.Descriptor{},
@@ -463,6 +469,20 @@ func (e *Engine) Fill(pages []ids.PageNo, to ids.NodeID) {
 	}
 }
 
+// Persist asks this node, the home of pages, for a stable copy of each
+// (coherence.Persist, docs/durability.md §2): every page ends in a
+// coherence.PersistDone handed to Config.Persisted, with the page's data as
+// of its word's version, read after the call, or abandoned when this node
+// is not the page's home. It waits until the loop has taken it (after
+// Start) or the engine is closed; a Persist the state machine refuses
+// ends every page abandoned.
+func (e *Engine) Persist(pages []ids.PageNo) {
+	select {
+	case e.persCh <- coherence.Persist{Pages: slices.Clone(pages)}:
+	case <-e.stop:
+	}
+}
+
 // Populated lists the pages in [first, end) whose slot here may hold data
 // that was written: every page whose word is not zero, and every page
 // whose word is zero but whose data is not (a version that wrapped around
@@ -536,6 +556,8 @@ func (e *Engine) loop() {
 			e.onReconfigure(rc)
 		case f := <-e.fillCh:
 			e.onFill(f)
+		case p := <-e.persCh:
+			e.onPersist(p)
 		case j := <-e.effectCh:
 			e.effectDone(j)
 		case now := <-t.C:
@@ -620,6 +642,19 @@ func (e *Engine) onFill(f coherence.Fill) {
 	}
 }
 
+func (e *Engine) onPersist(p coherence.Persist) {
+	if err := e.sm.Step(p); err != nil {
+		e.log.Warn("persist refused", "pages", len(p.Pages), "err", err)
+		if e.cfg.Persisted != nil {
+			done := make([]coherence.PersistDone, len(p.Pages))
+			for i, no := range p.Pages {
+				done[i] = coherence.PersistDone{Page: no, Err: fmt.Errorf("%w: %v", coherence.ErrPersistAbandoned, err)}
+			}
+			e.cfg.Persisted(done)
+		}
+	}
+}
+
 func (e *Engine) onTick(now time.Time) {
 	_ = e.sm.Step(coherence.Tick{})
 	if now.Sub(e.lastSweep) >= sweepInterval {
@@ -649,6 +684,9 @@ func (e *Engine) apply() {
 		}
 		if len(rd.Filled) > 0 && e.cfg.Filled != nil {
 			e.cfg.Filled(rd.Filled)
+		}
+		if len(rd.Persisted) > 0 && e.cfg.Persisted != nil {
+			e.cfg.Persisted(rd.Persisted)
 		}
 		for _, m := range rd.Messages {
 			if q := e.effects[m.Page]; len(q) > 0 {
