@@ -20,6 +20,7 @@ const (
 	cmdSetRegionAccess
 	cmdSetDraining
 	cmdFilled
+	cmdPromote
 )
 
 // commandVersion is the first byte of every encoded command.
@@ -51,7 +52,8 @@ type command struct {
 	// Nonce, if not 0, names the incarnation the new state is for: the
 	// command changes nothing if another incarnation holds the node id.
 	Nonce uint64 `json:"nonce,omitempty"`
-	// cmdFilled (with ID and Nonce: the incarnation filled)
+	// cmdFilled (with ID and Nonce: the incarnation filled), cmdPromote
+	// (Region and Shards, with ID and Nonce: the incarnation promoted)
 	Region ids.RegionID `json:"region,omitempty"`
 	Since  ids.Epoch    `json:"since,omitempty"`
 	Shards []ShardRange `json:"shards,omitempty"`
@@ -127,17 +129,20 @@ func decodeCommand(b []byte) (command, error) {
 		if c.ID == ids.None || c.Nonce == 0 {
 			return command{}, fmt.Errorf("%w: draining needs an id and a nonce", ErrInvalidMember)
 		}
-	case cmdFilled:
+	case cmdFilled, cmdPromote:
 		if c.ID == ids.None || c.Nonce == 0 || c.Region == 0 {
-			return command{}, fmt.Errorf("%w: a fill record needs a region, an id and a nonce", ErrBadCommand)
+			return command{}, fmt.Errorf("%w: a fill or promotion record needs a region, an id and a nonce", ErrBadCommand)
 		}
 		if err := validShardRanges(c.Shards, 0); err != nil {
 			return command{}, err
 		}
+		if c.Type == cmdPromote && (c.Since != 0 || len(c.Shards) == 0) {
+			return command{}, fmt.Errorf("%w: a promotion names shards and no fill epoch", ErrBadCommand)
+		}
 	default:
 		return command{}, fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)
 	}
-	if c.Type != cmdFilled && (c.Region != 0 || c.Since != 0 || c.Shards != nil) {
+	if c.Type != cmdFilled && c.Type != cmdPromote && (c.Region != 0 || c.Since != 0 || c.Shards != nil) {
 		return command{}, fmt.Errorf("%w: fill fields in a command of type %d", ErrBadCommand, c.Type)
 	}
 	return c, nil

@@ -171,6 +171,8 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		return &next, applyResult{changed: true}
 	case cmdFilled:
 		return applyFilled(v, c)
+	case cmdPromote:
+		return applyPromote(v, c)
 	case cmdSetMemberState:
 		old, ok := v.Member(c.ID)
 		if !ok || old.State == c.State {
@@ -238,6 +240,56 @@ func applyFilled(v *View, c command) (*View, applyResult) {
 		}
 	}
 	r.Filled = append(slices.Clone(r.Filled), rec)
+	rs := slices.Clone(v.regions)
+	rs[i] = r
+	next.setRegions(rs)
+	return &next, applyResult{Region: r, changed: true}
+}
+
+// applyPromote applies cmdPromote: a promotion record for the current,
+// alive, not draining incarnation of c.ID, if a fill record of that
+// incarnation covers every shard it names. It moves the epoch (and the
+// count of promotions, which the data plane's protocol epoch counts): the
+// shards the data plane hands to it move in a protocol epoch of their own.
+// A retry of a committed promotion (same incarnation, same shards) changes
+// nothing.
+func applyPromote(v *View, c command) (*View, applyResult) {
+	next := *v
+	i, ok := v.byID[c.Region]
+	if !ok {
+		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoRegion, c.Region)}
+	}
+	r := v.regions[i]
+	m, ok := v.Member(c.ID)
+	switch {
+	case !ok:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoMember, c.ID)}
+	case m.Nonce != c.Nonce:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v promoted as nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.Nonce, m.Nonce)}
+	case m.State != StateAlive || m.Proto == ids.None || m.Draining:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v is %v (draining %t)", ErrInvalidMember, c.ID, m.State, m.Draining)}
+	}
+	if err := validShardRanges(c.Shards, r.Shards()); err != nil {
+		return &next, applyResult{Err: err}
+	}
+	for _, sr := range c.Shards {
+		for s := sr.First; s < sr.End; s++ {
+			if !slices.ContainsFunc(r.Filled, func(f FillRecord) bool {
+				return f.Proto == m.Proto && f.Incarnation == m.Incarnation && f.Covers(s)
+			}) {
+				return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d holds no complete copy of shard %d of %q", ErrInvalidMember, c.ID, m.Incarnation, s, r.Name)}
+			}
+		}
+	}
+	for _, p := range r.Promoted {
+		if p.Proto == m.Proto && p.Incarnation == m.Incarnation && slices.Equal(p.Shards, c.Shards) {
+			return &next, applyResult{Region: r} // a retry
+		}
+	}
+	next.Epoch++
+	next.promotions++
+	r.Promoted = append(slices.Clone(r.Promoted), PromoteRecord{Node: m.ID, Incarnation: m.Incarnation, Proto: m.Proto,
+		At: next.Epoch, Shards: slices.Clone(c.Shards)})
 	rs := slices.Clone(v.regions)
 	rs[i] = r
 	next.setRegions(rs)
@@ -455,6 +507,7 @@ type snapshotState struct {
 	Regions    []Region      `json:"regions"`
 	Quarantine []Quarantined `json:"quarantine,omitempty"` // version 2
 	History    []EpochRecord `json:"history,omitempty"`    // version 2
+	Promotions uint64        `json:"promotions,omitempty"` // version 2, written once promotions exist
 }
 
 // snapshotVersion 2 added incarnations: Member.Incarnation, Nonce, Proto
@@ -469,6 +522,7 @@ func stateOf(v *View) snapshotState {
 	return snapshotState{
 		Version: snapshotVersion, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
 		Members: v.members, Regions: v.regions, Quarantine: v.quarantine, History: v.history,
+		Promotions: v.promotions,
 	}
 }
 
@@ -572,6 +626,7 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 	}
 	seenID := map[ids.RegionID]bool{}
+	var promoted uint64
 	for i, r := range s.Regions {
 		n, err := r.RegionSpec.Normalize()
 		if err != nil || n != r.RegionSpec {
@@ -591,13 +646,22 @@ func decodeSnapshot(b []byte) (*View, error) {
 				return nil, fmt.Errorf("%w: region %q: a bad fill record", ErrBadSnapshot, r.Name)
 			}
 		}
+		for _, p := range r.Promoted {
+			if err := validShardRanges(p.Shards, r.Shards()); err != nil || len(p.Shards) == 0 || p.Proto == ids.None || p.At == 0 || p.At > s.Epoch {
+				return nil, fmt.Errorf("%w: region %q: a bad promotion record", ErrBadSnapshot, r.Name)
+			}
+		}
+		promoted += uint64(len(r.Promoted))
 		if len(r.HomeIncarnations) != len(r.Homes) {
 			return nil, fmt.Errorf("%w: region %q has %d homes and %d home incarnations", ErrBadSnapshot, r.Name, len(r.Homes), len(r.HomeIncarnations))
 		}
 		seenID[r.ID] = true
 	}
+	if promoted > s.Promotions {
+		return nil, fmt.Errorf("%w: %d promotion records, a count of %d", ErrBadSnapshot, promoted, s.Promotions)
+	}
 	v := &View{Epoch: s.Epoch, Index: s.Index, nextRegion: s.NextRegion, members: s.Members, alive: aliveOf(s.Members),
-		quarantine: s.Quarantine, history: s.History}
+		quarantine: s.Quarantine, history: s.History, promotions: s.Promotions}
 	v.setRegions(s.Regions)
 	return v, nil
 }

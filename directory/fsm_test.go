@@ -32,6 +32,7 @@ func seedCommands() []command {
 		withAccess(createRegionCmd(RegionSpec{Name: "d", Size: 1 << 20}, time.Unix(4, 0)), &Access{Users: []uint32{1000}, ReadGroups: []uint32{50}}),
 		{Type: cmdSetRegionAccess, Name: "c", Access: &Access{Groups: []uint32{7, 3}}},
 		{Type: cmdFilled, Region: 3, ID: 1, Nonce: member(1).Nonce, Since: 4, Shards: []ShardRange{{0, 2}, {5, 9}}},
+		{Type: cmdPromote, Region: 3, ID: 1, Nonce: member(1).Nonce, Shards: []ShardRange{{0, 2}}},
 		{Type: cmdSetDraining, ID: 1, Nonce: member(1).Nonce},
 	}
 }
@@ -138,6 +139,72 @@ func TestFSMFilled(t *testing.T) {
 	r2, _ := v2.Region("r")
 	if m, _ := v2.Member(2); !reflect.DeepEqual(r2.Filled, want) || m.JoinedAt != 4 {
 		t.Fatalf("after a snapshot: records %+v, member %+v", r2.Filled, m)
+	}
+}
+
+// TestFSMPromote: a promotion record is kept only for the current, alive
+// incarnation and only for shards its fill records cover; it moves the
+// epoch and the count of promotions, a retry changes nothing, and a
+// snapshot keeps both, the count also after the region is deleted.
+func TestFSMPromote(t *testing.T) {
+	f := newFSM(newNotifier())
+	one, two := member(1), member(2)
+	promote := func(id ids.NodeID, nonce uint64, rs ...ShardRange) command {
+		return command{Type: cmdPromote, Region: 1, ID: id, Nonce: nonce, Shards: rs}
+	}
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: one},                                                             // epoch 1
+		createRegionCmd(RegionSpec{Name: "r", Size: 64 << 20}, time.Unix(1, 0)),                       // 32 shards
+		{Type: cmdPutMember, Member: two},                                                             // epoch 2
+		promote(2, two.Nonce, ShardRange{0, 2}),                                                       // 3: no fill record
+		{Type: cmdFilled, Region: 1, ID: 2, Nonce: two.Nonce, Since: 2, Shards: []ShardRange{{0, 4}}}, // 4
+		promote(2, two.Nonce, ShardRange{0, 2}),                                                       // 5: kept, epoch 3
+		promote(2, two.Nonce, ShardRange{0, 2}),                                                       // 6: a retry
+		promote(2, two.Nonce, ShardRange{3, 5}),                                                       // 7: shard 4 not covered
+		promote(2, two.Nonce+1, ShardRange{2, 3}),                                                     // 8: another incarnation
+		promote(1, one.Nonce, ShardRange{0, 1}),                                                       // 9: n1 has no record
+		{Type: cmdPromote, Region: 9, ID: 2, Nonce: two.Nonce, Shards: []ShardRange{{0, 1}}},          // 10: no region
+		promote(2, two.Nonce, ShardRange{2, 4}),                                                       // 11: kept, epoch 4
+	})
+	for i, want := range []error{3: ErrInvalidMember, 5: nil, 6: nil, 7: ErrInvalidMember, 8: ErrStaleIncarnation,
+		9: ErrInvalidMember, 10: ErrNoRegion, 11: nil} {
+		if i < 3 || i == 4 {
+			continue
+		}
+		if !errors.Is(res[i].Err, want) || (want == nil && res[i].Err != nil) {
+			t.Errorf("command %d: %v, want %v", i, res[i].Err, want)
+		}
+	}
+	if res[5].Epoch != 3 || res[6].Epoch != 3 || res[11].Epoch != 4 {
+		t.Errorf("epochs after the promotions: %v %v %v, want 3 3 4", res[5].Epoch, res[6].Epoch, res[11].Epoch)
+	}
+	v, _ := f.current()
+	r, _ := v.Region("r")
+	want := []PromoteRecord{
+		{Node: 2, Incarnation: 1, Proto: 2, At: 3, Shards: []ShardRange{{0, 2}}},
+		{Node: 2, Incarnation: 1, Proto: 2, At: 4, Shards: []ShardRange{{2, 4}}},
+	}
+	if !reflect.DeepEqual(r.Promoted, want) || v.Promotions() != 2 {
+		t.Fatalf("records %+v (count %d), want %+v", r.Promoted, v.Promotions(), want)
+	}
+	if !r.Promoted[0].Covers(1) || r.Promoted[0].Covers(2) {
+		t.Error("a promotion record covers the wrong shards")
+	}
+	res = applyAll(t, f, []command{{Type: cmdDeleteRegion, Name: "r"}})
+	if res[0].Err != nil {
+		t.Fatal(res[0].Err)
+	}
+	v, _ = f.current()
+	b, err := encodeSnapshot(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, err := decodeSnapshot(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2.Promotions() != 2 {
+		t.Fatalf("after the deletion and a snapshot, %d promotions counted, want 2", v2.Promotions())
 	}
 }
 

@@ -26,7 +26,9 @@ import (
 // Version 2: Member.FailedAt and the data plane's chains (homes move to
 // backups, releases write backups). Version 3: leases (the lease and
 // fence exchanges of the directory RPC; a departure waits for a fence).
-const ProtoVersion = 3
+// Version 4: promotion records (a Raft command and region records that
+// version 3 does not decode), and a protocol epoch that counts them.
+const ProtoVersion = 4
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -20,7 +21,7 @@ func TestDecodeMetaProtoVersion(t *testing.T) {
 	// What a node of the previous release gossips (no "proto").
 	old := []byte(`{"id":3,"grpc":"127.0.0.1:7003","verbs":"127.0.0.1:7103","raft":"127.0.0.1:7203","rpc":"127.0.0.1:7303","expect":3,"nonce":4660}`)
 	m, err := decodeMeta(old)
-	if !errors.Is(err, ErrProtoVersion) || !strings.Contains(err.Error(), "node n3 speaks gossip protocol version 0, this node speaks 3") {
+	if !errors.Is(err, ErrProtoVersion) || !strings.Contains(err.Error(), "node n3 speaks gossip protocol version 0, this node speaks "+strconv.Itoa(ProtoVersion)) {
 		t.Fatalf("previous release's metadata: %+v, %v", m, err)
 	}
 	next := encodeMeta(nodeMeta{Proto: ProtoVersion + 1, ID: 4, RaftAddr: "127.0.0.1:1", RPCAddr: "127.0.0.1:2", Nonce: 1})

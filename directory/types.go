@@ -245,7 +245,29 @@ type Region struct {
 	// out of the shard's backups since (node/placement.go). Records are
 	// never removed: the placement of every past epoch depends on them.
 	Filled []FillRecord `json:",omitempty"`
+	// Promoted are the promotion records of the region, in the order they
+	// were committed (Promote): each says that an incarnation, complete
+	// for some shards by its fill records, was promoted to take them over
+	// in epoch At. The data plane decides which of those shards it homes
+	// from then on (docs/failover.md §6, "Promotion in the daemon"); the
+	// daemon does not use them yet. Records are never removed.
+	Promoted []PromoteRecord `json:",omitempty"`
 }
+
+// PromoteRecord records the promotion of incarnation Incarnation of Node
+// (protocol id Proto) for the region's shards in Shards, committed in
+// epoch At, which it moved. Every one of those shards was covered by a
+// fill record of that incarnation committed before.
+type PromoteRecord struct {
+	Node        ids.NodeID
+	Incarnation uint64
+	Proto       ids.NodeID
+	At          ids.Epoch
+	Shards      []ShardRange
+}
+
+// Covers reports whether the record names shard s.
+func (p PromoteRecord) Covers(s uint64) bool { return rangesCover(p.Shards, s) }
 
 // FillRecord records that incarnation Incarnation of Node (protocol id
 // Proto) holds a complete copy of the region's shards in Shards: its home
@@ -268,8 +290,11 @@ type FillRecord struct {
 type ShardRange struct{ First, End uint64 }
 
 // Covers reports whether the record names shard s.
-func (f FillRecord) Covers(s uint64) bool {
-	i, _ := slices.BinarySearchFunc(f.Shards, s, func(r ShardRange, s uint64) int {
+func (f FillRecord) Covers(s uint64) bool { return rangesCover(f.Shards, s) }
+
+// rangesCover reports whether the sorted, disjoint ranges rs hold shard s.
+func rangesCover(rs []ShardRange, s uint64) bool {
+	i, _ := slices.BinarySearchFunc(rs, s, func(r ShardRange, s uint64) int {
 		if r.End <= s {
 			return -1
 		}
@@ -278,7 +303,7 @@ func (f FillRecord) Covers(s uint64) bool {
 		}
 		return 0
 	})
-	return i < len(f.Shards) && f.Shards[i].First <= s && s < f.Shards[i].End
+	return i < len(rs) && rs[i].First <= s && s < rs[i].End
 }
 
 // maxFillRanges bounds the shard ranges of one record.
@@ -535,7 +560,13 @@ type View struct {
 	alive      []ids.NodeID
 	quarantine []Quarantined // in the order the ids were retired
 	history    []EpochRecord // the last historyLen epochs, oldest first; the last is Epoch's
+	promotions uint64        // promotion records ever committed (deleted regions' too)
 }
+
+// Promotions is the number of promotion records ever committed, those of
+// regions deleted since included: it only grows, so the data plane can
+// count it in its protocol epoch.
+func (v *View) Promotions() uint64 { return v.promotions }
 
 // setRegions installs rs (sorted by name) and its id index.
 func (v *View) setRegions(rs []Region) {

@@ -48,7 +48,8 @@ type protoMap struct {
 	// epoch is the protocol epoch of members: coherenceEpoch plus the
 	// number of ids ever given out, plus the number departed, plus the
 	// failure verdicts ever given (each a departure; before verdicts were
-	// final, each dropped a member from the backups).
+	// final, each dropped a member from the backups), plus the promotion
+	// records ever committed (directory.View.Promotions).
 	// Ids are given out and depart once each, verdicts only add up, and
 	// every node computes this from the same table, so one epoch names
 	// one member set and one placement on every node, whichever views it
@@ -91,6 +92,9 @@ func (pm *protoMap) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
 func newProtoMap(v *directory.View) *protoMap {
 	pm := buildProtoMap(v.Members(), v.Quarantine())
 	pm.dirEpoch = v.Epoch
+	// Every promotion moves the protocol epoch too: the shards it hands
+	// over move in an epoch of their own (the count only grows).
+	pm.epoch += ids.Epoch(v.Promotions())
 	for _, r := range v.Regions() {
 		if len(r.Filled) > 0 {
 			if pm.fills == nil {
