@@ -362,6 +362,23 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	return out
 }
 
+// homedAt counts the shards whose home under ev is protocol id p, or
+// returns -1 for a region of more than maxExactTargets shards (too many to
+// place one by one on every epoch).
+func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
+	n := rc.r.Shards()
+	if n > maxExactTargets {
+		return -1
+	}
+	c := 0
+	for i := range n {
+		if rc.shardHome(placement.Shard{Region: rc.r.ID, Index: i}, ev) == p {
+			c++
+		}
+	}
+	return c
+}
+
 // anyEvent reports whether a home at the region's creation departed, or
 // failed since, under ev (otherwise every shard is at the first of its
 // chain, with all its backups).

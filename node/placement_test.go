@@ -346,6 +346,13 @@ func TestReplacementNeedsARecord(t *testing.T) {
 	if lost == 0 {
 		t.Fatal("no shard lost by two restarts without fills")
 	}
+	// homedAt counts them (the number "member down" logs).
+	if got := rc.homedAt(d.quarantine[0].Proto, pm) + rc.homedAt(d.quarantine[1].Proto, pm); got != lost {
+		t.Fatalf("homedAt counts %d shards at the departed homes, %d are there", got, lost)
+	}
+	if got := rc.homedAt(d.members[3].Proto, pm); got != int(rc.r.Shards())-lost {
+		t.Fatalf("homedAt counts %d shards at the live home, want %d", got, int(rc.r.Shards())-lost)
+	}
 	// The same, with the fills recorded only after the second departure.
 	d = newDirModel(1, 2, 3)
 	rc = d.region(1)

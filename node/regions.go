@@ -352,8 +352,17 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			default:
 				re.down[p] = why
 				avail = append(avail, func() { e.SetDown(p, why) })
-				es.log.Info("member down: the pages it is still home of fail (their shards had no complete copy to move to)", "region", re.region.Name,
-					"node", in.node, "proto", p, "why", why)
+				switch lost := re.chains.homedAt(p, pm); {
+				case lost == 0:
+					es.log.Debug("member down: no shard of the region is homed there any more", "region", re.region.Name,
+						"node", in.node, "proto", p, "why", why)
+				case lost > 0:
+					es.log.Warn("member down: the pages of the shards it is still home of fail (no complete copy was left to move them to)",
+						"region", re.region.Name, "node", in.node, "proto", p, "why", why, "shards", lost)
+				default:
+					es.log.Info("member down: the pages of any shard it is still home of fail (dsmctl status counts them)",
+						"region", re.region.Name, "node", in.node, "proto", p, "why", why)
+				}
 			}
 		}
 	}
