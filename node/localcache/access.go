@@ -108,7 +108,7 @@ func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, writ
 			return nil
 		}
 		if errors.Is(err, errSuspended) {
-			if werr := c.waitServing(ctx); werr != nil {
+			if werr := c.waitServingCall(ctx); werr != nil {
 				return fmt.Errorf("localcache: %s/%s: %w", rid, p, werr)
 			}
 			continue
@@ -153,7 +153,7 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 	// pages only while serving.
 	var dirty []ids.PageNo
 	for {
-		if err := c.waitServing(ctx); err != nil {
+		if err := c.waitServingCall(ctx); err != nil {
 			return 0, fmt.Errorf("localcache: write-back of %s: %w", rid, err)
 		}
 		dirty = dirty[:0]
@@ -201,7 +201,7 @@ func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo) (writte
 		err = c.evict(ctx, pg)
 		r.release(pg)
 		if errors.Is(err, errSuspended) {
-			if werr := c.waitServing(ctx); werr != nil {
+			if werr := c.waitServingCall(ctx); werr != nil {
 				return false, fmt.Errorf("localcache: write-back of %s/%s: %w", r.id, no, werr)
 			}
 			continue

@@ -58,6 +58,38 @@ func (c *Cache) waitServing(ctx context.Context) error {
 	}
 }
 
+// SuspendedCallWait bounds how long a call of dsmd's (Access, Flush: a
+// ReadAt, WriteAt, atomic or Sync of a client) waits for a suspended Cache
+// to serve again. A dsmd cut off from the directory's majority stays
+// suspended until the cut heals or, after its failure verdict, until its
+// next incarnation, which ends every session: without a bound such a call
+// waited for all of it (22.6 s in a chaos schedule under a one-way
+// partition). After the bound it fails with ErrUnavailable (and
+// ErrSuspended), as a call on a page whose home is down fails after the
+// engine's UnavailableAfter, which it matches. A client's fault is not
+// bounded by it: it waits for its FaultTimeout (the package doc).
+var SuspendedCallWait = 10 * time.Second
+
+// waitServingCall is waitServing for a call of dsmd's, bounded by
+// SuspendedCallWait.
+func (c *Cache) waitServingCall(ctx context.Context) error {
+	c.gateMu.Lock()
+	ch := c.resumed
+	c.gateMu.Unlock()
+	t := time.NewTimer(SuspendedCallWait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: %w: dsmd has held no lease for %v (cut off from the directory's majority, or stalled)", ErrUnavailable, ErrSuspended, SuspendedCallWait)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.ctx.Done():
+		return ErrClosed
+	}
+}
+
 // callCtx is the context of one Coherence call: ctx, also cancelled when a
 // suspension begins. done releases it.
 func (c *Cache) callCtx(ctx context.Context) (context.Context, func()) {

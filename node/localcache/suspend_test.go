@@ -461,6 +461,45 @@ func TestFlushWhileSuspendedNeverLies(t *testing.T) {
 	}
 }
 
+// A call of dsmd's (Access, Flush) on a suspended Cache fails once it has
+// waited SuspendedCallWait, with ErrUnavailable and ErrSuspended, instead
+// of waiting for as long as the suspension lasts; after Resume the same
+// calls succeed.
+func TestCallsWhileSuspendedAreBounded(t *testing.T) {
+	old := SuspendedCallWait
+	SuspendedCallWait = 300 * time.Millisecond
+	t.Cleanup(func() { SuspendedCallWait = old })
+	d := newDaemon(t, 0)
+	a := d.client("A", "r")
+	a.store(off(10), 0x1234)
+	d.suspend()
+	errs := make(chan error, 2)
+	go func() {
+		_, err := d.c.Flush(context.Background(), regionR, 0, 0)
+		errs <- err
+	}()
+	go func() {
+		errs <- d.c.Access(context.Background(), regionR, 11, false, func([]byte) {})
+	}()
+	for range 2 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrSuspended) {
+				t.Fatalf("a call while suspended: %v, want ErrUnavailable and ErrSuspended", err)
+			}
+		case <-time.After(hangDeadline):
+			t.Fatal("a call while suspended waits for good")
+		}
+	}
+	d.c.Resume()
+	if _, err := d.c.Flush(context.Background(), regionR, 0, 0); err != nil {
+		t.Fatalf("Flush after Resume: %v", err)
+	}
+	if err := d.c.Access(context.Background(), regionR, 11, false, func([]byte) {}); err != nil {
+		t.Fatalf("Access after Resume: %v", err)
+	}
+}
+
 // runsOf and merge: the ranges of one write protection or one punch.
 func TestRevokeRanges(t *testing.T) {
 	pages := func(nos ...ids.PageNo) []*page {
