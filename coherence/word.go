@@ -56,6 +56,22 @@ func InitialWord(e ids.Epoch) Word { return Word(0).withTag(epochTag(e)) }
 // the page's data there is the data of tenure v (docs/failover.md §7).
 func Stamp(v uint16) Word { return Word(0).withHolder(NotHome).withVersion(v) }
 
+// StampOf is the stamp that stands for w, the word of a slot its node
+// homes no more (docs/protocol.md, "Moves from live homes"): a word without
+// a holder stands for the data of its version, one with a holder for the
+// tenure before (the held tenure's data is not in the slot). A zero word
+// (never written) and a stamp stay as they are.
+func StampOf(w Word) Word {
+	if w == 0 || w.Holder() == NotHome {
+		return w
+	}
+	v := w.Version()
+	if w.Holder() != ids.None {
+		v--
+	}
+	return Stamp(v)
+}
+
 // WithVersion returns w with the version set to v. A home may start a
 // page's word at any version (the simulator starts some near the wrap).
 func (w Word) WithVersion(v uint16) Word { return w.withVersion(v) }

@@ -377,16 +377,7 @@ func (s *Sim) stampFormer(p ids.PageNo, id ids.NodeID) {
 // stamp it stands for: a word a lagging member's verb made after the
 // stamp (a CAS on a zero word: the node layer leaves zero words alone)
 // or before it, judged like the node layer's CAS loop judges it.
-func formerWord(w coherence.Word) coherence.Word {
-	if w == 0 || w.Holder() == coherence.NotHome {
-		return w
-	}
-	v := w.Version()
-	if w.Holder() != ids.None {
-		v--
-	}
-	return coherence.Stamp(v)
-}
+func formerWord(w coherence.Word) coherence.Word { return coherence.StampOf(w) }
 
 // stampSlot turns the word of node id's slot of page p into a stamp, as the
 // node layer's CAS loop does: a word without a holder stamps its version

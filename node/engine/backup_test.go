@@ -287,3 +287,43 @@ func TestPersistStableCopy(t *testing.T) {
 		}
 	}
 }
+
+// StampLeftBehind turns the home words of a node's populated slots into
+// the stamps they stand for: a released page's word into the stamp of its
+// version, a held page's into the stamp of the tenure before; slots never
+// written stay zero.
+func TestStampLeftBehind(t *testing.T) {
+	es := backupCluster(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	page := bytes.Repeat([]byte{0x5a}, 4096)
+	if err := es[1].WriteMiss(ctx, testRegion, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := es[1].Evict(ctx, testRegion, 3, page); err != nil {
+		t.Fatal(err)
+	}
+	if err := es[1].WriteMiss(ctx, testRegion, 1, nil); err != nil { // held by n1
+		t.Fatal(err)
+	}
+	w3, _ := slot(es[2], 3)
+	w1, _ := slot(es[2], 1)
+	if w3.Holder() != ids.None || w1.Holder() != 1 {
+		t.Fatalf("before: p3 %v, p1 %v", w3, w1)
+	}
+	if n := es[2].StampLeftBehind(0, testPages); n != 2 {
+		t.Fatalf("StampLeftBehind changed %d words, want 2", n)
+	}
+	if w, data := slot(es[2], 3); w != coherence.Stamp(w3.Version()) || !bytes.Equal(data, page) {
+		t.Fatalf("p3 after: %v and %x..., want %v beside its data", w, data[:4], coherence.Stamp(w3.Version()))
+	}
+	if w, _ := slot(es[2], 1); w != coherence.Stamp(w1.Version()-1) {
+		t.Fatalf("p1 after: %v, want %v", w, coherence.Stamp(w1.Version()-1))
+	}
+	if w, _ := slot(es[2], 2); w != 0 {
+		t.Fatalf("p2, never written: %v", w)
+	}
+	if n := es[2].StampLeftBehind(0, testPages); n != 0 {
+		t.Fatalf("a second StampLeftBehind changed %d words", n)
+	}
+}

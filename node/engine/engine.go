@@ -483,6 +483,34 @@ func (e *Engine) Persist(pages []ids.PageNo) {
 	}
 }
 
+// StampLeftBehind turns the word of every populated slot of pages [first,
+// end) into its stamp (coherence.StampOf), with a CAS on the word, the
+// instruction the software transports execute for a remote CAS: what the
+// node layer does for the slots of pages that moved away from this live
+// node (docs/protocol.md, "Moves from live homes"), after the engine
+// learnt the epoch that moved them. A lagging member's CAS that lands
+// after it fails on the stamp; one that lands before is undone by it. It
+// returns how many words it changed. It must not be called for pages this
+// node is home of.
+func (e *Engine) StampLeftBehind(first, end ids.PageNo) int {
+	n := 0
+	for _, p := range e.Populated(first, end) {
+		off := SlotOffset(p, e.cfg.PageSize)
+		for {
+			w := coherence.Word(rdma.LoadWord(e.mem, off))
+			st := coherence.StampOf(w)
+			if st == w {
+				break
+			}
+			if rdma.CASWord(e.mem, off, uint64(w), uint64(st)) == uint64(w) {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
 // Populated lists the pages in [first, end) whose slot here may hold data
 // that was written: every page whose word is not zero, and every page
 // whose word is zero but whose data is not (a version that wrapped around
