@@ -24,14 +24,23 @@
  *   cclient ADDR REGION pong OFF                     (the C end of the same-host ping-pong
  *                                                     benchmark, as tests/internal/pingpong:
  *                                                     prints "ready SEQ", then answers)
+ *   cclient ADDR REGION watch-loop OFF               (prints "started W", W: dsm_watchdog; then,
+ *                                                     every millisecond, a plain store and load of
+ *                                                     the word at OFF, and "ok T N" after each that
+ *                                                     succeeded (T: CLOCK_BOOTTIME ns, N: the value);
+ *                                                     "wrong GOT WANT" and exit 1 on another value;
+ *                                                     on SIGSEGV "fault T HELD TIMES" (dsm_watchdog)
+ *                                                     and exit 0)
  */
 #include <dsm.h>
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void die(const char *what, int e)
@@ -41,6 +50,79 @@ static void die(const char *what, int e)
 }
 
 static uint64_t num(const char *s) { return strtoull(s, NULL, 0); }
+
+static uint64_t boottime(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The mapping watch-loop accesses, for its SIGSEGV handler. */
+static dsm_region *watched;
+
+/* put_num appends v in decimal at p; async-signal-safe. */
+static char *put_num(char *p, uint64_t v)
+{
+	char t[20];
+	int n = 0;
+	do
+		t[n++] = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	while (n > 0)
+		*p++ = t[--n];
+	return p;
+}
+
+/* on_fault reports a fault of watch-loop's access and exits. */
+static void on_fault(int sig)
+{
+	char line[80], *p = line;
+	int held = 0;
+	uint64_t times = 0;
+	dsm_watchdog(watched, &held, &times);
+	memcpy(p, "fault ", 6);
+	p = put_num(p + 6, boottime());
+	*p++ = ' ';
+	p = put_num(p, (uint64_t)held);
+	*p++ = ' ';
+	p = put_num(p, times);
+	*p++ = '\n';
+	ssize_t k = write(1, line, (size_t)(p - line));
+	(void)k;
+	_exit(0);
+}
+
+/* watch_loop is the watch-loop command (above). */
+static void watch_loop(dsm_region *r, uint64_t off)
+{
+	char line[80];
+	if (off % 8 || off + 8 > dsm_len(r))
+		die("watch-loop", EINVAL);
+	watched = r;
+	struct sigaction sa = {.sa_handler = on_fault};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, NULL) != 0)
+		die("sigaction", errno);
+	int n = snprintf(line, sizeof line, "started %d\n", dsm_watchdog(r, NULL, NULL));
+	if (write(1, line, (size_t)n) != n)
+		exit(1);
+	volatile uint64_t *w = (volatile uint64_t *)((unsigned char *)dsm_addr(r) + off);
+	for (uint64_t v = 1;; v++) {
+		*w = v;
+		uint64_t got = *w;
+		uint64_t t = boottime();
+		if (got != v) {
+			printf("wrong %llu %llu\n", (unsigned long long)got, (unsigned long long)v);
+			exit(1);
+		}
+		n = snprintf(line, sizeof line, "ok %llu %llu\n", (unsigned long long)t, (unsigned long long)v);
+		if (write(1, line, (size_t)n) != n)
+			exit(1);
+		struct timespec ms = {0, 1000000};
+		nanosleep(&ms, NULL);
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -205,6 +287,8 @@ int main(int argc, char **argv)
 			atomic_store_explicit(pong, seq, memory_order_release);
 			last = seq;
 		}
+	} else if (strcmp(cmd, "watch-loop") == 0 && argc == 5) {
+		watch_loop(r, num(argv[4]));
 	} else if (strcmp(cmd, "add") == 0 && argc == 7) {
 		uint64_t v = 0, n = num(argv[6]);
 		for (uint64_t i = 0; i < n; i++)
