@@ -85,9 +85,11 @@ int dsm_region_size(dsm_client *c, const char *name, uint64_t *size);
  * a watchdog thread for the mapping (all signals blocked on it), which
  * makes the whole mapping PROT_NONE once dsmd's deadline passes without
  * dsmd moving it (or dsmd says it is suspended). The deadline is on
- * CLOCK_BOOTTIME, 100 ms before the end of dsmd's lease; with a dsmd
- * stopped, no access succeeds later than 1.485 s after its last lease
- * request (and the watchdog acts about 1.1 s after it). From then on:
+ * CLOCK_BOOTTIME, 100 ms before the end of dsmd's lease (default timings:
+ * 1.085 s after dsmd's last lease request, and dsmd asks every 250 ms),
+ * so that a dsmd stopped at any moment leaves no access succeeding later
+ * than 1.485 s after the stop (tests/TestCWatchdogStoppedDaemon measured
+ * about 1.03 s). From then on:
  *
  *   - a plain load or store through dsm_addr raises SIGSEGV. Without a
  *     handler the process dies. A program that wants to survive installs
