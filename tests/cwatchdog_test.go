@@ -4,12 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/dsmkit/dsm/internal/mapclient/mapclienttest"
+	"github.com/dsmkit/dsm/internal/mapproto"
 )
 
 // cwatchdogStop is the longest TestCWatchdogStoppedDaemon keeps the dsmd
@@ -173,4 +178,260 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 		t.Fatalf("cclient exited with %v after its fault: %s", err, stderr.String())
 	}
 	exited <- nil // for the cleanup
+}
+
+// replProc is a cclient watch-repl process.
+type replProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string
+	stderr bytes.Buffer
+}
+
+// startRepl starts cclient watch-repl against the socket path; it is
+// killed at the end of the test.
+func startRepl(t *testing.T, cclient, path, region string) *replProc {
+	t.Helper()
+	p := &replProc{t: t, cmd: exec.Command(cclient, path, region, "watch-repl"), lines: make(chan string, 64)}
+	p.cmd.Stderr = &p.stderr
+	var err error
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-done
+		p.cmd.Wait()
+	})
+	return p
+}
+
+// next is the process's next line, waiting at most d; "" when none came.
+func (p *replProc) next(d time.Duration) string {
+	p.t.Helper()
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			p.t.Fatalf("cclient watch-repl exited: %s", p.stderr.String())
+		}
+		return l
+	case <-time.After(d):
+		return ""
+	}
+}
+
+// call sends a command and returns its answer.
+func (p *replProc) call(line string) string {
+	p.t.Helper()
+	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
+		p.t.Fatal(err)
+	}
+	l := p.next(clientHang)
+	if l == "" {
+		p.t.Fatalf("cclient watch-repl: no answer to %q within %v", line, clientHang)
+	}
+	return l
+}
+
+// waitWatchdog waits until the watchdog line reads want.
+func (p *replProc) waitWatchdog(want string) {
+	p.t.Helper()
+	deadline := time.Now().Add(clientHang)
+	for {
+		got := p.call("watchdog")
+		if strings.HasPrefix(got+" ", want+" ") || got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("watchdog %q, want %q", got, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// procCount is the number of entries of /proc/PID/dir.
+func procCount(t *testing.T, pid int, dir string) int {
+	t.Helper()
+	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/%s", pid, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+// procMaps is /proc/PID/maps.
+func procMaps(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// protAt is the protection of the mapping that starts at addr (hex).
+func protAt(t *testing.T, pid int, addr string) string {
+	t.Helper()
+	for _, l := range strings.Split(procMaps(t, pid), "\n") {
+		if strings.HasPrefix(l, addr+"-") {
+			return strings.Fields(l)[1]
+		}
+	}
+	t.Fatalf("no mapping at %s in the process", addr)
+	return ""
+}
+
+// renewLease writes a lease of length into lp every period until the
+// returned function is called, as dsmd does at each grant.
+func renewLease(lp *mapclienttest.LeasePage, length, period time.Duration) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			lp.Set(mapclienttest.Serving(length))
+			select {
+			case <-quit:
+				return
+			case <-time.After(period):
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// TestCWatchdogFakeDaemon drives libdsm's watchdog through a fake dsmd
+// whose lease page the test writes (internal/mapclient/mapclienttest), in
+// a C process (cclient watch-repl): dsm_map waits for the first lease;
+// when the page stops moving, plain loads and stores fault (recovered with
+// siglongjmp), the mapping is ---s and an atomic waits, until the lease
+// moves again: then the atomic returns, the mapping is rw-s again and the
+// data is intact. Suspended holds the mapping, revoked opens it. dsm_unmap
+// ends the thread and releases the lease page and its descriptors. A dsmd
+// that refuses the lease page feature gives a mapping without a watchdog.
+func TestCWatchdogFakeDaemon(t *testing.T) {
+	cclient := filepath.Join(buildClib(t), "cclient")
+	const region = "wd"
+	d := mapclienttest.New(t, mapclienttest.Region{Name: region, ID: 7, Pages: 4})
+	lp := d.LeasePage(mapproto.Lease{State: mapproto.LeaseSuspended})
+
+	// dsm_map waits while the page says suspended, and returns once it
+	// shows a lease.
+	p := startRepl(t, cclient, d.Path, region)
+	if l := p.next(300 * time.Millisecond); l != "" {
+		t.Fatalf("dsm_map returned without a lease: %q", l)
+	}
+	stop := renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	defer func() { stop() }()
+	var on int
+	var addr string
+	if l := p.next(clientHang); l == "" {
+		t.Fatalf("dsm_map did not return once dsmd held a lease: %s", p.stderr.String())
+	} else if _, err := fmt.Sscanf(l, "mapped %d %s", &on, &addr); err != nil || on != 1 {
+		t.Fatalf("cclient: %q (%v), want a mapping with a watchdog", l, err)
+	}
+	pid := p.cmd.Process.Pid
+	if got := p.call("store 8 42"); got != "ok" {
+		t.Fatalf("store under a lease: %q", got)
+	}
+	if got := p.call("load 8"); got != "ok 42" {
+		t.Fatalf("load under a lease: %q", got)
+	}
+	// The watchdog held the mapping once already, while dsm_map waited.
+	if got := p.call("watchdog"); got != "1 0 1" {
+		t.Fatalf("watchdog under a lease: %q, want 1 0 1", got)
+	}
+	if prot := protAt(t, pid, addr); !strings.HasPrefix(prot, "rw") {
+		t.Fatalf("the mapping is %s under a lease", prot)
+	}
+
+	// dsmd stops moving the deadline: the watchdog holds the mapping.
+	stop()
+	stop = func() {}
+	p.waitWatchdog("1 1 2")
+	for _, c := range []string{"load 8", "store 8 43", "load 4096"} {
+		if got := p.call(c); got != "fault" {
+			t.Fatalf("%s past the deadline: %q, want fault", c, got)
+		}
+	}
+	if prot := protAt(t, pid, addr); !strings.HasPrefix(prot, "---") {
+		t.Fatalf("the held mapping is %s, want ---", prot)
+	}
+	// An atomic waits for the lease instead of faulting.
+	if _, err := io.WriteString(p.stdin, "aload 8\n"); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.next(200 * time.Millisecond); l != "" {
+		t.Fatalf("dsm_load_u64 on a held mapping answered %q, want it to wait", l)
+	}
+	stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	if l := p.next(clientHang); l != "ok 42" {
+		t.Fatalf("dsm_load_u64 once the lease moved: %q, want ok 42 (the faulted store did nothing)", l)
+	}
+	if got := p.call("watchdog"); got != "1 0 2" {
+		t.Fatalf("watchdog once the lease moved: %q, want 1 0 2", got)
+	}
+	if got := p.call("load 8"); got != "ok 42" {
+		t.Fatalf("load once the lease moved: %q", got)
+	}
+	if prot := protAt(t, pid, addr); !strings.HasPrefix(prot, "rw") {
+		t.Fatalf("the mapping is %s once the lease moved, want rw", prot)
+	}
+
+	// Suspended holds it; revoked (dsmd took its pages out itself) opens it.
+	stop()
+	stop = func() {}
+	lp.Set(mapproto.Lease{Incarnation: 1, State: mapproto.LeaseSuspended, Epoch: 1})
+	p.waitWatchdog("1 1 3")
+	lp.Set(mapproto.Lease{Incarnation: 1, State: mapproto.LeaseRevoked, Epoch: 1})
+	p.waitWatchdog("1 0 3")
+	stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+
+	// dsm_unmap ends the thread and releases the page and the descriptors
+	// (the session, the userfaultfd, the timerfd and the eventfd).
+	threads, fds := procCount(t, pid, "task"), procCount(t, pid, "fd")
+	if !strings.Contains(procMaps(t, pid), "fake-lease") {
+		t.Fatal("the lease page is not mapped in the client")
+	}
+	if got := p.call("unmap"); got != "ok" {
+		t.Fatalf("unmap: %q", got)
+	}
+	if n := procCount(t, pid, "task"); n != threads-1 {
+		t.Errorf("%d threads after dsm_unmap, %d before: want one fewer", n, threads)
+	}
+	if n := procCount(t, pid, "fd"); n != fds-4 {
+		t.Errorf("%d descriptors after dsm_unmap, %d before: want 4 fewer", n, fds)
+	}
+	if strings.Contains(procMaps(t, pid), "fake-lease") {
+		t.Error("the lease page is still mapped after dsm_unmap")
+	}
+
+	// A dsmd that does not know the feature: a mapping without a watchdog.
+	d.RefuseFeatures(mapproto.FeatureLeasePage)
+	old := startRepl(t, cclient, d.Path, region)
+	if l := old.next(clientHang); !strings.HasPrefix(l, "mapped 0 ") {
+		t.Fatalf("cclient against a dsmd without the lease page: %q, want mapped 0 (%s)", l, old.stderr.String())
+	}
+	if got := old.call("store 16 7"); got != "ok" {
+		t.Fatalf("store without a watchdog: %q", got)
+	}
+	if got := old.call("watchdog"); got != "0 0 0" {
+		t.Fatalf("watchdog without one: %q", got)
+	}
 }

@@ -31,10 +31,18 @@
  *                                                     "wrong GOT WANT" and exit 1 on another value;
  *                                                     on SIGSEGV "fault T HELD TIMES" (dsm_watchdog)
  *                                                     and exit 0)
+ *   cclient ADDR REGION watch-repl                   (prints "mapped W ADDR", W: dsm_watchdog, ADDR:
+ *                                                     dsm_addr in hex; then answers lines of stdin:
+ *                                                     "load OFF" / "store OFF V" (plain, 8 bytes):
+ *                                                     "ok [V]" or "fault", a SIGSEGV recovered with
+ *                                                     siglongjmp; "aload OFF" (dsm_load_u64): "ok V"
+ *                                                     or "err E"; "watchdog": "W HELD TIMES";
+ *                                                     "unmap": "ok")
  */
 #include <dsm.h>
 #include <errno.h>
 #include <poll.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,6 +99,62 @@ static void on_fault(int sig)
 	ssize_t k = write(1, line, (size_t)(p - line));
 	(void)k;
 	_exit(0);
+}
+
+static sigjmp_buf recover_env;
+
+static void on_fault_recover(int sig) { siglongjmp(recover_env, 1); }
+
+/* watch_repl is the watch-repl command (above); it unmaps r on "unmap". */
+static void watch_repl(dsm_region *r)
+{
+	unsigned char *b = dsm_addr(r);
+	struct sigaction sa = {.sa_handler = on_fault_recover};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, NULL) != 0)
+		die("sigaction", errno);
+	printf("mapped %d %llx\n", dsm_watchdog(r, NULL, NULL), (unsigned long long)(uintptr_t)b);
+	fflush(stdout);
+	char line[256];
+	while (fgets(line, sizeof line, stdin) != NULL) {
+		unsigned long long off, v;
+		int held, e;
+		uint64_t times, got;
+		if (sscanf(line, "load %llu", &off) == 1 || sscanf(line, "store %llu %llu", &off, &v) == 2) {
+			volatile uint64_t *w = (volatile uint64_t *)(b + off);
+			int store = line[0] == 's';
+			if (sigsetjmp(recover_env, 1) != 0) {
+				puts("fault");
+			} else if (store) {
+				*w = v;
+				puts("ok");
+			} else {
+				got = *w;
+				printf("ok %llu\n", (unsigned long long)got);
+			}
+		} else if (sscanf(line, "aload %llu", &off) == 1) {
+			if ((e = dsm_load_u64(r, off, &got)))
+				printf("err %d\n", e);
+			else
+				printf("ok %llu\n", (unsigned long long)got);
+		} else if (strcmp(line, "watchdog\n") == 0) {
+			e = dsm_watchdog(r, &held, &times);
+			printf("%d %d %llu\n", e, held, (unsigned long long)times);
+		} else if (strcmp(line, "unmap\n") == 0) {
+			if ((e = dsm_unmap(r)))
+				die("unmap", e);
+			puts("ok");
+			fflush(stdout);
+			break;
+		} else {
+			printf("unknown %s", line);
+		}
+		fflush(stdout);
+	}
+	/* Stay until stdin closes, for the test to look at the process. */
+	while (fgets(line, sizeof line, stdin) != NULL)
+		;
+	exit(0);
 }
 
 /* watch_loop is the watch-loop command (above). */
@@ -287,6 +351,8 @@ int main(int argc, char **argv)
 			atomic_store_explicit(pong, seq, memory_order_release);
 			last = seq;
 		}
+	} else if (strcmp(cmd, "watch-repl") == 0 && argc == 4) {
+		watch_repl(r);
 	} else if (strcmp(cmd, "watch-loop") == 0 && argc == 5) {
 		watch_loop(r, num(argv[4]));
 	} else if (strcmp(cmd, "add") == 0 && argc == 7) {
