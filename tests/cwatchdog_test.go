@@ -41,8 +41,8 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 	}
 
 	cmd := exec.Command(cclient, n1.socket, region, "watch-loop", "64")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &syncWriter{w: &bytes.Buffer{}}
+	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 					fault, faultAt = l, time.Duration(at)
 					return
 				default:
-					t.Fatalf("cclient: unexpected %q (stderr %s)", l, stderr.String())
+					t.Fatalf("cclient: unexpected %q (stderr %s)", l, stderr.string())
 				}
 			case <-timer.C:
 				return
@@ -129,14 +129,14 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 	// has none for a while, and its faults wait until it has).
 	read(time.Now().Add(clientHang), func() bool { return oks > 0 })
 	if startedWatch == "" {
-		t.Fatalf("cclient watch-loop did not start: %s", stderr.String())
+		t.Fatalf("cclient watch-loop did not start: %s", stderr.string())
 	}
 	if startedWatch != "1" {
 		t.Fatalf("dsm_watchdog = %s, want 1: the mapping has no lease watchdog", startedWatch)
 	}
 	read(time.Now().Add(300*time.Millisecond), nil)
 	if oks == 0 || fault != "" || closed {
-		t.Fatalf("the client's loop does not run: %d accesses, fault %q, exited %v: %s", oks, fault, closed, stderr.String())
+		t.Fatalf("the client's loop does not run: %d accesses, fault %q, exited %v: %s", oks, fault, closed, stderr.string())
 	}
 	before := oks
 
@@ -160,7 +160,7 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 		took.Round(time.Millisecond), watchdogBound, (faultAt - stopAt).Round(time.Millisecond), before, oks-before)
 	if fault == "" {
 		t.Fatalf("no fault within %v of SIGSTOP: the client accessed its mapping up to %v after it (exited %v: %s)",
-			cwatchdogStop, took, closed, stderr.String())
+			cwatchdogStop, took, closed, stderr.string())
 	}
 	if took > watchdogBound {
 		t.Fatalf("an access succeeded %v after dsmd was stopped, past its lease (bound %v): the watchdog did not cut the mapping off in time", took, watchdogBound)
@@ -175,7 +175,7 @@ func TestCWatchdogStoppedDaemon(t *testing.T) {
 		t.Fatalf("the client went on after its fault: %d more lines, exited %v", afterFault, closed)
 	}
 	if err := <-exited; err != nil {
-		t.Fatalf("cclient exited with %v after its fault: %s", err, stderr.String())
+		t.Fatalf("cclient exited with %v after its fault: %s", err, stderr.string())
 	}
 	exited <- nil // for the cleanup
 }
@@ -186,15 +186,17 @@ type replProc struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	lines  chan string
-	stderr bytes.Buffer
+	stderr *syncWriter
+	exited chan error // its exit status, once
 }
 
 // startRepl starts cclient watch-repl against the socket path; it is
 // killed at the end of the test.
 func startRepl(t *testing.T, cclient, path, region string) *replProc {
 	t.Helper()
-	p := &replProc{t: t, cmd: exec.Command(cclient, path, region, "watch-repl"), lines: make(chan string, 64)}
-	p.cmd.Stderr = &p.stderr
+	p := &replProc{t: t, cmd: exec.Command(cclient, path, region, "watch-repl"), lines: make(chan string, 64),
+		stderr: &syncWriter{w: &bytes.Buffer{}}, exited: make(chan error, 1)}
+	p.cmd.Stderr = p.stderr
 	var err error
 	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -206,19 +208,18 @@ func startRepl(t *testing.T, cclient, path, region string) *replProc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
 	go func() {
-		defer close(done)
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			p.lines <- sc.Text()
 		}
 		close(p.lines)
+		p.exited <- p.cmd.Wait()
 	}()
 	t.Cleanup(func() {
 		p.cmd.Process.Kill()
-		<-done
-		p.cmd.Wait()
+		for range p.lines {
+		}
 	})
 	return p
 }
@@ -229,7 +230,7 @@ func (p *replProc) next(d time.Duration) string {
 	select {
 	case l, ok := <-p.lines:
 		if !ok {
-			p.t.Fatalf("cclient watch-repl exited: %s", p.stderr.String())
+			p.t.Fatalf("cclient watch-repl exited: %s", p.stderr.string())
 		}
 		return l
 	case <-time.After(d):
@@ -342,7 +343,7 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	var on int
 	var addr string
 	if l := p.next(clientHang); l == "" {
-		t.Fatalf("dsm_map did not return once dsmd held a lease: %s", p.stderr.String())
+		t.Fatalf("dsm_map did not return once dsmd held a lease: %s", p.stderr.string())
 	} else if _, err := fmt.Sscanf(l, "mapped %d %s", &on, &addr); err != nil || on != 1 {
 		t.Fatalf("cclient: %q (%v), want a mapping with a watchdog", l, err)
 	}
@@ -421,12 +422,20 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	if strings.Contains(procMaps(t, pid), "fake-lease") {
 		t.Error("the lease page is still mapped after dsm_unmap")
 	}
+	// It exits cleanly once its stdin closes (built with a sanitizer, a
+	// leak or a race would fail it here).
+	p.stdin.Close()
+	for range p.lines {
+	}
+	if err := <-p.exited; err != nil {
+		t.Errorf("cclient watch-repl exited with %v after dsm_unmap: %s", err, p.stderr.string())
+	}
 
 	// A dsmd that does not know the feature: a mapping without a watchdog.
 	d.RefuseFeatures(mapproto.FeatureLeasePage)
 	old := startRepl(t, cclient, d.Path, region)
 	if l := old.next(clientHang); !strings.HasPrefix(l, "mapped 0 ") {
-		t.Fatalf("cclient against a dsmd without the lease page: %q, want mapped 0 (%s)", l, old.stderr.String())
+		t.Fatalf("cclient against a dsmd without the lease page: %q, want mapped 0 (%s)", l, old.stderr.string())
 	}
 	if got := old.call("store 16 7"); got != "ok" {
 		t.Fatalf("store without a watchdog: %q", got)
@@ -434,4 +443,11 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	if got := old.call("watchdog"); got != "0 0 0" {
 		t.Fatalf("watchdog without one: %q", got)
 	}
+}
+
+// string is what was written so far.
+func (s *syncWriter) string() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }
