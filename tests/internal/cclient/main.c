@@ -202,12 +202,14 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "create") == 0 && argc == 5) {
 		if ((e = dsm_create(c, region, num(argv[4]))))
 			die("create", e);
+		dsm_close(c);
 		puts("ok");
 		return 0;
 	}
 	if (strcmp(cmd, "delete") == 0 && argc == 4) {
 		if ((e = dsm_delete(c, region)))
 			die("delete", e);
+		dsm_close(c);
 		puts("ok");
 		return 0;
 	}
