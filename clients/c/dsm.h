@@ -99,7 +99,9 @@ int dsm_region_size(dsm_client *c, const char *name, uint64_t *size);
  *     and so caused the fault. Exiting (_exit) is the simple answer.
  *   - the atomics (dsm_load_u64 and the rest, hence the mutex, semaphore
  *     and barrier) wait until the watchdog lets go, or return the
- *     mapping's error if dsmd ends the session meanwhile.
+ *     mapping's error if dsmd ends the session meanwhile (one caught in a
+ *     page fault that dsmd does not answer for over 1 ms when the
+ *     watchdog acts faults like a plain access; docs/clients.md).
  *
  * The watchdog reads the lease page every 10 ms while it holds the
  * mapping and gives back read-write access, data intact, once dsmd holds
@@ -118,7 +120,8 @@ dsm_region *dsm_map(dsm_client *c, const char *name);
  * dsmd without a lease page), -EINVAL for NULL. It stores in *held (may be
  * NULL) 1 while the watchdog holds the mapping inaccessible (or is about
  * to), and in *times (may be NULL) how many times it has made it so. It
- * takes no lock: a signal handler may call it.
+ * takes no lock (lock-free atomics, as on x86-64 and arm64): a signal
+ * handler may call it.
  */
 int dsm_watchdog(dsm_region *r, int *held, uint64_t *times);
 
