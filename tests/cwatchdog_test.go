@@ -407,6 +407,27 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	p.waitWatchdog(held(0, 2))
 	stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
 
+	// Atomics in a loop while the watchdog holds and lets go of the mapping
+	// three times: each waits or completes, none faults, none is lost.
+	var v0 uint64
+	if got := p.call("aload 24"); !scan(got, "ok %d", &v0) {
+		t.Fatalf("aload: %q", got)
+	}
+	if _, err := io.WriteString(p.stdin, fmt.Sprintf("aadd-loop 24 %d\n", times0+5)); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		time.Sleep(100 * time.Millisecond)
+		stop()
+		time.Sleep(400 * time.Millisecond) // past the 300 ms lease
+		stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	}
+	var adds, v uint64
+	if got := p.next(clientHang); !scan(got, "ok %d %d", &adds, &v) || adds == 0 || v != v0+adds {
+		t.Fatalf("aadd-loop: %q, want ok ADDS %d+ADDS", got, v0)
+	}
+	t.Logf("%d atomic adds across three holds of the mapping", adds)
+
 	// dsm_unmap ends the thread and releases the page and the descriptors
 	// (the session, the userfaultfd, the timerfd and the eventfd).
 	threads, fds := procCount(t, pid, "task"), procCount(t, pid, "fd")

@@ -36,8 +36,10 @@
  *                                                     "load OFF" / "store OFF V" (plain, 8 bytes):
  *                                                     "ok [V]" or "fault", a SIGSEGV recovered with
  *                                                     siglongjmp; "aload OFF" (dsm_load_u64): "ok V"
- *                                                     or "err E"; "watchdog": "W HELD TIMES";
- *                                                     "unmap": "ok")
+ *                                                     or "err E"; "aadd-loop OFF T": dsm_add_u64 of 1
+ *                                                     until the watchdog has held the mapping T
+ *                                                     times and let go, then "ok ADDS VALUE";
+ *                                                     "watchdog": "W HELD TIMES"; "unmap": "ok")
  */
 #include <dsm.h>
 #include <errno.h>
@@ -137,6 +139,20 @@ static void watch_repl(dsm_region *r)
 				printf("err %d\n", e);
 			else
 				printf("ok %llu\n", (unsigned long long)got);
+		} else if (sscanf(line, "aadd-loop %llu %llu", &off, &v) == 2) {
+			uint64_t adds = 0;
+			for (;;) {
+				if ((e = dsm_add_u64(r, off, 1, &got)))
+					break;
+				adds++;
+				dsm_watchdog(r, &held, &times);
+				if (times >= v && !held)
+					break;
+			}
+			if (e)
+				printf("err %d\n", e);
+			else
+				printf("ok %llu %llu\n", (unsigned long long)adds, (unsigned long long)got);
 		} else if (strcmp(line, "watchdog\n") == 0) {
 			e = dsm_watchdog(r, &held, &times);
 			printf("%d %d %llu\n", e, held, (unsigned long long)times);
