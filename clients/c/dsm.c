@@ -663,6 +663,13 @@ static int64_t boottime(void)
 	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* next_poll is CLOCK_BOOTTIME a poll from now. */
+static int64_t next_poll(void)
+{
+	int64_t now = boottime();
+	return now > INT64_MAX - WATCHDOG_POLL_NS ? INT64_MAX : now + WATCHDOG_POLL_NS;
+}
+
 /* lease_load reads the lease record at w (shared memory dsmd writes) with
  * the sequence protocol of mapproto.LoadLease: -EAGAIN for a record still
  * being written after many tries (a writer stopped in the middle of a
@@ -700,13 +707,12 @@ static int lease_open(const uint64_t *page, int64_t *until)
 		*until = 0;
 		return 0;
 	}
-	int64_t now = boottime();
 	if (state == LEASE_REVOKED) {
-		*until = now + WATCHDOG_POLL_NS;
+		*until = next_poll();
 		return 1;
 	}
 	*until = (int64_t)deadline;
-	return now < (int64_t)deadline;
+	return boottime() < (int64_t)deadline;
 }
 
 static void wd_free(struct watchdog *wd)
@@ -861,7 +867,7 @@ static void *watch(void *arg)
 			pthread_mutex_unlock(&wd->mu);
 		}
 		if (!open)
-			until = boottime() + WATCHDOG_POLL_NS;
+			until = next_poll();
 		if (!sleep_until(wd, until))
 			return NULL;
 	}
