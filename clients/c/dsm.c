@@ -15,15 +15,18 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +36,12 @@
 #endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
+#endif
+#ifndef F_GET_SEALS
+#define F_GET_SEALS 1034
+#endif
+#ifndef F_SEAL_SHRINK
+#define F_SEAL_SHRINK 0x0002
 #endif
 #ifndef USERFAULTFD_IOC_NEW
 #define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
@@ -63,6 +72,7 @@ enum {
 	T_STATES = 50,
 
 	FEATURE_SESSION = 1,
+	FEATURE_LEASE_PAGE = 2,
 	SESSION_DEAD = 3,
 };
 
@@ -222,10 +232,11 @@ static int send_msg(int fd, const struct buf *w, int pass_fd)
 	}
 }
 
-/* recv_msg reads one datagram into b (MAX_MSG bytes) and at most one
- * descriptor into *got_fd (-1: none). It returns the length, or -ENOTCONN
- * at end of stream, or another negative errno value. */
-static ssize_t recv_msg(int fd, unsigned char *b, int *got_fd, int flags)
+/* recv_msg reads one datagram into b (MAX_MSG bytes) and up to nfds
+ * descriptors into fds (-1 where none came; more are closed). It returns
+ * the length, or -ENOTCONN at end of stream, or another negative errno
+ * value. */
+static ssize_t recv_msg(int fd, unsigned char *b, int *fds, int nfds, int flags)
 {
 	struct iovec iov = {b, MAX_MSG};
 	union {
@@ -239,8 +250,9 @@ static ssize_t recv_msg(int fd, unsigned char *b, int *got_fd, int flags)
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return -errno;
-	if (got_fd)
-		*got_fd = -1;
+	int got = 0;
+	for (int i = 0; i < nfds; i++)
+		fds[i] = -1;
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
@@ -248,8 +260,8 @@ static ssize_t recv_msg(int fd, unsigned char *b, int *got_fd, int flags)
 		for (size_t i = 0; i < k; i++) {
 			int d;
 			memcpy(&d, CMSG_DATA(c) + i * sizeof(int), sizeof d);
-			if (got_fd && *got_fd < 0)
-				*got_fd = d;
+			if (got < nfds)
+				fds[got++] = d;
 			else
 				close(d);
 		}
@@ -257,9 +269,9 @@ static ssize_t recv_msg(int fd, unsigned char *b, int *got_fd, int flags)
 	if (n == 0)
 		return -ENOTCONN;
 	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-		if (got_fd && *got_fd >= 0) {
-			close(*got_fd);
-			*got_fd = -1;
+		for (int i = 0; i < got; i++) {
+			close(fds[i]);
+			fds[i] = -1;
 		}
 		return -EPROTO;
 	}
@@ -363,7 +375,7 @@ static ssize_t call(dsm_client *c, const struct buf *req, unsigned char *rep, in
 		}
 		int e = send_msg(c->ctl, req, -1);
 		if (e == 0)
-			n = recv_msg(c->ctl, rep, NULL, 0);
+			n = recv_msg(c->ctl, rep, NULL, 0, 0);
 		else
 			n = e;
 		if (n >= 0)
@@ -489,6 +501,8 @@ static int session_dead(dsm_client *c, uint64_t token)
 
 enum { LIVE, GONE, DELETED, DENIED };
 
+struct watchdog;
+
 struct dsm_region {
 	dsm_client *c;
 	char *name;
@@ -501,6 +515,8 @@ struct dsm_region {
 	pthread_mutex_t mu; /* guards reading conn */
 	atomic_int state;
 	_Atomic int64_t swept; /* a semaphore try-acquire last looked for dead holders (ns) */
+	int prot;              /* the mapping's own protection, which the watchdog gives back */
+	struct watchdog *wd;   /* the lease watchdog; NULL when dsmd gave no lease page */
 };
 
 /* userfaultfd features (linux/userfaultfd.h), named here so that older
@@ -557,14 +573,449 @@ static int uffd_open(void)
 	return fd;
 }
 
-/* map_once runs one mapping session's handshake; *id is the region id
- * dsmd's page cache maps. */
-static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
+
+/* ---- the lease watchdog: internal/mapclient/watchdog_linux.go, in C ---- */
+
+/*
+ * dsmd may let its clients touch their mappings only while it holds its
+ * lease from the directory majority (docs/failover.md §9). A dsmd that is
+ * stopped or stuck cannot take the pages back itself, so each mapping
+ * asks for dsmd's lease page (FEATURE_LEASE_PAGE: a sealed memfd, mapped
+ * read-only here) in which dsmd writes until when access is allowed, and
+ * runs a watchdog thread of its own. The thread sleeps until that
+ * deadline (a timerfd of CLOCK_BOOTTIME, the lease's clock) and, if dsmd
+ * has not moved it by then or says it is suspended, makes the whole
+ * mapping PROT_NONE: every plain load or store then raises SIGSEGV. It
+ * reads the page every WATCHDOG_POLL_NS while it holds the mapping so,
+ * and gives the mapping its own protection back once the page shows a
+ * deadline ahead again, or says revoked (dsmd took every page out of the
+ * mapping itself: accesses fault into dsmd and wait there). A mapping
+ * whose session is known to have ended is never opened again.
+ *
+ * One thread per mapping, as in the Go library: each mapping's session
+ * has its own lease page (from the dsmd it was mapped through), the
+ * thread lives exactly as long as its mapping (dsm_map starts it,
+ * dsm_unmap stops and joins it before anything it uses is freed or
+ * unmapped), and no list of mappings shared between threads is needed.
+ *
+ * The atomics (dsm_load_u64 and the others, hence the mutex, semaphore
+ * and barrier) wait while the watchdog holds the mapping instead of
+ * faulting: a call counts itself busy between its check of held and the
+ * end of its one access, and the watchdog, which sets held before it
+ * looks at busy (both sequentially consistent), waits for those calls,
+ * at most WATCHDOG_DRAIN_NS, before it changes the protection.
+ */
+
+/* The lease record (internal/mapproto/lease.go): six 64-bit words in the
+ * machine's byte order, written by dsmd under a sequence word (odd while
+ * it writes). */
+#define LEASE_MAGIC 0x015341454c4d5344ULL /* bytes D S M L E A S 1 */
+enum {
+	LEASE_WORDS = 6,
+	LEASE_W_MAGIC = 0,
+	LEASE_W_SEQ = 1,
+	LEASE_W_DEADLINE = 3,
+	LEASE_W_STATE = 4,
+	LEASE_SERVING = 1,
+	LEASE_SUSPENDED = 2,
+	LEASE_DRAINING = 3,
+	LEASE_REVOKED = 4,
+	LEASE_READ_TRIES = 1000,
+};
+
+/* How often the watchdog reads the lease page while it holds the mapping:
+ * how late, at most, access comes back once dsmd moves the deadline. */
+#define WATCHDOG_POLL_NS (10 * 1000000LL)
+/* How long the watchdog waits for an atomic of this library in flight
+ * before it makes the mapping inaccessible anyway. */
+#define WATCHDOG_DRAIN_NS (1000000LL)
+/* How long dsm_map waits for dsmd to hold a lease (the Go library's
+ * DefaultTimeout). */
+#define LEASE_WAIT_NS (30 * 1000000000LL)
+
+struct watchdog {
+	const uint64_t *page; /* the lease page, mapped read-only */
+	size_t page_len;
+	int tfd;              /* timerfd, CLOCK_BOOTTIME */
+	int efd;              /* eventfd: written once to stop the thread */
+	pthread_t thread;
+	int started;          /* thread runs, and dsm_unmap joins it */
+	/* mu and changed let callers wait for the changes of held and for
+	 * the thread's first look at the page (looked, under mu). held is
+	 * changed under mu; it is read without it too. */
+	pthread_mutex_t mu;
+	pthread_cond_t changed;
+	int looked;
+	atomic_int held;        /* the watchdog holds the mapping PROT_NONE (or is about to) */
+	atomic_int busy;        /* atomics between their check of held and their access */
+	_Atomic uint64_t times; /* how many times it made the mapping PROT_NONE */
+};
+
+static int64_t mono_ns(void);
+
+/* boottime reads CLOCK_BOOTTIME in ns, the clock of the lease page's
+ * deadline; without the clock every deadline is over. */
+static int64_t boottime(void)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_BOOTTIME, &ts) != 0)
+		return INT64_MAX;
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* next_poll is CLOCK_BOOTTIME a poll from now. */
+static int64_t next_poll(void)
+{
+	int64_t now = boottime();
+	return now > INT64_MAX - WATCHDOG_POLL_NS ? INT64_MAX : now + WATCHDOG_POLL_NS;
+}
+
+/* lease_load reads the lease record at w (shared memory dsmd writes) with
+ * the sequence protocol of mapproto.LoadLease: -EAGAIN for a record still
+ * being written after many tries (a writer stopped in the middle of a
+ * write), -EPROTO for one of another layout or with an unknown state. */
+static int lease_load(const uint64_t *w, uint64_t *deadline, uint64_t *state)
+{
+	for (int i = 0; i < LEASE_READ_TRIES; i++) {
+		uint64_t s1 = __atomic_load_n(&w[LEASE_W_SEQ], __ATOMIC_ACQUIRE);
+		if (s1 & 1)
+			continue;
+		uint64_t v[LEASE_WORDS];
+		for (int k = 0; k < LEASE_WORDS; k++)
+			v[k] = __atomic_load_n(&w[k], __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&w[LEASE_W_SEQ], __ATOMIC_ACQUIRE) != s1 || v[LEASE_W_SEQ] != s1)
+			continue;
+		if (v[LEASE_W_MAGIC] != LEASE_MAGIC || v[LEASE_W_STATE] < LEASE_SERVING ||
+		    v[LEASE_W_STATE] > LEASE_REVOKED || v[LEASE_W_DEADLINE] > (uint64_t)INT64_MAX)
+			return -EPROTO;
+		*deadline = v[LEASE_W_DEADLINE];
+		*state = v[LEASE_W_STATE];
+		return 0;
+	}
+	return -EAGAIN;
+}
+
+/* lease_open reports whether the lease page allows access now, and until
+ * when (CLOCK_BOOTTIME ns). A page that cannot be read allows nothing; a
+ * revoked lease (dsmd took every page out of the mapping: accesses fault
+ * into dsmd and wait there) lets the mapping be, for a poll. Draining is
+ * serving (the sessions end anyway). */
+static int lease_open(const uint64_t *page, int64_t *until)
+{
+	uint64_t deadline, state;
+	if (lease_load(page, &deadline, &state) != 0 || state == LEASE_SUSPENDED) {
+		*until = 0;
+		return 0;
+	}
+	if (state == LEASE_REVOKED) {
+		*until = next_poll();
+		return 1;
+	}
+	*until = (int64_t)deadline;
+	return boottime() < (int64_t)deadline;
+}
+
+static void wd_free(struct watchdog *wd)
+{
+	if (wd->page != NULL)
+		munmap((void *)wd->page, wd->page_len);
+	if (wd->tfd >= 0)
+		close(wd->tfd);
+	if (wd->efd >= 0)
+		close(wd->efd);
+	pthread_cond_destroy(&wd->changed);
+	pthread_mutex_destroy(&wd->mu);
+	free(wd);
+}
+
+/* wd_new maps the lease page fd (taking it) and checks that it holds a
+ * lease record; the thread starts later (wd_start). */
+static int wd_new(int fd, struct watchdog **out)
+{
+	*out = NULL;
+	struct stat st;
+	long sys = sysconf(_SC_PAGESIZE);
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (fstat(fd, &st) != 0 || seals < 0 || !(seals & F_SEAL_SHRINK) || st.st_size < LEASE_WORDS * 8 ||
+	    st.st_size > sys) {
+		/* Shrunk under the mapping, it would SIGBUS the watchdog. */
+		close(fd);
+		set_text("dsmd's lease page is not a sealed page holding a lease record");
+		return -EPROTO;
+	}
+	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	int e = p == MAP_FAILED ? -errno : 0;
+	close(fd);
+	if (e)
+		return e;
+	struct watchdog *wd = calloc(1, sizeof *wd);
+	if (wd == NULL) {
+		munmap(p, (size_t)st.st_size);
+		return -ENOMEM;
+	}
+	wd->page = p;
+	wd->page_len = (size_t)st.st_size;
+	wd->tfd = timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC);
+	wd->efd = eventfd(0, EFD_CLOEXEC);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&wd->changed, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&wd->mu, NULL);
+	atomic_init(&wd->held, 0);
+	atomic_init(&wd->busy, 0);
+	atomic_init(&wd->times, 0);
+	uint64_t deadline, state;
+	if (wd->tfd < 0 || wd->efd < 0) {
+		e = -errno;
+	} else if (lease_load(wd->page, &deadline, &state) != 0) {
+		set_text("dsmd's lease page holds no lease record");
+		e = -EPROTO;
+	}
+	if (e) {
+		wd_free(wd);
+		return e;
+	}
+	*out = wd;
+	return 0;
+}
+
+/* set_held changes held under mu and wakes the waiters. */
+static void set_held(struct watchdog *wd, int held)
+{
+	pthread_mutex_lock(&wd->mu);
+	atomic_store(&wd->held, held);
+	pthread_cond_broadcast(&wd->changed);
+	pthread_mutex_unlock(&wd->mu);
+}
+
+/* lease_fence makes the mapping PROT_NONE (on) or gives it back its own
+ * protection (off, only while its session is not known to have ended). A
+ * refused mprotect changes nothing: the thread tries again at its next
+ * wake. */
+static void lease_fence(dsm_region *r, int on)
+{
+	struct watchdog *wd = r->wd;
+	if (on == atomic_load(&wd->held))
+		return;
+	if (!on) {
+		if (atomic_load(&r->state) != LIVE || mprotect(r->base, r->len, r->prot) != 0)
+			return;
+		set_held(wd, 0);
+		return;
+	}
+	set_held(wd, 1);
+	/* The atomics that checked held before it was set finish their one
+	 * access first (a few ns), unless a fault holds one up. */
+	int64_t until = mono_ns() + WATCHDOG_DRAIN_NS;
+	while (atomic_load(&wd->busy) > 0 && mono_ns() < until)
+		sched_yield();
+	if (mprotect(r->base, r->len, PROT_NONE) != 0) {
+		set_held(wd, 0);
+		return;
+	}
+	atomic_fetch_add(&wd->times, 1);
+}
+
+/* sleep_until waits until CLOCK_BOOTTIME reads t or the watchdog is told
+ * to stop: 0 means stop. */
+static int sleep_until(struct watchdog *wd, int64_t t)
+{
+	if (t < 1)
+		t = 1;
+	struct itimerspec its = {.it_value = {t / 1000000000LL, t % 1000000000LL}};
+	struct timespec poll_ts = {0, WATCHDOG_POLL_NS};
+	if (timerfd_settime(wd->tfd, TFD_TIMER_ABSTIME, &its, NULL) != 0) {
+		/* Cannot happen with a valid timerfd; sleep a poll instead. */
+		nanosleep(&poll_ts, NULL);
+		return 1;
+	}
+	for (;;) {
+		struct pollfd p[2] = {{.fd = wd->tfd, .events = POLLIN}, {.fd = wd->efd, .events = POLLIN}};
+		int n = poll(p, 2, -1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			nanosleep(&poll_ts, NULL);
+			return 1;
+		}
+		if (p[1].revents)
+			return 0;
+		if (p[0].revents) {
+			uint64_t expirations;
+			ssize_t k = read(wd->tfd, &expirations, sizeof expirations);
+			(void)k;
+			return 1;
+		}
+	}
+}
+
+/* watch is the watchdog thread (see above). */
+static void *watch(void *arg)
+{
+	dsm_region *r = arg;
+	struct watchdog *wd = r->wd;
+	for (int first = 1;; first = 0) {
+		int64_t until;
+		int open = lease_open(wd->page, &until);
+		lease_fence(r, !open);
+		if (first) {
+			pthread_mutex_lock(&wd->mu);
+			wd->looked = 1;
+			pthread_cond_broadcast(&wd->changed);
+			pthread_mutex_unlock(&wd->mu);
+		}
+		if (!open)
+			until = next_poll();
+		if (!sleep_until(wd, until))
+			return NULL;
+	}
+}
+
+/* wd_start starts r's watchdog thread, with every signal blocked (the
+ * program's handlers never run on it). */
+static int wd_start(dsm_region *r)
+{
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int e = pthread_create(&r->wd->thread, NULL, watch, r);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e)
+		return -e;
+	r->wd->started = 1;
+	return 0;
+}
+
+/* wd_stop stops and joins r's watchdog thread, if any, and frees it; after
+ * it nothing changes the mapping's protection. */
+static void wd_stop(dsm_region *r)
+{
+	struct watchdog *wd = r->wd;
+	if (wd == NULL)
+		return;
+	if (wd->started) {
+		uint64_t one = 1;
+		while (write(wd->efd, &one, sizeof one) < 0 && errno == EINTR)
+			;
+		pthread_join(wd->thread, NULL);
+	}
+	r->wd = NULL;
+	wd_free(wd);
+}
+
+/* wait_changed waits on wd->changed (mu held) until at most deadline
+ * (CLOCK_MONOTONIC ns). */
+static void wait_changed(struct watchdog *wd, int64_t deadline)
+{
+	struct timespec ts = {deadline / 1000000000LL, deadline % 1000000000LL};
+	pthread_cond_timedwait(&wd->changed, &wd->mu, &ts);
+}
+
+/* lease_wait waits while the watchdog holds the mapping inaccessible: 0
+ * once it lets go, or the mapping's error if its session ends first. */
+static int lease_wait(dsm_region *r)
+{
+	struct watchdog *wd = r->wd;
+	if (wd == NULL || !atomic_load(&wd->held))
+		return 0;
+	for (;;) {
+		int e = dsm_region_err(r);
+		if (e)
+			return e;
+		pthread_mutex_lock(&wd->mu);
+		if (atomic_load(&wd->held))
+			wait_changed(wd, mono_ns() + 100 * 1000000LL);
+		int held = atomic_load(&wd->held);
+		pthread_mutex_unlock(&wd->mu);
+		if (!held)
+			return 0;
+	}
+}
+
+/* lease_first waits, for dsm_map, until the watchdog lets the new mapping
+ * be accessible (dsmd holds a lease), at most LEASE_WAIT_NS: -EAGAIN
+ * after that, or the mapping's error if its session ends first. Without
+ * a watchdog it returns at once. */
+static int lease_first(dsm_region *r)
+{
+	struct watchdog *wd = r->wd;
+	if (wd == NULL)
+		return 0;
+	int64_t end = mono_ns() + LEASE_WAIT_NS;
+	for (;;) {
+		pthread_mutex_lock(&wd->mu);
+		if (!wd->looked || atomic_load(&wd->held)) {
+			int64_t t = mono_ns() + 100 * 1000000LL;
+			wait_changed(wd, t < end ? t : end);
+		}
+		int ok = wd->looked && !atomic_load(&wd->held);
+		pthread_mutex_unlock(&wd->mu);
+		if (ok)
+			return 0;
+		int e = dsm_region_err(r);
+		if (e)
+			return e;
+		if (mono_ns() >= end) {
+			set_text("dsmd holds no lease");
+			return -EAGAIN;
+		}
+	}
+}
+
+/* lease_times is how many times the watchdog held the mapping so far, for
+ * lease_changed after an access that may fail. */
+static uint64_t lease_times(dsm_region *r) { return r->wd ? atomic_load(&r->wd->times) : 0; }
+
+/* lease_changed reports whether a failed access may be the watchdog's:
+ * it holds the mapping now, or did at some point since times. */
+static int lease_changed(dsm_region *r, uint64_t times)
+{
+	return r->wd && (atomic_load(&r->wd->held) || atomic_load(&r->wd->times) != times);
+}
+
+/* lease_enter counts the calling atomic busy unless the watchdog holds
+ * the mapping (0: it does, and nothing is counted); lease_leave ends it. */
+static int lease_enter(dsm_region *r)
+{
+	struct watchdog *wd = r->wd;
+	if (wd == NULL)
+		return 1;
+	atomic_fetch_add(&wd->busy, 1);
+	if (!atomic_load(&wd->held))
+		return 1;
+	atomic_fetch_sub(&wd->busy, 1);
+	return 0;
+}
+
+static void lease_leave(dsm_region *r)
+{
+	if (r->wd)
+		atomic_fetch_sub(&r->wd->busy, 1);
+}
+
+int dsm_watchdog(dsm_region *r, int *held, uint64_t *times)
+{
+	if (r == NULL)
+		return -EINVAL;
+	struct watchdog *wd = r->wd;
+	if (held)
+		*held = wd ? atomic_load(&wd->held) : 0;
+	if (times)
+		*times = wd ? atomic_load(&wd->times) : 0;
+	return wd != NULL;
+}
+
+/* map_once runs one mapping session's handshake asking for features; *id
+ * is the region id dsmd's page cache maps. */
+static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id, uint64_t features)
 {
 	last_err[0] = 0;
-	int e = 0, memfd = -1, uffd = -1;
+	int e = 0, memfd = -1, leasefd = -1, uffd = -1;
 	unsigned char *base = MAP_FAILED;
 	dsm_region *r = NULL;
+	struct watchdog *wd = NULL;
 	if (c == NULL) {
 		errno = EINVAL;
 		return NULL;
@@ -577,7 +1028,7 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 	}
 	put_le(&w, 0, 8);               /* size: any */
 	put_le(&w, 0, 8);               /* fault timeout: none */
-	put_le(&w, FEATURE_SESSION, 8); /* the session's token, for the mutex */
+	put_le(&w, features, 8);
 	int conn = seq_connect(c->path);
 	if (conn < 0) {
 		errno = -conn;
@@ -586,7 +1037,12 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 	unsigned char rep[MAX_MSG];
 	if ((e = send_msg(conn, &w, -1)))
 		goto fail;
-	ssize_t n = recv_msg(conn, rep, &memfd, 0);
+	int fds[2];
+	ssize_t n = recv_msg(conn, rep, fds, features & FEATURE_LEASE_PAGE ? 2 : 1, 0);
+	if (n >= 0) {
+		memfd = fds[0];
+		leasefd = features & FEATURE_LEASE_PAGE ? fds[1] : -1;
+	}
 	if (n < 0) {
 		e = (int)n;
 		goto fail;
@@ -599,6 +1055,12 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 	if (n < 2 || rep[0] != PROTO_VERSION || rep[1] != T_MAPPED || memfd < 0) {
 		e = -EPROTO;
 		goto fail;
+	}
+	if (leasefd >= 0) {
+		e = wd_new(leasefd, &wd);
+		leasefd = -1;
+		if (e)
+			goto fail;
 	}
 	*id = (uint32_t)get_le(&rr, 4);
 	uint64_t size = get_le(&rr, 8);
@@ -640,7 +1102,7 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 	put_le(&w, size, 8);
 	if ((e = send_msg(conn, &w, uffd)))
 		goto fail;
-	n = recv_msg(conn, rep, NULL, 0);
+	n = recv_msg(conn, rep, NULL, 0, 0);
 	if (n < 0) {
 		e = (int)n;
 		goto fail;
@@ -674,14 +1136,25 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id)
 	r->uffd = uffd;
 	pthread_mutex_init(&r->mu, NULL);
 	atomic_init(&r->state, LIVE);
+	r->prot = PROT_READ | PROT_WRITE;
+	r->wd = wd;
+	if (wd != NULL && (e = wd_start(r)) != 0) {
+		dsm_unmap(r);
+		errno = -e;
+		return NULL;
+	}
 	return r;
 fail:
+	if (wd != NULL)
+		wd_free(wd);
 	if (base != MAP_FAILED)
 		munmap(base, size);
 	if (uffd >= 0)
 		close(uffd);
 	if (memfd >= 0)
 		close(memfd);
+	if (leasefd >= 0)
+		close(leasefd);
 	close(conn);
 	errno = -e;
 	return NULL;
@@ -712,6 +1185,28 @@ static int64_t mono_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* map_session is map_once asking for the session's token and the lease
+ * page, and again without the lease page when dsmd predates it (it
+ * refuses the Map: unknown features); that mapping has no watchdog. */
+static dsm_region *map_session(dsm_client *c, const char *name, uint32_t *id)
+{
+	dsm_region *r = map_once(c, name, id, FEATURE_SESSION | FEATURE_LEASE_PAGE);
+	if (r == NULL && errno == EINVAL && strstr(last_err, "unknown features"))
+		r = map_once(c, name, id, FEATURE_SESSION);
+	return r;
+}
+
+/* leased hands out r once dsmd holds a lease (lease_first), or unmaps it. */
+static dsm_region *leased(dsm_region *r)
+{
+	int e = lease_first(r);
+	if (e == 0)
+		return r;
+	dsm_unmap(r);
+	errno = -e;
+	return NULL;
+}
+
 dsm_region *dsm_map(dsm_client *c, const char *name)
 {
 	if (c == NULL) {
@@ -723,8 +1218,10 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 	struct region_info ri;
 	uint32_t id;
 	int e = lookup(c, name, &ri);
-	if (e == -EPROTONOSUPPORT)
-		return map_once(c, name, &id); /* a dsmd without control requests */
+	if (e == -EPROTONOSUPPORT) {
+		dsm_region *r = map_session(c, name, &id); /* a dsmd without control requests */
+		return r ? leased(r) : NULL;
+	}
 	if (e) {
 		errno = -e;
 		return NULL;
@@ -732,9 +1229,9 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 	int64_t start_ns = mono_ns(), wait = 5000000;
 	for (;;) {
 		id = 0;
-		dsm_region *r = map_once(c, name, &id);
+		dsm_region *r = map_session(c, name, &id);
 		if (r != NULL && id == ri.id)
-			return r;
+			return leased(r);
 		if (r != NULL)
 			dsm_unmap(r); /* the page cache serves another region of that name */
 		else if (errno != ENOENT)
@@ -784,7 +1281,7 @@ int dsm_region_err(dsm_region *r)
 	st = atomic_load(&r->state);
 	if (st == LIVE) {
 		unsigned char b[MAX_MSG];
-		ssize_t n = recv_msg(r->conn, b, NULL, MSG_DONTWAIT);
+		ssize_t n = recv_msg(r->conn, b, NULL, 0, MSG_DONTWAIT);
 		if (n == -EAGAIN) {
 			st = LIVE;
 		} else if (n >= 6 && b[1] == T_ERROR) {
@@ -799,7 +1296,10 @@ int dsm_region_err(dsm_region *r)
 	return state_errno(st);
 }
 
-/* word checks the word at off and faults its page in from a syscall. */
+/* word checks the word at off and faults its page in from a syscall; on
+ * success the caller does its one access to the word, then calls
+ * lease_leave. While the lease watchdog holds the mapping it waits (and
+ * the watchdog waits for the access between word and lease_leave). */
 static int word(dsm_region *r, uint64_t off, int write)
 {
 	if (r == NULL || off % 8 || r->len < 8 || off > r->len - 8)
@@ -809,14 +1309,24 @@ static int word(dsm_region *r, uint64_t off, int write)
 		return e;
 	uint64_t sys = (uint64_t)sysconf(_SC_PAGESIZE);
 	unsigned char *lo = r->base + off / sys * sys;
-	while (madvise(lo, sys, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0) {
-		if (errno == EINTR)
-			continue;
-		e = -errno;
-		int s = dsm_region_err(r);
-		return s ? s : e;
+	for (;;) {
+		if ((e = lease_wait(r)))
+			return e;
+		uint64_t times = lease_times(r);
+		if (madvise(lo, sys, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0) {
+			if (errno == EINTR)
+				continue;
+			e = -errno;
+			int s = dsm_region_err(r);
+			if (s)
+				return s;
+			if (lease_changed(r, times))
+				continue; /* refused on a mapping the watchdog held */
+			return e;
+		}
+		if (lease_enter(r))
+			return 0;
 	}
-	return 0;
 }
 
 #define WORD(r, off) ((_Atomic uint64_t *)((r)->base + (off)))
@@ -827,6 +1337,7 @@ int dsm_load_u64(dsm_region *r, uint64_t off, uint64_t *value)
 	if (e)
 		return e;
 	uint64_t v = atomic_load(WORD(r, off));
+	lease_leave(r);
 	if ((e = dsm_region_err(r)))
 		return e;
 	if (value)
@@ -840,6 +1351,7 @@ int dsm_store_u64(dsm_region *r, uint64_t off, uint64_t value)
 	if (e)
 		return e;
 	atomic_store(WORD(r, off), value);
+	lease_leave(r);
 	return dsm_region_err(r);
 }
 
@@ -849,6 +1361,7 @@ int dsm_add_u64(dsm_region *r, uint64_t off, uint64_t delta, uint64_t *new_value
 	if (e)
 		return e;
 	uint64_t v = atomic_fetch_add(WORD(r, off), delta) + delta;
+	lease_leave(r);
 	if ((e = dsm_region_err(r)))
 		return e;
 	if (new_value)
@@ -862,6 +1375,7 @@ int dsm_cas_u64(dsm_region *r, uint64_t off, uint64_t expected, uint64_t desired
 	if (e)
 		return e;
 	int ok = atomic_compare_exchange_strong(WORD(r, off), &expected, desired);
+	lease_leave(r);
 	if ((e = dsm_region_err(r)))
 		return e;
 	return ok;
@@ -890,6 +1404,9 @@ int dsm_unmap(dsm_region *r)
 {
 	if (r == NULL)
 		return -EINVAL;
+	/* The watchdog first: it must not change the protection of an address
+	 * range that is no longer this mapping. */
+	wd_stop(r);
 	close(r->conn);
 	/* Unmap before closing the userfaultfd: that wakes any thread still
 	 * waiting on a fault, which must then find no mapping. */

@@ -75,8 +75,55 @@ int dsm_delete_ex(dsm_client *c, const char *name, int force);
 /* dsm_region_size stores the size of region name in *size. */
 int dsm_region_size(dsm_client *c, const char *name, uint64_t *size);
 
-/* dsm_map maps the whole region name, read-write. */
+/*
+ * dsm_map maps the whole region name, read-write.
+ *
+ * The lease watchdog: dsmd may let this process touch the mapping only
+ * while it holds its lease from the cluster (docs/failover.md §9). So that
+ * this holds even when dsmd is stopped (SIGSTOP) or stuck and cannot take
+ * the pages back itself, dsm_map asks dsmd for its lease page and starts
+ * a watchdog thread for the mapping (all signals blocked on it), which
+ * makes the whole mapping PROT_NONE once dsmd's deadline passes without
+ * dsmd moving it (or dsmd says it is suspended). The deadline is on
+ * CLOCK_BOOTTIME, 100 ms before the end of dsmd's lease (default timings:
+ * 1.085 s after dsmd's last lease request, and dsmd asks every 250 ms),
+ * so that a dsmd stopped at any moment leaves no access succeeding later
+ * than 1.485 s after the stop (tests/TestCWatchdogStoppedDaemon measured
+ * about 1.03 s). From then on:
+ *
+ *   - a plain load or store through dsm_addr raises SIGSEGV. Without a
+ *     handler the process dies. A program that wants to survive installs
+ *     a SIGSEGV handler (sigaction) that siglongjmps back to a sigsetjmp
+ *     taken before the access, to give up or retry later; dsm_watchdog
+ *     (async-signal-safe) tells it whether the watchdog holds the mapping
+ *     and so caused the fault. Exiting (_exit) is the simple answer.
+ *   - the atomics (dsm_load_u64 and the rest, hence the mutex, semaphore
+ *     and barrier) wait until the watchdog lets go, or return the
+ *     mapping's error if dsmd ends the session meanwhile (one caught in a
+ *     page fault that dsmd does not answer for over 1 ms when the
+ *     watchdog acts faults like a plain access; docs/clients.md).
+ *
+ * The watchdog reads the lease page every 10 ms while it holds the
+ * mapping and gives back read-write access, data intact, once dsmd holds
+ * a lease again (or says it took every page out of the mapping itself:
+ * accesses then fault into dsmd and wait there). dsm_map returns only
+ * once dsmd holds a lease: it waits up to 30 s (a dsmd that starts, or
+ * lost its lease, has none for a while), then fails with EAGAIN
+ * (dsm_last_error: "dsmd holds no lease"). A dsmd that has no lease page,
+ * or predates it, gives a mapping without a watchdog. dsm_unmap stops and
+ * joins the thread.
+ */
 dsm_region *dsm_map(dsm_client *c, const char *name);
+
+/*
+ * dsm_watchdog returns 1 if the mapping has a lease watchdog, 0 if not (a
+ * dsmd without a lease page), -EINVAL for NULL. It stores in *held (may be
+ * NULL) 1 while the watchdog holds the mapping inaccessible (or is about
+ * to), and in *times (may be NULL) how many times it has made it so. It
+ * takes no lock (lock-free atomics, as on x86-64 and arm64): a signal
+ * handler may call it.
+ */
+int dsm_watchdog(dsm_region *r, int *held, uint64_t *times);
 
 /* dsm_addr is the start of the mapping, dsm_len its length in bytes. */
 void *dsm_addr(dsm_region *r);
@@ -116,8 +163,9 @@ int dsm_cas_u64(dsm_region *r, uint64_t off, uint64_t expected, uint64_t desired
  */
 int dsm_sync(dsm_region *r);
 
-/* dsm_unmap detaches the mapping from dsmd and unmaps it. Plain accesses
- * must have stopped. */
+/* dsm_unmap stops the mapping's watchdog, detaches the mapping from dsmd
+ * and unmaps it. Plain accesses, and calls on r in other threads, must
+ * have stopped. */
 int dsm_unmap(dsm_region *r);
 
 /*

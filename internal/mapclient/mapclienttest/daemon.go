@@ -256,6 +256,12 @@ func (d *Daemon) serve(s *session) {
 	if err != nil {
 		return
 	}
+	if n >= 2 && mapproto.IsControl(mapproto.Type(buf[1])) {
+		// No control sessions, as in a dsmd that predates them (libdsm
+		// then maps without looking the region up first).
+		d.refuse(conn, mapproto.CodeBadRequest, fmt.Sprintf("mapproto: malformed message: unknown type %d", buf[1]))
+		return
+	}
 	req, err := mapproto.Decode(buf[:n])
 	if err != nil {
 		d.t.Errorf("fake dsmd: %v", err)

@@ -24,14 +24,33 @@
  *   cclient ADDR REGION pong OFF                     (the C end of the same-host ping-pong
  *                                                     benchmark, as tests/internal/pingpong:
  *                                                     prints "ready SEQ", then answers)
+ *   cclient ADDR REGION watch-loop OFF               (prints "started W", W: dsm_watchdog; then,
+ *                                                     every millisecond, a plain store and load of
+ *                                                     the word at OFF, and "ok T N" after each that
+ *                                                     succeeded (T: CLOCK_BOOTTIME ns, N: the value);
+ *                                                     "wrong GOT WANT" and exit 1 on another value;
+ *                                                     on SIGSEGV "fault T HELD TIMES" (dsm_watchdog)
+ *                                                     and exit 0)
+ *   cclient ADDR REGION watch-repl                   (prints "mapped W ADDR", W: dsm_watchdog, ADDR:
+ *                                                     dsm_addr in hex; then answers lines of stdin:
+ *                                                     "load OFF" / "store OFF V" (plain, 8 bytes):
+ *                                                     "ok [V]" or "fault", a SIGSEGV recovered with
+ *                                                     siglongjmp; "aload OFF" (dsm_load_u64): "ok V"
+ *                                                     or "err E"; "aadd-loop OFF T": dsm_add_u64 of 1
+ *                                                     until the watchdog has held the mapping T
+ *                                                     times and let go, then "ok ADDS VALUE";
+ *                                                     "watchdog": "W HELD TIMES"; "unmap": "ok")
  */
 #include <dsm.h>
 #include <errno.h>
 #include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void die(const char *what, int e)
@@ -41,6 +60,149 @@ static void die(const char *what, int e)
 }
 
 static uint64_t num(const char *s) { return strtoull(s, NULL, 0); }
+
+static uint64_t boottime(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* The mapping watch-loop accesses, for its SIGSEGV handler. */
+static dsm_region *watched;
+
+/* put_num appends v in decimal at p; async-signal-safe. */
+static char *put_num(char *p, uint64_t v)
+{
+	char t[20];
+	int n = 0;
+	do
+		t[n++] = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	while (n > 0)
+		*p++ = t[--n];
+	return p;
+}
+
+/* on_fault reports a fault of watch-loop's access and exits. */
+static void on_fault(int sig)
+{
+	char line[80], *p = line;
+	int held = 0;
+	uint64_t times = 0;
+	dsm_watchdog(watched, &held, &times);
+	memcpy(p, "fault ", 6);
+	p = put_num(p + 6, boottime());
+	*p++ = ' ';
+	p = put_num(p, (uint64_t)held);
+	*p++ = ' ';
+	p = put_num(p, times);
+	*p++ = '\n';
+	ssize_t k = write(1, line, (size_t)(p - line));
+	(void)k;
+	_exit(0);
+}
+
+static sigjmp_buf recover_env;
+
+static void on_fault_recover(int sig) { siglongjmp(recover_env, 1); }
+
+/* watch_repl is the watch-repl command (above); it unmaps r on "unmap". */
+static void watch_repl(dsm_region *r)
+{
+	unsigned char *b = dsm_addr(r);
+	struct sigaction sa = {.sa_handler = on_fault_recover};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, NULL) != 0)
+		die("sigaction", errno);
+	printf("mapped %d %llx\n", dsm_watchdog(r, NULL, NULL), (unsigned long long)(uintptr_t)b);
+	fflush(stdout);
+	char line[256];
+	while (fgets(line, sizeof line, stdin) != NULL) {
+		unsigned long long off, v;
+		int held, e;
+		uint64_t times, got;
+		if (sscanf(line, "load %llu", &off) == 1 || sscanf(line, "store %llu %llu", &off, &v) == 2) {
+			volatile uint64_t *w = (volatile uint64_t *)(b + off);
+			int store = line[0] == 's';
+			if (sigsetjmp(recover_env, 1) != 0) {
+				puts("fault");
+			} else if (store) {
+				*w = v;
+				puts("ok");
+			} else {
+				got = *w;
+				printf("ok %llu\n", (unsigned long long)got);
+			}
+		} else if (sscanf(line, "aload %llu", &off) == 1) {
+			if ((e = dsm_load_u64(r, off, &got)))
+				printf("err %d\n", e);
+			else
+				printf("ok %llu\n", (unsigned long long)got);
+		} else if (sscanf(line, "aadd-loop %llu %llu", &off, &v) == 2) {
+			uint64_t adds = 0;
+			for (;;) {
+				if ((e = dsm_add_u64(r, off, 1, &got)))
+					break;
+				adds++;
+				dsm_watchdog(r, &held, &times);
+				if (times >= v && !held)
+					break;
+			}
+			if (e)
+				printf("err %d\n", e);
+			else
+				printf("ok %llu %llu\n", (unsigned long long)adds, (unsigned long long)got);
+		} else if (strcmp(line, "watchdog\n") == 0) {
+			e = dsm_watchdog(r, &held, &times);
+			printf("%d %d %llu\n", e, held, (unsigned long long)times);
+		} else if (strcmp(line, "unmap\n") == 0) {
+			if ((e = dsm_unmap(r)))
+				die("unmap", e);
+			puts("ok");
+			fflush(stdout);
+			break;
+		} else {
+			printf("unknown %s", line);
+		}
+		fflush(stdout);
+	}
+	/* Stay until stdin closes, for the test to look at the process. */
+	while (fgets(line, sizeof line, stdin) != NULL)
+		;
+	exit(0);
+}
+
+/* watch_loop is the watch-loop command (above). */
+static void watch_loop(dsm_region *r, uint64_t off)
+{
+	char line[80];
+	if (off % 8 || off + 8 > dsm_len(r))
+		die("watch-loop", EINVAL);
+	watched = r;
+	struct sigaction sa = {.sa_handler = on_fault};
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, NULL) != 0)
+		die("sigaction", errno);
+	int n = snprintf(line, sizeof line, "started %d\n", dsm_watchdog(r, NULL, NULL));
+	if (write(1, line, (size_t)n) != n)
+		exit(1);
+	volatile uint64_t *w = (volatile uint64_t *)((unsigned char *)dsm_addr(r) + off);
+	for (uint64_t v = 1;; v++) {
+		*w = v;
+		uint64_t got = *w;
+		uint64_t t = boottime();
+		if (got != v) {
+			printf("wrong %llu %llu\n", (unsigned long long)got, (unsigned long long)v);
+			exit(1);
+		}
+		n = snprintf(line, sizeof line, "ok %llu %llu\n", (unsigned long long)t, (unsigned long long)v);
+		if (write(1, line, (size_t)n) != n)
+			exit(1);
+		struct timespec ms = {0, 1000000};
+		nanosleep(&ms, NULL);
+	}
+}
 
 int main(int argc, char **argv)
 {
@@ -56,12 +218,14 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "create") == 0 && argc == 5) {
 		if ((e = dsm_create(c, region, num(argv[4]))))
 			die("create", e);
+		dsm_close(c);
 		puts("ok");
 		return 0;
 	}
 	if (strcmp(cmd, "delete") == 0 && argc == 4) {
 		if ((e = dsm_delete(c, region)))
 			die("delete", e);
+		dsm_close(c);
 		puts("ok");
 		return 0;
 	}
@@ -205,6 +369,10 @@ int main(int argc, char **argv)
 			atomic_store_explicit(pong, seq, memory_order_release);
 			last = seq;
 		}
+	} else if (strcmp(cmd, "watch-repl") == 0 && argc == 4) {
+		watch_repl(r);
+	} else if (strcmp(cmd, "watch-loop") == 0 && argc == 5) {
+		watch_loop(r, num(argv[4]));
 	} else if (strcmp(cmd, "add") == 0 && argc == 7) {
 		uint64_t v = 0, n = num(argv[6]);
 		for (uint64_t i = 0; i < n; i++)
