@@ -214,6 +214,15 @@ func (x *Writer) WritePage(no uint64, data []byte) (bool, error) {
 // Pages is the number of records written so far.
 func (x *Writer) Pages() uint64 { return x.pages }
 
+// Sum is the file's SHA-256 (the trailer's) once Close has succeeded;
+// nil before.
+func (x *Writer) Sum() []byte {
+	if !x.done || x.err != nil {
+		return nil
+	}
+	return x.sum.Sum(nil)
+}
+
 // Close writes the trailer and flushes. It does not close the underlying
 // writer.
 func (x *Writer) Close() error {
@@ -248,11 +257,14 @@ type Reader struct {
 func NewReader(r io.Reader) (*Reader, error) {
 	x := &Reader{r: bufio.NewReaderSize(r, 256<<10), sum: sha256.New()}
 	b := make([]byte, headerFixed)
-	if err := x.read(b, "header", false); err != nil {
+	if err := x.read(b[:8], "magic", false); err != nil {
 		return nil, err
 	}
 	if string(b[:8]) != Magic {
 		return nil, x.corrupt(0, fmt.Sprintf("magic %q, want %q: not a region file", b[:8], Magic))
+	}
+	if err := x.read(b[8:], "header", false); err != nil {
+		return nil, err
 	}
 	if v := binary.BigEndian.Uint16(b[8:]); v != Version {
 		return nil, x.corrupt(8, fmt.Sprintf("format version %d, this build reads version %d", v, Version))
