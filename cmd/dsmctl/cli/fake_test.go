@@ -36,6 +36,7 @@ type fakeAdmin struct {
 	statsN  int64
 	reads   int
 	writes  int
+	synced  int // WriteMemory requests with sync set
 	deleted []string
 
 	// maps[region][node] are the pids that map the region on the node;
@@ -521,6 +522,9 @@ func (f *fakeAdmin) WriteMemory(_ context.Context, req *dsmpb.WriteMemoryRequest
 		return nil, err
 	}
 	f.writes++
+	if req.Sync {
+		f.synced++
+	}
 	ps := uint64(r.PageSize)
 	for i, b := range req.Data {
 		a := req.Offset + uint64(i)
