@@ -37,7 +37,10 @@ type fakeAdmin struct {
 	reads   int
 	writes  int
 	synced  int // WriteMemory requests with sync set
-	deleted []string
+	// failReadAt and failWriteAt, when not zero, fail ReadMemory and
+	// WriteMemory requests at or past that offset as UNAVAILABLE.
+	failReadAt, failWriteAt uint64
+	deleted                 []string
 
 	// maps[region][node] are the pids that map the region on the node;
 	// mapErr[node] is the error of a node that does not answer Mappings.
@@ -502,6 +505,9 @@ func (f *fakeAdmin) ReadMemory(_ context.Context, req *dsmpb.ReadMemoryRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if f.failReadAt != 0 && req.Offset >= f.failReadAt {
+		return nil, status.Errorf(codes.Unavailable, "read at %d fails", req.Offset)
+	}
 	f.reads++
 	ps := uint64(r.PageSize)
 	out := make([]byte, req.Length)
@@ -520,6 +526,9 @@ func (f *fakeAdmin) WriteMemory(_ context.Context, req *dsmpb.WriteMemoryRequest
 	r, err := f.span(req.Region, req.Offset, uint64(len(req.Data)))
 	if err != nil {
 		return nil, err
+	}
+	if f.failWriteAt != 0 && req.Offset >= f.failWriteAt {
+		return nil, status.Errorf(codes.Unavailable, "write at %d fails", req.Offset)
 	}
 	f.writes++
 	if req.Sync {

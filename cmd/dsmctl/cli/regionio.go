@@ -109,14 +109,14 @@ func (a *app) writeRange(ctx context.Context, cl dsmpb.AdminClient, name string,
 // when no read is left running.
 func (a *app) readRegion(ctx context.Context, cl dsmpb.AdminClient, name string, size, batch uint64,
 	use func(off uint64, data []byte) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	type result struct {
 		data []byte
 		err  error
 	}
 	var reads sync.WaitGroup
-	defer reads.Wait()
+	defer reads.Wait() // after cancel, which stops the producer
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	futures := make(chan chan result, inflight-1)
 	reads.Add(1)
 	go func() {
@@ -256,8 +256,9 @@ chosen state, stop the writers, make a Sync point (dsm Sync of the region,
 or put --sync), then export; writes that run during an export may be in
 the file for some pages and not for others.
 
-FILE is written to a temporary file beside it and renamed into place when
-complete, so a failed export leaves no partial FILE. export refuses a FILE
+FILE is written to a temporary file beside it (mode 0600: the copy holds
+the region's data) and renamed into place when complete, so a failed export
+leaves no partial FILE. export refuses a FILE
 that exists unless --force. With FILE "-" the file goes to stdout and the
 summary line (or --json) to stderr.`,
 		Example: "  dsmctl region export feat feat.dsmr\n" +
@@ -270,6 +271,9 @@ summary line (or --json) to stderr.`,
 				return err
 			}
 			name, file := argv[0], argv[1]
+			if file == "-" && a.env.StdoutTTY {
+				return usagef("FILE is - and stdout is a terminal: redirect stdout, or name a FILE")
+			}
 			if file != "-" && !force {
 				if _, err := os.Lstat(file); err == nil {
 					return hintError{fmt.Errorf("%s exists", file), "--force overwrites it"}

@@ -276,3 +276,43 @@ func TestRegionExportImportJSONAndProgress(t *testing.T) {
 		t.Errorf("import --quiet printed %q, %q", r.stdout, r.stderr)
 	}
 }
+
+func TestRegionExportImportFailures(t *testing.T) {
+	f, sock := serveFake(t)
+	f.mu.Lock()
+	f.addRegion("mid", 8<<20, 4096, dsmpb.Durability_DURABILITY_MEMORY)
+	f.mu.Unlock()
+	for _, off := range []string{"0", "1MiB", "3MiB", "5MiB", "7MiB"} {
+		run(t, sock, runOpts{}, "put", "mid", off, "data at "+off).ok(t)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "mid.dsmr")
+	f.mu.Lock()
+	f.failReadAt = 5 << 20
+	f.mu.Unlock()
+	r := run(t, sock, runOpts{}, "region", "export", "mid", file)
+	if r.code != ExitError || !strings.Contains(r.stderr, "export of region mid: reading bytes 0x500000-0x5fffff") {
+		t.Errorf("export with a failing read: exit %d, %q", r.code, r.stderr)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("a failed export left %d files, the first %s", len(left), left[0].Name())
+	}
+
+	f.mu.Lock()
+	f.failReadAt = 0
+	f.mu.Unlock()
+	run(t, sock, runOpts{}, "region", "export", "mid", file).ok(t)
+	f.mu.Lock()
+	f.failWriteAt = 4 << 20
+	f.mu.Unlock()
+	r = run(t, sock, runOpts{}, "region", "import", "mid2", file)
+	if r.code != ExitError || !strings.Contains(r.stderr, "import into region mid2 stopped after") ||
+		!strings.Contains(r.stderr, "writing bytes 0x") {
+		t.Errorf("import with a failing write: exit %d, %q", r.code, r.stderr)
+	}
+
+	r = run(t, sock, runOpts{tty: true}, "region", "export", "mid", "-")
+	if r.code != ExitUsage || r.stdout != "" {
+		t.Errorf("export to a terminal: exit %d, %d bytes on stdout", r.code, len(r.stdout))
+	}
+}
