@@ -16,9 +16,11 @@ import (
 type transfer struct {
 	label string
 	total int64 // bytes; 0 when not known
-	bytes atomic.Int64
-	pages atomic.Int64
-	start time.Time
+	// noPages: the transfer counts bytes only (the line shows no pages/s).
+	noPages bool
+	bytes   atomic.Int64
+	pages   atomic.Int64
+	start   time.Time
 
 	w    io.Writer // nil: not shown
 	stop chan struct{}
@@ -27,7 +29,13 @@ type transfer struct {
 
 // startTransfer starts counting; with w set it draws until finish.
 func startTransfer(label string, total int64, w io.Writer) *transfer {
-	t := &transfer{label: label, total: total, start: time.Now(), w: w, stop: make(chan struct{})}
+	return startTransferOf(&transfer{label: label, total: total, w: w})
+}
+
+// startTransferOf starts t, whose label, total, noPages and w are set.
+func startTransferOf(t *transfer) *transfer {
+	t.start, t.stop = time.Now(), make(chan struct{})
+	w := t.w
 	if w == nil {
 		return t
 	}
@@ -84,7 +92,10 @@ func (t *transfer) line(elapsed time.Duration) string {
 	if s <= 0 {
 		return b.String()
 	}
-	fmt.Fprintf(&b, " · %s pages/s · %sB/s", rate(float64(pages)/s), rate(float64(done)/s))
+	if !t.noPages {
+		fmt.Fprintf(&b, " · %s pages/s", rate(float64(pages)/s))
+	}
+	fmt.Fprintf(&b, " · %sB/s", rate(float64(done)/s))
 	if t.total > 0 && done > 0 && done < t.total {
 		left := time.Duration(float64(t.total-done) / (float64(done) / s) * float64(time.Second))
 		fmt.Fprintf(&b, " · ETA %s", left.Round(time.Second))

@@ -489,6 +489,9 @@ rm and let import create it).`,
 			if err := wr.wait(); werr == nil {
 				werr = err
 			}
+			if werr == nil && size > 0 {
+				t.bytes.Store(size) // the header and the trailer, not counted by the writes
+			}
 			elapsed := t.finish()
 			if werr != nil {
 				done := t.pages.Load()
@@ -548,7 +551,7 @@ func (a *app) verifyImport(file string, tf transferFlags) (src *os.File, size in
 		src, in, size = f, f, st.Size()
 	}
 	cleanup = func() { src.Close() }
-	t := startTransfer("check ", size, a.bar(tf))
+	t := startTransferOf(&transfer{label: "check ", total: size, noPages: true, w: a.bar(tf)})
 	pr := &progressReader{r: in, t: t}
 	h, _, err = regionfile.Verify(pr)
 	t.finish()

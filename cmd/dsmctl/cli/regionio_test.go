@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dsmkit/dsm/internal/regionfile"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
@@ -271,6 +272,11 @@ func TestRegionExportImportJSONAndProgress(t *testing.T) {
 	if r.stderr != "" {
 		t.Errorf("import on a non-terminal drew on stderr: %q", r.stderr)
 	}
+	r = run(t, sock, runOpts{}, "region", "import", "copy2", file, "--progress", "always").ok(t)
+	if !strings.Contains(r.stderr, "check  [==============================] 100%") ||
+		!strings.Contains(r.stderr, "import [==============================] 100%") {
+		t.Errorf("import --progress always drew no full bars: %q", r.stderr)
+	}
 	r = run(t, sock, runOpts{}, "region", "import", "copy", file, "--quiet").ok(t)
 	if r.stdout != "" || r.stderr != "" {
 		t.Errorf("import --quiet printed %q, %q", r.stdout, r.stderr)
@@ -314,5 +320,18 @@ func TestRegionExportImportFailures(t *testing.T) {
 	r = run(t, sock, runOpts{tty: true}, "region", "export", "mid", "-")
 	if r.code != ExitUsage || r.stdout != "" {
 		t.Errorf("export to a terminal: exit %d, %d bytes on stdout", r.code, len(r.stdout))
+	}
+}
+
+func TestTransferLine(t *testing.T) {
+	tr := &transfer{label: "export", total: 4 << 20}
+	tr.add(1<<20, 256)
+	if got, want := tr.line(2*time.Second), "export [=======                       ]  25% 1 MiB/4 MiB · 128 pages/s · 524.3kB/s · ETA 6s"; got != want {
+		t.Errorf("line = %q\n      want %q", got, want)
+	}
+	chk := &transfer{label: "check ", noPages: true}
+	chk.add(3000, 0)
+	if got, want := chk.line(time.Second), "check  2.9 KiB · 3000B/s"; got != want {
+		t.Errorf("line of an unknown total = %q, want %q", got, want)
 	}
 }
