@@ -67,20 +67,28 @@ func (h Header) Pages() uint64 { return h.Size / uint64(h.PageSize) }
 
 // validate checks h against the limits of a region (directory.RegionSpec).
 func (h Header) validate() error {
-	if _, err := (directory.RegionSpec{Name: h.Name, Size: h.Size, PageSize: h.PageSize}).Normalize(); err != nil {
-		var se *directory.SpecError
-		if errors.As(err, &se) {
-			return fmt.Errorf("%s: %s", se.Field, se.Reason)
-		}
-		return err
+	_, err := h.check()
+	return err
+}
+
+// check is validate, with the byte offset of the faulty field in the
+// header.
+func (h Header) check() (int64, error) {
+	if h.Durability != DurabilityMemory && h.Durability != DurabilityDurable {
+		return 10, fmt.Errorf("Durability: %d is neither memory (1) nor durable (2)", uint8(h.Durability))
 	}
 	if h.PageSize == 0 {
-		return errors.New("PageSize: zero")
+		return 12, errors.New("PageSize: zero")
 	}
-	if h.Durability != DurabilityMemory && h.Durability != DurabilityDurable {
-		return fmt.Errorf("Durability: %d is neither memory (1) nor durable (2)", uint8(h.Durability))
+	if _, err := (directory.RegionSpec{Name: h.Name, Size: h.Size, PageSize: h.PageSize}).Normalize(); err != nil {
+		var se *directory.SpecError
+		if !errors.As(err, &se) {
+			return 0, err
+		}
+		at := map[string]int64{"Name": headerFixed, "PageSize": 12, "Size": 16}[se.Field]
+		return at, fmt.Errorf("%s: %s", se.Field, se.Reason)
 	}
-	return nil
+	return 0, nil
 }
 
 // Sentinel errors, under every *FormatError.
@@ -167,8 +175,10 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 		binary.BigEndian.PutUint64(b[32:], uint64(h.ReadAt.UnixNano()))
 	}
 	b = append(b, h.Name...)
-	x.write(b)
-	return x, x.err
+	if x.write(b); x.err != nil {
+		return nil, x.err
+	}
+	return x, nil
 }
 
 func (x *Writer) write(b []byte) {
@@ -287,8 +297,8 @@ func NewReader(r io.Reader) (*Reader, error) {
 		return nil, err
 	}
 	h.Name = string(name)
-	if err := h.validate(); err != nil {
-		return nil, x.corrupt(10, "header: "+err.Error())
+	if at, err := h.check(); err != nil {
+		return nil, x.corrupt(at, "header: "+err.Error())
 	}
 	x.h = h
 	x.buf = make([]byte, h.PageSize)

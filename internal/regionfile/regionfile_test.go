@@ -2,6 +2,7 @@ package regionfile
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -100,6 +101,30 @@ func TestEmptyRegion(t *testing.T) {
 	}
 }
 
+// TestReaderAcceptsZeroPage: Writer drops all-zero pages, but a record of
+// zeros is valid and read back as it is.
+func TestReaderAcceptsZeroPage(t *testing.T) {
+	h := Header{Name: "z", PageSize: 4096, Size: 3 * 4096, Durability: DurabilityMemory}
+	var buf bytes.Buffer
+	sum := sha256.New()
+	w := io.MultiWriter(&buf, sum)
+	b := make([]byte, headerFixed)
+	copy(b, Magic)
+	binary.BigEndian.PutUint16(b[8:], Version)
+	b[10], b[11] = byte(DurabilityMemory), 1
+	binary.BigEndian.PutUint32(b[12:], h.PageSize)
+	binary.BigEndian.PutUint64(b[16:], h.Size)
+	w.Write(append(b, 'z'))
+	w.Write(binary.BigEndian.AppendUint64(nil, 2))
+	w.Write(make([]byte, 4096))
+	tr := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, endMarker), 1)
+	buf.Write(sum.Sum(tr))
+	got, n, err := Verify(&buf)
+	if err != nil || n != 1 || got.Name != "z" || !got.ReadAt.IsZero() {
+		t.Fatalf("Verify of a file with a zero record = %+v, %d, %v", got, n, err)
+	}
+}
+
 func TestWriterRefuses(t *testing.T) {
 	for _, h := range []Header{
 		{Name: "a", PageSize: 3000, Size: 3000, Durability: DurabilityMemory},
@@ -162,11 +187,11 @@ func TestReaderErrors(t *testing.T) {
 		{"empty", nil, ErrTruncated, "at byte 0"},
 		{"magic", flip(3), ErrCorrupt, "not a region file"},
 		{"version", flip(9), ErrCorrupt, "format version"},
-		{"durability", flip(10), ErrCorrupt, "Durability"},
+		{"durability", flip(10), ErrCorrupt, "at byte 10: header: Durability"},
 		{"name length 0", func() []byte { g := bytes.Clone(f); g[11] = 0; return g }(), ErrCorrupt, "name length 0"},
-		{"page size", flip(14), ErrCorrupt, "PageSize"},
-		{"size", put64(f, 16, 4097), ErrCorrupt, "Size"},
-		{"name", func() []byte { g := bytes.Clone(f); g[headerFixed] = ' '; return g }(), ErrCorrupt, "Name"},
+		{"page size", flip(14), ErrCorrupt, "at byte 12: header: PageSize"},
+		{"size", put64(f, 16, 4097), ErrCorrupt, "at byte 16: header: Size"},
+		{"name", func() []byte { g := bytes.Clone(f); g[headerFixed] = ' '; return g }(), ErrCorrupt, "at byte 40: header: Name"},
 		{"header cut", f[:20], ErrTruncated, "at byte 20"},
 		{"page past end", put64(f, hdr+rec, 1<<28), ErrCorrupt, "(page 268435456): page number past"},
 		{"page order", put64(f, hdr+rec, 0), ErrCorrupt, "(page 0): page number not above"},
