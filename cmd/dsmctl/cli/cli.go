@@ -462,13 +462,16 @@ func userMessage(msg string) string {
 
 // printJSON writes v as indented JSON: field order is that of the structs,
 // map keys are sorted, so the output is stable.
-func (a *app) printJSON(v any) error {
+func (a *app) printJSON(v any) error { return a.printJSONTo(a.env.Stdout, v) }
+
+// printJSONTo is printJSON to w.
+func (a *app) printJSONTo(w io.Writer, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
 	b = append(b, '\n')
-	_, err = a.env.Stdout.Write(b)
+	_, err = w.Write(b)
 	return err
 }
 

@@ -384,7 +384,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"region", "create", "x", "32TiB"}, "dsmctl: bad region size: 32 TiB is larger than the largest region, 16 TiB\n"},
 		{[]string{"get", "small", "0", "zz"}, `dsmctl: LEN: bad size "zz"`},
 		{[]string{"get", "small", "409590", "100"}, "dsmctl: bytes 409590+100 are outside region"},
-		{[]string{"region"}, "dsmctl: region needs a subcommand: access, create, info, ls, rm\n"},
+		{[]string{"region"}, "dsmctl: region needs a subcommand: access, create, export, import, info, ls, rm\n"},
 		{[]string{}, "dsmctl: no command given; the commands are "},
 	} {
 		r := run(t, sock, runOpts{}, c.args...)

@@ -16,6 +16,8 @@
 //	pages REGION             the MSI state of pages as a grid of letters (and colors)
 //	top                      per-node rates, refreshed every second
 //	get, put                 region memory through the coherence protocol
+//	region export|import     a region's populated pages to a checked file
+//	                         (internal/regionfile) and back, with a progress bar
 //	bench                    one workload of the DSM microbenchmark grid, run from this client
 //	completion               bash, zsh, fish and powershell completion scripts
 //

@@ -36,7 +36,11 @@ type fakeAdmin struct {
 	statsN  int64
 	reads   int
 	writes  int
-	deleted []string
+	synced  int // WriteMemory requests with sync set
+	// failReadAt and failWriteAt, when not zero, fail ReadMemory and
+	// WriteMemory requests at or past that offset as UNAVAILABLE.
+	failReadAt, failWriteAt uint64
+	deleted                 []string
 
 	// maps[region][node] are the pids that map the region on the node;
 	// mapErr[node] is the error of a node that does not answer Mappings.
@@ -501,6 +505,9 @@ func (f *fakeAdmin) ReadMemory(_ context.Context, req *dsmpb.ReadMemoryRequest) 
 	if err != nil {
 		return nil, err
 	}
+	if f.failReadAt != 0 && req.Offset >= f.failReadAt {
+		return nil, status.Errorf(codes.Unavailable, "read at %d fails", req.Offset)
+	}
 	f.reads++
 	ps := uint64(r.PageSize)
 	out := make([]byte, req.Length)
@@ -520,7 +527,13 @@ func (f *fakeAdmin) WriteMemory(_ context.Context, req *dsmpb.WriteMemoryRequest
 	if err != nil {
 		return nil, err
 	}
+	if f.failWriteAt != 0 && req.Offset >= f.failWriteAt {
+		return nil, status.Errorf(codes.Unavailable, "write at %d fails", req.Offset)
+	}
 	f.writes++
+	if req.Sync {
+		f.synced++
+	}
 	ps := uint64(r.PageSize)
 	for i, b := range req.Data {
 		a := req.Offset + uint64(i)

@@ -40,12 +40,13 @@ func regionView(r *dsmpb.Region) regionJSON {
 func (a *app) regionCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:     "region",
-		Short:   "Create, list, describe and delete regions",
+		Short:   "Create, list, describe, delete, export and import regions",
 		Example: "  dsmctl region create feat 64GiB --durable\n  dsmctl region ls\n  dsmctl region info feat\n  dsmctl region access feat --allow-gid ml\n  dsmctl region rm feat",
 		Args:    args(0, 0, "a subcommand (create, ls, info, access, rm)"),
 		RunE:    needSubcommand,
 	}
-	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd(), a.regionAccessCmd())
+	c.AddCommand(a.regionCreateCmd(), a.regionLsCmd(), a.regionRmCmd(), a.regionInfoCmd(), a.regionAccessCmd(),
+		a.regionExportCmd(), a.regionImportCmd())
 	return c
 }
 
