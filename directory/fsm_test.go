@@ -283,8 +283,8 @@ func TestFSMBadCommandChangesNothing(t *testing.T) {
 func TestSnapshotRoundTrip(t *testing.T) {
 	f := newFSM(newNotifier())
 	applyAll(t, f, seedCommands())
-	if v, _ := f.current(); len(v.Quarantine()) != 1 || len(v.History(0)) != 5 {
-		t.Fatalf("seed: quarantine %+v, history %+v", v.Quarantine(), v.History(0))
+	if v, _ := f.current(); len(v.Quarantine()) != 1 || len(v.History(0)) != 6 || v.Promotions() != 1 {
+		t.Fatalf("seed: quarantine %+v, history %+v, %d promotions", v.Quarantine(), v.History(0), v.Promotions())
 	}
 	snap, err := f.Snapshot()
 	if err != nil {
