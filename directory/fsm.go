@@ -211,19 +211,10 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 // only for departures after it (node/placement.go).
 func applyFilled(v *View, c command) (*View, applyResult) {
 	next := *v
-	i, ok := v.byID[c.Region]
-	if !ok {
-		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoRegion, c.Region)}
-	}
-	r := v.regions[i]
-	m, ok := v.Member(c.ID)
+	i, r, m, err := recordSubject(v, c, "filled")
 	switch {
-	case !ok:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoMember, c.ID)}
-	case m.Nonce != c.Nonce:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v filled as nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.Nonce, m.Nonce)}
-	case m.State != StateAlive || m.Proto == ids.None:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v is %v", ErrInvalidMember, c.ID, m.State)}
+	case err != nil:
+		return &next, applyResult{Err: err}
 	case m.Failures > 0 && m.LastFailedAt > c.Since:
 		return &next, applyResult{Err: fmt.Errorf("%w: %v was declared failed in epoch %v, after the fills began (%v)", ErrInvalidMember, c.ID, m.LastFailedAt, c.Since)}
 	case c.Since > v.Epoch || c.Since < r.Epoch:
@@ -255,19 +246,12 @@ func applyFilled(v *View, c command) (*View, applyResult) {
 // nothing.
 func applyPromote(v *View, c command) (*View, applyResult) {
 	next := *v
-	i, ok := v.byID[c.Region]
-	if !ok {
-		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoRegion, c.Region)}
-	}
-	r := v.regions[i]
-	m, ok := v.Member(c.ID)
+	i, r, m, err := recordSubject(v, c, "promoted")
 	switch {
-	case !ok:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoMember, c.ID)}
-	case m.Nonce != c.Nonce:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v promoted as nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, c.Nonce, m.Nonce)}
-	case m.State != StateAlive || m.Proto == ids.None || m.Draining:
-		return &next, applyResult{Err: fmt.Errorf("%w: %v is %v (draining %t)", ErrInvalidMember, c.ID, m.State, m.Draining)}
+	case err != nil:
+		return &next, applyResult{Err: err}
+	case m.Draining:
+		return &next, applyResult{Err: fmt.Errorf("%w: %v is draining", ErrInvalidMember, c.ID)}
 	}
 	if err := validShardRanges(c.Shards, r.Shards()); err != nil {
 		return &next, applyResult{Err: err}
@@ -294,6 +278,27 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 	rs[i] = r
 	next.setRegions(rs)
 	return &next, applyResult{Region: r, changed: true}
+}
+
+// recordSubject finds what a record command (cmdFilled, cmdPromote) is
+// about: region c.Region (its index and record) and the current
+// incarnation of c.ID, which must be that of c.Nonce, alive and with a
+// protocol id. did names the command in the error of another nonce.
+func recordSubject(v *View, c command, did string) (int, Region, Member, error) {
+	i, ok := v.byID[c.Region]
+	if !ok {
+		return 0, Region{}, Member{}, fmt.Errorf("%w: %v", ErrNoRegion, c.Region)
+	}
+	m, ok := v.Member(c.ID)
+	switch {
+	case !ok:
+		return 0, Region{}, Member{}, fmt.Errorf("%w: %v", ErrNoMember, c.ID)
+	case m.Nonce != c.Nonce:
+		return 0, Region{}, Member{}, fmt.Errorf("%w: %v %s as nonce %#x, the table has %#x", ErrStaleIncarnation, c.ID, did, c.Nonce, m.Nonce)
+	case m.State != StateAlive || m.Proto == ids.None:
+		return 0, Region{}, Member{}, fmt.Errorf("%w: %v is %v", ErrInvalidMember, c.ID, m.State)
+	}
+	return i, v.regions[i], m, nil
 }
 
 // noteFailure records a failure verdict on m in epoch e.

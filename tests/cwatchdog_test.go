@@ -299,24 +299,6 @@ func protAt(t *testing.T, pid int, addr string) string {
 	return ""
 }
 
-// renewLease writes a lease of length into lp every period until the
-// returned function is called, as dsmd does at each grant.
-func renewLease(lp *mapclienttest.LeasePage, length, period time.Duration) (stop func()) {
-	done, quit := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			lp.Set(mapclienttest.Serving(length))
-			select {
-			case <-quit:
-				return
-			case <-time.After(period):
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
-}
-
 // TestCWatchdogFakeDaemon drives libdsm's watchdog through a fake dsmd
 // whose lease page the test writes (internal/mapclient/mapclienttest), in
 // a C process (cclient watch-repl): dsm_map waits for the first lease;
@@ -338,7 +320,7 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	if l := p.next(300 * time.Millisecond); l != "" {
 		t.Fatalf("dsm_map returned without a lease: %q", l)
 	}
-	stop := renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	stop := lp.Renew(300*time.Millisecond, 20*time.Millisecond)
 	defer func() { stop() }()
 	var on int
 	var addr string
@@ -384,7 +366,7 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	if l := p.next(200 * time.Millisecond); l != "" {
 		t.Fatalf("dsm_load_u64 on a held mapping answered %q, want it to wait", l)
 	}
-	stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	stop = lp.Renew(300*time.Millisecond, 20*time.Millisecond)
 	if l := p.next(clientHang); l != "ok 42" {
 		t.Fatalf("dsm_load_u64 once the lease moved: %q, want ok 42 (the faulted store did nothing)", l)
 	}
@@ -405,7 +387,7 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 	p.waitWatchdog(held(1, 2))
 	lp.Set(mapproto.Lease{Incarnation: 1, State: mapproto.LeaseRevoked, Epoch: 1})
 	p.waitWatchdog(held(0, 2))
-	stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+	stop = lp.Renew(300*time.Millisecond, 20*time.Millisecond)
 
 	// Atomics in a loop while the watchdog holds and lets go of the mapping
 	// three times: each waits or completes, none faults, none is lost.
@@ -420,7 +402,7 @@ func TestCWatchdogFakeDaemon(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		stop()
 		time.Sleep(400 * time.Millisecond) // past the 300 ms lease
-		stop = renewLease(lp, 300*time.Millisecond, 20*time.Millisecond)
+		stop = lp.Renew(300*time.Millisecond, 20*time.Millisecond)
 	}
 	var adds, v uint64
 	if got := p.next(clientHang); !scan(got, "ok %d %d", &adds, &v) || adds == 0 || v != v0+adds {

@@ -245,7 +245,7 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 		}
 		bw := bs.word()
 		if s.former[p][b] {
-			bw = formerWord(bw)
+			bw = coherence.StampOf(bw) // a lagging verb may have made it a home word again (a CAS on a zero word)
 		}
 		if bw != 0 && bw.Holder() != coherence.NotHome {
 			s.fail("I10: backup %v of %v: word %v is no stamp", b, p, bw)
@@ -373,12 +373,6 @@ func (s *Sim) stampFormer(p ids.PageNo, id ids.NodeID) {
 	s.stampsDue = slices.DeleteFunc(s.stampsDue, func(d stampDue) bool { return d.page == p && d.node == id })
 }
 
-// formerWord is the word of a slot that an old home left behind as the
-// stamp it stands for: a word a lagging member's verb made after the
-// stamp (a CAS on a zero word: the node layer leaves zero words alone)
-// or before it, judged like the node layer's CAS loop judges it.
-func formerWord(w coherence.Word) coherence.Word { return coherence.StampOf(w) }
-
 // stampSlot turns the word of node id's slot of page p into a stamp, as the
 // node layer's CAS loop does: a word without a holder stamps its version
 // (the data beside it is that tenure's), a word with a holder the version
@@ -390,7 +384,7 @@ func (s *Sim) stampSlot(p ids.PageNo, id ids.NodeID) {
 		return
 	}
 	w := sl.word()
-	if st := formerWord(w); st != w {
+	if st := coherence.StampOf(w); st != w {
 		rdma.StoreWord(sl.reg.Bytes(), sl.off, uint64(st))
 		s.stats.DemoteStamps++
 		s.tracef("%v stamps its old slot of %v: %v -> %v", id, p, w, st)

@@ -1292,7 +1292,7 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 	if s.former[p][home] {
 		// An old home's slot, promoted back: judged as the stamp
 		// its word stands for.
-		w = formerWord(w)
+		w = coherence.StampOf(w)
 	}
 	data := bs.data(s.Opts.PageSize)
 	// A batch of unknown outcome may have executed in part: the data of

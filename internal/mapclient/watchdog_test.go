@@ -18,24 +18,6 @@ import (
 	"github.com/dsmkit/dsm/internal/mapproto"
 )
 
-// renew writes a lease of length into lp every period, as dsmd does at
-// each grant, until the returned function is called.
-func renew(lp *mapclienttest.LeasePage, length, period time.Duration) (stop func()) {
-	done, quit := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			lp.Set(mapclienttest.Serving(length))
-			select {
-			case <-quit:
-				return
-			case <-time.After(period):
-			}
-		}
-	}()
-	return func() { close(quit); <-done }
-}
-
 // waitHeld waits until the watchdog holds the mapping inaccessible (or
 // lets go, !want).
 func waitHeld(t *testing.T, m *Mapping, want bool) {
@@ -79,7 +61,7 @@ func protOf(t *testing.T, b []byte) string {
 func TestWatchdog(t *testing.T) {
 	d := newFakeDaemon(t, 4)
 	lp := d.LeasePage(mapclienttest.Serving(time.Hour))
-	stop := renew(lp, 300*time.Millisecond, 20*time.Millisecond)
+	stop := lp.Renew(300*time.Millisecond, 20*time.Millisecond)
 	defer func() { stop() }()
 	_, m := mapRegion(t, d)
 	if on, held, _ := m.Watchdog(); !on || held {
@@ -195,7 +177,7 @@ func TestWatchdogNeverReopensADeadMapping(t *testing.T) {
 		t.Run(fmt.Sprintf("held=%v", heldFirst), func(t *testing.T) {
 			d := newFakeDaemon(t, 2)
 			lp := d.LeasePage(mapclienttest.Serving(time.Hour))
-			stop := renew(lp, 200*time.Millisecond, 20*time.Millisecond)
+			stop := lp.Renew(200*time.Millisecond, 20*time.Millisecond)
 			_, m := mapRegion(t, d)
 			if _, err := m.WriteAt([]byte("x"), int64(ps)); err != nil {
 				t.Fatal(err)

@@ -77,3 +77,21 @@ func Boottime() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// Renew writes a lease of length into the page every period, as dsmd does
+// at each grant, until the returned function is called.
+func (lp *LeasePage) Renew(length, period time.Duration) (stop func()) {
+	done, quit := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			lp.Set(Serving(length))
+			select {
+			case <-quit:
+				return
+			case <-time.After(period):
+			}
+		}
+	}()
+	return func() { close(quit); <-done }
+}
