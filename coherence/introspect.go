@@ -43,7 +43,7 @@ func (n *Node) Page(no ids.PageNo) PageInfo {
 	}
 	info := PageInfo{State: p.state, Version: p.copyVer, Data: p.data, Phase: p.ph.String(), Pending: len(p.queue),
 		Unit: p.unitCounted, UnitVersion: p.unitVer,
-		Tenure: p.state == Modified || p.releasing() || p.frozenM, Frozen: p.frozen, Word: p.guess}
+		Tenure: p.state == Modified || p.inRelease(), Frozen: p.frozen, Word: p.guess}
 	if len(p.awaiting) > 0 { // the simulator asks after every step
 		for m := range p.awaiting {
 			info.Awaiting = append(info.Awaiting, m)
@@ -61,6 +61,30 @@ func (n *Node) Copy(no ids.PageNo) (State, []byte) {
 		return Invalid, nil
 	}
 	return p.state, p.data
+}
+
+// Releases lists, in increasing order, the pages of [first, end) whose
+// tenure this node may still hold without holding them Modified: a release
+// under way (the answer to a recall, an eviction, a downgrade), the
+// resolution of a release batch of unknown outcome, or a release that a
+// move interrupted and the new home has not rebuilt yet. Data this node
+// wrote and gave up is at the page's home and backups once the page is in
+// none of these (or the node holds it Modified again, reclaimed).
+func (n *Node) Releases(first, end ids.PageNo) []ids.PageNo {
+	var out []ids.PageNo
+	for no, p := range n.pages {
+		if no >= first && no < end && p.inRelease() {
+			out = append(out, no)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Releasing reports whether page no is one of Releases.
+func (n *Node) Releasing(no ids.PageNo) bool {
+	p := n.pages[no]
+	return p != nil && p.inRelease()
 }
 
 // Joining reports whether the node joined (Config.Joining) and still waits

@@ -315,6 +315,10 @@ func (p *page) releasing() bool {
 	return p.ph == phBackup || p.ph == phRelease || p.ph == phResolve && p.resolving == phRelease
 }
 
+// inRelease reports whether the node may hold the page's tenure without
+// holding the page Modified: releasing, or frozen in a release (frozenM).
+func (p *page) inRelease() bool { return p.releasing() || p.frozenM }
+
 func (n *Node) releaseTarget(g Word, write bool) Word {
 	next := g.withHolder(ids.None).withTag(n.tag())
 	if !write {

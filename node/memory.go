@@ -140,9 +140,10 @@ func (s *clientServer) CompareAndSwap(ctx context.Context, req *dsmpb.CompareAnd
 	return resp, nil
 }
 
-// Sync writes back the pages of the range this node holds Modified. For a
-// DURABLE region that is all it does today: the home keeps the written-back
-// copy in memory (persistence and backups are not built yet).
+// Sync writes back the pages of the range this node holds Modified, and
+// waits for the write-backs of the range already under way (see
+// awaitWriteBacks), to the pages' homes and backups. For a DURABLE region
+// that is all it does today: nothing is written to disk.
 func (s *clientServer) Sync(ctx context.Context, req *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
 	return s.n.sync(ctx, req.GetRegion(), req.GetOffset(), req.GetLength())
 }
@@ -168,7 +169,43 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	if err != nil {
 		return nil, statusError(err)
 	}
-	return &dsmpb.SyncResponse{PagesWritten: uint64(w), Epoch: uint64(n.dir.Epoch())}, nil
+	more, err := n.awaitWriteBacks(ctx, r.ID, ids.PageNo(first), ids.PageNo(first+pages))
+	if err != nil {
+		return nil, statusError(err)
+	}
+	return &dsmpb.SyncResponse{PagesWritten: uint64(w + more), Epoch: uint64(n.dir.Epoch())}, nil
+}
+
+// awaitWriteBacks completes a Sync's write-back of pages [first, end) of
+// region rid beyond what the cache's Flush sees: a page the cache gave up
+// Modified to a recall just before (a downgrade or a drop) is not Modified
+// in the cache any more, but its release may still be on its way to the
+// home and backups, or interrupted by a move. It waits for those releases
+// (engine.WaitReleases), writes back the pages whose tenure a move gave
+// back to this node (localcache.WriteBack), and waits again, until no
+// release the Sync must cover is left. It returns how many pages it wrote
+// back itself.
+func (n *Node) awaitWriteBacks(ctx context.Context, rid ids.RegionID, first, end ids.PageNo) (int, error) {
+	if n.eng == nil {
+		return 0, nil
+	}
+	re, err := n.eng.get(rid)
+	if err != nil {
+		return 0, err
+	}
+	written := 0
+	for {
+		reclaimed, err := re.e.WaitReleases(ctx, first, end)
+		if err != nil || len(reclaimed) == 0 {
+			return written, err
+		}
+		for _, p := range reclaimed {
+			if err := n.cache.WriteBack(ctx, rid, p); err != nil {
+				return written, err
+			}
+			written++
+		}
+	}
 }
 
 // rw copies between buf and region memory at off, page by page, through

@@ -219,6 +219,7 @@ func (e *Engine) sweep(now time.Time) {
 			e.failWaiter(id, w, err)
 		}
 	}
+	e.sweepReleaseWaits(now)
 }
 
 // failWaiter ends a waiting call with err. The request stays in the state

@@ -141,6 +141,7 @@ type Engine struct {
 	reconfCh chan coherence.Reconfigure
 	fillCh   chan coherence.Fill
 	persCh   chan coherence.Persist
+	relCh    chan *releaseWait
 	// effectCh returns the cache's answers to drops and downgrades.
 	effectCh chan *effectJob
 	stop     chan struct{}
@@ -175,6 +176,13 @@ type Engine struct {
 	held     map[ids.PageNo]coherence.State
 	evicting map[ids.PageNo]int // Evict calls in progress: the cache already dropped the page
 	effects  map[ids.PageNo][]*effectJob
+	// reclaimed: pages whose tenure a rebuild gave back to this node
+	// after the cache had given them up (a reclaimed grant): held
+	// Modified by the state machine, with their data in wb, until the
+	// cache takes the page again or gives it up. relWaits: WaitReleases
+	// calls (released.go).
+	reclaimed map[ids.PageNo]bool
+	relWaits  []*releaseWait
 	// unreach: homes whose batches fail; parked: batches held back for
 	// homes that are down, posted when they are up again.
 	unreach   map[ids.NodeID]unreachable
@@ -304,15 +312,17 @@ func New(cfg Config) (*Engine, error) {
 		reconfCh: make(chan coherence.Reconfigure),
 		fillCh:   make(chan coherence.Fill),
 		persCh:   make(chan coherence.Persist),
+		relCh:    make(chan *releaseWait),
 		stop:     make(chan struct{}),
 		ctx:      ctx, cancel: cancel,
-		peers:    map[ids.NodeID]rdma.Descriptor{},
-		waiters:  map[uint64]*waiter{},
-		wb:       map[ids.PageNo][]byte{},
-		held:     map[ids.PageNo]coherence.State{},
-		evicting: map[ids.PageNo]int{},
-		effects:  map[ids.PageNo][]*effectJob{},
-		effectCh: make(chan *effectJob),
+		peers:     map[ids.NodeID]rdma.Descriptor{},
+		waiters:   map[uint64]*waiter{},
+		wb:        map[ids.PageNo][]byte{},
+		held:      map[ids.PageNo]coherence.State{},
+		evicting:  map[ids.PageNo]int{},
+		effects:   map[ids.PageNo][]*effectJob{},
+		reclaimed: map[ids.PageNo]bool{},
+		effectCh:  make(chan *effectJob),
 	}
 	n := int(SlotOffset(ids.PageNo(cfg.NumPages), cfg.PageSize))
 	mem, err := rdma.Alloc(n)
@@ -586,12 +596,15 @@ func (e *Engine) loop() {
 			e.onFill(f)
 		case p := <-e.persCh:
 			e.onPersist(p)
+		case w := <-e.relCh:
+			e.onReleaseWait(w)
 		case j := <-e.effectCh:
 			e.effectDone(j)
 		case now := <-t.C:
 			e.onTick(now)
 		}
 		e.apply()
+		e.checkReleaseWaits()
 		switch busy := e.busy(); {
 		case busy && !ticking:
 			t.Reset(e.cfg.Tick)
@@ -694,7 +707,7 @@ func (e *Engine) onTick(now time.Time) {
 // busy reports whether the protocol clock must run: the state machine has
 // something in progress, a call waits, or the cache is giving a page up.
 func (e *Engine) busy() bool {
-	return !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0
+	return !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0 || len(e.relWaits) > 0
 }
 
 // apply executes what the state machine asks until it asks nothing.
@@ -745,6 +758,7 @@ func (e *Engine) apply() {
 // Modified (see effectDone).
 func (e *Engine) pageEffect(pe coherence.PageEffect) {
 	was := e.held[pe.Page]
+	delete(e.reclaimed, pe.Page)
 	switch pe.Kind {
 	case coherence.PageInstallShared:
 		e.held[pe.Page] = coherence.Shared
@@ -752,6 +766,9 @@ func (e *Engine) pageEffect(pe coherence.PageEffect) {
 		return
 	case coherence.PageGrantExclusive:
 		e.held[pe.Page] = coherence.Modified
+		if pe.Reclaimed {
+			e.reclaimed[pe.Page] = true
+		}
 		if was == coherence.Invalid && !pe.Reclaimed {
 			delete(e.wb, pe.Page) // a fresh copy from the home
 		}
@@ -862,8 +879,12 @@ func (e *Engine) complete(c coherence.Completion) {
 			r.err = ErrConflict
 		} else {
 			r.data = append([]byte(nil), data...)
+			if w.kind == writeMiss {
+				delete(e.reclaimed, c.Page) // the cache holds it Modified again
+			}
 		}
 	case evictOp:
+		delete(e.reclaimed, c.Page)
 		e.evicting[c.Page]--
 		if e.evicting[c.Page] <= 0 {
 			delete(e.evicting, c.Page)

@@ -171,7 +171,7 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 	slices.Sort(dirty)
 	written := 0
 	for _, no := range dirty {
-		ok, err := c.flushPage(ctx, r, no)
+		ok, err := c.flushPage(ctx, r, no, false)
 		if err != nil {
 			return written, err
 		}
@@ -187,18 +187,25 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 // released so that the request can proceed, and the write-back is tried
 // again: the request either takes the page (its write-back carries this
 // node's data, and nothing is left to flush) or leaves it Modified here.
-func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo) (written bool, err error) {
+// With always set, a page held Shared or not at all is given up too,
+// through Coherence.Evict without data (see WriteBack).
+func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo, always bool) (written bool, err error) {
 	backoff := 200 * time.Microsecond
 	for {
 		pg, err := r.acquire(ctx, no)
 		if err != nil {
 			return false, err
 		}
-		if pg.State() != Modified {
+		st := pg.State()
+		switch {
+		case st == Modified:
+			err = c.evict(ctx, pg)
+		case always:
+			err = c.giveUp(ctx, pg)
+		default:
 			r.release(pg)
 			return false, nil
 		}
-		err = c.evict(ctx, pg)
 		r.release(pg)
 		if errors.Is(err, errSuspended) {
 			if werr := c.waitServingCall(ctx); werr != nil {
@@ -218,6 +225,47 @@ func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo) (writte
 		}
 		backoff = min(2*backoff, 20*time.Millisecond)
 	}
+}
+
+// WriteBack gives page p of region rid up whatever this node's cache holds
+// of it (Modified: written back as Flush does; Shared: dropped; nothing:
+// nothing to drop) and always tells Coherence.Evict, so that the engine
+// writes back a tenure it holds without the cache: the pages that
+// engine.WaitReleases reports reclaimed, whose data the cache gave up to a
+// release that a move interrupted. While the Cache is suspended it waits
+// for Resume, as Flush does.
+func (c *Cache) WriteBack(ctx context.Context, rid ids.RegionID, p ids.PageNo) error {
+	r, err := c.region(rid)
+	if err != nil {
+		return err
+	}
+	if err := r.checkPage(p); err != nil {
+		return err
+	}
+	if err := c.waitServingCall(ctx); err != nil {
+		return fmt.Errorf("localcache: write-back of %s/%s: %w", rid, p, err)
+	}
+	_, err = c.flushPage(ctx, r, p, true)
+	return err
+}
+
+// giveUp drops a locked page that is not Modified here (a Shared copy is
+// punched out of every mapping) and tells Coherence.Evict without data.
+func (c *Cache) giveUp(ctx context.Context, pg *page) error {
+	r, p := pg.r, pg.no
+	if c.suspended.Load() {
+		return errSuspended
+	}
+	if pg.State() == Shared {
+		if err := r.punch(p); err != nil {
+			return err
+		}
+		c.setState(pg, Invalid)
+		c.st.evictions.Add(1)
+	}
+	cctx, done := c.callCtx(ctx)
+	defer done()
+	return c.coh.Evict(cctx, r.id, p, nil)
 }
 
 // Held lists the pages of region rid in [first, first+n) held here

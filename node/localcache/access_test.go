@@ -97,3 +97,42 @@ func TestAccessErrors(t *testing.T) {
 		t.Errorf("cancelled access: %v", err)
 	}
 }
+
+// TestWriteBack: WriteBack gives a page up whatever the cache holds of it
+// and always tells the engine (Evict without data unless the page is
+// Modified here), so that a tenure the engine holds without the cache is
+// written back: a Shared copy is dropped, nothing held is an Evict alone,
+// a Modified page is written back as Flush does.
+func TestWriteBack(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	if err := d.c.Access(ctx, regionR, 2, false, func([]byte) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.c.WriteBack(ctx, regionR, 2); err != nil {
+		t.Fatal(err)
+	}
+	if st, c := d.state(2), d.home.counts(); st != Invalid || c.evictions != 1 || c.writebacks != 0 {
+		t.Fatalf("after WriteBack of a Shared page: %v, %+v; want I, one eviction without data", st, c)
+	}
+	if err := d.c.WriteBack(ctx, regionR, 4); err != nil { // never held
+		t.Fatal(err)
+	}
+	if c := d.home.counts(); c.evictions != 2 || c.writebacks != 0 {
+		t.Fatalf("after WriteBack of a page not held: %+v; want a second eviction without data", c)
+	}
+	if err := d.c.Access(ctx, regionR, 5, true, func(b []byte) { b[0] = 9 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.c.WriteBack(ctx, regionR, 5); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, ps)
+	d.home.Get(regionR, 5, buf)
+	if st, c := d.state(5), d.home.counts(); st != Invalid || c.writebacks != 1 || buf[0] != 9 {
+		t.Fatalf("after WriteBack of a Modified page: %v, %+v, home byte %d; want I, one write-back of 9", st, c, buf[0])
+	}
+	if err := d.c.WriteBack(ctx, regionR, 1<<40); err == nil {
+		t.Fatal("WriteBack past the region's end succeeded")
+	}
+}
