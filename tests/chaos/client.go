@@ -252,13 +252,14 @@ func (c *client) run() int {
 	return 0
 }
 
-// onBytes runs f, which accesses the mapping through Bytes(), turning a
-// fault on a dead mapping into an error.
-func onBytes(r *dsm.Region, f func()) (err error) {
+// onBytes runs f, which accesses the mapping through Bytes() at offset
+// off, turning a fault on a dead mapping, or on a page the library made
+// inaccessible, into an error that says why (Region.FaultErr).
+func onBytes(r *dsm.Region, off int64, f func()) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("fault on the mapping: %v (mapping: %v)", p, r.Err())
+			err = fmt.Errorf("fault on the mapping: %v (%v)", p, r.FaultErr(off))
 		}
 	}()
 	f()
@@ -276,14 +277,14 @@ func (c *client) register(rng *rand.Rand, r *dsm.Region, w int, unique uint64, l
 	case k < 4:
 		var v uint64
 		id := c.rec.call(record{Op: opLoad, Worker: w, Addr: off})
-		err = onBytes(r, func() { v = atomic.LoadUint64(word(b, off)) })
+		err = onBytes(r, off, func() { v = atomic.LoadUint64(word(b, off)) })
 		c.rec.ret(id, record{Out: v}, err)
 		if err == nil {
 			last[off] = v
 		}
 	case k < 7:
 		id := c.rec.call(record{Op: opStore, Worker: w, Addr: off, Arg: unique})
-		err = onBytes(r, func() { atomic.StoreUint64(word(b, off), unique) })
+		err = onBytes(r, off, func() { atomic.StoreUint64(word(b, off), unique) })
 		c.rec.ret(id, record{}, err)
 		if err == nil {
 			last[off] = unique
@@ -292,7 +293,7 @@ func (c *client) register(rng *rand.Rand, r *dsm.Region, w int, unique uint64, l
 		var sw bool
 		old := last[off]
 		id := c.rec.call(record{Op: opCAS, Worker: w, Addr: off, Arg: unique, Old: old})
-		err = onBytes(r, func() { sw = atomic.CompareAndSwapUint64(word(b, off), old, unique) })
+		err = onBytes(r, off, func() { sw = atomic.CompareAndSwapUint64(word(b, off), old, unique) })
 		c.rec.ret(id, record{Swapped: sw}, err)
 		if err == nil && sw {
 			last[off] = unique
@@ -328,7 +329,7 @@ func (c *client) rmw(r *dsm.Region) {
 	}
 	b := r.Bytes()
 	var a, bb uint64
-	err = onBytes(r, func() {
+	err = onBytes(r, pairA, func() {
 		a, bb = *word(b, pairA), *word(b, pairB)
 		if ownerDied && a != bb {
 			// The dead holder wrote one word of the pair: finish its
@@ -368,7 +369,7 @@ func (c *client) finalReads() int {
 		reads = append(reads, func() {
 			var v uint64
 			id := c.rec.call(record{Op: opLoad, Addr: off})
-			err := onBytes(r, func() { v = atomic.LoadUint64(word(b, off)) })
+			err := onBytes(r, off, func() { v = atomic.LoadUint64(word(b, off)) })
 			c.rec.ret(id, record{Out: v}, err)
 		})
 	}
