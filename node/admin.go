@@ -428,8 +428,8 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 		}
 		for i := uint64(0); i < r.Shards(); i++ {
 			s := placement.Shard{Region: r.ID, Index: i}
-			c, _, hi := rc.place(s, pm)
-			in := pm.byProto[c[hi]]
+			sp := rc.place(s, pm)
+			in := pm.byProto[sp.c[sp.hi]]
 			switch {
 			case in.departed:
 				rs.lost[in.node]++

@@ -59,6 +59,8 @@ type protoMap struct {
 	ins []protoInc
 	// fills are the regions' completeness records.
 	fills map[ids.RegionID][]directory.FillRecord
+	// proms are the regions' promotion records.
+	proms map[ids.RegionID][]directory.PromoteRecord
 	// dirEpoch is the directory epoch of the view (0 in tests).
 	dirEpoch ids.Epoch
 }
@@ -69,6 +71,9 @@ func (pm *protoMap) incarnations() (ids.Epoch, []protoInc) { return pm.epoch, pm
 
 // fillRecords implements eventsOf.
 func (pm *protoMap) fillRecords(r ids.RegionID) []directory.FillRecord { return pm.fills[r] }
+
+// promoteRecords implements eventsOf.
+func (pm *protoMap) promoteRecords(r ids.RegionID) []directory.PromoteRecord { return pm.proms[r] }
 
 // departedAt implements eventsOf.
 func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
@@ -101,6 +106,12 @@ func newProtoMap(v *directory.View) *protoMap {
 				pm.fills = map[ids.RegionID][]directory.FillRecord{}
 			}
 			pm.fills[r.ID] = r.Filled
+		}
+		if len(r.Promoted) > 0 {
+			if pm.proms == nil {
+				pm.proms = map[ids.RegionID][]directory.PromoteRecord{}
+			}
+			pm.proms[r.ID] = r.Promoted
 		}
 	}
 	return pm

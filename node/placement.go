@@ -40,21 +40,32 @@ import (
 // departed home: its pages are lost, and calls on them fail with the
 // home's reason.
 //
-// Why a record stays true: a member after the home leaves the backups only
-// by departing, by a failure verdict (both checked), or when the home
-// moves past it (it is then before the home, and the walk never looks
-// back). Joiners go to the end of every chain, and the members ahead of a
-// backup only leave, so nobody pushes a backup out of the first Backups.
-// The price: a new node is a backup only once the members before it are
-// gone (joins that win shards are docs/failover.md §6's promotion).
+// A promotion record (directory.PromoteRecord, docs/failover.md §6) makes
+// a complete member of the shard's replica set its home; the old home goes
+// right after the members that were its backups (it stays a backup when
+// the promoted member was one) and is demoted: incomplete until its new
+// home fills it again.
+//
+// Why a record stays true: the walk keeps, for every member of the replica
+// set, the epoch since which it has been in the set without a break, and a
+// record counts only for fills begun since then. A member leaves the set
+// by departing, by a failure verdict, when the home moves past it (it is
+// then before the home, and only a promotion brings it back), or when a
+// promotion demotes it; a member that comes back needs a new fill.
+// Joiners go to the end of every chain, and the members ahead of a
+// backup only leave, so nobody else pushes a backup out of the first
+// Backups. The price: a new node is a backup only once the members before
+// it are gone, or once it is promoted (nothing proposes promotions yet:
+// docs/failover.md §6, "Promotion in the daemon").
 //
 // The placement is a function of one view, so every node computes the
 // same one for the same protocol epoch, whichever views it skipped: the
 // chains depend on the incarnations given out, the backups on departures
-// and failure verdicts, and the homes on departures, verdicts and the
-// records committed before each departure. Each of those but the records
-// moves the protocol epoch (protoMap.epoch), and a record counts only for
-// departures after it, each of which moves it.
+// and failure verdicts, and the homes on departures, verdicts, promotions
+// and the completeness records committed before each departure or
+// promotion. Each of those but the completeness records moves the protocol
+// epoch (protoMap.epoch), and a completeness record counts only for events
+// after it, each of which moves it.
 
 // regionChains is the placement of one region: its chains, per shard,
 // computed on demand.
@@ -67,6 +78,7 @@ type regionChains struct {
 
 	mu     sync.Mutex
 	chains map[uint64]chainEntry // by shard index, up to maxCachedChains
+	places map[uint64]placeEntry // likewise
 }
 
 // chainEntry is one shard's chain for the incarnations of gen.
@@ -80,7 +92,7 @@ const maxCachedChains = 1 << 16
 
 func newRegionChains(r directory.Region, homeProtos []ids.NodeID) *regionChains {
 	rc := &regionChains{r: r, nodes: slices.Clone(r.Homes), protos: make(map[ids.NodeID]ids.NodeID, len(r.Homes)),
-		chains: map[uint64]chainEntry{}}
+		chains: map[uint64]chainEntry{}, places: map[uint64]placeEntry{}}
 	for i, h := range r.Homes {
 		rc.protos[h] = homeProtos[i]
 	}
@@ -168,84 +180,271 @@ type protoInc struct {
 // directory epochs: when each departed (0: never), whether it was
 // declared failed in an epoch after `after` and up to upTo (when unsure,
 // it says yes), every incarnation given out (gen names that set: equal
-// gens, equal sets; 0 for none), and the completeness records of a
-// region.
+// gens, equal sets, and equal promotion records; 0 for none), and the
+// completeness and promotion records of a region.
 type eventsOf interface {
 	departedAt(p ids.NodeID) ids.Epoch
 	failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool
 	incarnations() (gen ids.Epoch, ins []protoInc)
 	fillRecords(r ids.RegionID) []directory.FillRecord
+	promoteRecords(r ids.RegionID) []directory.PromoteRecord
 }
 
 // never is an epoch after every other.
 const never = ids.Epoch(^uint64(0))
 
-// completeAt reports whether c[j] (base: the length of the chain's
-// complete prefix) held every release of shard s up to epoch d,
-// exclusive: it had not departed by d, and either it is of the complete
-// prefix and was not declared failed since the region's creation, or a
-// completeness record committed before d covers s and it was not declared
-// failed after that record's fills began.
-func (rc *regionChains) completeAt(c []ids.NodeID, base, j int, s placement.Shard, d ids.Epoch, ev eventsOf) bool {
-	b := c[j]
+// shardPlace is the placement of one shard under a view: its chain as
+// the promotions rearranged it, the index of its home in it, and, for
+// every member of its replica set (the home and the backups), the epoch
+// since which it has been in the set without a break (the region's
+// creation epoch for the creation prefix that never left). The caller
+// must not modify it.
+type shardPlace struct {
+	c     []ids.NodeID
+	hi    int
+	since map[ids.NodeID]ids.Epoch
+}
+
+// placeEntry is one shard's placement for the view generation gen.
+type placeEntry struct {
+	gen ids.Epoch
+	sp  *shardPlace
+}
+
+// completeAt reports whether member b of shard s held every release of the
+// shard up to epoch d, exclusive: it had not departed by d, it is in the
+// replica set, and either it has been in the set since the region's
+// creation and was not declared failed since, or a completeness record
+// committed before d covers s whose fills began while b was in the set
+// (at or after sp.since[b]) and b was not declared failed after they
+// began. A member that left the set and came back (a demoted home) needs
+// a record of fills begun after its return: it missed the releases in
+// between.
+func (rc *regionChains) completeAt(sp *shardPlace, b ids.NodeID, s placement.Shard, d ids.Epoch, ev eventsOf) bool {
 	if dj := ev.departedAt(b); dj != 0 && dj <= d {
 		return false
 	}
-	if j < base {
-		return !ev.failedBetween(b, rc.r.Epoch, d)
+	since, in := sp.since[b]
+	if !in {
+		return false
+	}
+	if since == rc.r.Epoch && !ev.failedBetween(b, rc.r.Epoch, d) {
+		return true
 	}
 	for _, f := range ev.fillRecords(rc.r.ID) {
-		if f.Proto == b && f.At < d && f.Covers(s.Index) && !ev.failedBetween(b, f.Since, d) {
+		if f.Proto == b && f.At < d && f.Since >= since && f.Covers(s.Index) && !ev.failedBetween(b, f.Since, d) {
 			return true
 		}
 	}
 	return false
 }
 
-// homeIndex walks chain c of shard s (its first base members the creation
-// chain) through the departures of ev and returns the index of the shard's
-// home now. A failure verdict before the region's creation does not
-// count: the node was alive again when the region was created (its chain
-// holds only the members alive then), and has had every release of it.
-func (rc *regionChains) homeIndex(c []ids.NodeID, base int, s placement.Shard, ev eventsOf) int {
-	cur := 0
-	for {
-		d := ev.departedAt(c[cur])
-		if d == 0 {
-			return cur
+// walk places shard s under ev: it starts from the shard's chain with its
+// home first and the creation prefix in the set, and takes, in epoch order,
+// every event that changes the set or the home: departures (a departed
+// home's shard moves to the first member after it that was complete then;
+// with none, the shard stays at the departed home: it is lost), promotions
+// (promote), and every change of a member's usability (a join, a
+// departure, a failure verdict), after each of which the set is the home
+// and the first Backups members after it usable then. A failure verdict
+// before the region's creation does not count: the node was alive again
+// when the region was created (its chain holds only the members alive
+// then), and has had every release of it.
+func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
+	c, base := rc.chain(s, ev)
+	sp := &shardPlace{c: c, since: make(map[ids.NodeID]ids.Epoch, base)}
+	if len(c) == 0 {
+		return sp
+	}
+	created := rc.r.Epoch
+	for _, b := range c[:base] {
+		sp.since[b] = created
+	}
+	var proms []directory.PromoteRecord
+	for _, p := range ev.promoteRecords(rc.r.ID) {
+		if p.Covers(s.Index) {
+			proms = append(proms, p)
 		}
-		next := -1
-		for j := cur + 1; j < len(c); j++ {
-			if rc.completeAt(c, base, j, s, d, ev) {
-				next = j
-				break
+	}
+	_, ins := ev.incarnations()
+	joined := make(map[ids.NodeID]ids.Epoch, len(c))
+	for _, in := range ins {
+		joined[in.proto] = in.joined
+	}
+	var es []ids.Epoch
+	for _, b := range c {
+		for _, e := range []ids.Epoch{ev.departedAt(b), joined[b], rc.firstFailure(b, ev)} {
+			if e > created && e != never {
+				es = append(es, e)
 			}
 		}
-		if next < 0 {
-			return cur // no complete copy left: the shard is lost
+	}
+	for _, p := range proms {
+		es = append(es, p.At)
+	}
+	slices.Sort(es)
+	es = slices.Compact(es)
+	for _, e := range es {
+		if ev.departedAt(sp.c[sp.hi]) == e {
+			for j := sp.hi + 1; j < len(sp.c); j++ {
+				if rc.completeAt(sp, sp.c[j], s, e, ev) {
+					sp.hi = j
+					break
+				}
+			}
 		}
-		cur = next
+		for _, p := range proms {
+			if p.At == e {
+				rc.promote(sp, p.Proto, s, e, ev, joined)
+			}
+		}
+		rc.resetSet(sp, e, ev, joined)
+	}
+	return sp
+}
+
+// promote applies a promotion record of member p for shard s committed in
+// epoch a: p becomes the home, and the old home h goes right after the
+// members that were its backups at a, p excepted (so p's place in the set
+// goes to h when p was a backup, and nobody else leaves or enters it). h
+// is demoted: its time in the set starts again at a, so it is incomplete
+// until its new home fills it again. A record whose member is not complete
+// at a (it departed, or it is not in the set, or its fills began before its
+// latest entry into the set), or that names the home, or that comes when
+// the home departed (the shard is lost), changes nothing: every node
+// ignores it alike.
+func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard, a ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) {
+	h := sp.c[sp.hi]
+	if p == h || !slices.Contains(sp.c, p) {
+		return
+	}
+	if d := ev.departedAt(h); d != 0 && d <= a {
+		return
+	}
+	if !rc.completeAt(sp, p, s, a, ev) {
+		return
+	}
+	var backups []ids.NodeID
+	for j := sp.hi + 1; j < len(sp.c) && len(backups) < rc.k; j++ {
+		if rc.usableAt(sp.c[j], a, ev, joined) {
+			backups = append(backups, sp.c[j])
+		}
+	}
+	c := make([]ids.NodeID, 0, len(sp.c))
+	for _, b := range sp.c[:sp.hi] {
+		if b != p {
+			c = append(c, b)
+		}
+	}
+	hi := len(c)
+	c = append(c, p)
+	var rest []ids.NodeID
+	for _, b := range sp.c[sp.hi+1:] {
+		if b != p {
+			rest = append(rest, b)
+		}
+	}
+	at := 0
+	for i, b := range rest {
+		if slices.Contains(backups, b) {
+			at = i + 1
+		}
+	}
+	c = append(c, rest[:at]...)
+	c = append(c, h)
+	c = append(c, rest[at:]...)
+	sp.c, sp.hi = c, hi
+	delete(sp.since, h)
+}
+
+// resetSet makes the replica set of sp the home and the first Backups
+// members after it usable at epoch e: members that enter it are in it
+// since e, members that leave it are forgotten.
+func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) {
+	set := []ids.NodeID{sp.c[sp.hi]}
+	for j := sp.hi + 1; j < len(sp.c) && len(set) <= rc.k; j++ {
+		if rc.usableAt(sp.c[j], e, ev, joined) {
+			set = append(set, sp.c[j])
+		}
+	}
+	for b := range sp.since {
+		if !slices.Contains(set, b) {
+			delete(sp.since, b)
+		}
+	}
+	for _, b := range set {
+		if _, ok := sp.since[b]; !ok {
+			sp.since[b] = e
+		}
 	}
 }
 
-// place returns the chain of shard s, the length of its creation chain
-// and the index of its home in it under ev (c is empty for a region
-// without homes).
-func (rc *regionChains) place(s placement.Shard, ev eventsOf) (c []ids.NodeID, base, home int) {
-	c, base = rc.chain(s, ev)
-	if len(c) == 0 {
-		return c, 0, 0
+// usableAt reports whether b could be a backup at epoch e: it had joined,
+// not departed, and not been declared failed since the region's creation.
+func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) bool {
+	if j := joined[b]; j > e {
+		return false
 	}
-	return c, base, rc.homeIndex(c, base, s, ev)
+	if d := ev.departedAt(b); d != 0 && d <= e {
+		return false
+	}
+	return !ev.failedBetween(b, rc.r.Epoch, e)
+}
+
+// firstFailure is the first epoch e after the region's creation for which
+// ev says b was declared failed between the creation and e (never: no
+// such verdict). failedBetween only grows with its upper bound, so a
+// binary search finds it.
+func (rc *regionChains) firstFailure(b ids.NodeID, ev eventsOf) ids.Epoch {
+	lo := rc.r.Epoch
+	if !ev.failedBetween(b, lo, never) {
+		return never
+	}
+	if d := ev.departedAt(b); d != 0 && (d <= lo || !ev.failedBetween(b, lo, d-1)) {
+		return never // no verdict before its departure, which the walk takes
+	}
+	hi := never // failedBetween(b, lo, hi) holds; lo's does not
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if ev.failedBetween(b, rc.r.Epoch, mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+// place returns the placement of shard s under ev (its chain is empty for
+// a region without homes), from the cache when ev's generation has it.
+func (rc *regionChains) place(s placement.Shard, ev eventsOf) *shardPlace {
+	gen, _ := ev.incarnations()
+	if gen != 0 {
+		rc.mu.Lock()
+		e, ok := rc.places[s.Index]
+		rc.mu.Unlock()
+		if ok && e.gen == gen {
+			return e.sp
+		}
+	}
+	sp := rc.walk(s, ev)
+	if gen != 0 {
+		rc.mu.Lock()
+		if _, ok := rc.places[s.Index]; ok || len(rc.places) < maxCachedChains {
+			rc.places[s.Index] = placeEntry{gen, sp}
+		}
+		rc.mu.Unlock()
+	}
+	return sp
 }
 
 // shardHome is the home of shard s under ev.
 func (rc *regionChains) shardHome(s placement.Shard, ev eventsOf) ids.NodeID {
-	c, _, hi := rc.place(s, ev)
-	if len(c) == 0 {
+	sp := rc.place(s, ev)
+	if len(sp.c) == 0 {
 		return ids.None
 	}
-	return c[hi]
+	return sp.c[sp.hi]
 }
 
 // backupIndexes are the indexes in c of the backups of a shard whose home
@@ -264,13 +463,13 @@ func (rc *regionChains) backupIndexes(c []ids.NodeID, hi int, ev eventsOf) []int
 // members of its chain after its home that have not departed and were
 // never declared failed since the region's creation, complete or not.
 func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeID {
-	c, _, hi := rc.place(s, ev)
-	if len(c) == 0 {
+	sp := rc.place(s, ev)
+	if len(sp.c) == 0 {
 		return nil
 	}
 	var out []ids.NodeID
-	for _, j := range rc.backupIndexes(c, hi, ev) {
-		out = append(out, c[j])
+	for _, j := range rc.backupIndexes(sp.c, sp.hi, ev) {
+		out = append(out, sp.c[j])
 	}
 	return out
 }
@@ -278,12 +477,15 @@ func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeI
 // completeBackups counts the backups of shard s under ev that are
 // complete now, and returns the others (those a fill must complete).
 func (rc *regionChains) completeBackups(s placement.Shard, ev eventsOf) (complete int, incomplete []ids.NodeID) {
-	c, base, hi := rc.place(s, ev)
-	for _, j := range rc.backupIndexes(c, hi, ev) {
-		if rc.completeAt(c, base, j, s, never, ev) {
+	sp := rc.place(s, ev)
+	if len(sp.c) == 0 {
+		return 0, nil
+	}
+	for _, j := range rc.backupIndexes(sp.c, sp.hi, ev) {
+		if rc.completeAt(sp, sp.c[j], s, never, ev) {
 			complete++
 		} else {
-			incomplete = append(incomplete, c[j])
+			incomplete = append(incomplete, sp.c[j])
 		}
 	}
 	return complete, incomplete
@@ -324,7 +526,9 @@ func (rc *regionChains) backupsOf(ev eventsOf) func(ids.PageNo) []ids.NodeID {
 const maxExactTargets = 1 << 16
 
 // targets are the new homes, under now, of the shards whose home differs
-// from the one under last and is still there (nil: nothing moved).
+// from the one under last and is still there (nil: nothing moved), or,
+// for a region too large to compare shard by shard or with promotion
+// records, every member still there.
 func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	if !rc.anyDeparted(now) {
 		return nil
@@ -335,8 +539,13 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 			out = append(out, h)
 		}
 	}
+	// With promotions, a home can gain a shard in an epoch and lose it in
+	// a later one (a promotion, then another, or a departure): a member
+	// that skipped those epochs sees no difference, yet must wait for
+	// that home's count (the simulator's promote-crash seed 5). Every
+	// member still there is named then.
 	n := rc.r.Shards()
-	if n > maxExactTargets {
+	if n > maxExactTargets || len(now.promoteRecords(rc.r.ID)) > 0 {
 		_, ins := now.incarnations()
 		for _, in := range ins {
 			if now.departedAt(in.proto) == 0 {
@@ -380,9 +589,12 @@ func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
 }
 
 // anyEvent reports whether a home at the region's creation departed, or
-// failed since, under ev (otherwise every shard is at the first of its
-// chain, with all its backups).
+// failed since, or a promotion was recorded, under ev (otherwise every
+// shard is at the first of its chain, with all its backups).
 func (rc *regionChains) anyEvent(ev eventsOf) bool {
+	if len(ev.promoteRecords(rc.r.ID)) > 0 {
+		return true
+	}
 	for _, p := range rc.protos {
 		if !rc.complete(p, ev) {
 			return true
@@ -391,9 +603,13 @@ func (rc *regionChains) anyEvent(ev eventsOf) bool {
 	return false
 }
 
-// anyDeparted reports whether a home at the region's creation departed
-// under ev (otherwise every shard is at the first of its chain).
+// anyDeparted reports whether a home at the region's creation departed,
+// or a promotion was recorded, under ev (otherwise every shard is at the
+// first of its chain).
 func (rc *regionChains) anyDeparted(ev eventsOf) bool {
+	if len(ev.promoteRecords(rc.r.ID)) > 0 {
+		return true
+	}
 	for _, p := range rc.protos {
 		if ev.departedAt(p) != 0 {
 			return true
@@ -410,3 +626,6 @@ func (noEvents) departedAt(ids.NodeID) ids.Epoch                     { return 0 
 func (noEvents) failedBetween(ids.NodeID, ids.Epoch, ids.Epoch) bool { return false }
 func (noEvents) incarnations() (ids.Epoch, []protoInc)               { return 0, nil }
 func (noEvents) fillRecords(ids.RegionID) []directory.FillRecord     { return nil }
+func (noEvents) promoteRecords(ids.RegionID) []directory.PromoteRecord {
+	return nil
+}

@@ -19,21 +19,29 @@ type events struct {
 	gen          ids.Epoch
 	ins          []protoInc
 	recs         []directory.FillRecord
+	proms        []directory.PromoteRecord
 }
 
 func (e events) departedAt(p ids.NodeID) ids.Epoch               { return e.left[p] }
 func (e events) incarnations() (ids.Epoch, []protoInc)           { return e.gen, e.ins }
 func (e events) fillRecords(ids.RegionID) []directory.FillRecord { return e.recs }
+func (e events) promoteRecords(ids.RegionID) []directory.PromoteRecord {
+	return e.proms
+}
 func (e events) failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool {
 	f := e.failed[p]
 	return f != 0 && f > after && f <= upTo
 }
 
-// walk is homeIndex over creation chain c of a region created in epoch
+// walk is the index of the home of a shard whose chain is c, all of it the
+// creation chain (every member a backup), in a region created in epoch
 // created.
 func walk(c []ids.NodeID, created ids.Epoch, ev eventsOf) int {
-	rc := &regionChains{r: directory.Region{ID: 1, Epoch: created}, k: 1}
-	return rc.homeIndex(c, len(c), placement.Shard{Region: 1}, ev)
+	rc := &regionChains{r: directory.Region{ID: 1, Epoch: created}, k: len(c) - 1, length: len(c),
+		chains: map[uint64]chainEntry{0: {gen: 1, c: c}}, places: map[uint64]placeEntry{}}
+	e := ev.(events)
+	e.gen = 1 // the chain above
+	return rc.place(placement.Shard{Region: 1}, e).hi
 }
 
 func TestHomeIndexWalksCompleteBackups(t *testing.T) {
@@ -189,6 +197,7 @@ type dirModel struct {
 	quarantine []directory.Quarantined
 	nextProto  ids.NodeID
 	fills      []directory.FillRecord
+	proms      []directory.PromoteRecord
 }
 
 func newDirModel(nodes ...ids.NodeID) *dirModel {
@@ -254,7 +263,18 @@ func (d *dirModel) pm() *protoMap {
 	slices.SortFunc(ms, func(a, b directory.Member) int { return int(a.ID) - int(b.ID) })
 	pm := buildProtoMap(ms, slices.Clone(d.quarantine))
 	pm.fills = map[ids.RegionID][]directory.FillRecord{1: slices.Clone(d.fills)}
+	pm.proms = map[ids.RegionID][]directory.PromoteRecord{1: slices.Clone(d.proms)}
+	pm.epoch += ids.Epoch(len(d.proms)) // as newProtoMap: each promotion moves it
 	return pm
+}
+
+// promote records, in an epoch of its own, the promotion of n's
+// incarnation to home of shards [first, end) of region 1.
+func (d *dirModel) promote(n ids.NodeID, first, end uint64) {
+	d.epoch++
+	m := d.members[n]
+	d.proms = append(d.proms, directory.PromoteRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, At: d.epoch,
+		Shards: []directory.ShardRange{{First: first, End: end}}})
 }
 
 // region creates region 1 (64 shards, k backups) over the alive members.
@@ -380,8 +400,8 @@ func TestReplacementNeedsARecord(t *testing.T) {
 	p3 := d.members[3].Proto
 	for i := range rc.r.Shards() {
 		s := placement.Shard{Region: 1, Index: i}
-		c, base, hi := rc.place(s, pm)
-		if c[hi] == p3 && hi >= base {
+		sp := rc.place(s, pm)
+		if sp.c[sp.hi] == p3 && sp.since[p3] != rc.r.Epoch {
 			t.Fatalf("shard %d promoted replacement n3, declared failed after its fill", i)
 		}
 	}
@@ -412,9 +432,11 @@ func TestJoinerGoesLast(t *testing.T) {
 }
 
 // randomHistories runs seeds seeded random histories of 60 steps each
-// (restarts, failure verdicts, removals of failed members, leaves, joins
-// and fills) on a region over four members, and calls check after every
-// step with the protocol views before and after it and the steps so far.
+// (restarts, failure verdicts, removals of failed members, leaves, joins,
+// fills and promotions of a shard's backup, complete or not) on a region
+// over four members, and calls check after every step with the protocol
+// views before and after it and the steps so far (a promotion's is
+// "promote <proto> shard <i>").
 func randomHistories(seeds int64, check func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string)) {
 	for seed := int64(1); seed <= seeds; seed++ {
 		rng := rand.New(rand.NewSource(seed))
@@ -443,6 +465,19 @@ func randomHistories(seeds int64, check func(seed int64, step int, rc *regionCha
 				d.join(next)
 				log = append(log, fmt.Sprintf("join %v", next))
 				next++
+			case op < 8:
+				i := uint64(rng.Intn(int(rc.r.Shards())))
+				bs := rc.shardBackups(placement.Shard{Region: 1, Index: i}, d.pm())
+				if len(bs) == 0 {
+					continue
+				}
+				b := bs[rng.Intn(len(bs))]
+				bn, _ := d.pm().nodeOf(b)
+				if d.members[bn].Proto != b {
+					continue
+				}
+				d.promote(bn, i, i+1)
+				log = append(log, fmt.Sprintf("promote %v shard %d", b, i))
 			default:
 				fillAll(d, rc)
 				log = append(log, "fill")
@@ -467,7 +502,7 @@ func TestPlacementFollowsEpochs(t *testing.T) {
 			if pm.epoch == prev.epoch && !same {
 				t.Fatalf("seed %d: shard %d placed anew in protocol epoch %v after %v", seed, i, pm.epoch, log)
 			}
-			if h0 != h1 && pm.departedAt(h0) == 0 {
+			if h0 != h1 && pm.departedAt(h0) == 0 && log[len(log)-1] != fmt.Sprintf("promote %v shard %d", h1, i) {
 				t.Fatalf("seed %d: shard %d moved from live home %v to %v after %v", seed, i, h0, h1, log)
 			}
 		}
@@ -511,5 +546,99 @@ func TestFailureMovesHomes(t *testing.T) {
 		if rc.shardHome(s, back) != rc.shardHome(s, failed) {
 			t.Fatalf("shard %d moved again at the restart of the failed node", i)
 		}
+	}
+}
+
+// A promotion of a backup makes it the home and its old home its backup,
+// incomplete (demoted) until the new home fills it; only the shards it
+// names move, and the protocol epoch moves with them. If the new home
+// departs before the refill, the shard does not go back to the demoted
+// home (it may have missed releases: the simulator's promote-crash seed
+// 8), and with k=1 nobody else is complete: the shard is lost.
+func TestPromotionSwapsHomeAndBackup(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	before := d.pm()
+	s := placement.Shard{Region: 1, Index: 5}
+	h, b := rc.shardHome(s, before), rc.shardBackups(s, before)[0]
+	bn, _ := before.nodeOf(b)
+	d.promote(bn, 5, 6)
+	after := d.pm()
+	if after.epoch == before.epoch {
+		t.Fatal("a promotion did not move the protocol epoch")
+	}
+	if got := rc.shardHome(s, after); got != b {
+		t.Fatalf("promoted shard homed at %v, want the promoted backup %v", got, b)
+	}
+	if got := rc.shardBackups(s, after); !slices.Equal(got, []ids.NodeID{h}) {
+		t.Fatalf("promoted shard's backups %v, want the old home %v", got, h)
+	}
+	if c, inc := rc.completeBackups(s, after); c != 0 || !slices.Equal(inc, []ids.NodeID{h}) {
+		t.Fatalf("the demoted home counts as complete (%d complete, incomplete %v)", c, inc)
+	}
+	for i := range rc.r.Shards() {
+		o := placement.Shard{Region: 1, Index: i}
+		if i != 5 && (rc.shardHome(o, after) != rc.shardHome(o, before) || !slices.Equal(rc.shardBackups(o, after), rc.shardBackups(o, before))) {
+			t.Fatalf("shard %d, not named by the record, was placed anew", i)
+		}
+	}
+	if ts := rc.targets(before, after); !slices.Contains(ts, b) {
+		t.Fatalf("targets %v do not name the new home %v", ts, b)
+	}
+	// The new home departs before the refill.
+	d.restart(bn)
+	gone := d.pm()
+	if got := rc.shardHome(s, gone); got == h {
+		t.Fatalf("the shard went back to its demoted home %v, never refilled", h)
+	} else if got != b {
+		t.Fatalf("shard homed at %v after its new home %v departed; want it lost there (no complete copy)", got, b)
+	}
+	// With the refill recorded first, the demoted home takes it back.
+	d = newDirModel(1, 2, 3)
+	rc = d.region(1)
+	d.promote(bn, 5, 6)
+	fillAll(d, rc)
+	if c, _ := rc.completeBackups(s, d.pm()); c != 1 {
+		t.Fatalf("after the refill, %d complete backups, want 1", c)
+	}
+	d.restart(bn)
+	if got := rc.shardHome(s, d.pm()); got != h {
+		t.Fatalf("refilled old home %v did not take the shard back (home %v)", h, got)
+	}
+}
+
+// A promotion record of a member that is not complete when it is
+// committed changes nothing: a joiner outside the replica set, a backup
+// whose fills began before its latest entry into the set, the home itself.
+func TestPromotionOfIncompleteMemberIgnored(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	d.join(4)
+	before := d.pm()
+	d.fill(4, d.epoch, 0, rc.r.Shards()) // a record, but n4 is in no shard's set
+	d.promote(4, 0, rc.r.Shards())
+	for _, n := range []ids.NodeID{1, 2, 3} {
+		d.promote(n, 0, rc.r.Shards()) // the home of some shards, a backup of others
+	}
+	after := d.pm()
+	p4 := d.members[4].Proto
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		if rc.shardHome(s, after) == p4 {
+			t.Fatalf("shard %d promoted to n4, which was never in its replica set", i)
+		}
+	}
+	// The backups of the creation prefix were complete: the three records
+	// move every shard (each to the last one named among its set), and
+	// n4's moved none.
+	moved := 0
+	for i := range rc.r.Shards() {
+		s := placement.Shard{Region: 1, Index: i}
+		if rc.shardHome(s, after) != rc.shardHome(s, before) {
+			moved++
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no promotion of a complete backup took effect")
 	}
 }
