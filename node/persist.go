@@ -314,18 +314,46 @@ func (ps *persister) homes(r ids.RegionID, pages []persistPage) (map[ids.NodeID]
 }
 
 // askHome sends one persist request to home (or serves it here) and
-// returns the answer; a home that does not answer is an answerRetry.
+// returns the answer; a home that does not answer is an answerRetry. The
+// wait ends early when the engine's view moves the first page to another
+// home (the home departed): the request then goes to the new one.
 func (ps *persister) askHome(ctx context.Context, home ids.NodeID, r ids.RegionID, pages []persistPage) (answerCode, string) {
 	if home == ps.self {
 		return ps.serveHome(ctx, r, pages)
 	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		t := time.NewTicker(homeWatchInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if now, err := ps.homes(r, pages[:1]); err == nil && len(now[home]) == 0 {
+				cancel(fmt.Errorf("%w: the page's home moved", errHomeMoved))
+				return
+			}
+		}
+	}()
 	id := ps.nextID.Add(1)
 	a, err := ps.call(ctx, home, id, encodePersist(id, r, pages), persistCallTimeout)
 	if err != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, errHomeMoved) {
+			err = cause
+		}
 		return answerRetry, fmt.Sprintf("%v: persist request: %v", home, err)
 	}
 	return a.Code, a.Msg
 }
+
+// homeWatchInterval is how often a persist request in progress checks
+// that its home is still the pages' home.
+const homeWatchInterval = 200 * time.Millisecond
+
+var errHomeMoved = errors.New("node: persist: home moved")
 
 // call sends a request and waits for its answer from to.
 func (ps *persister) call(ctx context.Context, to ids.NodeID, id uint64, b []byte, timeout time.Duration) (nodeMsg, error) {

@@ -153,7 +153,7 @@ func storedPages(t *testing.T, m testMember, r ids.RegionID) map[uint64]pagestor
 // store of its pages.
 func TestDurableSyncPersists(t *testing.T) {
 	faults := map[int]*walFaultFS{}
-	ms := startClusterOpts(t, 3, func(i int) Options {
+	ms := startClusterOpts(t, 3, func(i int, _ *Config) Options {
 		f := &walFaultFS{FS: vfs.Default}
 		faults[i] = f
 		return Options{PageStoreFS: f}
@@ -335,4 +335,129 @@ func TestDurableSyncPersists(t *testing.T) {
 			return len(storedPages(t, m, rid)) == 0
 		})
 	}
+}
+
+// TestDurableSyncRealFullDisk fills a real file system: each node's page
+// store is on a tmpfs of 8 MiB mounted under its data directory, and the
+// backup's is filled up. The Sync fails naming the backup and the full
+// disk, the backup's stored pages stay intact, every node reads the
+// written data, and the Sync succeeds once the space is freed.
+func TestDurableSyncRealFullDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs under each node's data directory")
+	}
+	mounts := map[int]string{}
+	var mountErr error
+	ms := startClusterOpts(t, 3, func(i int, cfg *Config) Options {
+		dir := cfg.DataDir + "/pages"
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=8m"); err != nil {
+			mountErr = err
+			return Options{}
+		}
+		mounts[i] = dir
+		t.Cleanup(func() {
+			if err := syscall.Unmount(dir, 0); err != nil {
+				t.Errorf("unmount %s: %v", dir, err)
+			}
+		})
+		return Options{}
+	})
+	if mountErr != nil {
+		t.Skipf("cannot mount a tmpfs (%v)", mountErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "full", Size: 64 << 12,
+		Durability: dsmpb.Durability_DURABILITY_DURABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid := ids.RegionID(cr.Region.Id)
+	waitServed(ctx, t, ms, "full")
+	home, backups := placed(t, ms[0], rid, 0)
+	backup := backups[0]
+	w := ms[0]
+	for _, m := range ms {
+		if id := ids.NodeID(m.n.cfg.ID); id != home && id != backup {
+			w = m
+		}
+	}
+	const pages = 8
+	write := func(round int) [][]byte {
+		t.Helper()
+		var want [][]byte
+		for p := range uint64(pages) {
+			data := bytes.Repeat([]byte(fmt.Sprintf("round %d page %d;", round, p)), 4096)[:4096]
+			if _, err := w.adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "full", Offset: p << 12, Data: data}); err != nil {
+				t.Fatalf("write page %d: %v", p, err)
+			}
+			want = append(want, data)
+		}
+		return want
+	}
+	wantStored := func(m testMember, want [][]byte) {
+		t.Helper()
+		got := storedPages(t, m, rid)
+		for p := range uint64(pages) {
+			if !bytes.Equal(got[p].Data, want[p]) {
+				t.Fatalf("n%d's store holds page %d as %.30q, want %.30q", m.n.cfg.ID, p, got[p].Data, want[p])
+			}
+		}
+	}
+	want1 := write(1)
+	if _, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "full"}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	wantStored(ms[backup-1], want1)
+
+	filler := mounts[int(backup)] + "/filler"
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			break
+		}
+	}
+	f.Close()
+	want2 := write(2)
+	var syncErr error
+	for range 8 { // the WAL may have preallocated room for a few batches
+		if _, syncErr = w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "full"}); syncErr != nil {
+			break
+		}
+		want2 = write(2)
+	}
+	if code(syncErr) != codes.Unavailable || !strings.Contains(syncErr.Error(), backup.String()+": page store:") ||
+		!strings.Contains(syncErr.Error(), "disk full") {
+		t.Fatalf("Sync with the backup's file system full: %v; want Unavailable naming %v and the full disk", syncErr, backup)
+	}
+	t.Logf("Sync on a full file system: %v", syncErr)
+	for _, m := range ms {
+		got, err := m.adm.ReadMemory(ctx, &dsmpb.ReadMemoryRequest{Region: "full", Offset: 0, Length: 4096})
+		if err != nil || !bytes.Equal(got.GetData(), want2[0]) {
+			t.Fatalf("n%d reads page 0 with the backup's disk full: %v", m.n.cfg.ID, err)
+		}
+	}
+	// What the backup stored before is intact (round 1, or round 2 from a
+	// Sync that went through before the disk was full).
+	got := storedPages(t, ms[backup-1], rid)
+	for p := range uint64(pages) {
+		if d := got[p].Data; !bytes.Equal(d, want1[p]) && !bytes.Equal(d, want2[p]) {
+			t.Fatalf("the backup's store holds page %d as %.30q after the failed Sync", p, d)
+		}
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "full"}); err != nil {
+		t.Fatalf("Sync after the space was freed: %v", err)
+	}
+	wantStored(ms[backup-1], want2)
+	wantStored(ms[home-1], want2)
 }
