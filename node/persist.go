@@ -96,6 +96,9 @@ type persister struct {
 	// order the engine handed them over (a page's in tenure order).
 	seq uint64
 
+	// parts: pages arriving in copy-parts, until every byte is in.
+	parts map[partKey]*partialPage
+
 	// wmu orders the writes of a page to the store (writeOrdered).
 	wmu    sync.Mutex
 	latest map[regionPage]queued
@@ -124,6 +127,23 @@ type queuedWrite struct {
 	err  error
 }
 
+// partKey names one page's copy from one home.
+type partKey struct {
+	from ids.NodeID
+	r    ids.RegionID
+	no   ids.PageNo
+	seq  uint64
+}
+
+// partialPage is a page whose copy-parts are arriving.
+type partialPage struct {
+	version uint16
+	data    []byte
+	got     map[int]bool // offsets received
+	bytes   int
+	at      time.Time
+}
+
 type regionPage struct {
 	r  ids.RegionID
 	no ids.PageNo
@@ -137,7 +157,7 @@ type pcall struct {
 func newPersister(n *Node, store *pagestore.Store) *persister {
 	return &persister{n: n, store: store, log: n.log.With("part", "persist"), self: ids.NodeID(n.cfg.ID),
 		released: map[ids.RegionID]map[ids.PageNo]uint16{}, calls: map[uint64]*pcall{},
-		copies: map[regionPage][]chan stableCopy{}, latest: map[regionPage]queued{}}
+		copies: map[regionPage][]chan stableCopy{}, latest: map[regionPage]queued{}, parts: map[partKey]*partialPage{}}
 }
 
 // releasedFn is the engine's Config.Released for durable region r.
@@ -430,9 +450,13 @@ func (ps *persister) deliver(from ids.NodeID, b []byte) {
 		var code answerCode
 		var msg string
 		kind := msgPersistAnswer
-		if m.Kind == msgPersist {
+		switch m.Kind {
+		case msgPersist:
 			code, msg = ps.serveHome(ctx, m.Region, m.Pages)
-		} else {
+		case msgCopyPart:
+			kind = msgCopyAnswer
+			code, msg = ps.serveCopyPart(ctx, from, m)
+		default:
 			kind = msgCopyAnswer
 			code, msg = ps.serveCopy(ctx, from, m.Region, m.PageSize, m.Pages)
 		}
@@ -511,11 +535,7 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 		}
 	}
 	perMsg := copyPagesPerMsg(re.pageSize)
-	if len(byBackup) > 0 && perMsg == 0 {
-		return answerFailed, fmt.Sprintf("%v: pages of %d bytes do not fit in a persist-copy message: persisting them at the backups is not built",
-			ps.self, re.pageSize)
-	}
-	errs := make(chan string, 1+len(asked))
+	errs := make(chan string, 1+len(asked)*len(byBackup)*max(1, re.pageSize/partBytes+1))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -524,7 +544,31 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 			errs <- fmt.Sprintf("%v: page store: %v", ps.self, err)
 		}
 	}()
+	// Pages too large for a persist-copy go in copy-parts, a bounded
+	// number in flight.
+	inflight := make(chan struct{}, maxPartsInFlight)
 	for b, bp := range byBackup {
+		if perMsg == 0 {
+			for _, p := range bp {
+				for off := 0; off < len(p.Data); off += partBytes {
+					wg.Add(1)
+					inflight <- struct{}{}
+					go func() {
+						defer func() { <-inflight; wg.Done() }()
+						id := ps.nextID.Add(1)
+						piece := p.Data[off:min(off+partBytes, len(p.Data))]
+						a, err := ps.call(ctx, b, id, encodeCopyPart(id, r, re.pageSize, p, off, piece), persistCopyTimeout)
+						switch {
+						case err != nil:
+							errs <- fmt.Sprintf("%v: persist-copy to backup %v: %v", ps.self, b, err)
+						case a.Code != answerOK:
+							errs <- a.Msg
+						}
+					}()
+				}
+			}
+			continue
+		}
 		for chunk := range slices.Chunk(bp, perMsg) {
 			wg.Add(1)
 			go func() {
@@ -574,6 +618,58 @@ func (ps *persister) serveCopy(ctx context.Context, from ids.NodeID, r ids.Regio
 		sp[i] = seqPage{Page: pagestore.Page{Region: r, No: uint64(p.No), Version: p.Version, Data: p.Data}, seq: p.Seq}
 	}
 	if err := ps.writeOrdered(ctx, from, sp); err != nil {
+		return answerFailed, fmt.Sprintf("%v: page store: %v", ps.self, err)
+	}
+	return answerOK, ""
+}
+
+// maxPartsInFlight bounds the copy-parts one persist request has in
+// flight.
+const maxPartsInFlight = 32
+
+// serveCopyPart takes a piece of a home's stable copy of a page too large
+// for a persist-copy; the piece that completes the page writes it, and its
+// answer says how that went.
+func (ps *persister) serveCopyPart(ctx context.Context, from ids.NodeID, m nodeMsg) (answerCode, string) {
+	reg, ok := ps.n.dir.View().RegionByID(m.Region)
+	p := m.Pages[0]
+	switch {
+	case !ok:
+		return answerFailed, fmt.Sprintf("%v: region %v is not in this node's directory", ps.self, m.Region)
+	case reg.Durability != directory.DurabilitySynced:
+		return answerFailed, fmt.Sprintf("%v: region %q is not durable", ps.self, reg.Name)
+	case m.PageSize != int(reg.PageSize):
+		return answerFailed, fmt.Sprintf("%v: pages of %d bytes for region %q of %d-byte pages", ps.self, m.PageSize, reg.Name, reg.PageSize)
+	case uint64(p.No) >= reg.Pages():
+		return answerFailed, fmt.Sprintf("%v: page %d is past the end of region %q", ps.self, p.No, reg.Name)
+	}
+	k := partKey{from: from, r: m.Region, no: p.No, seq: p.Seq}
+	now := time.Now()
+	ps.mu.Lock()
+	pp := ps.parts[k]
+	if pp == nil {
+		for k, old := range ps.parts {
+			if now.Sub(old.at) >= latestTTL {
+				delete(ps.parts, k) // its home gave up long ago
+			}
+		}
+		pp = &partialPage{version: p.Version, data: make([]byte, m.PageSize), got: map[int]bool{}, at: now}
+		ps.parts[k] = pp
+	}
+	if !pp.got[m.Offset] {
+		pp.got[m.Offset] = true
+		pp.bytes += copy(pp.data[m.Offset:], p.Data)
+	}
+	done := pp.bytes >= m.PageSize
+	if done {
+		delete(ps.parts, k)
+	}
+	ps.mu.Unlock()
+	if !done {
+		return answerOK, ""
+	}
+	page := seqPage{Page: pagestore.Page{Region: m.Region, No: uint64(p.No), Version: pp.version, Data: pp.data}, seq: p.Seq}
+	if err := ps.writeOrdered(ctx, from, []seqPage{page}); err != nil {
 		return answerFailed, fmt.Sprintf("%v: page store: %v", ps.self, err)
 	}
 	return answerOK, ""

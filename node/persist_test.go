@@ -461,3 +461,58 @@ func TestDurableSyncRealFullDisk(t *testing.T) {
 	wantStored(ms[backup-1], want2)
 	wantStored(ms[home-1], want2)
 }
+
+// TestDurableSyncLargePages: pages of 128 KiB do not fit in a
+// persist-copy message; the home sends them to the backup in copy-parts,
+// and both stores hold them whole.
+func TestDurableSyncLargePages(t *testing.T) {
+	ms := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const ps, pages = 128 << 10, 3
+	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "big", Size: 16 * ps, PageSize: ps,
+		Durability: dsmpb.Durability_DURABILITY_DURABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid := ids.RegionID(cr.Region.Id)
+	waitServed(ctx, t, ms, "big")
+	home, backups := placed(t, ms[0], rid, 0)
+	w := ms[0]
+	for _, m := range ms {
+		if id := ids.NodeID(m.n.cfg.ID); id != home && !slices.Contains(backups, id) {
+			w = m
+		}
+	}
+	var want [][]byte
+	for p := range uint64(pages) {
+		data := make([]byte, ps)
+		for i := range data {
+			data[i] = byte(uint64(i)*7 + p*13 + uint64(i>>12))
+		}
+		if _, err := w.adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "big", Offset: p * ps, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, data)
+	}
+	if _, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "big"}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	for _, id := range append([]ids.NodeID{home}, backups...) {
+		got := storedPages(t, ms[id-1], rid)
+		for p := range uint64(pages) {
+			if !bytes.Equal(got[p].Data, want[p]) || got[p].Version == 0 {
+				t.Fatalf("%v's store holds page %d as %d bytes at version %d, not the %d bytes written", id, p, len(got[p].Data), got[p].Version, ps)
+			}
+		}
+	}
+	for _, id := range append([]ids.NodeID{home}, backups...) {
+		ps := ms[id-1].n.persist
+		ps.mu.Lock()
+		left := len(ps.parts)
+		ps.mu.Unlock()
+		if left != 0 {
+			t.Fatalf("%v keeps %d pages' pieces", id, left)
+		}
+	}
+}

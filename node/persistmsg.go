@@ -18,10 +18,14 @@ import (
 //	persist      id u64, region u32, count u32, count x (page u64, version u16)
 //	persist-copy id u64, region u32, page size u32, count u32,
 //	             count x (page u64, version u16, seq u64, data [page size])
+//	copy-part    id u64, region u32, page size u32, page u64, version u16,
+//	             seq u64, offset u32, data [to the end]
 //	answer       id u64, code u8, length u16, message [length]
 //
-// An answer (persistAnswer, copyAnswer) answers the request of the same id
-// from its receiver. Every length is checked against the bytes present;
+// A copy-part carries a piece of one page that does not fit in a
+// persist-copy (pages of 64 KiB and more); it is answered with a
+// copy-answer like a persist-copy. An answer (persistAnswer, copyAnswer)
+// answers the request of the same id from its receiver. Every length is checked against the bytes present;
 // decodeNodeMsg never panics on any input (FuzzDecodeNodeMsg).
 
 // nodeMsgKind is the kind of a node-layer message.
@@ -32,6 +36,7 @@ const (
 	msgPersistAnswer
 	msgPersistCopy
 	msgCopyAnswer
+	msgCopyPart
 )
 
 func (k nodeMsgKind) String() string {
@@ -44,6 +49,8 @@ func (k nodeMsgKind) String() string {
 		return "persist-copy"
 	case msgCopyAnswer:
 		return "copy-answer"
+	case msgCopyPart:
+		return "copy-part"
 	}
 	return fmt.Sprintf("nodeMsgKind(%d)", uint8(k))
 }
@@ -67,6 +74,10 @@ const (
 	nodeMsgHeader  = msgHeader + 1 + 8 // zero region, kind, id
 	persistEntry   = 8 + 2
 	copyEntry      = persistEntry + 8 // and the data
+	partHeader     = 4 + 4 + 8 + 2 + 8 + 4
+	// partBytes is the most data one copy-part carries: a multiple of 8
+	// that fits in a message.
+	partBytes = (rdma.MaxMessage - nodeMsgHeader - partHeader) &^ 7
 	maxAnswerBytes = 1024
 )
 
@@ -88,7 +99,8 @@ type nodeMsg struct {
 	Kind     nodeMsgKind
 	ID       uint64
 	Region   ids.RegionID  // persist, persist-copy
-	PageSize int           // persist-copy
+	PageSize int           // persist-copy, copy-part
+	Offset   int           // copy-part: where Pages[0].Data goes in the page
 	Pages    []persistPage // persist, persist-copy
 	Code     answerCode    // answers
 	Msg      string        // answers
@@ -135,6 +147,19 @@ func encodeCopy(id uint64, r ids.RegionID, pageSize int, pages []persistPage) []
 		b = append(b, p.Data...)
 	}
 	return b
+}
+
+// encodeCopyPart encodes the piece of page p's data at off.
+func encodeCopyPart(id uint64, r ids.RegionID, pageSize int, p persistPage, off int, data []byte) []byte {
+	b := make([]byte, 0, nodeMsgHeader+partHeader+len(data))
+	b = appendNodeHeader(b, msgCopyPart, id)
+	b = binary.LittleEndian.AppendUint32(b, uint32(r))
+	b = binary.LittleEndian.AppendUint32(b, uint32(pageSize))
+	b = binary.LittleEndian.AppendUint64(b, uint64(p.No))
+	b = binary.LittleEndian.AppendUint16(b, p.Version)
+	b = binary.LittleEndian.AppendUint64(b, p.Seq)
+	b = binary.LittleEndian.AppendUint32(b, uint32(off))
+	return append(b, data...)
 }
 
 func encodeAnswer(k nodeMsgKind, id uint64, code answerCode, msg string) []byte {
@@ -202,6 +227,25 @@ func decodeNodeMsg(b []byte) (nodeMsg, error) {
 			}
 			b = b[entry:]
 		}
+	case msgCopyPart:
+		if len(b) < partHeader {
+			return m, fmt.Errorf("%w: %v: %d-byte body", errBadNodeMsg, m.Kind, len(b))
+		}
+		m.Region = ids.RegionID(binary.LittleEndian.Uint32(b))
+		ps := binary.LittleEndian.Uint32(b[4:])
+		off := binary.LittleEndian.Uint32(b[26:])
+		data := b[partHeader:]
+		switch {
+		case m.Region == 0:
+			return m, fmt.Errorf("%w: %v of region 0", errBadNodeMsg, m.Kind)
+		case ps == 0 || ps%8 != 0 || ps > 1<<30:
+			return m, fmt.Errorf("%w: %v: page size %d", errBadNodeMsg, m.Kind, ps)
+		case len(data) == 0 || off%8 != 0 || uint64(off)+uint64(len(data)) > uint64(ps):
+			return m, fmt.Errorf("%w: %v: %d bytes at %d of a %d-byte page", errBadNodeMsg, m.Kind, len(data), off, ps)
+		}
+		m.PageSize, m.Offset = int(ps), int(off)
+		m.Pages = []persistPage{{No: ids.PageNo(binary.LittleEndian.Uint64(b[8:])), Version: binary.LittleEndian.Uint16(b[16:]),
+			Seq: binary.LittleEndian.Uint64(b[18:]), Data: data}}
 	case msgPersistAnswer, msgCopyAnswer:
 		if len(b) < 3 {
 			return m, fmt.Errorf("%w: %v: %d-byte body", errBadNodeMsg, m.Kind, len(b))

@@ -19,6 +19,8 @@ func TestNodeMsgRoundTrip(t *testing.T) {
 			nodeMsg{Kind: msgPersist, ID: 9, Region: 3, Pages: []persistPage{{No: 1, Version: 2}, {No: 1 << 40, Version: 65535}}}},
 		{encodeCopy(10, 4, 4096, []persistPage{{No: 5, Version: 6, Seq: 77, Data: data}}),
 			nodeMsg{Kind: msgPersistCopy, ID: 10, Region: 4, PageSize: 4096, Pages: []persistPage{{No: 5, Version: 6, Seq: 77, Data: data}}}},
+		{encodeCopyPart(13, 4, 1<<17, persistPage{No: 5, Version: 6, Seq: 77}, 65488, data),
+			nodeMsg{Kind: msgCopyPart, ID: 13, Region: 4, PageSize: 1 << 17, Offset: 65488, Pages: []persistPage{{No: 5, Version: 6, Seq: 77, Data: data}}}},
 		{encodeAnswer(msgPersistAnswer, 11, answerOK, ""), nodeMsg{Kind: msgPersistAnswer, ID: 11, Code: answerOK}},
 		{encodeAnswer(msgCopyAnswer, 12, answerFailed, "n2: page store: disk full"),
 			nodeMsg{Kind: msgCopyAnswer, ID: 12, Code: answerFailed, Msg: "n2: page store: disk full"}},
@@ -50,6 +52,9 @@ func TestNodeMsgRoundTrip(t *testing.T) {
 	if copyPagesPerMsg(64<<10) != 0 {
 		t.Fatal("a 64 KiB page fits in a persist-copy")
 	}
+	if n := len(encodeCopyPart(1, 1, 2<<20, persistPage{}, 0, make([]byte, partBytes))); n > rdma.MaxMessage || partBytes%8 != 0 {
+		t.Fatalf("a copy-part of %d bytes is %d bytes, more than %d", partBytes, n, rdma.MaxMessage)
+	}
 	// A long answer is cut, not refused.
 	long := string(bytes.Repeat([]byte{'x'}, 2*maxAnswerBytes))
 	if m, err := decodeNodeMsg(encodeAnswer(msgPersistAnswer, 1, answerFailed, long)); err != nil || len(m.Msg) != maxAnswerBytes {
@@ -74,6 +79,12 @@ func TestNodeMsgRefused(t *testing.T) {
 		"copy page 0":     encodeCopy(1, 2, 0, []persistPage{{No: 1}}),
 		"copy page odd":   encodeCopy(1, 2, 7, []persistPage{{No: 1, Data: make([]byte, 7)}}),
 		"copy short data": encodeCopy(1, 2, 4096, []persistPage{{No: 1, Data: make([]byte, 4095)}}),
+		"part region 0":   encodeCopyPart(1, 0, 1<<17, persistPage{}, 0, make([]byte, 8)),
+		"part no data":    encodeCopyPart(1, 2, 1<<17, persistPage{}, 0, nil),
+		"part past end":   encodeCopyPart(1, 2, 1<<17, persistPage{}, 1<<17-8, make([]byte, 16)),
+		"part odd offset": encodeCopyPart(1, 2, 1<<17, persistPage{}, 4, make([]byte, 8)),
+		"part page 0":     encodeCopyPart(1, 2, 0, persistPage{}, 0, make([]byte, 8)),
+		"part short":      encodeCopyPart(1, 2, 1<<17, persistPage{}, 0, make([]byte, 8))[:nodeMsgHeader+partHeader-1],
 	}
 	for name, b := range bad {
 		if m, err := decodeNodeMsg(b); !errors.Is(err, errBadNodeMsg) {
@@ -88,6 +99,7 @@ func FuzzDecodeNodeMsg(f *testing.F) {
 	f.Add(encodePersist(1, 2, []persistPage{{No: 3, Version: 4}}))
 	f.Add(encodeCopy(5, 6, 8, []persistPage{{No: 7, Version: 8, Seq: 9, Data: make([]byte, 8)}}))
 	f.Add(encodeAnswer(msgCopyAnswer, 10, answerRetry, "n3: not home"))
+	f.Add(encodeCopyPart(11, 12, 1<<17, persistPage{No: 13, Version: 14, Seq: 15}, 64, make([]byte, 24)))
 	f.Add([]byte{0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeNodeMsg(b)
@@ -100,6 +112,8 @@ func FuzzDecodeNodeMsg(f *testing.F) {
 			again = encodePersist(m.ID, m.Region, m.Pages)
 		case msgPersistCopy:
 			again = encodeCopy(m.ID, m.Region, m.PageSize, m.Pages)
+		case msgCopyPart:
+			again = encodeCopyPart(m.ID, m.Region, m.PageSize, m.Pages[0], m.Offset, m.Pages[0].Data)
 		default:
 			again = encodeAnswer(m.Kind, m.ID, m.Code, m.Msg)
 		}
