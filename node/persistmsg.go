@@ -71,13 +71,13 @@ const (
 )
 
 const (
-	nodeMsgHeader  = msgHeader + 1 + 8 // zero region, kind, id
-	persistEntry   = 8 + 2
-	copyEntry      = persistEntry + 8 // and the data
-	partHeader     = 4 + 4 + 8 + 2 + 8 + 4
+	nodeMsgHeader = msgHeader + 1 + 8 // zero region, kind, id
+	persistEntry  = 8 + 2
+	copyEntry     = persistEntry + 8 // and the data
+	partHeader    = 4 + 4 + 8 + 2 + 8 + 4
 	// partBytes is the most data one copy-part carries: a multiple of 8
 	// that fits in a message.
-	partBytes = (rdma.MaxMessage - nodeMsgHeader - partHeader) &^ 7
+	partBytes      = (rdma.MaxMessage - nodeMsgHeader - partHeader) &^ 7
 	maxAnswerBytes = 1024
 )
 
