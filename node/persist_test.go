@@ -516,3 +516,54 @@ func TestDurableSyncLargePages(t *testing.T) {
 		}
 	}
 }
+
+// TestPersistAwayFromHome: a persist request that reaches a node that is
+// not the home of its pages is answered "retry" (the requester then asks
+// the home of its current view), and one to a node that is no member
+// fails at once instead of waiting.
+func TestPersistAwayFromHome(t *testing.T) {
+	ms := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "away", Size: 16 << 12,
+		Durability: dsmpb.Durability_DURABILITY_DURABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid := ids.RegionID(cr.Region.Id)
+	waitServed(ctx, t, ms, "away")
+	home, _ := placed(t, ms[0], rid, 0)
+	var w, other testMember
+	for _, m := range ms {
+		if ids.NodeID(m.n.cfg.ID) != home {
+			w, other = other, m
+		}
+	}
+	if _, err := w.adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "away", Data: []byte("away")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.n.cache.Flush(ctx, rid, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	pages := w.n.persist.recorded(rid, 0, 1)
+	if len(pages) != 1 {
+		t.Fatalf("recorded %v", pages)
+	}
+	otherID := ids.NodeID(other.n.cfg.ID)
+	code, msg := w.n.persist.askHome(ctx, otherID, rid, pages)
+	if code != answerRetry || !strings.Contains(msg, "is not the home") {
+		t.Fatalf("a persist request at %v, not the home %v: %v %q; want retry", otherID, home, code, msg)
+	}
+	start := time.Now()
+	code, msg9 := w.n.persist.askHome(ctx, 9, rid, pages)
+	if code != answerRetry || time.Since(start) > 5*time.Second {
+		t.Fatalf("a persist request to n9, no member: %v %q after %v", code, msg9, time.Since(start))
+	}
+	t.Logf("at a node that is not the home: %q; at no member: %q", msg, msg9)
+	if _, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "away"}); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	if v, data, ok, err := ms[home-1].n.pages.Get(rid, 0); err != nil || !ok || v != pages[0].Version || !bytes.HasPrefix(data, []byte("away")) {
+		t.Fatalf("the home's store: v%d %.8q %v %v; want v%d", v, data, ok, err, pages[0].Version)
+	}
+}
