@@ -27,8 +27,10 @@ import (
 // Modified since its last successful Sync of it (the record below). The
 // home takes a stable copy of each page with engine.Persist (the page's
 // turn, a holder recalled to S, word and data read together), writes the
-// copies to its page store and sends them in persist-copy messages to
-// every backup of the page, which writes them to its own store. The home
+// copies to its page store and sends them in persist-copy messages (or
+// copy-parts, for pages too large for one message) to every backup of the
+// page, which writes them to its own store. Every store orders the writes
+// of a page by the home's order of its stable copies (writeOrdered). The home
 // answers once its write and every backup's answer are in; Sync returns
 // once every home has answered, or with the error of the first node that
 // failed, named ("n2: page store: ...").
