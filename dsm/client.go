@@ -138,10 +138,13 @@ const (
 	// cluster loses every page.
 	Memory Durability = 1 + iota
 	// Durable asks for pages that also survive a restart of the whole
-	// cluster: Sync is meant to persist them on disk at the home and the
-	// backups. Persistence is not built yet: today Sync of a Durable
-	// region does what it does for Memory (home and backups, in memory),
-	// and a restart of the whole cluster loses its pages too.
+	// cluster. Sync of a Durable region writes back as for Memory, then
+	// persists the pages this machine wrote on disk, at their homes and
+	// at each backup, before it returns; a disk fault there fails it
+	// (codes.Unavailable, naming the node and the cause). Reloading them
+	// is not built yet: a restarted node rejoins empty, and a restart of
+	// the whole cluster still loses the region's pages
+	// (docs/durability.md).
 	Durable
 )
 

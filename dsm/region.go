@@ -356,9 +356,11 @@ func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new u
 // region's dirty pages held by this machine are written back to their
 // homes and to the region's backups (and leave this machine's cache), so
 // the crash of this machine, or of as many other nodes as the region has
-// backups, no longer loses them. Homes and backups keep pages in memory:
-// persistence for Durable regions is not built yet, and a restart of the
-// whole cluster loses every page. On a dead Region it fails
+// backups, no longer loses them. For a Durable region it also waits until
+// the pages this machine wrote are on disk at their homes and backups, and
+// fails when a disk there cannot take them; the disk copies are not
+// loaded again after a restart yet, so a restart of the whole cluster
+// still loses every page. On a dead Region it fails
 // as Err does (nothing it could sync is this mapping's any more), also
 // when the mapping dies while Sync runs.
 func (r *Region) Sync(ctx context.Context) error {

@@ -25,6 +25,13 @@ type testMember struct {
 // startCluster starts a cluster of k in-process nodes on loopback.
 func startCluster(t testing.TB, k int) []testMember {
 	t.Helper()
+	return startClusterOpts(t, k, func(int, *Config) Options { return Options{} })
+}
+
+// startClusterOpts is startCluster with the Options of node i (1..k),
+// which may also change its configuration.
+func startClusterOpts(t testing.TB, k int, opts func(i int, cfg *Config) Options) []testMember {
+	t.Helper()
 	var ms []testMember
 	var join []string
 	for i := 1; i <= k; i++ {
@@ -33,7 +40,8 @@ func startCluster(t testing.TB, k int) []testMember {
 		cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 		cfg.CacheSize = 8 << 20
 		cfg.Join = join
-		n, err := New(cfg, Options{})
+		o := opts(i, &cfg)
+		n, err := New(cfg, o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,12 @@
 //     through one node is listed by every other. Directory errors are mapped
 //     to the codes of types.proto (statusError).
 //
+//   - The page store of durable regions (node/pagestore) in
+//     DATA_DIR/pages, a pebble instance of its own beside the directory's
+//     Raft log store, and the persist requests of Sync (persist.go), which
+//     travel on the verbs transport under region id 0 (persistmsg.go).
+//     Nothing reads the store back after a restart yet.
+//
 //   - Prometheus metrics on Config.MetricsAddr (/metrics, /healthz): the Go
 //     runtime and process, the directory's epoch, regions and members, Raft
 //     term, leader and indexes, the health verdict, and the page cache's
@@ -41,7 +47,8 @@
 //   - Memory calls (memory.go): Client Load, Store, Add, CompareAndSwap
 //     (hardware atomics on the cache's page, held through the protocol
 //     under the page lock), Sync (write-back of the range's Modified
-//     pages), Admin ReadMemory and WriteMemory (through the cache, at most
+//     pages; for a durable region then persisted at the homes and
+//     backups, persist.go), Admin ReadMemory and WriteMemory (through the cache, at most
 //     MaxMemoryIO bytes per call), Pages (this node's copies, or every
 //     alive member's merged into one picture) and Stats (the cache's and
 //     the engines' counters and the miss latency histogram, from every

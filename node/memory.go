@@ -140,10 +140,13 @@ func (s *clientServer) CompareAndSwap(ctx context.Context, req *dsmpb.CompareAnd
 	return resp, nil
 }
 
-// Sync writes back the pages of the range this node holds Modified, and
-// waits for the write-backs of the range already under way (see
-// awaitWriteBacks), to the pages' homes and backups. For a DURABLE region
-// that is all it does today: nothing is written to disk.
+// Sync writes back the pages of the range this node holds Modified to
+// their homes and backups, and waits for the write-backs of the range
+// already under way (see awaitWriteBacks). For a durable region it then
+// persists, at the homes and backups, every page of the range this node
+// gave up Modified since its last Sync (persist.go); the pages are on disk
+// there when it returns, but are not loaded again after a restart yet
+// (docs/durability.md).
 func (s *clientServer) Sync(ctx context.Context, req *dsmpb.SyncRequest) (*dsmpb.SyncResponse, error) {
 	return s.n.sync(ctx, req.GetRegion(), req.GetOffset(), req.GetLength())
 }
@@ -172,6 +175,11 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	more, err := n.awaitWriteBacks(ctx, r.ID, ids.PageNo(first), ids.PageNo(first+pages))
 	if err != nil {
 		return nil, statusError(err)
+	}
+	if r.Durability == directory.DurabilitySynced && n.persist != nil {
+		if err := n.persist.syncRange(ctx, r, ids.PageNo(first), ids.PageNo(first+pages)); err != nil {
+			return nil, persistStatus(err)
+		}
 	}
 	return &dsmpb.SyncResponse{PagesWritten: uint64(w + more), Epoch: uint64(n.dir.Epoch())}, nil
 }
@@ -508,4 +516,15 @@ func (s *adminServer) Stats(ctx context.Context, req *dsmpb.StatsRequest) (*dsmp
 		slices.SortFunc(resp.Nodes, func(a, b *dsmpb.NodeStats) int { return int(a.NodeId) - int(b.NodeId) })
 	}
 	return resp, nil
+}
+
+// persistStatus maps the error of a durable region's persist requests:
+// Unavailable, whose message names the node and the cause; a caller may
+// retry the Sync (the data written back is at the homes and backups in
+// memory either way).
+func persistStatus(err error) error {
+	if errors.Is(err, ErrPersistFailed) || errors.Is(err, ErrPersistUnavailable) {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return statusError(err)
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/vfs"
 	"google.golang.org/grpc"
 
 	"github.com/dsmkit/dsm/directory"
@@ -22,6 +23,7 @@ import (
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/localcache"
+	"github.com/dsmkit/dsm/node/pagestore"
 )
 
 // Version is dsmd's build version, reported by Status. Set with
@@ -45,6 +47,9 @@ type Options struct {
 	Coherence localcache.Coherence
 	// Reload, in Run, reloads the TLS files at each receive (dsmd: SIGHUP).
 	Reload <-chan os.Signal
+	// PageStoreFS, when set, is the file system of the page store
+	// (tests wrap it to inject disk faults); nil: the real one.
+	PageStoreFS vfs.FS
 	// Notify, when set, is told the service states of Run: "READY=1" once
 	// the node has started (its listeners and local sockets accept
 	// connections and it has joined gossip), "STOPPING=1" when it begins
@@ -60,11 +65,16 @@ type Node struct {
 	opts  Options
 	log   *slog.Logger
 
-	tls     *tlsconf.Manager // nil without TLS
-	verbs   verbsEndpoint
-	dir     *directory.Directory
-	cache   *localcache.Cache
-	eng     *engines // nil when Options.Coherence replaces them
+	tls   *tlsconf.Manager // nil without TLS
+	verbs verbsEndpoint
+	dir   *directory.Directory
+	cache *localcache.Cache
+	eng   *engines // nil when Options.Coherence replaces them
+	// pages is the page store of durable regions (DATA_DIR/pages) and
+	// persist the node's part in persisting them (persist.go); both nil
+	// when Options.Coherence replaces the engines.
+	pages   *pagestore.Store
+	persist *persister
 	stats   nodeStats
 	shards  shardCounter  // Status's homed shards, kept per view
 	publish chan struct{} // this node's descriptors changed
@@ -199,6 +209,18 @@ func (n *Node) Start() (err error) {
 
 	coh := n.opts.Coherence
 	if coh == nil {
+		// The pages of durable regions go to a pebble database of their
+		// own, beside the directory's Raft log store but not in it: its
+		// group commits fsync on their own cadence, a region's pages are
+		// deleted with one range delete that never touches the Raft log,
+		// and a full disk or a stalled compaction of pages fails Syncs
+		// without stalling the directory's commits (pagestore's doc).
+		n.pages, err = pagestore.Open(pagestore.Options{Dir: filepath.Join(n.cfg.DataDir, "pages"),
+			FS: n.opts.PageStoreFS, Logger: n.log.With("part", "pagestore")})
+		if err != nil {
+			return fmt.Errorf("node: page store: %w", err)
+		}
+		n.persist = newPersister(n, n.pages)
 		n.eng = newEngines(n)
 		n.verbs.SetHandler(n.eng.deliver)
 		coh = n.eng
@@ -635,8 +657,16 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 			}
 		}
 		n.wg.Wait()
+		if n.persist != nil {
+			n.persist.close()
+		}
 		if n.eng != nil {
 			errs = append(errs, n.eng.close())
+		}
+		if n.pages != nil {
+			if err := n.pages.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("node: page store: %w", err))
+			}
 		}
 		if n.cache != nil {
 			errs = append(errs, n.cache.Close())

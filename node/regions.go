@@ -155,6 +155,12 @@ func (es *engines) deliver(from ids.NodeID, b []byte) {
 		es.log.Warn("short protocol message", "from", from, "len", len(b))
 		return
 	}
+	if isNodeMsg(b) {
+		es.n.stats.msgsIn.Add(1)
+		es.n.stats.bytesIn.Add(uint64(len(b)))
+		es.n.persist.deliver(from, b)
+		return
+	}
 	r := ids.RegionID(binary.LittleEndian.Uint32(b))
 	es.mu.RLock()
 	re := es.byID[r]
@@ -387,6 +393,11 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		}
 	}
 	rf := newRegionFills(es, nil)
+	var released func(ids.PageNo, uint16)
+	var persisted func([]coherence.PersistDone)
+	if r.Durability == directory.DurabilitySynced {
+		released, persisted = es.n.persist.releasedFn(r.ID), es.n.persist.persistedFn(r.ID)
+	}
 	e, err := engine.New(engine.Config{
 		ID: self, Region: r.ID, Name: r.Name, NumPages: int(r.Pages()), PageSize: int(r.PageSize),
 		Epoch: pm.epoch, Members: pm.members, Joining: joining,
@@ -400,6 +411,8 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		Send:      es.sender(r.ID),
 		Pages:     cachePages{n: es.n, pageSize: int(r.PageSize)},
 		Filled:    rf.filled,
+		Released:  released,
+		Persisted: persisted,
 		Tick:      engineTick,
 		Logger:    es.log.With("region", r.Name),
 	})
@@ -452,6 +465,14 @@ func (es *engines) remove(re *regionEngine) {
 	why := fmt.Sprintf("region %q (%v) was deleted", r.Name, r.ID)
 	if err := es.n.cache.RemoveRegion(ctx, r.ID, why); err != nil && !errors.Is(err, localcache.ErrUnknownRegion) {
 		errs = append(errs, fmt.Errorf("page cache: %w", err))
+	}
+	es.n.persist.forget(r.ID)
+	if r.Durability == directory.DurabilitySynced {
+		// Its pages in this node's store, as home or backup (a region id
+		// is never given out again, so nothing else could read them).
+		if err := es.n.pages.DeleteRegion(r.ID); err != nil {
+			errs = append(errs, fmt.Errorf("page store: %w", err))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		es.log.Warn("region removed with errors", "region", r.Name, "id", r.ID, "err", err)

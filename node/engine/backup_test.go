@@ -327,3 +327,53 @@ func TestStampLeftBehind(t *testing.T) {
 		t.Fatalf("a second StampLeftBehind changed %d words", n)
 	}
 }
+
+// Config.Released is told of every page the node gives up Modified, with
+// the version of the tenure it releases: the version the home's word
+// shows once that release landed. Through an eviction (a Sync's
+// write-back) and through a recall by another node's write.
+func TestReleasedReportsTenure(t *testing.T) {
+	type rel struct {
+		p ids.PageNo
+		v uint16
+	}
+	var mu sync.Mutex
+	got := map[ids.NodeID][]rel{}
+	es := backupCluster(t, 1, func(c *Config) {
+		id := c.ID
+		c.Released = func(p ids.PageNo, v uint16) {
+			mu.Lock()
+			got[id] = append(got[id], rel{p, v})
+			mu.Unlock()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	page := bytes.Repeat([]byte{0x3c}, 4096)
+	// An eviction of a Modified page at n1.
+	if err := es[1].WriteMiss(ctx, testRegion, 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := es[1].Evict(ctx, testRegion, 3, page); err != nil {
+		t.Fatal(err)
+	}
+	w3, _ := slot(es[2], 3)
+	// A recall: n1 holds page 4 Modified, n4 writes it.
+	if err := es[1].WriteMiss(ctx, testRegion, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := es[4].WriteMiss(ctx, testRegion, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got[1]) != 2 || got[1][0] != (rel{3, w3.Version()}) || got[1][0].v == 0 || got[1][1].p != 4 || got[1][1].v == 0 {
+		t.Fatalf("n1 reported releases %v; want page 3 at v%d, then page 4", got[1], w3.Version())
+	}
+	if w4, _ := slot(es[2], 4); int16(w4.Version()-got[1][1].v) <= 0 {
+		t.Fatalf("page 4 released at v%d by n1, the word after n4's grant is %v: not newer", got[1][1].v, w4)
+	}
+	if len(got[4]) != 0 || len(got[2]) != 0 {
+		t.Fatalf("nodes that gave nothing up reported releases: %v", got)
+	}
+}

@@ -112,6 +112,14 @@ type Config struct {
 	// (coherence.Ready.Persisted), on the engine's goroutine: it must not
 	// block. nil: discarded.
 	Persisted func([]coherence.PersistDone)
+	// Released, when set, is told of every page this node gives up
+	// Modified (a drop or downgrade the protocol asks for, an eviction or
+	// the write-back of a Sync), with the version of the tenure it
+	// releases (0 when the state machine no longer knows it), on the
+	// engine's goroutine when the release begins: it must not block. The
+	// node layer records these pages for the persist requests of a
+	// durable region's Sync (docs/durability.md §2).
+	Released func(p ids.PageNo, version uint16)
 	// Tick is the interval of the protocol clock (default 1ms).
 	Tick time.Duration
 	// UnavailableAfter is how long a call may wait for a page whose home
@@ -638,6 +646,9 @@ func (e *Engine) onSubmit(s submit) {
 			e.wb[s.req.Page] = s.dirty
 		}
 		e.evicting[s.req.Page]++
+		if e.held[s.req.Page] == coherence.Modified {
+			e.released(s.req.Page)
+		}
 	}
 	if err := e.sm.Step(s.req); err != nil {
 		if s.kind == evictOp {
@@ -784,6 +795,9 @@ func (e *Engine) pageEffect(pe coherence.PageEffect) {
 	case coherence.PageDrop:
 		delete(e.held, pe.Page)
 	}
+	if was == coherence.Modified && e.evicting[pe.Page] == 0 {
+		e.released(pe.Page) // an eviction told it already
+	}
 	e.failMisses(pe.Page)
 	if e.cfg.Pages == nil || e.evicting[pe.Page] > 0 {
 		return
@@ -793,6 +807,14 @@ func (e *Engine) pageEffect(pe coherence.PageEffect) {
 	e.effects[pe.Page] = append(q, j)
 	if len(q) == 0 {
 		e.runEffect(j)
+	}
+}
+
+// released tells Config.Released that this node gives page p up Modified,
+// with the tenure the state machine's copy is of.
+func (e *Engine) released(p ids.PageNo) {
+	if e.cfg.Released != nil {
+		e.cfg.Released(p, e.sm.Page(p).Version)
 	}
 }
 

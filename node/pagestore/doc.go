@@ -41,7 +41,11 @@
 // versions in order. Deletes are queued like Writes and committed in
 // batches of their own, so they order with the Writes around them. A Write
 // whose ctx ends first returns ctx.Err(), but its pages are already queued
-// and may still be committed. Stats counts batches, pages and bytes.
+// and may still be committed. Enqueue is Write in two halves: it queues
+// the pages and returns a wait for the outcome, so that a caller that must
+// order the writes of a page made on several goroutines (dsmd's persist
+// requests) queues them under its own lock and waits outside it, and they
+// still share group commits. Stats counts batches, pages and bytes.
 //
 // # Disk faults
 //

@@ -228,13 +228,29 @@ func (s *Store) Write(ctx context.Context, pages []Page) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	wait, err := s.Enqueue(pages)
+	if err != nil {
+		return err
+	}
+	return wait(ctx)
+}
+
+// Enqueue is the first half of Write: it checks and encodes pages (copying
+// the data) and queues them, and returns at once. Calls of Enqueue and
+// Write are committed in the order they were queued, so a caller that
+// must order the writes of a page across goroutines queues them under its
+// own lock and waits outside it. wait returns what Write would: nil once
+// the batch holding the pages is committed with Sync, ctx.Err() when ctx
+// ends first (the pages may still be committed), an error wrapping
+// ErrNotPersisted when the batch failed. wait may be called once.
+func (s *Store) Enqueue(pages []Page) (wait func(ctx context.Context) error, err error) {
 	if len(pages) == 0 {
-		return nil
+		return func(context.Context) error { return nil }, nil
 	}
 	size := 0
 	for _, p := range pages {
 		if len(p.Data) > MaxPageBytes {
-			return fmt.Errorf("pagestore: region %d page %d: %d bytes, at most %d", p.Region, p.No, len(p.Data), MaxPageBytes)
+			return nil, fmt.Errorf("pagestore: region %d page %d: %d bytes, at most %d", p.Region, p.No, len(p.Data), MaxPageBytes)
 		}
 		size += keyLen + headerLen + len(p.Data)
 	}
@@ -247,7 +263,10 @@ func (s *Store) Write(ctx context.Context, pages []Page) error {
 		buf = appendRecord(buf, p.Version, p.Data)
 		req.recs[i] = record{key: buf[k:v:v], val: buf[v:len(buf):len(buf)], version: p.Version}
 	}
-	return s.submit(ctx, req)
+	if err := s.enqueue(req); err != nil {
+		return nil, err
+	}
+	return req.wait, nil
 }
 
 // DeleteRange removes pages from through to-1 of region with one synced
@@ -266,6 +285,14 @@ func (s *Store) DeleteRegion(region ids.RegionID) error {
 }
 
 func (s *Store) submit(ctx context.Context, req *request) error {
+	if err := s.enqueue(req); err != nil {
+		return err
+	}
+	return req.wait(ctx)
+}
+
+// enqueue queues req for the committer.
+func (s *Store) enqueue(req *request) error {
 	s.qmu.Lock()
 	if s.qclosed {
 		s.qmu.Unlock()
@@ -274,6 +301,11 @@ func (s *Store) submit(ctx context.Context, req *request) error {
 	s.queue = append(s.queue, req)
 	s.qmu.Unlock()
 	s.signal()
+	return nil
+}
+
+// wait waits for req's result or ctx.
+func (req *request) wait(ctx context.Context) error {
 	select {
 	case err := <-req.result:
 		return err

@@ -316,3 +316,39 @@ func TestOversizedPageRefused(t *testing.T) {
 		t.Fatal("oversized page stored")
 	}
 }
+
+// TestEnqueueOrder: Enqueue queues at once and returns; its pages are
+// committed in the order of the calls (within one batch the newer
+// version of a page is kept, across batches the later call's), and wait
+// reports the batch's outcome.
+func TestEnqueueOrder(t *testing.T) {
+	s := openTest(t, Options{})
+	ctx := context.Background()
+	w1, err := s.Enqueue([]Page{page(1, 0, 1), page(1, 1, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := s.Enqueue([]Page{page(1, 0, 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w1(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantPage(t, s, page(1, 0, 2))
+	wantPage(t, s, page(1, 1, 1))
+	w3, err := s.Enqueue([]Page{page(1, 1, 0)})
+	if err != nil || w3(ctx) != nil {
+		t.Fatalf("Enqueue: %v", err)
+	}
+	wantPage(t, s, page(1, 1, 0))
+	if w, err := s.Enqueue(nil); err != nil || w(ctx) != nil {
+		t.Fatalf("Enqueue(nil) = %v", err)
+	}
+	if _, err := s.Enqueue([]Page{{Region: 1, Data: make([]byte, MaxPageBytes+1)}}); err == nil {
+		t.Fatal("Enqueue of an oversized page succeeded")
+	}
+}

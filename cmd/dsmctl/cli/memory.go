@@ -138,8 +138,8 @@ func (a *app) putCmd() *cobra.Command {
 returns, a read anywhere in the cluster sees the bytes. DATA is taken as
 text, or as hex with --hex; "-" reads the bytes from stdin. OFF takes units
 or hex (0x1000). With --sync the written range is also synced before put
-returns: written back to its homes' memory (this build persists nothing
-to disk, durable regions included).`,
+returns: written back to its homes and backups, and for a durable region
+on disk there too (not loaded again after a restart yet).`,
 		Example:           "  dsmctl put feat 0 hello\n  dsmctl put feat 0x1000 deadbeef --hex\n  dsmctl put feat 4KiB - < page.bin",
 		Args:              args(3, 3, "REGION, OFF and DATA (or - for stdin)"),
 		ValidArgsFunction: a.completeRegion,

@@ -65,9 +65,12 @@ If a region of that name exists with the same size, page size and
 durability, create says so and succeeds (exit 0) without touching it; with
 another spec it fails.
 
---durable records the region as durable. In this build that changes nothing
-yet: Sync writes dirty pages back to their homes' memory only, for every
-region, and nothing is persisted to disk or copied to a backup.
+--durable makes the region durable: Sync writes dirty pages back to their
+homes and backups, as for every region, then waits until they are on disk
+there (each node's DATA_DIR/pages) and fails, naming the node, when a disk
+cannot take them. This build does not load them again: a restarted node
+rejoins empty, and a restart of the whole cluster loses the region's
+pages, durable or not.
 
 --allow-uid, --allow-gid, --read-only-uid and --read-only-gid give the new
 region an access list (see dsmctl region access --help); without them it is
@@ -136,7 +139,7 @@ its own list.`,
 		},
 	}
 	c.Flags().StringVar(&pageSize, "page-size", "4KiB", "page size, a power of two from 4KiB to 2MiB")
-	c.Flags().BoolVar(&durable, "durable", false, "record the region as durable (this build does not persist pages yet: Sync writes back to the memory of the home and the backups only)")
+	c.Flags().BoolVar(&durable, "durable", false, "make Sync persist the pages on disk at their homes and backups (not loaded again after a restart yet)")
 	access.add(c.Flags())
 	return c
 }

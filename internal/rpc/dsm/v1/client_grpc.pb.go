@@ -88,9 +88,10 @@ type ClientClient interface {
 	CompareAndSwap(ctx context.Context, in *CompareAndSwapRequest, opts ...grpc.CallOption) (*CompareAndSwapResponse, error)
 	// Sync is the durability point of a byte range (length 0: the whole
 	// region): when it returns, the dirty pages of the range held by this node
-	// are written back to their homes and the region's backups (persisting
-	// them for a DURABLE region is not built yet). INVALID_ARGUMENT for a
-	// range outside the region.
+	// are written back to their homes and the region's backups; for a DURABLE
+	// region they are then on disk there too (UNAVAILABLE, naming the node,
+	// when a disk cannot take them; not loaded again after a restart yet).
+	// INVALID_ARGUMENT for a range outside the region.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (*SyncResponse, error)
 	// SessionsAlive says, for each mapping-session token (handed out by the
 	// dsmd that served the mapping, in the Registered message of the mapping
@@ -260,9 +261,10 @@ type ClientServer interface {
 	CompareAndSwap(context.Context, *CompareAndSwapRequest) (*CompareAndSwapResponse, error)
 	// Sync is the durability point of a byte range (length 0: the whole
 	// region): when it returns, the dirty pages of the range held by this node
-	// are written back to their homes and the region's backups (persisting
-	// them for a DURABLE region is not built yet). INVALID_ARGUMENT for a
-	// range outside the region.
+	// are written back to their homes and the region's backups; for a DURABLE
+	// region they are then on disk there too (UNAVAILABLE, naming the node,
+	// when a disk cannot take them; not loaded again after a restart yet).
+	// INVALID_ARGUMENT for a range outside the region.
 	Sync(context.Context, *SyncRequest) (*SyncResponse, error)
 	// SessionsAlive says, for each mapping-session token (handed out by the
 	// dsmd that served the mapping, in the Registered message of the mapping

@@ -78,9 +78,10 @@ const (
 	// as many nodes as the region has backups, not a restart of the whole
 	// cluster. A crash of a page's holder loses its unsynced writes.
 	Durability_DURABILITY_MEMORY Durability = 1
-	// Meant to persist synced pages on disk at the home and the backups, so
-	// that they survive a restart of the whole cluster. Not built yet: Sync
-	// does what it does for DURABILITY_MEMORY.
+	// Sync also persists the synced pages on disk at the home and the
+	// backups, and fails when a disk cannot take them. Meant to survive a
+	// restart of the whole cluster: loading them again is not built yet, so
+	// today a restart of the whole cluster loses them too.
 	Durability_DURABILITY_DURABLE Durability = 2
 )
 
