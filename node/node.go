@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -683,6 +684,11 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		}
 		lost := 0
 		if n.cache != nil {
+			// What is tied to this incarnation ends now: its sessions and
+			// the calls waiting in its cache fail with the verdict, rather
+			// than when Close gets to the cache (after up to 5 s of
+			// stopping the RPC server): docs/failover.md §10.
+			n.cache.End(endReason(n.cfg.ID, err))
 			lost = n.cache.DiscardSuspended()
 		}
 		n.log.Warn("starting a new incarnation of this node", "dirty_pages_lost", lost, "err", err)
@@ -693,6 +699,16 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 			return nil
 		}
 	}
+}
+
+// endReason is what the sessions and calls of an incarnation declared
+// failed (err, from serve) are told.
+func endReason(id uint32, err error) string {
+	detail := err.Error()
+	for _, p := range []string{errDeclaredFailed.Error() + ": ", directory.ErrDeclaredFailed.Error() + ": "} {
+		detail = strings.TrimPrefix(detail, p)
+	}
+	return fmt.Sprintf("dsmd on n%d was declared failed by the cluster (%s): this incarnation serves nothing more and its mappings end; map the region again once its new incarnation serves", id, detail)
 }
 
 // startIncarnation creates and starts a node. The first incarnation's
