@@ -704,11 +704,14 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 // endReason is what the sessions and calls of an incarnation declared
 // failed (err, from serve) are told.
 func endReason(id uint32, err error) string {
+	// The verdict's own words ("incarnation 5 of n2, in epoch 43"), after
+	// the prefixes of the paths that carried it.
 	detail := err.Error()
-	for _, p := range []string{errDeclaredFailed.Error() + ": ", directory.ErrDeclaredFailed.Error() + ": "} {
-		detail = strings.TrimPrefix(detail, p)
+	prefix := directory.ErrDeclaredFailed.Error() + ": "
+	if i := strings.LastIndex(detail, prefix); i >= 0 {
+		detail = strings.TrimRight(detail[i+len(prefix):], ")")
 	}
-	return fmt.Sprintf("dsmd on n%d was declared failed by the cluster (%s): this incarnation serves nothing more and its mappings end; map the region again once its new incarnation serves", id, detail)
+	return fmt.Sprintf("dsmd on n%d was declared failed by the cluster (%s): this incarnation serves nothing more and its mappings end; map the region again", id, detail)
 }
 
 // startIncarnation creates and starts a node. The first incarnation's
