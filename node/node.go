@@ -763,6 +763,11 @@ func (n *Node) serve(ctx context.Context, notify func(...string), leaveTimeout t
 			}
 			if errors.Is(failed, errRemoved) {
 				notify("STOPPING=1", "STATUS=removed from the cluster")
+				if n.cache != nil {
+					// As for a failure verdict (Run): the sessions end now,
+					// not when Close gets to the cache.
+					n.cache.End(fmt.Sprintf("dsmd on n%d was removed from the cluster (%s): it serves nothing more and its mappings end", n.cfg.ID, strings.TrimPrefix(failed.Error(), errRemoved.Error()+": ")))
+				}
 				return false, errors.Join(failed, n.Close())
 			}
 			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)
