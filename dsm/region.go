@@ -77,9 +77,11 @@ type mapSpec struct {
 // for a page that the cluster cannot serve now, because its home is down
 // or unreachable (default DefaultFaultTimeout). After d it fails: ReadAt
 // and the others with ErrUnavailable, a plain access with SIGBUS (see the
-// package documentation, "Failures"). Zero or negative: wait as long as it
-// takes. Waiting for a page that other nodes are using (contention) never
-// fails this way.
+// package documentation, "Failures"). ReadAt, WriteAt, Prefault and the
+// atomics also fail with ErrUnavailable when this machine's dsmd has shown
+// no lease for d (it is stopped or stuck: the mapping's watchdog holds it).
+// Zero or negative: wait as long as it takes. Waiting for a page that other
+// nodes are using (contention) never fails this way.
 func WithFaultTimeout(d time.Duration) MapOption {
 	return func(s *mapSpec) { s.faultTimeout = d }
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -713,6 +714,11 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 		}
 		lost := 0
 		if n.cache != nil {
+			// What is tied to this incarnation ends now: its sessions and
+			// the calls waiting in its cache fail with the verdict, rather
+			// than when Close gets to the cache (after up to 5 s of
+			// stopping the RPC server): docs/failover.md §10.
+			n.cache.End(endReason(n.cfg.ID, err))
 			lost = n.cache.DiscardSuspended()
 		}
 		n.log.Warn("starting a new incarnation of this node", "dirty_pages_lost", lost, "err", err)
@@ -723,6 +729,19 @@ func Run(ctx context.Context, cfg Config, opts Options, leaveTimeout time.Durati
 			return nil
 		}
 	}
+}
+
+// endReason is what the sessions and calls of an incarnation declared
+// failed (err, from serve) are told.
+func endReason(id uint32, err error) string {
+	// The verdict's own words ("incarnation 5 of n2, in epoch 43"), after
+	// the prefixes of the paths that carried it.
+	detail := err.Error()
+	prefix := directory.ErrDeclaredFailed.Error() + ": "
+	if i := strings.LastIndex(detail, prefix); i >= 0 {
+		detail = strings.TrimRight(detail[i+len(prefix):], ")")
+	}
+	return fmt.Sprintf("dsmd on n%d was declared failed by the cluster (%s): this incarnation serves nothing more and its mappings end; map the region again", id, detail)
 }
 
 // startIncarnation creates and starts a node. The first incarnation's
@@ -774,6 +793,11 @@ func (n *Node) serve(ctx context.Context, notify func(...string), leaveTimeout t
 			}
 			if errors.Is(failed, errRemoved) {
 				notify("STOPPING=1", "STATUS=removed from the cluster")
+				if n.cache != nil {
+					// As for a failure verdict (Run): the sessions end now,
+					// not when Close gets to the cache.
+					n.cache.End(fmt.Sprintf("dsmd on n%d was removed from the cluster (%s): it serves nothing more and its mappings end", n.cfg.ID, strings.TrimPrefix(failed.Error(), errRemoved.Error()+": ")))
+				}
 				return false, errors.Join(failed, n.Close())
 			}
 			n.log.Error("dsmd cannot serve in this cluster; leaving it", "err", failed)

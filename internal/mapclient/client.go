@@ -84,14 +84,17 @@ const (
 // Mapping is this process's coherent mapping of one region. Plain loads and
 // stores through Bytes() are coherent; misses are served by dsmd.
 type Mapping struct {
-	c        *Client
-	name     string
-	region   ids.RegionID
-	pageSize int64
-	session  uint64 // dsmd's token for this session; 0: none
-	mp       *memfd.Mapping
-	b        []byte
-	conn     *net.UnixConn
+	c    *Client
+	name string
+	// faultTimeout is Options.FaultTimeout: it also bounds how long an
+	// access waits for the lease watchdog to let the mapping go.
+	faultTimeout time.Duration
+	region       ids.RegionID
+	pageSize     int64
+	session      uint64 // dsmd's token for this session; 0: none
+	mp           *memfd.Mapping
+	b            []byte
+	conn         *net.UnixConn
 	// u is this process's own copy of the userfaultfd it gave dsmd, kept
 	// until Close and never read: while it is open the kernel keeps the
 	// range registered, so a fault that nobody answers waits instead of
@@ -147,9 +150,12 @@ type Options struct {
 	// serve (its home is down or unreachable): the page is poisoned in
 	// this process, so a plain access gets SIGBUS and ReadAt, WriteAt,
 	// Populate and Word fail with ErrPageUnavailable, until dsmd serves it
-	// again. Zero or negative: faults wait as long as it takes. It needs
-	// a dsmd that knows it (an older one refuses the Map as a bad
-	// request).
+	// again. It also bounds how long ReadAt, WriteAt, Populate and Word
+	// wait for the lease watchdog to give the mapping back (a dsmd stopped
+	// or stuck past its lease): after it they fail with ErrPageUnavailable
+	// and the mapping lives on. Zero or negative: faults wait as long as
+	// it takes. It needs a dsmd that knows it (an older one refuses the
+	// Map as a bad request).
 	FaultTimeout time.Duration
 	// Session asks dsmd for the session's token (Mapping.Session). It
 	// needs a dsmd that knows it (an older one refuses the Map as a bad
@@ -321,7 +327,7 @@ func handshake(ctx context.Context, conn *net.UnixConn, name string, opts Option
 	}
 	conn.SetDeadline(time.Time{})
 	return &Mapping{
-		name: name, region: reply.Region, pageSize: ps, session: ack.Session,
+		name: name, region: reply.Region, pageSize: ps, session: ack.Session, faultTimeout: opts.FaultTimeout,
 		mp: mp, b: mp.Bytes(), conn: conn, u: u,
 		done: make(chan struct{}), mon: make(chan struct{}),
 		poisoned: make(map[ids.PageNo]string), pchanged: make(chan struct{}),
@@ -703,11 +709,17 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		if serr := m.Err(); serr != nil {
 			return done, serr
 		}
-		if err != nil && m.waitWatchdog(gen) {
-			// The lease watchdog held the mapping: copy the rest again
-			// once it lets go (what was copied stays copied).
-			done += n
-			continue
+		if err != nil {
+			retry, werr := m.waitWatchdog(gen)
+			if werr != nil {
+				return done, werr
+			}
+			if retry {
+				// The lease watchdog held the mapping: copy the rest
+				// again once it lets go (what was copied stays copied).
+				done += n
+				continue
+			}
 		}
 		if err != nil {
 			if perr := m.poisonedIn(start, end); perr != nil {

@@ -220,18 +220,31 @@ func (m *Mapping) watchGen() uint64 {
 // inaccessible now, or was at some point since gen), in which case it
 // first waits until the watchdog lets go or the mapping ends, and the
 // caller retries. The caller checks Err first: a dead mapping stays held.
-func (m *Mapping) waitWatchdog(gen uint64) bool {
+//
+// The wait is bounded by the mapping's FaultTimeout (none when it is not
+// positive): a dsmd that stays stopped or stuck never moves its lease
+// page, and its session does not end either, so the access would wait for
+// as long (docs/failover.md §10). Past it, err matches ErrPageUnavailable.
+func (m *Mapping) waitWatchdog(gen uint64) (retry bool, err error) {
 	m.wmu.Lock()
 	held, ch, g := m.held, m.wchanged, m.wgen
 	m.wmu.Unlock()
 	if !held {
-		return g != gen
+		return g != gen, nil
+	}
+	var timeout <-chan time.Time
+	if m.faultTimeout > 0 {
+		t := time.NewTimer(m.faultTimeout)
+		defer t.Stop()
+		timeout = t.C
 	}
 	select {
 	case <-ch:
 	case <-m.done:
+	case <-timeout:
+		return false, fmt.Errorf("%w: dsmd has shown no lease for %v (the lease watchdog holds the mapping: dsmd is stopped, stuck or cut off)", ErrPageUnavailable, m.faultTimeout)
 	}
-	return true
+	return true, nil
 }
 
 // Watchdog reports whether the mapping has a lease watchdog (dsmd gave a

@@ -260,3 +260,61 @@ func TestWatchdogMapWaitsForLease(t *testing.T) {
 	}
 	r.m.Close()
 }
+
+// TestWatchdogWaitBounded: a dsmd that stops moving its lease page and
+// does not come back (stopped, stuck) leaves the watchdog holding the
+// mapping and the session open; ReadAt, WriteAt and Word, which wait for
+// the watchdog to let go, fail after the mapping's FaultTimeout with
+// ErrPageUnavailable instead of waiting for as long. The mapping stays
+// alive: once the lease moves again, the same calls work.
+func TestWatchdogWaitBounded(t *testing.T) {
+	d := newFakeDaemon(t, 4)
+	lp := d.LeasePage(mapclienttest.Serving(time.Hour))
+	stop := lp.Renew(300*time.Millisecond, 20*time.Millisecond)
+	defer func() { stop() }()
+	c, _ := mapRegion(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), hangDeadline)
+	defer cancel()
+	const timeout = 300 * time.Millisecond
+	m, err := c.MapWith(ctx, "r", Options{FaultTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := m.WriteAt([]byte("lease"), 0); err != nil {
+		t.Fatal(err)
+	}
+	stop() // dsmd stops moving the deadline, for good
+	stop = func() {}
+	waitHeld(t, m, true)
+	calls := map[string]func() error{
+		"ReadAt":  func() error { _, err := m.ReadAt(make([]byte, 5), 0); return err },
+		"WriteAt": func() error { _, err := m.WriteAt([]byte("again"), int64(ps)); return err },
+		"Word":    func() error { return m.Word(0, true, func(w *uint64) { *w++ }) },
+	}
+	for name, call := range calls {
+		start := time.Now()
+		errc := make(chan error, 1)
+		go func() { errc <- call() }()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, ErrPageUnavailable) || !strings.Contains(err.Error(), "no lease") {
+				t.Fatalf("%s while dsmd shows no lease: %v, want ErrPageUnavailable saying so", name, err)
+			}
+			if waited := time.Since(start); waited < timeout {
+				t.Fatalf("%s failed after %v, before the fault timeout %v", name, waited, timeout)
+			}
+		case <-time.After(hangDeadline):
+			t.Fatalf("%s waits for good while dsmd shows no lease", name)
+		}
+	}
+	if err := m.Err(); err != nil {
+		t.Fatalf("the mapping died: %v", err)
+	}
+	lp.Set(mapclienttest.Serving(time.Hour)) // dsmd runs again
+	waitHeld(t, m, false)
+	got := make([]byte, 5)
+	if _, err := m.ReadAt(got, 0); err != nil || string(got) != "lease" {
+		t.Fatalf("ReadAt after the lease came back: %q, %v", got, err)
+	}
+}

@@ -56,7 +56,9 @@ func (m *Mapping) populate(off, length int64, write bool) error {
 		if serr := m.Err(); serr != nil {
 			return serr
 		}
-		if m.waitWatchdog(gen) {
+		if retry, werr := m.waitWatchdog(gen); werr != nil {
+			return werr
+		} else if retry {
 			continue // EFAULT of a mapping the lease watchdog held
 		}
 		if errors.Is(err, unix.EHWPOISON) {
@@ -103,7 +105,9 @@ func (m *Mapping) Word(off int64, write bool, op func(w *uint64)) (err error) {
 		if perr := m.poisonedIn(off, off+8); perr != nil {
 			return perr
 		}
-		if m.waitWatchdog(gen) {
+		if retry, werr := m.waitWatchdog(gen); werr != nil {
+			return werr
+		} else if retry {
 			continue // op faulted on a mapping the lease watchdog held: it did nothing
 		}
 		return fmt.Errorf("mapclient: fault on the word at %d: %v", off, fault)

@@ -147,6 +147,13 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 	if u, ok := e.unreach[home]; ok && e.now().Sub(u.since) >= e.cfg.UnavailableAfter {
 		return ue(home, "home", "is unreachable: "+u.err.Error())
 	}
+	if f, ok := e.unanswered(p); ok {
+		role := "home"
+		if f.to != home {
+			role = "backup"
+		}
+		return ue(f.to, role, fmt.Sprintf("has not answered a batch of verbs posted %v ago (its connection stalls)", e.now().Sub(f.since).Round(100*time.Millisecond)))
+	}
 	info := e.sm.Page(p)
 	w := info.Word
 	for _, c := range []struct {
@@ -182,6 +189,42 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 type unreachable struct {
 	since time.Time
 	err   error
+}
+
+// flight is a batch posted and not answered yet: for page, to node to,
+// since.
+type flight struct {
+	page  ids.PageNo
+	to    ids.NodeID
+	since time.Time
+}
+
+// unansweredFloor is the least time a batch must be in flight to count as
+// unanswered, whatever UnavailableAfter: a slow machine may keep a batch a
+// while (tests set UnavailableAfter to a millisecond to show that
+// contention never counts), and that is not unavailability.
+const unansweredFloor = time.Second
+
+// unanswered returns the oldest batch for page p that has been in flight,
+// with no answer and no error, for UnavailableAfter (and unansweredFloor)
+// or longer. A verbs connection can stall with no error for far longer
+// than that (TCP backs off its retransmissions after a loss up to minutes
+// apart, and a Post waits for its answer for as long): the page's state
+// machine posts nothing more for it meanwhile, so every call on the page
+// would wait, with its home alive and never found unreachable. The chaos
+// schedule of seed 660007 had calls wait 21 s so on a node that held its
+// lease (docs/failover.md §10).
+func (e *Engine) unanswered(p ids.PageNo) (flight, bool) {
+	bound := max(e.cfg.UnavailableAfter, unansweredFloor)
+	now := e.now()
+	var oldest flight
+	found := false
+	for _, f := range e.flying {
+		if f.page == p && now.Sub(f.since) >= bound && (!found || f.since.Before(oldest.since)) {
+			oldest, found = f, true
+		}
+	}
+	return oldest, found
 }
 
 // noteOutcome records whether a batch to home reached it.

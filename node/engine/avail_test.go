@@ -193,3 +193,39 @@ func TestContentionNeverUnavailable(t *testing.T) {
 		t.Fatalf("Load = %d, %v; want 600", v, err)
 	}
 }
+
+// A home whose answers stall (a verbs connection that TCP keeps alive but
+// that carries nothing: after a loss, its retransmissions back off for
+// tens of seconds) makes a waiting call fail after the bound, naming the
+// home, although every Post is still in flight without an error. Before,
+// such a call waited as long as the stall (chaos seed 660007: 21 s).
+func TestStalledHomeFailsAfterBound(t *testing.T) {
+	net := mem.NewNetwork()
+	var f1 *fault.Transport
+	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
+		ep, err := net.Endpoint(id)
+		if id == 1 && err == nil {
+			f1 = fault.Wrap(ep, 1)
+			return f1, nil
+		}
+		return ep, err
+	}, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
+	ctx := testCtx(t)
+	n1 := nodes[1]
+	const p = ids.PageNo(2) // homed at n3
+	if err := f1.SetRules(fault.Rule{Traffic: fault.Ops, Action: fault.Delay, Peer: 3, Prob: 1, Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n1.pages.Read(ctx, n1.e, testRegion, p, testPageSize)
+	ue := wantUnavailable(t, err, 3, "home", "has not answered")
+	if ue.Waited < unansweredFloor {
+		t.Fatalf("gave up after %v, before the bound", ue.Waited)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the call ran into the test's deadline instead of the bound")
+	}
+	// Pages homed elsewhere are served meanwhile.
+	if err := n1.pages.Write(ctx, n1.e, testRegion, 1, testPageSize, 0, []byte{7}); err != nil {
+		t.Fatalf("write of a page homed at n2: %v", err)
+	}
+}

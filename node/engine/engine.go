@@ -196,6 +196,9 @@ type Engine struct {
 	unreach   map[ids.NodeID]unreachable
 	parked    map[ids.NodeID][]coherence.Batch
 	lastSweep time.Time
+	// flying: the batches posted and not answered yet, by id (see
+	// unanswered).
+	flying map[uint64]flight
 
 	// hooks replace the goroutines the loop starts; nil in production.
 	hooks hooks
@@ -315,6 +318,7 @@ func New(cfg Config) (*Engine, error) {
 		down:     map[ids.NodeID]string{},
 		availCh:  make(chan struct{}, 1),
 		unreach:  map[ids.NodeID]unreachable{},
+		flying:   map[uint64]flight{},
 		parked:   map[ids.NodeID][]coherence.Batch{},
 		recvCh:   make(chan coherence.Message, 256),
 		reconfCh: make(chan coherence.Reconfigure),
@@ -661,6 +665,7 @@ func (e *Engine) onSubmit(s submit) {
 }
 
 func (e *Engine) onPosted(pd posted) {
+	delete(e.flying, pd.d.ID)
 	e.noteOutcome(pd.home, pd.d.Err)
 	if err := e.sm.Step(pd.d); err != nil {
 		e.log.Debug("completion refused", "batch", pd.d.ID, "err", err)
@@ -937,6 +942,9 @@ func (e *Engine) post(b coherence.Batch) {
 		return
 	}
 	ops, err := e.ops(b)
+	if len(b.Verbs) > 0 {
+		e.flying[b.ID] = flight{page: b.Verbs[0].Page, to: b.Home, since: e.now()}
+	}
 	if e.hooks.post != nil {
 		e.hooks.post(b, ops, err)
 		return

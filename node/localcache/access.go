@@ -19,6 +19,9 @@ import (
 // returns errSuspended; so it does when a suspension began during its
 // Coherence call and the call failed (Suspend cancels it).
 func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
+	if err := c.endErr(); err != nil {
+		return err
+	}
 	if c.suspended.Load() {
 		return errSuspended
 	}
@@ -78,7 +81,8 @@ func (c *Cache) hold(ctx context.Context, pg *page, write bool) error {
 // so that the protocol cannot take it away during fn. A miss goes through
 // the Coherence engine like a client's fault, and is retried with backoff
 // when it fails (a remote request took the page meanwhile) until ctx ends.
-// While the Cache is suspended it waits for Resume (or ctx, or Close).
+// While the Cache is suspended it waits for Resume (or ctx, or Close), at
+// most SuspendedCallWait; after End it fails at once with ErrEnded.
 //
 // While the page is Modified, client processes may map it writable and
 // store into it concurrently with fn: fn must use atomic operations on the
@@ -137,7 +141,8 @@ func (c *Cache) Access(ctx context.Context, rid ids.RegionID, p ids.PageNo, writ
 // Flush writes back every page of region rid in [first, first+n) that this
 // node holds Modified, as an eviction does (the page leaves the cache), and
 // returns how many it wrote back. n 0 means to the end of the region.
-// While the Cache is suspended it waits for Resume (or ctx, or Close).
+// While the Cache is suspended it waits for Resume (or ctx, or Close), at
+// most SuspendedCallWait; after End it fails at once with ErrEnded.
 func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n uint64) (int, error) {
 	r, err := c.region(rid)
 	if err != nil {
@@ -192,6 +197,9 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 func (c *Cache) flushPage(ctx context.Context, r *region, no ids.PageNo, always bool) (written bool, err error) {
 	backoff := 200 * time.Microsecond
 	for {
+		if err := c.endErr(); err != nil {
+			return false, fmt.Errorf("localcache: write-back of %s/%s: %w", r.id, no, err)
+		}
 		pg, err := r.acquire(ctx, no)
 		if err != nil {
 			return false, err

@@ -63,6 +63,10 @@ var (
 	// ErrSuspended: the Cache is suspended (Suspend): Install refuses to
 	// place a page until Resume.
 	ErrSuspended = errors.New("localcache: suspended (no lease)")
+	// ErrEnded: End was called: this Cache serves nothing more (dsmd's
+	// incarnation that runs it was declared failed). It matches
+	// ErrUnavailable; the error's text says why.
+	ErrEnded = fmt.Errorf("%w: this dsmd incarnation serves nothing more", ErrUnavailable)
 )
 
 // DefaultPageSize is the page size of a region whose spec gives none (or
@@ -130,9 +134,13 @@ type Cache struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // every goroutine the Cache started
 
-	mu        sync.Mutex
-	closed    bool
-	draining  string // Drain's reason: no session is served any more
+	mu       sync.Mutex
+	closed   bool
+	draining string // Drain's reason: no session is served any more
+	// endReason is End's reason; ended is closed by End. After it no
+	// session is served and dsmd's own calls fail (endErr).
+	endReason string
+	ended     chan struct{}
 	regions   map[ids.RegionID]*region
 	byName    map[string]*region
 	clients   map[*client]struct{}
@@ -214,6 +222,7 @@ func New(cfg Config) (*Cache, error) {
 		control:   cfg.Control,
 		sessions:  make(map[*net.UnixConn]struct{}),
 		lease:     lease,
+		ended:     make(chan struct{}),
 	}, nil
 }
 

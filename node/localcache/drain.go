@@ -37,6 +37,63 @@ func (c *Cache) Drain(reason string) {
 	c.endSessions(cls, mapproto.CodeUnavailable, reason)
 }
 
+// End ends everything that is tied to this Cache's dsmd incarnation, at
+// once, as dsmd does when the cluster declared that incarnation failed (its
+// pages moved on; a new incarnation starts in the same process with a new
+// Cache): every client session is told reason and ended (an Error of
+// mapproto.CodeUnavailable: the library makes the mapping inaccessible and
+// every call on it fails with the reason), new sessions are refused with
+// it, and dsmd's own calls (Access, Flush), those waiting and those to
+// come, fail with ErrEnded and reason instead of waiting for a lease that
+// this incarnation will never get again: the Coherence calls in flight are
+// cancelled. Without End they waited until Close, which dsmd reaches only
+// after it has stopped its RPC server (up to five seconds more).
+//
+// Invalidate and Downgrade go on working until Close (the engines may
+// still give pages up); End is harmless after Drain, and a second End
+// does nothing.
+func (c *Cache) End(reason string) {
+	if reason == "" {
+		reason = "this dsmd incarnation was declared failed"
+	}
+	c.mu.Lock()
+	if c.closed || c.endReason != "" {
+		c.mu.Unlock()
+		return
+	}
+	c.endReason = reason
+	if c.draining == "" {
+		c.draining = reason
+	}
+	cls := make([]*client, 0, len(c.clients))
+	for cl := range c.clients {
+		cls = append(cls, cl)
+	}
+	c.mu.Unlock()
+	c.publishLease()
+	// The sessions first: their faults then end quietly (their clients
+	// are gone) rather than fail below.
+	c.endSessions(cls, mapproto.CodeUnavailable, reason)
+	c.gateMu.Lock()
+	close(c.ended)
+	c.flightEnd() // cancels the Coherence calls in flight; later ones start cancelled
+	c.gateMu.Unlock()
+	c.log.Info("ended: sessions closed and calls failed", "sessions", len(cls), "reason", reason)
+}
+
+// endErr is the error of a call made after End, or nil before.
+func (c *Cache) endErr() error {
+	select {
+	case <-c.ended:
+	default:
+		return nil
+	}
+	c.mu.Lock()
+	reason := c.endReason
+	c.mu.Unlock()
+	return fmt.Errorf("%w: %s", ErrEnded, reason)
+}
+
 // endSessions tells each client why its session ends (an Error of code
 // with reason, written with a one-second deadline), closes its socket and
 // stops serving it.

@@ -43,14 +43,17 @@ type SuspendStats struct {
 }
 
 // waitServing returns at once while the Cache is not suspended, else when
-// Resume is called; it fails when ctx ends or the Cache closes.
+// Resume is called; it fails when ctx ends, the Cache closes or End is
+// called (then also while not suspended).
 func (c *Cache) waitServing(ctx context.Context) error {
 	c.gateMu.Lock()
 	ch := c.resumed
 	c.gateMu.Unlock()
 	select {
 	case <-ch:
-		return nil
+		return c.endErr()
+	case <-c.ended:
+		return c.endErr()
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-c.ctx.Done():
@@ -80,7 +83,9 @@ func (c *Cache) waitServingCall(ctx context.Context) error {
 	defer t.Stop()
 	select {
 	case <-ch:
-		return nil
+		return c.endErr()
+	case <-c.ended:
+		return c.endErr()
 	case <-t.C:
 		return fmt.Errorf("%w: %w: dsmd has held no lease for %v (cut off from the directory's majority, or stalled)", ErrUnavailable, ErrSuspended, SuspendedCallWait)
 	case <-ctx.Done():

@@ -634,3 +634,55 @@ func TestSuspendUnderLoad(t *testing.T) {
 	}
 	a.ok("check %x %x %x %x", 0, 32, ps, 6)
 }
+
+// End, as dsmd calls it when its incarnation was declared failed while
+// suspended: a client's ReadAt waiting in a fault and dsmd's own calls
+// (Access, Flush) waiting for a lease fail at once with the reason, not
+// after SuspendedCallWait nor at Close; new sessions and calls are refused
+// with it too. Without End they waited for the whole suspension (the
+// calls at most SuspendedCallWait, the fault until Close).
+func TestEndFailsWhatWaits(t *testing.T) {
+	old := SuspendedCallWait
+	SuspendedCallWait = time.Hour // the calls must not end by the bound
+	t.Cleanup(func() { SuspendedCallWait = old })
+	d := newDaemon(t, 0)
+	a := d.client("A", "r")
+	a.store(off(3), 3)
+	d.suspend()
+	a.send("readat %x 8", off(3))
+	eventually(t, "the ReadAt waits", func() bool { return d.c.Stats().FaultsInFlight == 1 })
+	errs := make(chan error, 2)
+	go func() {
+		_, err := d.c.Flush(context.Background(), regionR, 0, 0)
+		errs <- err
+	}()
+	go func() {
+		errs <- d.c.Access(context.Background(), regionR, 11, false, func([]byte) {})
+	}()
+	time.Sleep(50 * time.Millisecond)
+	const why = "incarnation 5 of n2 was declared failed in epoch 43"
+	d.c.End(why)
+	for range 2 {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrEnded) || !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), why) {
+				t.Fatalf("a call waiting at End: %v, want ErrEnded naming why", err)
+			}
+		case <-time.After(hangDeadline):
+			t.Fatal("a call waiting at End waits on")
+		}
+	}
+	if r := a.reply(); !strings.HasPrefix(r, "err gone") || !strings.Contains(r, why) {
+		t.Fatalf("the client's ReadAt waiting at End: %s, want its session ended naming why", r)
+	}
+	// Calls after End fail at once, also once a Resume came (the lease
+	// guard of the old incarnation may still run).
+	d.c.Resume()
+	if err := d.c.Access(context.Background(), regionR, 12, true, func([]byte) {}); !errors.Is(err, ErrEnded) {
+		t.Fatalf("Access after End: %v, want ErrEnded", err)
+	}
+	b := startProc(t, "B", d.sock)
+	if r := b.do("map r"); !strings.Contains(r, why) {
+		t.Fatalf("a new session after End: %q, want it refused naming why", r)
+	}
+}

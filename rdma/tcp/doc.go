@@ -124,6 +124,12 @@
 // nothing buffered on an old connection executes after a request of the
 // new one.
 //
+// Stalls. A connection whose packets are lost for a while does not break
+// by itself: TCP backs its retransmissions off, up to minutes apart, and
+// keeps the connection open. Every connection therefore has
+// TCP_USER_TIMEOUT set (Config.UserTimeout, 5 s): data left unacknowledged
+// that long breaks it, and what was in flight on it is sent again as below.
+//
 // Re-sending. When the connection that carried a batch breaks before its
 // response is complete, Post connects again, within Config.RetryWindow
 // (10 s by default) and its context, and looks at the new hello: when it

@@ -41,6 +41,16 @@ type Config struct {
 	// a silent, vanished peer is noticed when no operation is waiting on
 	// it. Zero means 15 s; negative disables keep-alives.
 	KeepAlive time.Duration
+	// UserTimeout is how long data sent on a connection may stay
+	// unacknowledged before the kernel breaks the connection
+	// (TCP_USER_TIMEOUT, Linux only). Without it a connection whose
+	// packets are lost for a while stays open while TCP backs its
+	// retransmissions off, up to minutes apart, and a Post on it waits
+	// for its answer for as long (docs/failover.md §10); broken, it is
+	// dialed again within RetryWindow. It also ends a connection whose
+	// keep-alive probes go unanswered that long. Zero means 5 s; negative
+	// leaves the kernel's default (about 15 minutes).
+	UserTimeout time.Duration
 	// RetryWindow bounds how long, after the connection that carried a
 	// batch broke before its response came back, Post keeps trying to
 	// reach the same incarnation of the peer to finish the batch (the
@@ -134,6 +144,9 @@ func (c *Config) fill() {
 	}
 	if c.RetryWindow == 0 {
 		c.RetryWindow = 10 * time.Second
+	}
+	if c.UserTimeout == 0 {
+		c.UserTimeout = 5 * time.Second
 	}
 	if c.SessionLinger <= 0 {
 		c.SessionLinger = time.Minute
@@ -808,6 +821,7 @@ func (t *Transport) connect(ctx context.Context, p *peer, addr string) (*conn, e
 	if err != nil {
 		return nil, unreachable(err)
 	}
+	setUserTimeout(nc, t.cfg.UserTimeout)
 	if dl, ok := ctx.Deadline(); ok {
 		nc.SetDeadline(dl)
 	}
@@ -956,6 +970,7 @@ func (t *Transport) acceptLoop() {
 		t.inbound[nc] = nil
 		t.wg.Add(1)
 		t.mu.Unlock()
+		setUserTimeout(nc, t.cfg.UserTimeout)
 		go t.accept(nc)
 	}
 }
