@@ -307,7 +307,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	}
 	var todo []reconf
 	var every []*regionEngine // for the promotions, after the Reconfigures
-	var avail []func() // SetDown and SetUp, after the Reconfigures
+	var avail []func()        // SetDown and SetUp, after the Reconfigures
 	defer func() {
 		es.mu.Unlock()
 		for _, t := range todo {
