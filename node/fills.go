@@ -63,8 +63,17 @@ type regionFills struct {
 
 	mu      sync.Mutex
 	pm      *protoMap // the last epoch to plan for (nil: planned)
+	promo   *protoMap // the last view to consider promotions in (nil: done)
 	results []coherence.FillDone
 	runs    map[fillKey]*fillRun // owned by the loop
+	// proposing: a promotion is being proposed. sent are the shards of
+	// the last one committed, and sentAt the region's promotion records
+	// then: a view that does not list more records yet is older than the
+	// commit, and those shards are not proposed again from it. All three
+	// under mu.
+	proposing bool
+	sent      map[uint64]bool
+	sentAt    int
 }
 
 func newRegionFills(es *engines, re *regionEngine) *regionFills {
@@ -105,14 +114,131 @@ func (rf *regionFills) loop() {
 		case <-rf.kick:
 		}
 		rf.mu.Lock()
-		pm, res := rf.pm, rf.results
-		rf.pm, rf.results = nil, nil
+		pm, res, promo := rf.pm, rf.results, rf.promo
+		rf.pm, rf.results, rf.promo = nil, nil, nil
 		rf.mu.Unlock()
 		if pm != nil {
 			rf.start(pm)
 		}
 		rf.count(res)
+		if promo != nil && !rf.propose(promo) {
+			// A proposal is in flight: this view is considered when it
+			// ends (with the latest view then).
+			rf.mu.Lock()
+			if rf.promo == nil {
+				rf.promo = promo
+			}
+			rf.mu.Unlock()
+		}
 	}
+}
+
+// considerPromotion asks for the promotions this node may propose in pm
+// (any view: a completeness record does not move the protocol epoch).
+func (rf *regionFills) considerPromotion(pm *protoMap) {
+	rf.mu.Lock()
+	rf.promo = pm
+	rf.mu.Unlock()
+	rf.wake()
+}
+
+// propose proposes this incarnation's promotion to home of the shards it
+// is the preferred member of (placement.go: the rendezvous winner among
+// the usable members) when it is not their home and holds them complete
+// by a completeness record of its own (the directory applies a promotion
+// only for shards such a record covers): docs/failover.md §6, step 5. One
+// proposal is in flight at a time: propose returns false, doing nothing,
+// while one is; when it ends, the latest view is considered again (a
+// refused or failed proposal is tried again then).
+func (rf *regionFills) propose(pm *protoMap) bool {
+	self := ids.NodeID(rf.es.self.Load())
+	me, ok := pm.byProto[self]
+	if !ok || me.departed {
+		return true
+	}
+	rf.mu.Lock()
+	busy := rf.proposing
+	rf.mu.Unlock()
+	if busy {
+		return false
+	}
+	r, rc := rf.re.region, rf.re.chains
+	recs := pm.fillRecords(r.ID)
+	rf.mu.Lock()
+	sentBefore := rf.sent
+	stale := len(pm.promoteRecords(r.ID)) <= rf.sentAt
+	rf.mu.Unlock()
+	var shards []uint64
+	for i := range r.Shards() {
+		if stale && sentBefore[i] {
+			continue
+		}
+		s := placement.Shard{Region: r.ID, Index: i}
+		sp := rc.place(s, pm)
+		if len(sp.c) == 0 || sp.preferred != self || sp.c[sp.hi] == self || pm.departedAt(sp.c[sp.hi]) != 0 {
+			continue
+		}
+		if !rc.completeAt(sp, self, s, never, pm) || !slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
+			return f.Proto == self && f.Covers(i)
+		}) {
+			continue
+		}
+		shards = append(shards, i)
+	}
+	if len(shards) == 0 {
+		return true
+	}
+	rf.mu.Lock()
+	rf.proposing = true
+	rf.mu.Unlock()
+	ranges := shardRanges(shards)
+	sent, sentAt := map[uint64]bool{}, len(pm.promoteRecords(r.ID))
+	for _, i := range shards {
+		sent[i] = true
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(rf.es.n.ctx, 10*time.Second)
+		err := rf.es.n.dir.Promote(ctx, r.ID, me.node, me.nonce, ranges)
+		cancel()
+		if err != nil {
+			rf.es.log.Warn("promotion not recorded: proposed again", "region", r.Name, "shards", len(shards), "err", err)
+		} else {
+			rf.es.log.Info("promoted to home of the shards this node is preferred for", "region", r.Name, "shards", len(shards),
+				"ranges", len(ranges))
+		}
+		rf.mu.Lock()
+		rf.proposing = false
+		if err == nil {
+			rf.sent, rf.sentAt = sent, sentAt
+		}
+		if rf.promo == nil {
+			rf.promo = rf.es.pv.p.Load()
+		}
+		rf.mu.Unlock()
+		if err != nil {
+			select { // not at once: the directory may be electing a leader
+			case <-time.After(time.Second):
+			case <-rf.stop:
+				return
+			}
+		}
+		rf.wake()
+	}()
+	return true
+}
+
+// shardRanges turns shard indexes into sorted, disjoint ranges.
+func shardRanges(shards []uint64) []directory.ShardRange {
+	slices.Sort(shards)
+	var ranges []directory.ShardRange
+	for _, s := range shards {
+		if n := len(ranges); n > 0 && ranges[n-1].End == s {
+			ranges[n-1].End++
+			continue
+		}
+		ranges = append(ranges, directory.ShardRange{First: s, End: s + 1})
+	}
+	return ranges
 }
 
 // start begins the fills that pm's placement needs and this node's home
@@ -205,15 +331,7 @@ func (rf *regionFills) record(to ids.NodeID, since ids.Epoch, shards []uint64) {
 	if !ok || in.departed {
 		err = errors.New("the backup is no member")
 	} else {
-		slices.Sort(shards)
-		var ranges []directory.ShardRange
-		for _, s := range shards {
-			if n := len(ranges); n > 0 && ranges[n-1].End == s {
-				ranges[n-1].End++
-				continue
-			}
-			ranges = append(ranges, directory.ShardRange{First: s, End: s + 1})
-		}
+		ranges := shardRanges(shards)
 		for try := 0; try < 5; try++ {
 			ctx, cancel := context.WithTimeout(rf.es.n.ctx, 10*time.Second)
 			err = rf.es.n.dir.RecordFilled(ctx, r.ID, in.node, in.nonce, since, ranges)

@@ -203,6 +203,12 @@ type shardPlace struct {
 	c     []ids.NodeID
 	hi    int
 	since map[ids.NodeID]ids.Epoch
+	// set is the replica set now: the home, its Backups backups, and the
+	// preferred member when it is neither (the extra backup).
+	set []ids.NodeID
+	// preferred is the shard's rendezvous winner among the members usable
+	// now (ids.None: none): the member that should be its home.
+	preferred ids.NodeID
 }
 
 // placeEntry is one shard's placement for the view generation gen.
@@ -267,13 +273,26 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		}
 	}
 	_, ins := ev.incarnations()
-	joined := make(map[ids.NodeID]ids.Epoch, len(c))
+	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(c)), score: make(map[ids.NodeID]uint64, len(c))}
+	node := make(map[ids.NodeID]ids.NodeID, len(ins))
 	for _, in := range ins {
-		joined[in.proto] = in.joined
+		w.joined[in.proto] = in.joined
+		node[in.proto] = in.node
 	}
+	for n, p := range rc.protos {
+		node[p] = n
+	}
+	for _, b := range c {
+		n, ok := node[b]
+		if !ok {
+			n = b
+		}
+		w.score[b] = placement.Score(s, n)
+	}
+	last := created
 	var es []ids.Epoch
 	for _, b := range c {
-		for _, e := range []ids.Epoch{ev.departedAt(b), joined[b], rc.firstFailure(b, ev)} {
+		for _, e := range []ids.Epoch{ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)} {
 			if e > created && e != never {
 				es = append(es, e)
 			}
@@ -295,12 +314,21 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		}
 		for _, p := range proms {
 			if p.At == e {
-				rc.promote(sp, p.Proto, s, e, ev, joined)
+				rc.promote(sp, p.Proto, s, e, ev, w)
 			}
 		}
-		rc.resetSet(sp, e, ev, joined)
+		rc.resetSet(sp, e, ev, w)
+		last = e
 	}
+	rc.resetSet(sp, last, ev, w) // the set now (without events: the creation set)
 	return sp
+}
+
+// walkCtx is what a walk knows of the chain's members: the epochs in which
+// they joined and their rendezvous scores for the shard.
+type walkCtx struct {
+	joined map[ids.NodeID]ids.Epoch
+	score  map[ids.NodeID]uint64
 }
 
 // promote applies a promotion record of member p for shard s committed in
@@ -313,7 +341,7 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 // latest entry into the set), or that names the home, or that comes when
 // the home departed (the shard is lost), changes nothing: every node
 // ignores it alike.
-func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard, a ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) {
+func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard, a ids.Epoch, ev eventsOf, w *walkCtx) {
 	h := sp.c[sp.hi]
 	if p == h || !slices.Contains(sp.c, p) {
 		return
@@ -326,7 +354,7 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 	}
 	var backups []ids.NodeID
 	for j := sp.hi + 1; j < len(sp.c) && len(backups) < rc.k; j++ {
-		if rc.usableAt(sp.c[j], a, ev, joined) {
+		if rc.usableAt(sp.c[j], a, ev, w) {
 			backups = append(backups, sp.c[j])
 		}
 	}
@@ -357,16 +385,30 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 	delete(sp.since, h)
 }
 
-// resetSet makes the replica set of sp the home and the first Backups
-// members after it usable at epoch e: members that enter it are in it
-// since e, members that leave it are forgotten.
-func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) {
+// resetSet makes the replica set of sp the home, the first Backups
+// members after it usable at epoch e, and the shard's preferred member at
+// e when it is neither (the extra backup, which its home fills so that it
+// can be promoted): members that enter the set are in it since e, members
+// that leave it are forgotten. A lost shard (its home departed) has no
+// extra backup: nobody could fill it.
+func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *walkCtx) {
 	set := []ids.NodeID{sp.c[sp.hi]}
 	for j := sp.hi + 1; j < len(sp.c) && len(set) <= rc.k; j++ {
-		if rc.usableAt(sp.c[j], e, ev, joined) {
+		if rc.usableAt(sp.c[j], e, ev, w) {
 			set = append(set, sp.c[j])
 		}
 	}
+	sp.preferred = ids.None
+	for _, b := range sp.c {
+		if rc.usableAt(b, e, ev, w) && (sp.preferred == ids.None || w.score[b] > w.score[sp.preferred] ||
+			w.score[b] == w.score[sp.preferred] && b < sp.preferred) {
+			sp.preferred = b
+		}
+	}
+	if h := sp.c[sp.hi]; sp.preferred != ids.None && !slices.Contains(set, sp.preferred) && (ev.departedAt(h) == 0 || ev.departedAt(h) > e) {
+		set = append(set, sp.preferred)
+	}
+	sp.set = set
 	for b := range sp.since {
 		if !slices.Contains(set, b) {
 			delete(sp.since, b)
@@ -381,8 +423,8 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, joine
 
 // usableAt reports whether b could be a backup at epoch e: it had joined,
 // not departed, and not been declared failed since the region's creation.
-func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, ev eventsOf, joined map[ids.NodeID]ids.Epoch) bool {
-	if j := joined[b]; j > e {
+func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, ev eventsOf, w *walkCtx) bool {
+	if j := w.joined[b]; j > e {
 		return false
 	}
 	if d := ev.departedAt(b); d != 0 && d <= e {
@@ -447,45 +489,33 @@ func (rc *regionChains) shardHome(s placement.Shard, ev eventsOf) ids.NodeID {
 	return sp.c[sp.hi]
 }
 
-// backupIndexes are the indexes in c of the backups of a shard whose home
-// is c[hi]: the first k usable members after it.
-func (rc *regionChains) backupIndexes(c []ids.NodeID, hi int, ev eventsOf) []int {
-	var out []int
-	for j := hi + 1; j < len(c) && len(out) < rc.k; j++ {
-		if rc.usable(c[j], ev) {
-			out = append(out, j)
-		}
+// backups are the backups of the shard: the first Backups members usable
+// now after its home, and its extra backup (the preferred member, when it
+// is neither home nor one of those). The caller must not modify it.
+func (sp *shardPlace) backups() []ids.NodeID {
+	if len(sp.set) == 0 {
+		return nil
 	}
-	return out
+	return sp.set[1:]
 }
 
 // shardBackups are the backups of shard s under ev: the first Backups
 // members of its chain after its home that have not departed and were
-// never declared failed since the region's creation, complete or not.
+// never declared failed since the region's creation, complete or not, and
+// the extra backup (shardPlace.backups).
 func (rc *regionChains) shardBackups(s placement.Shard, ev eventsOf) []ids.NodeID {
-	sp := rc.place(s, ev)
-	if len(sp.c) == 0 {
-		return nil
-	}
-	var out []ids.NodeID
-	for _, j := range rc.backupIndexes(sp.c, sp.hi, ev) {
-		out = append(out, sp.c[j])
-	}
-	return out
+	return rc.place(s, ev).backups()
 }
 
 // completeBackups counts the backups of shard s under ev that are
 // complete now, and returns the others (those a fill must complete).
 func (rc *regionChains) completeBackups(s placement.Shard, ev eventsOf) (complete int, incomplete []ids.NodeID) {
 	sp := rc.place(s, ev)
-	if len(sp.c) == 0 {
-		return 0, nil
-	}
-	for _, j := range rc.backupIndexes(sp.c, sp.hi, ev) {
-		if rc.completeAt(sp, sp.c[j], s, never, ev) {
+	for _, b := range sp.backups() {
+		if rc.completeAt(sp, b, s, never, ev) {
 			complete++
 		} else {
-			incomplete = append(incomplete, sp.c[j])
+			incomplete = append(incomplete, b)
 		}
 	}
 	return complete, incomplete

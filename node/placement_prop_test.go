@@ -23,9 +23,9 @@ func TestCompleteMembersAreBackups(t *testing.T) {
 			if pm.departedAt(c[hi]) != 0 {
 				continue // lost
 			}
-			backups := rc.backupIndexes(c, hi, pm)
+			backups := sp.backups()
 			for j := hi + 1; j < len(c); j++ {
-				if rc.completeAt(sp, c[j], s, never, pm) && !slices.Contains(backups, j) {
+				if rc.completeAt(sp, c[j], s, never, pm) && !slices.Contains(backups, c[j]) {
 					t.Fatalf("seed %d step %d: shard %d: chain %v, home %v, backups %v: %v counts as complete but is no backup, after %v",
 						seed, step, i, c, c[hi], backups, c[j], log)
 				}

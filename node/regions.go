@@ -13,6 +13,7 @@ import (
 
 	"github.com/dsmkit/dsm/coherence"
 	"github.com/dsmkit/dsm/directory"
+	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
@@ -306,17 +307,25 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	// to a slow peer: it is called after es.mu is released, so that misses
 	// of other regions go on meanwhile.
 	type reconf struct {
-		re *regionEngine
-		rc coherence.Reconfigure
+		re   *regionEngine
+		rc   coherence.Reconfigure
+		last *protoMap // the engine's configuration before
 	}
 	var todo []reconf
-	var avail []func() // SetDown and SetUp, after the Reconfigures
+	var every []*regionEngine // for the promotions, after the Reconfigures
+	var avail []func()        // SetDown and SetUp, after the Reconfigures
 	defer func() {
 		es.mu.Unlock()
 		for _, t := range todo {
 			t.re.e.Reconfigure(t.rc)
-			// The engine is in the new epoch: fill its new backups.
+			// The engine is in the new epoch: stamp the slots of the
+			// shards promoted away from this node, and fill its new
+			// backups.
+			es.stampLeftBehind(t.re, t.last, pm, self)
 			t.re.fills.plan(pm)
+		}
+		for _, re := range every {
+			re.fills.considerPromotion(pm)
 		}
 		for _, f := range avail {
 			f()
@@ -324,6 +333,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
+		every = append(every, re)
 		if member && pm.epoch > re.last.epoch {
 			// The placement goes with every epoch after a departure:
 			// moved shards name their targets, lost ones a home that
@@ -337,7 +347,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 					"protocol_epoch", pm.epoch)
 			}
 			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
-			todo = append(todo, reconf{re, rc})
+			todo = append(todo, reconf{re, rc, re.last})
 			re.last = pm
 		}
 		for p, in := range pm.byProto {
@@ -371,6 +381,35 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 				}
 			}
 		}
+	}
+}
+
+// stampLeftBehind stamps the home slots of the shards whose home was this
+// live incarnation under last and is another member under pm (a
+// promotion: docs/protocol.md, "Moves from live homes"): a lagging
+// member's CAS that lands on such a slot finds NotHome and retries at the
+// new home. It runs after the engine took pm's epoch. Only promotions move
+// a shard away from a live home, so a region without promotion records
+// has nothing to stamp.
+func (es *engines) stampLeftBehind(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
+	r := re.region
+	if len(pm.promoteRecords(r.ID)) == 0 || pm.departedAt(self) != 0 {
+		return
+	}
+	stamped, shards := 0, 0
+	for i := range r.Shards() {
+		s := placement.Shard{Region: r.ID, Index: i}
+		if re.chains.shardHome(s, last) != self || re.chains.shardHome(s, pm) == self {
+			continue
+		}
+		first := ids.PageNo(i * r.PagesPerShard())
+		end := min(first+ids.PageNo(r.PagesPerShard()), ids.PageNo(r.Pages()))
+		stamped += re.e.StampLeftBehind(first, end)
+		shards++
+	}
+	if shards > 0 {
+		es.log.Info("shards promoted away from this node: their home slots stamped", "region", r.Name, "shards", shards,
+			"words", stamped, "protocol_epoch", pm.epoch)
 	}
 }
 
