@@ -265,15 +265,17 @@ func TestKilledHomeFailsOver(t *testing.T) {
 		}
 	}
 
-	// Every shard has a live home that is not the new n3, and none is lost;
-	// the shards whose backup became home have a new backup (the member
-	// after it in their chain), which their homes fill: dsmctl status is
-	// degraded until they are recorded complete, then healthy.
+	// Every shard has a live home, and none is lost; the shards whose
+	// backup became home have a new backup (the member after it in their
+	// chain), which their homes fill, and the new n3 is filled as the
+	// extra backup of the shards it wins and then promoted to their home
+	// (docs/failover.md §6): dsmctl status is degraded until they are
+	// recorded complete, then healthy.
 	for i, sh := range c.shards(t, 2, region) {
-		if sh.HomeLost || sh.Home == 3 || sh.Home == 0 {
+		if sh.HomeLost || sh.Home == 0 {
 			t.Errorf("region info after n3's restart: shard %d homed at n%d, lost %t", i, sh.Home, sh.HomeLost)
 		}
-		if len(sh.Backups) != 1 || sh.Backups[0] == sh.Home {
+		if len(sh.Backups) < 1 || len(sh.Backups) > 2 || slices.Contains(sh.Backups, sh.Home) {
 			t.Errorf("region info after n3's restart: shard %d homed at n%d has backups %v", i, sh.Home, sh.Backups)
 		}
 	}
