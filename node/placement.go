@@ -227,6 +227,12 @@ type placeEntry struct {
 // a record of fills begun after its return: it missed the releases in
 // between.
 func (rc *regionChains) completeAt(sp *shardPlace, b ids.NodeID, s placement.Shard, d ids.Epoch, ev eventsOf) bool {
+	return rc.completeWith(sp, b, s, d, ev, ev.fillRecords(rc.r.ID))
+}
+
+// completeWith is completeAt with the completeness records recs (a walk
+// passes b's records that cover the shard, gathered once).
+func (rc *regionChains) completeWith(sp *shardPlace, b ids.NodeID, s placement.Shard, d ids.Epoch, ev eventsOf, recs []directory.FillRecord) bool {
 	if dj := ev.departedAt(b); dj != 0 && dj <= d {
 		return false
 	}
@@ -237,7 +243,7 @@ func (rc *regionChains) completeAt(sp *shardPlace, b ids.NodeID, s placement.Sha
 	if since == rc.r.Epoch && !ev.failedBetween(b, rc.r.Epoch, d) {
 		return true
 	}
-	for _, f := range ev.fillRecords(rc.r.ID) {
+	for _, f := range recs {
 		if f.Proto == b && f.At < d && f.Since >= since && f.Covers(s.Index) && !ev.failedBetween(b, f.Since, d) {
 			return true
 		}
@@ -273,7 +279,13 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		}
 	}
 	_, ins := ev.incarnations()
-	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(c)), score: make(map[ids.NodeID]uint64, len(c))}
+	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(c)), score: make(map[ids.NodeID]uint64, len(c)),
+		recs: map[ids.NodeID][]directory.FillRecord{}}
+	for _, f := range ev.fillRecords(rc.r.ID) {
+		if f.Covers(s.Index) {
+			w.recs[f.Proto] = append(w.recs[f.Proto], f)
+		}
+	}
 	node := make(map[ids.NodeID]ids.NodeID, len(ins))
 	for _, in := range ins {
 		w.joined[in.proto] = in.joined
@@ -291,8 +303,15 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	}
 	last := created
 	var es []ids.Epoch
+	w.span = make(map[ids.NodeID][2]ids.Epoch, len(c))
 	for _, b := range c {
-		for _, e := range []ids.Epoch{ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)} {
+		dep, joined, failed := ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)
+		until := failed
+		if dep != 0 {
+			until = min(until, dep)
+		}
+		w.span[b] = [2]ids.Epoch{joined, until}
+		for _, e := range []ids.Epoch{dep, joined, failed} {
 			if e > created && e != never {
 				es = append(es, e)
 			}
@@ -306,7 +325,7 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	for _, e := range es {
 		if ev.departedAt(sp.c[sp.hi]) == e {
 			for j := sp.hi + 1; j < len(sp.c); j++ {
-				if rc.completeAt(sp, sp.c[j], s, e, ev) {
+				if rc.completeWith(sp, sp.c[j], s, e, ev, w.recs[sp.c[j]]) {
 					sp.hi = j
 					break
 				}
@@ -329,6 +348,11 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 type walkCtx struct {
 	joined map[ids.NodeID]ids.Epoch
 	score  map[ids.NodeID]uint64
+	recs   map[ids.NodeID][]directory.FillRecord // the completeness records that cover the shard, by member
+	// span is, by member, the epoch it joined in and the first in which
+	// it is usable no more (departed, or declared failed since the
+	// region's creation): usableAt in one lookup.
+	span map[ids.NodeID][2]ids.Epoch
 }
 
 // promote applies a promotion record of member p for shard s committed in
@@ -349,7 +373,7 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 	if d := ev.departedAt(h); d != 0 && d <= a {
 		return
 	}
-	if !rc.completeAt(sp, p, s, a, ev) {
+	if !rc.completeWith(sp, p, s, a, ev, w.recs[p]) {
 		return
 	}
 	var backups []ids.NodeID
@@ -423,14 +447,9 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *wa
 
 // usableAt reports whether b could be a backup at epoch e: it had joined,
 // not departed, and not been declared failed since the region's creation.
-func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, ev eventsOf, w *walkCtx) bool {
-	if j := w.joined[b]; j > e {
-		return false
-	}
-	if d := ev.departedAt(b); d != 0 && d <= e {
-		return false
-	}
-	return !ev.failedBetween(b, rc.r.Epoch, e)
+func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, _ eventsOf, w *walkCtx) bool {
+	sp := w.span[b]
+	return sp[0] <= e && e < sp[1]
 }
 
 // firstFailure is the first epoch e after the region's creation for which

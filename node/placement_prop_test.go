@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 )
@@ -99,4 +100,53 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 		t.Fatal("no promotion took effect in the histories: the test checks nothing about them")
 	}
 	t.Logf("%d promotions took effect", promoted)
+}
+
+// BenchmarkWalk places one shard, without the cache, after a history of
+// 40 restarts, each followed by the fills and the promotions it calls for,
+// recorded as the daemon records them (one completeness record per backup
+// and fill round, one promotion record per node and round, over ranges of
+// shards): the cost of a view change per shard, and of every homeOf call
+// of a region too large for the cache (maxCachedChains shards).
+func BenchmarkWalk(b *testing.B) {
+	d := newDirModel(1, 2, 3, 4)
+	rc := d.region(1)
+	for i := range 40 {
+		d.restart(ids.NodeID(1 + i%4))
+		pm := d.pm()
+		fills := map[ids.NodeID][]directory.ShardRange{}
+		for s := range rc.r.Shards() {
+			_, inc := rc.completeBackups(placement.Shard{Region: 1, Index: s}, pm)
+			for _, p := range inc {
+				n, _ := pm.nodeOf(p)
+				fills[n] = append(fills[n], directory.ShardRange{First: s, End: s + 1})
+			}
+		}
+		for n, rs := range fills {
+			m := d.members[n]
+			d.fills = append(d.fills, directory.FillRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, Since: d.epoch,
+				At: d.epoch, Shards: rs})
+		}
+		pm = d.pm()
+		proms := map[ids.NodeID][]directory.ShardRange{}
+		for s := range rc.r.Shards() {
+			sp := rc.place(placement.Shard{Region: 1, Index: s}, pm)
+			if p := sp.preferred; p != sp.c[sp.hi] {
+				n, _ := pm.nodeOf(p)
+				proms[n] = append(proms[n], directory.ShardRange{First: s, End: s + 1})
+			}
+		}
+		for n, rs := range proms {
+			d.epoch++
+			m := d.members[n]
+			d.proms = append(d.proms, directory.PromoteRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, At: d.epoch, Shards: rs})
+		}
+	}
+	pm := d.pm()
+	b.ResetTimer()
+	for i := range b.N {
+		rc.walk(placement.Shard{Region: 1, Index: uint64(i) % rc.r.Shards()}, pm)
+	}
+	b.ReportMetric(float64(len(d.fills)), "fill-records")
+	b.ReportMetric(float64(len(d.proms)), "promotions")
 }
