@@ -54,7 +54,7 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 	var has map[key]bool
 	var lastSeed int64 = -1
 	promoted := 0
-	randomHistories(60, func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string) {
+	randomHistories(30, func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string) {
 		if seed != lastSeed {
 			lastSeed, has = seed, map[key]bool{}
 			// The creation set holds everything (nothing written yet).
