@@ -265,8 +265,9 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 			}
 		}
 	}
-	for _, p := range r.Promoted {
-		if p.Proto == m.Proto && p.Incarnation == m.Incarnation && slices.Equal(p.Shards, c.Shards) {
+	for j, p := range r.Promoted {
+		if p.Proto == m.Proto && p.Incarnation == m.Incarnation && slices.Equal(p.Shards, c.Shards) &&
+			!promotedOthers(r.Promoted[j+1:], m.Proto, c.Shards) {
 			return &next, applyResult{Region: r} // a retry
 		}
 	}
@@ -278,6 +279,25 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 	rs[i] = r
 	next.setRegions(rs)
 	return &next, applyResult{Region: r, changed: true}
+}
+
+// promotedOthers reports whether one of recs promotes another member than
+// proto to a shard of shards: a promotion of proto to the same shards
+// after it is a new one (proto lost them and won them back), not a retry.
+func promotedOthers(recs []PromoteRecord, proto ids.NodeID, shards []ShardRange) bool {
+	for _, p := range recs {
+		if p.Proto == proto {
+			continue
+		}
+		for _, sr := range shards {
+			for s := sr.First; s < sr.End; s++ {
+				if p.Covers(s) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // recordSubject finds what a record command (cmdFilled, cmdPromote) is

@@ -449,3 +449,38 @@ func FuzzReadFrame(f *testing.F) {
 		_ = readFrame(bytes.NewReader(b), &resp)
 	})
 }
+
+// A promotion of a member to shards it was promoted to before is a retry
+// (applied once) unless another member was promoted to one of them since:
+// then the member lost them and wins them back, and the record is applied
+// again (otherwise its promotion would be refused for good).
+func TestFSMPromoteAgainAfterAnother(t *testing.T) {
+	f := newFSM(newNotifier())
+	one, two := member(1), member(2)
+	promote := func(m *Member, rs ...ShardRange) command {
+		return command{Type: cmdPromote, Region: 1, ID: m.ID, Nonce: m.Nonce, Shards: rs}
+	}
+	filled := func(m *Member) command {
+		return command{Type: cmdFilled, Region: 1, ID: m.ID, Nonce: m.Nonce, Since: 2, Shards: []ShardRange{{0, 4}}}
+	}
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: one},                                       // epoch 1
+		createRegionCmd(RegionSpec{Name: "r", Size: 64 << 20}, time.Unix(1, 0)), // 32 shards
+		{Type: cmdPutMember, Member: two},                                       // epoch 2
+		filled(two), filled(one),
+		promote(two, ShardRange{0, 2}), // 5: epoch 3
+		promote(two, ShardRange{0, 2}), // 6: a retry
+		promote(one, ShardRange{1, 2}), // 7: epoch 4
+		promote(two, ShardRange{0, 2}), // 8: won back: epoch 5
+		promote(two, ShardRange{0, 2}), // 9: a retry of that
+	})
+	for i, want := range map[int]ids.Epoch{5: 3, 6: 3, 7: 4, 8: 5, 9: 5} {
+		if res[i].Err != nil || res[i].Epoch != want {
+			t.Errorf("command %d: epoch %v, %v; want epoch %v", i, res[i].Epoch, res[i].Err, want)
+		}
+	}
+	v, _ := f.current()
+	if v.Promotions() != 3 {
+		t.Fatalf("%d promotions recorded, want 3", v.Promotions())
+	}
+}

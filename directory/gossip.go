@@ -28,7 +28,10 @@ import (
 // fence exchanges of the directory RPC; a departure waits for a fence).
 // Version 4: promotion records (a Raft command and region records that
 // version 3 does not decode), and a protocol epoch that counts them.
-const ProtoVersion = 4
+// Version 5: the data plane places shards by promotion records and extra
+// backups (node/placement.go), a promotion repeated after another
+// member's is applied again, and durable regions' persist messages.
+const ProtoVersion = 5
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

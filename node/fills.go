@@ -148,8 +148,8 @@ func (rf *regionFills) considerPromotion(pm *protoMap) {
 // by a completeness record of its own (the directory applies a promotion
 // only for shards such a record covers): docs/failover.md §6, step 5. One
 // proposal is in flight at a time: propose returns false, doing nothing,
-// while one is; when it ends, the latest view is considered again (a
-// refused or failed proposal is tried again then).
+// while one is, and the view is considered when it ends; a refused or
+// failed proposal is tried again a second later, with the latest view.
 func (rf *regionFills) propose(pm *protoMap) bool {
 	self := ids.NodeID(rf.es.self.Load())
 	me, ok := pm.byProto[self]
@@ -206,23 +206,23 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 			rf.es.log.Info("promoted to home of the shards this node is preferred for", "region", r.Name, "shards", len(shards),
 				"ranges", len(ranges))
 		}
-		rf.mu.Lock()
-		rf.proposing = false
-		if err == nil {
-			rf.sent, rf.sentAt = sent, sentAt
-		}
-		if rf.promo == nil {
-			rf.promo = rf.es.pv.p.Load()
-		}
-		rf.mu.Unlock()
 		if err != nil {
 			select { // not at once: the directory may be electing a leader
 			case <-time.After(time.Second):
 			case <-rf.stop:
-				return
 			}
 		}
-		rf.wake()
+		rf.mu.Lock()
+		rf.proposing = false
+		if err == nil {
+			// The view that records it comes through follow, which
+			// considers the promotions again.
+			rf.sent, rf.sentAt = sent, sentAt
+		} else if rf.promo == nil {
+			rf.promo = rf.es.pv.p.Load()
+		}
+		rf.mu.Unlock()
+		rf.wake() // a view deferred meanwhile, or the retry
 	}()
 	return true
 }
