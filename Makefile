@@ -61,9 +61,9 @@ OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport|TestMutexHolderOfA
 
 # The real-process failover tests that take minutes each (tests/, longTest):
 # make test skips them to stay within its budget on two cores; CI runs them.
-LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack)$$
+LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack|TestJoinerTakesItsShare|TestDurableSyncReachesDisk)$$
 
-test-long: ## the long real-process failover tests that make test skips (a rolling restart of every node, kill -9 and removal, SIGTERM under writes), with the race detector; CI runs it after make test
+test-long: ## the long real-process failover tests that make test skips (a rolling restart of every node, kill -9 and removal, SIGTERM under writes, a joiner taking its share, durable Sync on disk), with the race detector; CI runs it after make test
 	DSM_LONG_TESTS=1 $(GO) test -race -count=1 -timeout 30m -run '$(LONG_TESTS)' ./tests
 
 test-ofi: ## the ofi backend's tests, and a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev)

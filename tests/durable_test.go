@@ -64,6 +64,7 @@ func storedCount(t *testing.T, p *proc, region uint32) int {
 // backup. A memory region's synced pages reach no store. Every dsmd is
 // then killed and the stores are opened from the data directories.
 func TestDurableSyncReachesDisk(t *testing.T) {
+	longTest(t)
 	c := startClusterWith(t, 3, nil)
 	for i := 1; i <= 3; i++ {
 		c.waitHealthy(i)

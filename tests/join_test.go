@@ -20,6 +20,7 @@ import (
 // the new node is killed with kill -9: its shards move to their backups
 // and every synced page still reads back on the survivors.
 func TestJoinerTakesItsShare(t *testing.T) {
+	longTest(t)
 	const region = "join"
 	c := startClusterWith(t, 3, nil)
 	for i := 1; i <= 3; i++ {
