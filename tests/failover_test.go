@@ -491,8 +491,9 @@ func TestRemoveFailedMember(t *testing.T) {
 	})
 
 	// The shard that moved got a new backup (the other survivor), filled
-	// by its new home: once every backup is complete, a restart of that
-	// home loses nothing. Restarting a shard's home and its backup at once
+	// by its new home, and the new n3 is filled as its extra backup and
+	// may be promoted back: once every backup is complete, a restart of
+	// its home loses nothing. Restarting a shard's home and its backup at once
 	// does: then its pages are lost. They fail at once, through dsmctl and
 	// through a mapping (no wait for the fault timeout: they will not come
 	// back), naming the home that departed, and dsmctl status names them.
@@ -509,11 +510,17 @@ func TestRemoveFailedMember(t *testing.T) {
 			second = sh.Home
 		}
 	}
-	if second != 1 && second != 2 {
-		t.Fatalf("the shard of the removed n3 is homed at n%d; want n1 or n2", second)
+	// n1 or n2, or the new n3 once it was filled and promoted back
+	// (docs/failover.md §6): whichever, its backups are complete now.
+	if second < 1 || second > 3 {
+		t.Fatalf("the shard of the removed n3 is homed at n%d; want a live member", second)
 	}
 	p := c.nodes[second-1]
-	was := c.incarnationOf(t, 3, int(second))
+	asker := 3 // a node that stays up: n3, or n1 when the home is n3
+	if second == 3 {
+		asker = 1
+	}
+	was := c.incarnationOf(t, asker, int(second))
 	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +530,7 @@ func TestRemoveFailedMember(t *testing.T) {
 	// The directory records the new incarnation once the old one's leases
 	// are fenced; until then the old one is a member (and home).
 	eventually(t, fmt.Sprintf("the restart of n%d is recorded", second), 30*time.Second, func() error {
-		if now := c.incarnationOf(t, 3, int(second)); now <= was {
+		if now := c.incarnationOf(t, asker, int(second)); now <= was {
 			return fmt.Errorf("n%d is incarnation %d", second, now)
 		}
 		return nil
