@@ -378,7 +378,7 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 	}
 	var backups []ids.NodeID
 	for j := sp.hi + 1; j < len(sp.c) && len(backups) < rc.k; j++ {
-		if rc.usableAt(sp.c[j], a, ev, w) {
+		if rc.usableAt(sp.c[j], a, w) {
 			backups = append(backups, sp.c[j])
 		}
 	}
@@ -418,13 +418,13 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *walkCtx) {
 	set := []ids.NodeID{sp.c[sp.hi]}
 	for j := sp.hi + 1; j < len(sp.c) && len(set) <= rc.k; j++ {
-		if rc.usableAt(sp.c[j], e, ev, w) {
+		if rc.usableAt(sp.c[j], e, w) {
 			set = append(set, sp.c[j])
 		}
 	}
 	sp.preferred = ids.None
 	for _, b := range sp.c {
-		if rc.usableAt(b, e, ev, w) && (sp.preferred == ids.None || w.score[b] > w.score[sp.preferred] ||
+		if rc.usableAt(b, e, w) && (sp.preferred == ids.None || w.score[b] > w.score[sp.preferred] ||
 			w.score[b] == w.score[sp.preferred] && b < sp.preferred) {
 			sp.preferred = b
 		}
@@ -447,7 +447,7 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *wa
 
 // usableAt reports whether b could be a backup at epoch e: it had joined,
 // not departed, and not been declared failed since the region's creation.
-func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, _ eventsOf, w *walkCtx) bool {
+func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, w *walkCtx) bool {
 	sp := w.span[b]
 	return sp[0] <= e && e < sp[1]
 }

@@ -118,16 +118,7 @@ func TestDownHolderFailsAfterBound(t *testing.T) {
 // (the cache must not take the page back), and the write-back lands when
 // the home is reachable again.
 func TestEvictPendingKeepsData(t *testing.T) {
-	net := mem.NewNetwork()
-	var f1 *fault.Transport
-	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
-		ep, err := net.Endpoint(id)
-		if id == 1 && err == nil {
-			f1 = fault.Wrap(ep, 1)
-			return f1, nil
-		}
-		return ep, err
-	}, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
+	nodes, f1 := faultCluster(t, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
 	ctx := testCtx(t)
 	n1 := nodes[1]
 	const p = ids.PageNo(1) // homed at n2
@@ -200,16 +191,7 @@ func TestContentionNeverUnavailable(t *testing.T) {
 // home, although every Post is still in flight without an error. Before,
 // such a call waited as long as the stall (chaos seed 660007: 21 s).
 func TestStalledHomeFailsAfterBound(t *testing.T) {
-	net := mem.NewNetwork()
-	var f1 *fault.Transport
-	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
-		ep, err := net.Endpoint(id)
-		if id == 1 && err == nil {
-			f1 = fault.Wrap(ep, 1)
-			return f1, nil
-		}
-		return ep, err
-	}, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
+	nodes, f1 := faultCluster(t, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
 	ctx := testCtx(t)
 	n1 := nodes[1]
 	const p = ids.PageNo(2) // homed at n3

@@ -13,9 +13,9 @@ import (
 	"github.com/dsmkit/dsm/rdma/mem"
 )
 
-// releaseCluster is a three-node cluster whose node 1 sends its one-sided
+// faultCluster is a three-node cluster whose node 1 sends its one-sided
 // operations through a fault wrapper.
-func releaseCluster(t *testing.T, mod func(*Config)) (map[ids.NodeID]*testNode, *fault.Transport) {
+func faultCluster(t *testing.T, mod func(*Config)) (map[ids.NodeID]*testNode, *fault.Transport) {
 	net := mem.NewNetwork()
 	var f1 *fault.Transport
 	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
@@ -47,7 +47,7 @@ func waitDowngraded(t *testing.T, n *testNode, p ids.PageNo) {
 // holds it back until the release reached the home (the lost synced write
 // of chaos seed 660008, docs/reliability.md).
 func TestWaitReleasesCoversRecalledPage(t *testing.T) {
-	nodes, f1 := releaseCluster(t, nil)
+	nodes, f1 := faultCluster(t, nil)
 	ctx := testCtx(t)
 	n1, n2, n3 := nodes[1], nodes[2], nodes[3]
 	const p = ids.PageNo(1) // homed at n2
@@ -91,7 +91,7 @@ func TestWaitReleasesCoversRecalledPage(t *testing.T) {
 // A release that cannot reach the home fails the wait after
 // UnavailableAfter, naming the home, instead of blocking the Sync forever.
 func TestWaitReleasesUnavailable(t *testing.T) {
-	nodes, f1 := releaseCluster(t, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
+	nodes, f1 := faultCluster(t, func(c *Config) { c.UnavailableAfter = 300 * time.Millisecond })
 	ctx := testCtx(t)
 	n1, n3 := nodes[1], nodes[3]
 	const p = ids.PageNo(1) // homed at n2

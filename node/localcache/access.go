@@ -250,10 +250,7 @@ func (c *Cache) WriteBack(ctx context.Context, rid ids.RegionID, p ids.PageNo) e
 	if err := r.checkPage(p); err != nil {
 		return err
 	}
-	if err := c.waitServingCall(ctx); err != nil {
-		return fmt.Errorf("localcache: write-back of %s/%s: %w", rid, p, err)
-	}
-	_, err = c.flushPage(ctx, r, p, true)
+	_, err = c.flushPage(ctx, r, p, true) // waits while suspended
 	return err
 }
 
