@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -531,6 +532,52 @@ func (e *Engine) StampLeftBehind(first, end ids.PageNo) int {
 		}
 	}
 	return n
+}
+
+// LoadSlot writes a page's data and the stamp of its tenure version into
+// this node's slot of page p, as a release writes a backup's slot (the
+// data first, then coherence.Stamp(version) in the word): what the node
+// layer does with the pages of a lost shard that it loads from its page
+// store before it becomes the shard's home (docs/durability.md §4). The
+// write goes through the transport, as the state machine's own verbs do,
+// so that it is ordered with the peers' writes. The slot must be one no
+// release or fill writes meanwhile (a shard whose home departed).
+func (e *Engine) LoadSlot(ctx context.Context, p ids.PageNo, version uint16, data []byte) error {
+	if int64(p) >= int64(e.cfg.NumPages) || len(data) != e.cfg.PageSize {
+		return fmt.Errorf("%w: load of page %v with %d bytes", ErrBadConfig, p, len(data))
+	}
+	off := SlotOffset(p, e.cfg.PageSize)
+	rkey := e.reg.Descriptor().RKey
+	stamp := binary.LittleEndian.AppendUint64(nil, uint64(coherence.Stamp(version)))
+	ops := []rdma.Op{
+		{Kind: rdma.OpWrite, RKey: rkey, Offset: off + 8, Buf: data},
+		{Kind: rdma.OpWrite, RKey: rkey, Offset: off, Buf: stamp},
+	}
+	return e.cfg.Transport.Post(ctx, e.cfg.Transport.LocalID(), ops)
+}
+
+// ClearSlots zeroes this node's populated slots of pages [first, end),
+// data and word, through the transport: what the node layer does for the
+// slots of a lost shard that this node is a backup of once the shard is
+// brought back (a fill requires the slot of a backup that enters the set
+// to read zero), before the engine learns the epoch that brings it back.
+// It returns how many slots it cleared.
+func (e *Engine) ClearSlots(ctx context.Context, first, end ids.PageNo) (int, error) {
+	n := 0
+	rkey := e.reg.Descriptor().RKey
+	zero := make([]byte, 8+e.cfg.PageSize)
+	for _, p := range e.Populated(first, end) {
+		off := SlotOffset(p, e.cfg.PageSize)
+		ops := []rdma.Op{
+			{Kind: rdma.OpWrite, RKey: rkey, Offset: off + 8, Buf: zero[8:]},
+			{Kind: rdma.OpWrite, RKey: rkey, Offset: off, Buf: zero[:8]},
+		}
+		if err := e.cfg.Transport.Post(ctx, e.cfg.Transport.LocalID(), ops); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // Populated lists the pages in [first, end) whose slot here may hold data
