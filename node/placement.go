@@ -209,6 +209,24 @@ type shardPlace struct {
 	// preferred is the shard's rendezvous winner among the members usable
 	// now (ids.None: none): the member that should be its home.
 	preferred ids.NodeID
+	// loaded are the members that became home of the lost shard by a
+	// revival (revive), by epoch: complete while in the set without a
+	// break since then.
+	loaded map[ids.NodeID]ids.Epoch
+	// lostAt is the directory epoch in which the shard's home departed
+	// with no complete member after it (0: the shard is not lost now).
+	lostAt ids.Epoch
+	// cands are, while the shard is lost, the nodes whose page stores hold
+	// every synced page of it (a durable region): the node of the departed
+	// home, then those of the members complete until they departed with it,
+	// in the order a revival tries them.
+	cands []ids.NodeID
+	// reset: the shard started over empty once no process could hold a
+	// copy of it (a memory region after a restart of the whole cluster:
+	// contents lost at restart).
+	reset bool
+	// region is the region's id (for its records).
+	region ids.RegionID
 }
 
 // placeEntry is one shard's placement for the view generation gen.
@@ -236,19 +254,165 @@ func (rc *regionChains) completeWith(sp *shardPlace, b ids.NodeID, s placement.S
 	if dj := ev.departedAt(b); dj != 0 && dj <= d {
 		return false
 	}
+	return rc.heldAll(sp, b, s, d, d, ev, recs)
+}
+
+// heldAll reports whether member b of shard s, in the replica set now,
+// held every release of the shard before epoch d: in the set since the
+// region's creation, or since its revival (revive), or covered by a
+// completeness record committed before d of fills begun since its latest
+// entry into the set, without a failure verdict in (that start, upTo].
+func (rc *regionChains) heldAll(sp *shardPlace, b ids.NodeID, s placement.Shard, d, upTo ids.Epoch, ev eventsOf, recs []directory.FillRecord) bool {
 	since, in := sp.since[b]
 	if !in {
 		return false
 	}
-	if since == rc.r.Epoch && !ev.failedBetween(b, rc.r.Epoch, d) {
+	if since == rc.r.Epoch && !ev.failedBetween(b, rc.r.Epoch, upTo) {
+		return true
+	}
+	if l, ok := sp.loaded[b]; ok && l == since && !ev.failedBetween(b, since, upTo) {
 		return true
 	}
 	for _, f := range recs {
-		if f.Proto == b && f.At < d && f.Since >= since && f.Covers(s.Index) && !ev.failedBetween(b, f.Since, d) {
+		if f.Proto == b && f.At < d && f.Since >= since && f.Covers(s.Index) && !ev.failedBetween(b, f.Since, upTo) {
 			return true
 		}
 	}
 	return false
+}
+
+// lose marks shard s lost in epoch d: its home departed then, with no
+// complete member after it. For a durable region it lists the nodes whose
+// stores hold every synced page of the shard: the home's (a home holds a
+// complete copy, in memory and, with fills that persist, on disk), then
+// those of the members of the set that held every release until they
+// departed in the same epoch (one that departed earlier missed the Syncs
+// in between; a failure verdict is a departure, so only a verdict before
+// d disqualifies). The set is the one before d's events.
+func (rc *regionChains) lose(sp *shardPlace, s placement.Shard, d ids.Epoch, ev eventsOf, w *walkCtx) {
+	sp.lostAt, sp.cands = d, nil
+	if rc.r.Durability != directory.DurabilitySynced {
+		return
+	}
+	h := sp.c[sp.hi]
+	sp.cands = append(sp.cands, w.node[h])
+	for _, b := range sp.c {
+		if _, in := sp.since[b]; !in || b == h || ev.departedAt(b) != d {
+			continue
+		}
+		if rc.heldAll(sp, b, s, d, d-1, ev, w.recs[b]) && !slices.Contains(sp.cands, w.node[b]) {
+			sp.cands = append(sp.cands, w.node[b])
+		}
+	}
+}
+
+// revive applies a promotion record of member p, committed in epoch a,
+// for shard s lost since sp.lostAt. For a durable region p must be an
+// incarnation of one of the shard's candidate nodes (lose), which loaded
+// the shard from its store before it recorded itself complete; for a
+// memory region, every incarnation that joined before the loss must have
+// departed by a (no process left can hold a copy), and p starts the shard
+// over empty. In both cases p must be usable at a and hold a completeness
+// record committed before a of fills (the load) begun after the loss. p
+// becomes the home, right after the departed one in the chain; the
+// members after it are its backups (replacements, filled from it). A
+// record that meets none of this changes nothing.
+func (rc *regionChains) revive(sp *shardPlace, p ids.NodeID, s placement.Shard, a ids.Epoch, ev eventsOf, w *walkCtx) {
+	if sp.lostAt == 0 || !slices.Contains(sp.c, p) || !rc.usableAt(p, a, w) {
+		return
+	}
+	if !slices.ContainsFunc(w.recs[p], func(f directory.FillRecord) bool {
+		return f.Proto == p && f.At < a && f.Since >= sp.lostAt && f.Covers(s.Index) && !ev.failedBetween(p, f.Since, a)
+	}) {
+		return
+	}
+	reset := false
+	if rc.r.Durability == directory.DurabilitySynced {
+		if !slices.Contains(sp.cands, w.node[p]) {
+			return
+		}
+	} else {
+		if !noCopiesLeft(sp, s, a, ev) {
+			return
+		}
+		reset = true
+	}
+	h := sp.c[sp.hi]
+	c := make([]ids.NodeID, 0, len(sp.c))
+	for _, b := range sp.c {
+		if b != p {
+			c = append(c, b)
+		}
+		if b == h {
+			c = append(c, p)
+		}
+	}
+	sp.c, sp.hi = c, slices.Index(c, p)
+	// Every member enters the new set at a: a record made before (one
+	// that said it held nothing) does not make it complete, and a member
+	// that was in the lost shard's set clears its slots first (regions.go,
+	// clearRevived).
+	sp.since = map[ids.NodeID]ids.Epoch{p: a}
+	sp.loaded = map[ids.NodeID]ids.Epoch{p: a}
+	sp.lostAt, sp.cands = 0, nil
+	sp.reset = sp.reset || reset
+}
+
+// reviver is the node that should bring lost shard sp back from its
+// store: the first of its candidate nodes (lose) with an incarnation
+// usable now (ids.None: none yet).
+func (rc *regionChains) reviver(sp *shardPlace, ev eventsOf) ids.NodeID {
+	_, ins := ev.incarnations()
+	for _, n := range sp.cands {
+		for _, in := range ins {
+			if in.node == n && rc.usable(in.proto, ev) {
+				return n
+			}
+		}
+	}
+	return ids.None
+}
+
+// contentsLost reports whether a shard of the region started over empty
+// under ev (revive: a memory region after every process that could hold a
+// copy departed). A region of more than maxExactTargets shards is not
+// walked shard by shard: it says false.
+func (rc *regionChains) contentsLost(ev eventsOf) bool {
+	n := rc.r.Shards()
+	if n > maxExactTargets || !rc.anyDeparted(ev) {
+		return false
+	}
+	for i := range n {
+		if rc.place(placement.Shard{Region: rc.r.ID, Index: i}, ev).reset {
+			return true
+		}
+	}
+	return false
+}
+
+// noCopiesLeft reports whether, at epoch a, no process can hold a copy of
+// lost shard s (lost since sp.lostAt): every incarnation that joined
+// before the loss (or at an unknown epoch) had departed by a, or recorded
+// before a, by a completeness record of s made after the loss, that it
+// holds no page of the shard (fills.go, revive: after the home departed
+// no miss of the shard succeeds and every Shared copy was dropped, so a
+// process that holds nothing then never holds anything of it).
+func noCopiesLeft(sp *shardPlace, s placement.Shard, a ids.Epoch, ev eventsOf) bool {
+	_, ins := ev.incarnations()
+	for _, in := range ins {
+		if in.joined >= sp.lostAt {
+			continue
+		}
+		if dep := ev.departedAt(in.proto); dep != 0 && dep <= a {
+			continue
+		}
+		if !slices.ContainsFunc(ev.fillRecords(sp.region), func(f directory.FillRecord) bool {
+			return f.Proto == in.proto && f.At < a && f.Since >= sp.lostAt && f.Covers(s.Index)
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // walk places shard s under ev: it starts from the shard's chain with its
@@ -264,7 +428,7 @@ func (rc *regionChains) completeWith(sp *shardPlace, b ids.NodeID, s placement.S
 // then), and has had every release of it.
 func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	c, base := rc.chain(s, ev)
-	sp := &shardPlace{c: c, since: make(map[ids.NodeID]ids.Epoch, base)}
+	sp := &shardPlace{c: c, since: make(map[ids.NodeID]ids.Epoch, base), region: rc.r.ID}
 	if len(c) == 0 {
 		return sp
 	}
@@ -280,7 +444,7 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	}
 	_, ins := ev.incarnations()
 	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(c)), score: make(map[ids.NodeID]uint64, len(c)),
-		recs: map[ids.NodeID][]directory.FillRecord{}}
+		recs: map[ids.NodeID][]directory.FillRecord{}, node: make(map[ids.NodeID]ids.NodeID, len(c))}
 	for _, f := range ev.fillRecords(rc.r.ID) {
 		if f.Covers(s.Index) {
 			w.recs[f.Proto] = append(w.recs[f.Proto], f)
@@ -299,6 +463,7 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		if !ok {
 			n = b
 		}
+		w.node[b] = n
 		w.score[b] = placement.Score(s, n)
 	}
 	last := created
@@ -324,11 +489,15 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	es = slices.Compact(es)
 	for _, e := range es {
 		if ev.departedAt(sp.c[sp.hi]) == e {
+			moved := false
 			for j := sp.hi + 1; j < len(sp.c); j++ {
 				if rc.completeWith(sp, sp.c[j], s, e, ev, w.recs[sp.c[j]]) {
-					sp.hi = j
+					sp.hi, moved = j, true
 					break
 				}
+			}
+			if !moved {
+				rc.lose(sp, s, e, ev, w)
 			}
 		}
 		for _, p := range proms {
@@ -353,6 +522,8 @@ type walkCtx struct {
 	// it is usable no more (departed, or declared failed since the
 	// region's creation): usableAt in one lookup.
 	span map[ids.NodeID][2]ids.Epoch
+	// node is, by member, its node.
+	node map[ids.NodeID]ids.NodeID
 }
 
 // promote applies a promotion record of member p for shard s committed in
@@ -371,6 +542,7 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 		return
 	}
 	if d := ev.departedAt(h); d != 0 && d <= a {
+		rc.revive(sp, p, s, a, ev, w)
 		return
 	}
 	if !rc.completeWith(sp, p, s, a, ev, w.recs[p]) {
@@ -407,6 +579,7 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 	c = append(c, rest[at:]...)
 	sp.c, sp.hi = c, hi
 	delete(sp.since, h)
+	delete(sp.loaded, h)
 }
 
 // resetSet makes the replica set of sp the home, the first Backups
@@ -436,6 +609,7 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *wa
 	for b := range sp.since {
 		if !slices.Contains(set, b) {
 			delete(sp.since, b)
+			delete(sp.loaded, b)
 		}
 	}
 	for _, b := range set {
