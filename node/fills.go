@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/node/pagestore"
 )
 
 // The node layer of fills (docs/failover.md §6, "As built in the
@@ -74,6 +76,10 @@ type regionFills struct {
 	proposing bool
 	sent      map[uint64]bool
 	sentAt    int
+	// reviving: a revival of lost shards is under way (revive); loaded
+	// are the shards this engine loaded from the page store. Under mu.
+	reviving bool
+	loaded   map[uint64]bool
 }
 
 func newRegionFills(es *engines, re *regionEngine) *regionFills {
@@ -121,6 +127,9 @@ func (rf *regionFills) loop() {
 			rf.start(pm)
 		}
 		rf.count(res)
+		if promo != nil {
+			rf.revive(promo)
+		}
 		if promo != nil && !rf.propose(promo) {
 			// A proposal is in flight: this view is considered when it
 			// ends (with the latest view then).
@@ -227,6 +236,169 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 	return true
 }
 
+// revive takes the lost shards of the region that this incarnation should
+// bring back (docs/durability.md §4, placement.go revive). For a durable
+// region: the shards whose first candidate node with an incarnation alive
+// is this node. It loads their pages from its page store into its slots
+// (engine.LoadSlot), then records itself complete for them and proposes
+// its promotion; the placement makes it their home in the promotion's
+// epoch, and the engine rebuilds their words from the members' reports
+// over the loaded slots, as for a backup promoted. For a memory region:
+// this incarnation records, for every lost shard of which it holds no
+// page, a completeness record made after the loss (what the placement
+// reads as "holds nothing": noCopiesLeft); the shard's preferred member,
+// once no process can hold a copy, proposes its promotion, and the shard
+// starts over empty ("contents lost at restart"). One revival is under
+// way at a time; a failed one is tried again a second later with the
+// latest view.
+func (rf *regionFills) revive(pm *protoMap) {
+	self := ids.NodeID(rf.es.self.Load())
+	me, ok := pm.byProto[self]
+	if !ok || me.departed {
+		return
+	}
+	r, rc := rf.re.region, rf.re.chains
+	if !rc.anyDeparted(pm) {
+		return
+	}
+	durable := r.Durability == directory.DurabilitySynced
+	recs := pm.fillRecords(r.ID)
+	recorded := func(i uint64, lostAt ids.Epoch) bool {
+		return slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
+			return f.Proto == self && f.Since >= lostAt && f.Covers(i)
+		})
+	}
+	var load, record, promote []uint64
+	for i := range r.Shards() {
+		s := placement.Shard{Region: r.ID, Index: i}
+		sp := rc.place(s, pm)
+		switch {
+		case sp.lostAt == 0 || len(sp.c) == 0:
+		case durable:
+			if rc.reviver(sp, pm) == me.node {
+				load, record, promote = append(load, i), append(record, i), append(promote, i)
+			}
+		case !recorded(i, sp.lostAt):
+			if rf.holdsNothing(i) {
+				record = append(record, i)
+			}
+		case sp.preferred == self && noCopiesLeft(sp, s, never, pm):
+			promote = append(promote, i)
+		}
+	}
+	if len(record) == 0 && len(promote) == 0 {
+		return
+	}
+	rf.mu.Lock()
+	if rf.reviving {
+		rf.mu.Unlock()
+		return // tried again with the latest view when it ends
+	}
+	rf.reviving = true
+	if rf.loaded == nil {
+		rf.loaded = map[uint64]bool{}
+	}
+	rf.mu.Unlock()
+	go func() {
+		err := rf.reviveShards(me, pm.dirEpoch, load, record, promote)
+		if err != nil {
+			rf.es.log.Warn("lost shards not revived: tried again", "region", r.Name, "err", err)
+			select { // not at once: the directory may be electing a leader
+			case <-time.After(time.Second):
+			case <-rf.stop:
+			}
+		}
+		rf.mu.Lock()
+		rf.reviving = false
+		if rf.promo == nil {
+			rf.promo = rf.es.pv.p.Load()
+		}
+		rf.mu.Unlock()
+		rf.wake()
+	}()
+}
+
+// holdsNothing reports whether this node's page cache holds no page of
+// shard i (of a memory region whose home departed: no miss of it succeeds
+// any more, so the answer cannot go stale).
+func (rf *regionFills) holdsNothing(i uint64) bool {
+	r := rf.re.region
+	first := i * r.PagesPerShard()
+	n := min(r.PagesPerShard(), r.Pages()-first)
+	held, err := rf.es.n.cache.Held(r.ID, ids.PageNo(first), n)
+	return err == nil && len(held) == 0
+}
+
+// reviveShards loads shards of load from the page store, proposes the
+// completeness record of incarnation me for the shards of record, its
+// fills (the load, or nothing held) begun in directory epoch since, then
+// its promotion for the shards of promote.
+func (rf *regionFills) reviveShards(me incarnation, since ids.Epoch, load, record, promote []uint64) error {
+	r := rf.re.region
+	ctx, cancel := context.WithTimeout(rf.es.n.ctx, persistCallTimeout)
+	defer cancel()
+	pages := 0
+	for _, i := range load {
+		rf.mu.Lock()
+		done := rf.loaded[i]
+		rf.mu.Unlock()
+		if done {
+			continue
+		}
+		n, err := rf.load(ctx, i)
+		if err != nil {
+			return err
+		}
+		pages += n
+		rf.mu.Lock()
+		rf.loaded[i] = true
+		rf.mu.Unlock()
+	}
+	if len(load) > 0 {
+		rf.es.log.Info("lost shards loaded from the page store", "region", r.Name, "shards", len(load), "pages", pages)
+	}
+	if len(record) > 0 {
+		if err := rf.es.n.dir.RecordFilled(ctx, r.ID, me.node, me.nonce, since, shardRanges(slices.Clone(record))); err != nil {
+			return err
+		}
+	}
+	if len(promote) > 0 {
+		if err := rf.es.n.dir.Promote(ctx, r.ID, me.node, me.nonce, shardRanges(slices.Clone(promote))); err != nil {
+			return err
+		}
+		what := "loaded from this node's page store"
+		if len(load) == 0 {
+			what = "started over empty: contents lost at restart"
+		}
+		rf.es.log.Info("home of lost shards: "+what, "region", r.Name, "shards", len(promote))
+	}
+	return nil
+}
+
+// load writes the pages of shard i that this node's page store holds into
+// the engine's slots, and returns how many.
+func (rf *regionFills) load(ctx context.Context, i uint64) (int, error) {
+	r := rf.re.region
+	store := rf.es.n.pages
+	if store == nil {
+		return 0, errors.New("node: no page store to load from")
+	}
+	first := i * r.PagesPerShard()
+	end := min(first+r.PagesPerShard(), r.Pages())
+	n := 0
+	err := store.Scan(r.ID, first, end, func(p pagestore.Page) error {
+		if len(p.Data) != int(r.PageSize) {
+			return fmt.Errorf("node: stored page %d of region %q has %d bytes, not %d", p.No, r.Name, len(p.Data), r.PageSize)
+		}
+		n++
+		return rf.re.e.LoadSlot(ctx, ids.PageNo(p.No), p.Version, p.Data)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("load shard %d from the page store: %w", i, err)
+	}
+	return n, nil
+}
+
 // shardRanges turns shard indexes into sorted, disjoint ranges.
 func shardRanges(shards []uint64) []directory.ShardRange {
 	slices.Sort(shards)
@@ -330,7 +502,12 @@ func (rf *regionFills) record(to ids.NodeID, since ids.Epoch, shards []uint64) {
 	var err error
 	if !ok || in.departed {
 		err = errors.New("the backup is no member")
-	} else {
+	} else if r.Durability == directory.DurabilitySynced {
+		// A completeness record of a durable region means "in memory and
+		// on disk": the pages go to the backup's store first.
+		err = rf.persistFill(in.node, shards)
+	}
+	if err == nil {
 		ranges := shardRanges(shards)
 		for try := 0; try < 5; try++ {
 			ctx, cancel := context.WithTimeout(rf.es.n.ctx, 10*time.Second)
@@ -356,6 +533,32 @@ func (rf *regionFills) record(to ids.NodeID, since ids.Epoch, shards []uint64) {
 	rf.results = append(rf.results, refusedRecord(r, to, shards)...)
 	rf.mu.Unlock()
 	rf.wake()
+}
+
+// persistFill has the backup, node `to`, write the populated pages of
+// shards to its page store (persister.persistFill), before its
+// completeness record is proposed.
+func (rf *regionFills) persistFill(to ids.NodeID, shards []uint64) error {
+	r := rf.re.region
+	var pages []ids.PageNo
+	for _, i := range shards {
+		first := ids.PageNo(i * r.PagesPerShard())
+		pages = append(pages, rf.re.e.Populated(first, first+ids.PageNo(r.PagesPerShard()))...)
+	}
+	ctx, cancel := context.WithTimeout(rf.es.n.ctx, persistCallTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-rf.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if err := rf.es.n.persist.persistFill(ctx, rf.re, to, pages); err != nil {
+		return err
+	}
+	rf.es.log.Info("filled pages persisted at the backup", "region", r.Name, "to", to, "shards", len(shards), "pages", len(pages))
+	return nil
 }
 
 // refusedRecord turns a refused record into given-up fills of the shards'

@@ -480,12 +480,55 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 	if err != nil {
 		return answerRetry, fmt.Sprintf("%v: %v", ps.self, err)
 	}
+	pages, code, msg := ps.stableCopies(ctx, re, asked)
+	if code != answerOK {
+		return code, msg
+	}
+	// The backups of each page, in the engine's view now.
+	es.mu.RLock()
+	pm := re.last
+	backupsOf := re.chains.backupsOf(pm)
+	es.mu.RUnlock()
+	byBackup := map[ids.NodeID][]persistPage{}
+	for _, p := range pages {
+		for _, b := range backupsOf(ids.PageNo(p.No)) {
+			if in, ok := pm.byProto[b]; ok && !in.departed && in.node != ps.self {
+				byBackup[in.node] = append(byBackup[in.node], persistPage{No: ids.PageNo(p.No), Version: p.Version, Seq: p.seq, Data: p.Data})
+			}
+		}
+	}
+	var mine string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ps.writeOrdered(ctx, ps.self, pages); err != nil {
+			mine = fmt.Sprintf("%v: page store: %v", ps.self, err)
+		}
+	}()
+	failed := ps.copyToBackups(ctx, r, re.pageSize, byBackup)
+	<-done
+	if mine != "" {
+		failed = append(failed, mine)
+	}
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		return answerFailed, strings.Join(failed, "; ")
+	}
+	return answerOK, ""
+}
+
+// stableCopies takes a stable copy of every page asked for at this node,
+// their home (engine.Persist), in the home's order of stable copies. A
+// page whose copy is older than the version asked for fails; a page this
+// node is not the home of is answered retry.
+func (ps *persister) stableCopies(ctx context.Context, re *regionEngine, asked []persistPage) ([]seqPage, answerCode, string) {
+	r := re.region.ID
 	if re.region.Durability != directory.DurabilitySynced {
-		return answerFailed, fmt.Sprintf("%v: region %q is not durable", ps.self, re.region.Name)
+		return nil, answerFailed, fmt.Sprintf("%v: region %q is not durable", ps.self, re.region.Name)
 	}
 	for _, p := range asked {
 		if uint64(p.No) >= re.region.Pages() {
-			return answerFailed, fmt.Sprintf("%v: page %d is past the end of region %q", ps.self, p.No, re.region.Name)
+			return nil, answerFailed, fmt.Sprintf("%v: page %d is past the end of region %q", ps.self, p.No, re.region.Name)
 		}
 	}
 	nos := make([]ids.PageNo, len(asked))
@@ -508,44 +551,36 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 		case sc = <-ch:
 		case <-wctx.Done():
 			// The channels left behind are answered and dropped in order.
-			return answerRetry, fmt.Sprintf("%v: no stable copy of page %d: %v", ps.self, asked[i].No, wctx.Err())
+			return nil, answerRetry, fmt.Sprintf("%v: no stable copy of page %d: %v", ps.self, asked[i].No, wctx.Err())
 		}
 		d := sc.d
 		switch {
 		case errors.Is(d.Err, coherence.ErrPersistAbandoned):
-			return answerRetry, fmt.Sprintf("%v: %v", ps.self, d.Err)
+			return nil, answerRetry, fmt.Sprintf("%v: %v", ps.self, d.Err)
 		case d.Err != nil:
-			return answerFailed, fmt.Sprintf("%v: stable copy of page %d: %v", ps.self, d.Page, d.Err)
+			return nil, answerFailed, fmt.Sprintf("%v: stable copy of page %d: %v", ps.self, d.Page, d.Err)
 		case asked[i].Version != 0 && pagestore.Newer(asked[i].Version, d.Version):
-			return answerFailed, fmt.Sprintf("%v: page %d read at version %d, older than the released %d", ps.self, d.Page,
+			return nil, answerFailed, fmt.Sprintf("%v: page %d read at version %d, older than the released %d", ps.self, d.Page,
 				d.Version, asked[i].Version)
 		}
 		pages[i] = seqPage{Page: pagestore.Page{Region: r, No: uint64(d.Page), Version: d.Version, Data: d.Data}, seq: sc.seq}
 	}
+	return pages, answerOK, ""
+}
 
-	// The backups of each page, in the engine's view now.
-	es.mu.RLock()
-	pm := re.last
-	backupsOf := re.chains.backupsOf(pm)
-	es.mu.RUnlock()
-	byBackup := map[ids.NodeID][]persistPage{}
-	for _, p := range pages {
-		for _, b := range backupsOf(ids.PageNo(p.No)) {
-			if in, ok := pm.byProto[b]; ok && !in.departed && in.node != ps.self {
-				byBackup[in.node] = append(byBackup[in.node], persistPage{No: ids.PageNo(p.No), Version: p.Version, Seq: p.seq, Data: p.Data})
-			}
-		}
+// copyToBackups sends stable copies of region r's pages to the backups
+// named (node ids), in persist-copies or, for pages too large for one,
+// copy-parts, and waits for every answer. It returns what failed.
+func (ps *persister) copyToBackups(ctx context.Context, r ids.RegionID, pageSize int, byBackup map[ids.NodeID][]persistPage) []string {
+	perMsg := copyPagesPerMsg(pageSize)
+	var mu sync.Mutex
+	var failed []string
+	fail := func(m string) {
+		mu.Lock()
+		failed = append(failed, m)
+		mu.Unlock()
 	}
-	perMsg := copyPagesPerMsg(re.pageSize)
-	errs := make(chan string, 1+len(asked)*len(byBackup)*max(1, re.pageSize/partBytes+1))
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := ps.writeOrdered(ctx, ps.self, pages); err != nil {
-			errs <- fmt.Sprintf("%v: page store: %v", ps.self, err)
-		}
-	}()
 	// Pages too large for a persist-copy go in copy-parts, a bounded
 	// number in flight.
 	inflight := make(chan struct{}, maxPartsInFlight)
@@ -559,12 +594,12 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 						defer func() { <-inflight; wg.Done() }()
 						id := ps.nextID.Add(1)
 						piece := p.Data[off:min(off+partBytes, len(p.Data))]
-						a, err := ps.call(ctx, b, id, encodeCopyPart(id, r, re.pageSize, p, off, piece), persistCopyTimeout)
+						a, err := ps.call(ctx, b, id, encodeCopyPart(id, r, pageSize, p, off, piece), persistCopyTimeout)
 						switch {
 						case err != nil:
-							errs <- fmt.Sprintf("%v: persist-copy to backup %v: %v", ps.self, b, err)
+							fail(fmt.Sprintf("%v: persist-copy to backup %v: %v", ps.self, b, err))
 						case a.Code != answerOK:
-							errs <- a.Msg
+							fail(a.Msg)
 						}
 					}()
 				}
@@ -576,26 +611,47 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 			go func() {
 				defer wg.Done()
 				id := ps.nextID.Add(1)
-				a, err := ps.call(ctx, b, id, encodeCopy(id, r, re.pageSize, chunk), persistCopyTimeout)
+				a, err := ps.call(ctx, b, id, encodeCopy(id, r, pageSize, chunk), persistCopyTimeout)
 				switch {
 				case err != nil:
-					errs <- fmt.Sprintf("%v: persist-copy to backup %v: %v", ps.self, b, err)
+					fail(fmt.Sprintf("%v: persist-copy to backup %v: %v", ps.self, b, err))
 				case a.Code != answerOK:
-					errs <- a.Msg
+					fail(a.Msg)
 				}
 			}()
 		}
 	}
-	go func() { wg.Wait(); close(errs) }()
-	var failed []string
-	for e := range errs {
-		failed = append(failed, e)
+	wg.Wait()
+	return failed
+}
+
+// persistFill writes the pages of a fill to the store of the backup it
+// filled, node `to` (docs/durability.md §3): a stable copy of each page
+// of the region's pages, taken at this node, their home, after the fill
+// completed in memory, sent in persist-copies. Every release after the
+// fill writes the backup, and every Sync after it persists there too, so
+// once this returns nil the backup holds every synced page of the pages
+// on disk as well as in memory.
+func (ps *persister) persistFill(ctx context.Context, re *regionEngine, to ids.NodeID, pages []ids.PageNo) error {
+	for chunk := range slices.Chunk(pages, maxPersistPages) {
+		asked := make([]persistPage, len(chunk))
+		for i, p := range chunk {
+			asked[i] = persistPage{No: p}
+		}
+		sp, code, msg := ps.stableCopies(ctx, re, asked)
+		if code != answerOK {
+			return fmt.Errorf("%w: %s", ErrPersistFailed, msg)
+		}
+		copies := make([]persistPage, len(sp))
+		for i, p := range sp {
+			copies[i] = persistPage{No: ids.PageNo(p.No), Version: p.Version, Seq: p.seq, Data: p.Data}
+		}
+		if failed := ps.copyToBackups(ctx, re.region.ID, re.pageSize, map[ids.NodeID][]persistPage{to: copies}); len(failed) > 0 {
+			slices.Sort(failed)
+			return fmt.Errorf("%w: %s", ErrPersistFailed, strings.Join(slices.Compact(failed), "; "))
+		}
 	}
-	if len(failed) > 0 {
-		slices.Sort(failed)
-		return answerFailed, strings.Join(failed, "; ")
-	}
-	return answerOK, ""
+	return nil
 }
 
 // ---- a backup ----

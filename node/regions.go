@@ -317,6 +317,9 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 	defer func() {
 		es.mu.Unlock()
 		for _, t := range todo {
+			// The slots of lost shards brought back with this node as a
+			// backup read zero before the engine takes the epoch.
+			es.clearRevived(t.re, t.last, pm, self)
 			t.re.e.Reconfigure(t.rc)
 			// The engine is in the new epoch: stamp the slots of the
 			// shards promoted away from this node, and fill its new
@@ -381,6 +384,45 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 				}
 			}
 		}
+	}
+}
+
+// clearRevived clears this node's slots of the shards that were lost under
+// last and are brought back under pm (placement.go, revive) with this node
+// in their replica set but not their home: such a slot may hold what a
+// release or a fill wrote before the loss, and a fill from the new home
+// requires a backup's slot to read zero when it enters the set. It runs
+// before the engine takes pm's epoch: until this node reports its pages to
+// the new home, no tenure of the shard begins, so nothing of the new home's
+// era has written the slots yet. Only a promotion record brings a lost
+// shard back, so a region without one has nothing to clear.
+func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
+	r := re.region
+	if len(pm.promoteRecords(r.ID)) == 0 || pm.departedAt(self) != 0 || !re.chains.anyDeparted(last) {
+		return
+	}
+	cleared, shards := 0, 0
+	for i := range r.Shards() {
+		s := placement.Shard{Region: r.ID, Index: i}
+		before := re.chains.place(s, last)
+		if before.lostAt == 0 {
+			continue
+		}
+		now := re.chains.place(s, pm)
+		if now.lostAt != 0 || len(now.set) == 0 || now.set[0] == self || !slices.Contains(now.set, self) {
+			continue
+		}
+		first := ids.PageNo(i * r.PagesPerShard())
+		end := min(first+ids.PageNo(r.PagesPerShard()), ids.PageNo(r.Pages()))
+		n, err := re.e.ClearSlots(es.n.ctx, first, end)
+		if err != nil {
+			es.log.Warn("slots of a shard brought back not cleared", "region", r.Name, "shard", i, "err", err)
+		}
+		cleared += n
+		shards++
+	}
+	if shards > 0 {
+		es.log.Info("lost shards brought back: this backup's slots cleared", "region", r.Name, "shards", shards, "slots", cleared)
 	}
 }
 
