@@ -208,12 +208,16 @@ type RegionInfo struct {
 	// Shards is the number of shards the pages are split into for
 	// placement across the cluster.
 	Shards int
+	// ContentsLost: the region lost its contents at a restart of the whole
+	// cluster (a Memory region, brought back empty: its pages read zeros).
+	// A Durable region comes back with its synced pages and never says so.
+	ContentsLost bool
 }
 
 func regionInfo(r *dsmpb.Region) RegionInfo {
 	return RegionInfo{Name: r.GetName(), ID: r.GetId(), Size: int64(r.GetSize()),
 		PageSize: int(r.GetPageSize()), Durability: durabilityOf(r.GetDurability()),
-		Shards: int(r.GetShards())}
+		Shards: int(r.GetShards()), ContentsLost: r.GetContentsLost()}
 }
 
 func (c *Client) isClosed() bool {

@@ -120,6 +120,40 @@ func specMessage(se *directory.SpecError) string {
 	return "bad region " + field + ": " + se.Reason
 }
 
+// regionPBIn is regionPB with what the data plane's placement says of
+// the region in view v: whether it lost its contents at a restart of the
+// whole cluster.
+func (n *Node) regionPBIn(v *directory.View, r directory.Region) *dsmpb.Region {
+	pb := regionPB(r)
+	pb.ContentsLost = n.contentsLost(v, r)
+	return pb
+}
+
+// contentsLost reports whether a shard of memory region r started over
+// empty in view v (placement.go, revive): every process that could hold a
+// copy of it had departed. A durable region comes back from its stores
+// and never says so.
+func (n *Node) contentsLost(v *directory.View, r directory.Region) bool {
+	if r.Durability == directory.DurabilitySynced || len(r.Homes) == 0 || len(r.Promoted) == 0 {
+		return false // a shard starts over only by a promotion record
+	}
+	pm := newProtoMap(v)
+	var rc *regionChains
+	if n.eng != nil {
+		if re, err := n.eng.get(r.ID); err == nil {
+			rc = re.chains
+		}
+	}
+	if rc == nil {
+		protos, err := pm.homeProtos(r)
+		if err != nil {
+			return false
+		}
+		rc = newRegionChains(r, protos)
+	}
+	return rc.contentsLost(pm)
+}
+
 func regionPB(r directory.Region) *dsmpb.Region {
 	d := dsmpb.Durability_DURABILITY_DURABLE
 	if r.Durability == directory.DurabilityMemory {
@@ -716,7 +750,7 @@ func (s *adminServer) Regions(ctx context.Context, _ *dsmpb.RegionsRequest) (*ds
 	v := s.n.freshView(ctx)
 	resp := &dsmpb.RegionsResponse{Epoch: uint64(v.Epoch)}
 	for _, r := range v.Regions() {
-		resp.Regions = append(resp.Regions, regionPB(r))
+		resp.Regions = append(resp.Regions, s.n.regionPBIn(v, r))
 	}
 	return resp, nil
 }
@@ -743,7 +777,7 @@ func (s *adminServer) RegionInfo(ctx context.Context, req *dsmpb.RegionInfoReque
 		return nil, status.Errorf(codes.InvalidArgument, "first_shard %d is past the region's %d shards", first, total)
 	}
 	end := min(total, first+limit)
-	resp := &dsmpb.RegionInfoResponse{Region: regionPB(r), Epoch: uint64(v.Epoch), ShardCount: total, NextShard: end}
+	resp := &dsmpb.RegionInfoResponse{Region: s.n.regionPBIn(v, r), Epoch: uint64(v.Epoch), ShardCount: total, NextShard: end}
 	pps := r.PagesPerShard()
 	// The data plane's placement (node/placement.go); a region recorded
 	// without homes shows the placement over the members alive now.
@@ -855,8 +889,9 @@ func (s *clientServer) DeleteRegion(ctx context.Context, req *dsmpb.DeleteRegion
 
 func (s *clientServer) ListRegions(ctx context.Context, _ *dsmpb.ListRegionsRequest) (*dsmpb.ListRegionsResponse, error) {
 	resp := &dsmpb.ListRegionsResponse{}
-	for _, r := range s.n.freshView(ctx).Regions() {
-		resp.Regions = append(resp.Regions, regionPB(r))
+	v := s.n.freshView(ctx)
+	for _, r := range v.Regions() {
+		resp.Regions = append(resp.Regions, s.n.regionPBIn(v, r))
 	}
 	return resp, nil
 }
@@ -872,7 +907,7 @@ func (s *clientServer) GetRegion(ctx context.Context, req *dsmpb.GetRegionReques
 	if err != nil {
 		return nil, err
 	}
-	resp := &dsmpb.GetRegionResponse{Region: regionPB(r)}
+	resp := &dsmpb.GetRegionResponse{Region: s.n.regionPBIn(s.n.dir.View(), r)}
 	if s.n.eng != nil {
 		if why := s.n.eng.refusedRegion(r.ID); why != "" {
 			resp.NotServed = fmt.Sprintf("region %q is not served on n%d: %s", r.Name, s.n.cfg.ID, why)

@@ -25,12 +25,15 @@ type regionJSON struct {
 	CreatedEpoch uint64 `json:"created_epoch"`
 	// Access is the region's access list; absent when it has none.
 	Access *accessJSON `json:"access,omitempty"`
+	// ContentsLost: a Memory region brought back empty after a restart
+	// of the whole cluster.
+	ContentsLost bool `json:"contents_lost,omitempty"`
 }
 
 func regionView(r *dsmpb.Region) regionJSON {
 	v := regionJSON{Name: r.GetName(), ID: r.GetId(), Size: r.GetSize(), PageSize: r.GetPageSize(),
 		Durability: durability(r.GetDurability()), Shards: r.GetShards(), CreatedEpoch: r.GetCreatedEpoch(),
-		Access: accessView(r.GetAccess())}
+		Access: accessView(r.GetAccess()), ContentsLost: r.GetContentsLost()}
 	if v.PageSize != 0 {
 		v.Pages = (v.Size + uint64(v.PageSize) - 1) / uint64(v.PageSize)
 	}
@@ -477,6 +480,9 @@ func (a *app) renderRegionInfo(v regionInfoJSON, first uint64) error {
 		r.Durability, v.ShardCount, plural(int(min(v.ShardCount, 2))), v.Epoch)
 	if r.Access != nil {
 		fmt.Fprintf(&w, "access: %s\n\n", accessLine(r.Access))
+	}
+	if r.ContentsLost {
+		fmt.Fprintf(&w, "contents lost at restart: every copy of some of its pages was in processes that all departed; they read as zeros\n\n")
 	}
 	if !v.HomesComplete && len(v.Shards) > 0 {
 		fmt.Fprintf(&w, "placement of the listed shards %d-%d only (of %d):\n", first, v.NextShard-1, v.ShardCount)

@@ -253,7 +253,12 @@ type Region struct {
 	Shards uint32 `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
 	// Which local users may use the region; unset: every process allowed on
 	// dsmd's socket.
-	Access        *RegionAccess `protobuf:"bytes,8,opt,name=access,proto3" json:"access,omitempty"`
+	Access *RegionAccess `protobuf:"bytes,8,opt,name=access,proto3" json:"access,omitempty"`
+	// The region lost its contents at a restart of the whole cluster: a
+	// Memory region whose every copy of some shard was in processes that all
+	// departed, brought back empty (reads return zeros). Never set for a
+	// Durable region, which comes back from its page stores.
+	ContentsLost  bool `protobuf:"varint,9,opt,name=contents_lost,json=contentsLost,proto3" json:"contents_lost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -344,6 +349,13 @@ func (x *Region) GetAccess() *RegionAccess {
 	return nil
 }
 
+func (x *Region) GetContentsLost() bool {
+	if x != nil {
+		return x.ContentsLost
+	}
+	return false
+}
+
 // RegionAccess lists the local users (uids) and groups (gids) that may use
 // a region's memory through dsmd. dsmd checks the credentials of the
 // process on its Unix socket (SO_PEERCRED) on every Map and memory call:
@@ -424,7 +436,7 @@ var File_types_proto protoreflect.FileDescriptor
 
 const file_types_proto_rawDesc = "" +
 	"\n" +
-	"\vtypes.proto\x12\x06dsm.v1\"\xfc\x01\n" +
+	"\vtypes.proto\x12\x06dsm.v1\"\xa1\x02\n" +
 	"\x06Region\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x12\x12\n" +
@@ -435,7 +447,8 @@ const file_types_proto_rawDesc = "" +
 	"durability\x12#\n" +
 	"\rcreated_epoch\x18\x06 \x01(\x04R\fcreatedEpoch\x12\x16\n" +
 	"\x06shards\x18\a \x01(\rR\x06shards\x12,\n" +
-	"\x06access\x18\b \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\"\x82\x01\n" +
+	"\x06access\x18\b \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\x12#\n" +
+	"\rcontents_lost\x18\t \x01(\bR\fcontentsLost\"\x82\x01\n" +
 	"\fRegionAccess\x12\x12\n" +
 	"\x04uids\x18\x01 \x03(\rR\x04uids\x12\x12\n" +
 	"\x04gids\x18\x02 \x03(\rR\x04gids\x12$\n" +
