@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time rounds soak bench-cluster bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -151,6 +151,11 @@ rounds: NODES ?= 3
 rounds: SEED ?=
 rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of NODES (3) under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test runs 3 rounds)
 	DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_NODES=$(NODES) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
+
+durable-rounds: ROUNDS = 20
+durable-rounds: SEED ?=
+durable-rounds: ## ROUNDS rounds of kill -9 of every dsmd of three at once and a restart of all, with synced and unsynced writes to a Durable region and a Memory region in between (SEED replays the writes): every page reads back as the last synced image, the memory region reads zeros and says "contents lost at restart" (make test runs 1 round)
+	DSM_DURABLE_ROUNDS=$(ROUNDS) DSM_DURABLE_SEED=$(SEED) $(GO) test ./tests -run '^TestWholeClusterRestart$$' -count=1 -timeout 0 -v
 
 tools: ## install the linters this Makefile uses
 	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
