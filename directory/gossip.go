@@ -31,7 +31,11 @@ import (
 // Version 5: the data plane places shards by promotion records and extra
 // backups (node/placement.go), a promotion repeated after another
 // member's is applied again, and durable regions' persist messages.
-const ProtoVersion = 5
+// Version 6: a promotion record of a shard whose home departed with no
+// complete member brings it back (node/placement.go, revive: a durable
+// region's from a page store, a memory region's empty), which version 5
+// ignores, and Region.contents_lost in the gRPC messages.
+const ProtoVersion = 6
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).
