@@ -3,6 +3,7 @@ package tests
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -13,9 +14,10 @@ import (
 // TestWholeClusterRestart kills every dsmd of a three-node cluster with
 // kill -9 at once and restarts them all from their data directories
 // (docs/durability.md §4), DSM_DURABLE_ROUNDS times (1 by default; make
-// durable-rounds runs 20). Each round writes pages of a Durable region
-// from every node, each write synced, and writes other pages without
-// Sync; a Memory region gets synced writes too. After the restart every
+// durable-rounds runs 20). Each round, a client of the Go library on
+// every node writes a Durable region through its mapping and Syncs after
+// every three writes, then writes a few pages that no Sync follows; a
+// Memory region gets synced writes too. After the restart every
 // page of the durable region reads, on every node, as the last synced
 // image, except that a page written without Sync since may also show that
 // write (an unsynced write may survive through one copy, never half of
@@ -29,7 +31,7 @@ func TestWholeClusterRestart(t *testing.T) {
 	const (
 		durSize = 8 << 20 // 4 shards of 2 MiB: homes on every node
 		memSize = 4 << 20
-		synced  = 12 // synced writes a round
+		synced  = 12 // Syncs a round (of three writes each)
 		loose   = 4  // unsynced writes a round
 	)
 	c := startClusterWith(t, 3, nil)
@@ -70,29 +72,63 @@ func TestWholeClusterRestart(t *testing.T) {
 			return nil
 		})
 	}
+	type write struct {
+		off  int
+		data string
+	}
 	for round := 1; round <= rounds; round++ {
-		for i := range synced {
-			off := rng.IntN(durSize/4096)*4096 + rng.IntN(4000)
-			data := fmt.Sprintf("round %d synced %d %x", round, i, rng.Uint64())
-			put(i%3+1, "dur", off, data, true)
-			copy(image[off:], data)
+		// Every node's client writes through its mapping and Syncs every
+		// few writes; a write is in the synced image once its Sync
+		// returned. Then a few writes that no Sync follows.
+		clients := make([]*clientProc, 3)
+		for i := range clients {
+			clients[i] = c.startClient(t, i+1, "dur", "repl")
 		}
-		type write struct {
-			off  int
-			data string
+		store := func(cl *clientProc, w write) {
+			t.Helper()
+			if got := cl.call(t, fmt.Sprintf("put-bytes %d %x", w.off, w.data)); got != "ok" {
+				t.Fatalf("put-bytes on n%d: %s", cl.node, got)
+			}
+		}
+		for batch := range synced / 3 {
+			for i, cl := range clients {
+				var ws []write
+				for j := range 3 {
+					off := rng.IntN(durSize/4096)*4096 + rng.IntN(4000)
+					ws = append(ws, write{off, fmt.Sprintf("round %d batch %d node %d write %d %x", round, batch, i+1, j, rng.Uint64())})
+					store(cl, ws[j])
+				}
+				// A Sync while the cluster moves shards after a restart
+				// may fail with a line that says to retry it.
+				eventually(t, fmt.Sprintf("a Sync on n%d", cl.node), 60*time.Second, func() error {
+					if _, err := io.WriteString(cl.stdin, "sync\n"); err != nil {
+						t.Fatalf("dsmclient on n%d: %v: %s", cl.node, err, cl.stderrString())
+					}
+					if got := cl.next(t); got != "ok" {
+						return fmt.Errorf("%s", got)
+					}
+					return nil
+				})
+				for _, w := range ws {
+					copy(image[w.off:], w.data)
+				}
+			}
 		}
 		var unsynced []write
 		for i := range loose {
 			off := rng.IntN(durSize/4096)*4096 + rng.IntN(4000)
-			data := fmt.Sprintf("round %d unsynced %d %x", round, i, rng.Uint64())
-			put(i%3+1, "dur", off, data, false)
-			unsynced = append(unsynced, write{off, data})
+			w := write{off, fmt.Sprintf("round %d unsynced %d %x", round, i, rng.Uint64())}
+			store(clients[i%3], w)
+			unsynced = append(unsynced, w)
 		}
 		for i := range 3 {
 			put(i+1, "mem", rng.IntN(memSize/4096)*4096, fmt.Sprintf("memory round %d node %d", round, i+1), true)
 		}
 
 		c.killAndRestart(t, 1, 2, 3)
+		for _, cl := range clients {
+			cl.kill(t)
+		}
 		restarted := time.Now()
 		for i := 1; i <= 3; i++ {
 			c.waitHealthy(i)

@@ -15,6 +15,7 @@
 //
 //	create SIZE              create the region (idempotent), SIZE in bytes
 //	put-bytes OFF HEX        store the bytes through Bytes(); prints "ok"
+//	sync                     Sync of the region; prints "ok"
 //	get-bytes OFF LEN        load LEN bytes through Bytes(); prints hex
 //	add OFF DELTA N          N AddUint64 calls; prints the last result
 //	mutex-inc LOCKOFF N CNTOFF...
@@ -94,7 +95,7 @@
 //	                         error and exit 0
 //	map-direct SOCK          map the region through the mapping socket SOCK
 //	                         directly (no gRPC call first); prints "mapped"
-//	repl                     read commands (put-bytes, get-bytes, read-at,
+//	repl                     read commands (put-bytes, sync, get-bytes, read-at,
 //	                         read-sum, add, mutex-inc, fill, check,
 //	                         touch-sparse, read-u64,
 //	                         lock, unlock, session, barrier..., sem-...)
@@ -417,6 +418,11 @@ func (cl *client) do(ctx context.Context, args []string) (string, error) {
 		}
 		copy(b[off:], p)
 		return "ok", cl.r.Err()
+	case "sync":
+		if len(args) != 0 {
+			return "", usagef("sync")
+		}
+		return "ok", cl.r.Sync(ctx)
 	case "read-at":
 		v, err := ints(args)
 		if err != nil || len(v) != 2 {
