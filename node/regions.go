@@ -388,10 +388,11 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 }
 
 // clearRevived clears this node's slots of the shards that were lost under
-// last and are brought back under pm (placement.go, revive) with this node
-// in their replica set but not their home: such a slot may hold what a
-// release or a fill wrote before the loss, and a fill from the new home
-// requires a backup's slot to read zero when it enters the set. It runs
+// last and are brought back under pm (placement.go, revive) at another
+// home: such a slot may hold what a release or a fill wrote before the
+// loss, and a fill from the new home requires a backup's slot to read zero
+// when it enters the set, now or when the members before it in the chain
+// are gone. It runs
 // before the engine takes pm's epoch: until this node reports its pages to
 // the new home, no tenure of the shard begins, so nothing of the new home's
 // era has written the slots yet. Only a promotion record brings a lost
@@ -409,7 +410,7 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 			continue
 		}
 		now := re.chains.place(s, pm)
-		if now.lostAt != 0 || len(now.set) == 0 || now.set[0] == self || !slices.Contains(now.set, self) {
+		if now.lostAt != 0 || len(now.set) == 0 || now.set[0] == self {
 			continue
 		}
 		first := ids.PageNo(i * r.PagesPerShard())
@@ -422,7 +423,7 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 		shards++
 	}
 	if shards > 0 {
-		es.log.Info("lost shards brought back: this backup's slots cleared", "region", r.Name, "shards", shards, "slots", cleared)
+		es.log.Info("lost shards brought back at another home: this node's slots of them cleared", "region", r.Name, "shards", shards, "slots", cleared)
 	}
 }
 
