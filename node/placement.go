@@ -40,6 +40,17 @@ import (
 // departed home: its pages are lost, and calls on them fail with the
 // home's reason.
 //
+// A lost shard comes back by a promotion record too (revive,
+// docs/durability.md §4): for a durable region, of an incarnation of one
+// of the nodes whose stores held the shard complete when it was lost (the
+// departed home's node, then those of the members complete until they
+// departed with it), which loaded the shard from its store and recorded
+// itself complete after the loss; for a memory region, once every process
+// that could hold a copy departed or recorded that it holds none, of any
+// usable member, and the shard starts over empty (contents lost). The
+// member becomes the home right after the departed one; every other member
+// enters the set anew.
+//
 // A promotion record (directory.PromoteRecord, docs/failover.md §6) makes
 // a complete member of the shard's replica set its home; the old home goes
 // right after the members that were its backups (it stays a backup when
