@@ -248,9 +248,11 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 // page, a completeness record made after the loss (what the placement
 // reads as "holds nothing": noCopiesLeft); the shard's preferred member,
 // once no process can hold a copy, proposes its promotion, and the shard
-// starts over empty ("contents lost at restart"). One revival is under
-// way at a time; a failed one is tried again a second later with the
-// latest view.
+// starts over empty ("contents lost at restart"). Both only once the
+// cluster turned over (turnedOver: a restart of the whole cluster): a
+// memory shard lost while processes of the region's time lived on stays
+// lost. One revival is under way at a time; a failed one is tried again a
+// second later with the latest view.
 func (rf *regionFills) revive(pm *protoMap) {
 	self := ids.NodeID(rf.es.self.Load())
 	me, ok := pm.byProto[self]
@@ -278,11 +280,13 @@ func (rf *regionFills) revive(pm *protoMap) {
 			if rc.reviver(sp, pm) == me.node {
 				load, record, promote = append(load, i), append(record, i), append(promote, i)
 			}
+		case !turnedOver(r.Epoch, sp.lostAt, never, pm):
+			// A loss the cluster lived through stays a loss.
 		case !recorded(i, sp.lostAt):
 			if rf.holdsNothing(i) {
 				record = append(record, i)
 			}
-		case sp.preferred == self && noCopiesLeft(sp, s, never, pm):
+		case sp.preferred == self && noCopiesLeft(sp, s, r.Epoch, never, pm):
 			promote = append(promote, i)
 		}
 	}

@@ -343,7 +343,7 @@ func (rc *regionChains) revive(sp *shardPlace, p ids.NodeID, s placement.Shard, 
 			return
 		}
 	} else {
-		if !noCopiesLeft(sp, s, a, ev) {
+		if !noCopiesLeft(sp, s, rc.r.Epoch, a, ev) {
 			return
 		}
 		reset = true
@@ -367,6 +367,39 @@ func (rc *regionChains) revive(sp *shardPlace, p ids.NodeID, s placement.Shard, 
 	sp.loaded = map[ids.NodeID]ids.Epoch{p: a}
 	sp.lostAt, sp.cands = 0, nil
 	sp.reset = sp.reset || reset
+}
+
+// turnedOver reports whether, by epoch a, every incarnation alive at some
+// epoch x in [created, lost) had departed: the whole cluster as it was at
+// x is gone (a restart of every dsmd, recorded one node after the other),
+// not only the copies of one shard. The population alive at x is smallest
+// right after departures, so x is tried at created and at every departure
+// epoch in between.
+func turnedOver(created, lost, a ids.Epoch, ev eventsOf) bool {
+	_, ins := ev.incarnations()
+	xs := []ids.Epoch{created}
+	for _, in := range ins {
+		if d := ev.departedAt(in.proto); d > created && d < lost {
+			xs = append(xs, d)
+		}
+	}
+	for _, x := range xs {
+		gone := true
+		for _, in := range ins {
+			d := ev.departedAt(in.proto)
+			if in.joined > x || d != 0 && d <= x {
+				continue // not alive at x
+			}
+			if d == 0 || d > a {
+				gone = false
+				break
+			}
+		}
+		if gone {
+			return true
+		}
+	}
+	return false
 }
 
 // reviver is the node that should bring lost shard sp back from its
@@ -401,14 +434,22 @@ func (rc *regionChains) contentsLost(ev eventsOf) bool {
 	return false
 }
 
-// noCopiesLeft reports whether, at epoch a, no process can hold a copy of
-// lost shard s (lost since sp.lostAt): every incarnation that joined
-// before the loss (or at an unknown epoch) had departed by a, or recorded
-// before a, by a completeness record of s made after the loss, that it
-// holds no page of the shard (fills.go, revive: after the home departed
-// no miss of the shard succeeds and every Shared copy was dropped, so a
-// process that holds nothing then never holds anything of it).
-func noCopiesLeft(sp *shardPlace, s placement.Shard, a ids.Epoch, ev eventsOf) bool {
+// noCopiesLeft reports whether, at epoch a, lost shard s (lost since
+// sp.lostAt) of a memory region may start over empty: the cluster turned
+// over since the region's creation (turnedOver: a restart of the whole
+// cluster), and no process can hold a copy of the shard: every
+// incarnation that joined before the loss (or at an unknown epoch) had
+// departed by a, or recorded before a, by a completeness record of s made
+// after the loss, that it holds no page of the shard (fills.go, revive:
+// after the home departed no miss of the shard succeeds and every Shared
+// copy was dropped, so a process that holds nothing then never holds
+// anything of it). A loss that live processes of the region's time saw
+// (more than Backups failures, the cluster up) stays a loss: its pages
+// fail, never read as zeros.
+func noCopiesLeft(sp *shardPlace, s placement.Shard, created, a ids.Epoch, ev eventsOf) bool {
+	if !turnedOver(created, sp.lostAt, a, ev) {
+		return false
+	}
 	_, ins := ev.incarnations()
 	for _, in := range ins {
 		if in.joined >= sp.lostAt {

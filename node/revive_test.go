@@ -195,10 +195,14 @@ func TestFailedMemberIsNoCandidate(t *testing.T) {
 	}
 }
 
-// A memory region after a restart of every node: a lost shard starts over
-// empty once no process can hold a copy of it (every incarnation that
-// joined before the loss departed, or recorded after the loss that it
-// holds nothing), and only then; the region then says contents lost.
+// A memory region: a shard lost while a process of the region's time
+// lives on (more than Backups failures, the cluster up) stays lost, even
+// when every live process records that it holds nothing of it: its pages
+// fail, never read as zeros. After a restart of every node, a lost shard
+// starts over empty once no process can hold a copy of it (every
+// incarnation that joined before the loss departed, or recorded after the
+// loss that it holds nothing), and only then; the region then says
+// contents lost.
 func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 	d := newDirModel(1, 2, 3)
 	rc := regionOf(d, 1, directory.DurabilityMemory)
@@ -209,8 +213,6 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 	if len(lost) == 0 {
 		t.Fatal("no shard lost by two restarts without fills")
 	}
-	// n3's first incarnation is alive and said nothing: it may hold
-	// copies. The preferred members' records and promotions reset nothing.
 	promoteAll := func(records bool) {
 		pm := d.pm()
 		for _, i := range lostShards(rc, pm) {
@@ -222,19 +224,31 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 			d.promote(n, i, i+1)
 		}
 	}
-	promoteAll(true)
-	pm = d.pm()
-	if l := lostShards(rc, pm); len(l) != len(lost) || rc.contentsLost(pm) {
-		t.Fatalf("shards reset while a process that may hold copies is alive (%d lost of %d)", len(l), len(lost))
-	}
-	// Once every process alive (n3's first incarnation among them) records
-	// that it holds nothing of them, they start over.
 	for _, i := range lost {
 		for n := ids.NodeID(1); n <= 3; n++ {
 			d.fill(n, d.epoch, i, i+1)
 		}
 	}
 	promoteAll(false)
+	pm = d.pm()
+	if l := lostShards(rc, pm); len(l) != len(lost) || rc.contentsLost(pm) {
+		t.Fatalf("shards reset while n3's first incarnation lives on (%d lost of %d)", len(l), len(lost))
+	}
+	if turnedOver(rc.r.Epoch, rc.place(placement.Shard{Region: 1, Index: lost[0]}, pm).lostAt, never, pm) {
+		t.Fatal("turnedOver with n3's first incarnation alive")
+	}
+	// n3 restarts too: the cluster turned over. n3's first incarnation was
+	// the only one that said nothing; now every shard lost can reset, once
+	// the new incarnations that joined before a loss say they hold nothing.
+	d.restart(3)
+	pm = d.pm()
+	lost = lostShards(rc, pm)
+	for _, i := range lost {
+		for n := ids.NodeID(1); n <= 3; n++ {
+			d.fill(n, d.epoch, i, i+1)
+		}
+	}
+	promoteAll(true)
 	pm = d.pm()
 	if l := lostShards(rc, pm); len(l) != 0 {
 		t.Fatalf("shards %v still lost", l)
@@ -248,8 +262,8 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 		if !sp.reset {
 			t.Fatalf("shard %d brought back without reset", i)
 		}
-		// n3's record said "holds nothing": it does not make n3 a complete
-		// backup of the new home's shard.
+		// The records said "holds nothing": they do not make anyone a
+		// complete backup of the new home's shard.
 		if c, _ := rc.completeBackups(s, pm); c != 0 {
 			t.Fatalf("shard %d: %d complete backups right after the reset", i, c)
 		}
