@@ -176,3 +176,63 @@ func TestWholeClusterRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableShardOutlivesItsCopies kills the home and the backup of a
+// shard of a Durable region with kill -9 and restarts both, while the third
+// node lives on: no copy of the shard is left in memory, which loses a
+// memory region's shard (TestUnavailablePageFails). The shard comes back
+// from the page store of the node that held it complete when it was lost
+// (docs/durability.md §4): the page synced before the kill reads back on
+// every node, a page written and synced after reads back too, and `region
+// info` does not say contents lost.
+func TestDurableShardOutlivesItsCopies(t *testing.T) {
+	c := startClusterWith(t, 3, nil)
+	for i := 1; i <= 3; i++ {
+		c.waitHealthy(i)
+	}
+	c.mustCtl(t, 1, "region", "create", "dur", "16MiB", "--durable")
+	for i := 1; i <= 3; i++ {
+		eventually(t, fmt.Sprintf("n%d serves dur", i), 30*time.Second, func() error {
+			if _, errs, code := c.ctl(i, "get", "dur", "0", "1"); code != 0 {
+				return fmt.Errorf("exit %d: %s", code, errs)
+			}
+			return nil
+		})
+	}
+	first, home, backup, survivor := c.firstShardCopies(t, "dur")
+	off := strconv.FormatUint(first*4096, 10)
+	next := strconv.FormatUint((first+1)*4096, 10)
+	t.Logf("page %d: home n%d, backup n%d; n%d lives on", first, home, backup, survivor)
+	c.mustCtl(t, survivor, "put", "dur", off, "synced-before-the-kill", "--sync")
+	c.killAndRestart(t, home, backup)
+	for i := 1; i <= 3; i++ {
+		eventually(t, fmt.Sprintf("n%d reads the synced page", i), 90*time.Second, func() error {
+			out, errs, code := c.ctl(i, "get", "dur", off, "22", "--raw")
+			if code != 0 {
+				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+			}
+			if out != "synced-before-the-kill" {
+				t.Fatalf("n%d reads %q after the home and the backup restarted; want the synced page", i, out)
+			}
+			return nil
+		})
+	}
+	eventually(t, "a synced write after the restart", 60*time.Second, func() error {
+		if _, errs, code := c.ctl(home, "put", "dur", next, "synced-after", "--sync"); code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		return nil
+	})
+	if out := c.mustCtl(t, survivor, "get", "dur", next, "12", "--raw"); out != "synced-after" {
+		t.Fatalf("n%d reads %q; want synced-after", survivor, out)
+	}
+	var info struct {
+		Region struct {
+			ContentsLost bool `json:"contents_lost"`
+		} `json:"region"`
+	}
+	c.ctlJSON(survivor, &info, "region", "info", "dur")
+	if info.Region.ContentsLost {
+		t.Fatal("the durable region says contents lost")
+	}
+}
