@@ -23,7 +23,11 @@ import (
 // never written) and steps coherence.Fill for them, in chunks. When every
 // page of a shard is reported filled to a backup, the home records the
 // backup complete for the shard in the directory (RecordFilled), off the
-// engine's goroutine: the engine never waits for Raft. A fill given up
+// engine's goroutine: the engine never waits for Raft. For a durable
+// region it first has the backup write the shard's pages to its page store
+// (persistFill, docs/durability.md §3), so that a completeness record
+// means "in memory and on disk". The same loop brings lost shards back
+// (revive, docs/durability.md §4). A fill given up
 // (coherence.ErrFillAbandoned: the backup departed or left the set, or
 // this node is no longer the home) or a record refused is tried again at
 // the next epoch if the shard still needs it.
