@@ -337,6 +337,16 @@ type engineSim struct {
 	joined     int
 	crashes    int
 	crashPlan  *simCrashPlan
+	// leftBehind are the slots stamped left behind, until their node is
+	// home of the page again: their words must stay stamps (holder
+	// NotHome), whatever lagging verbs, releases and fills land there.
+	leftBehind []simSlot
+}
+
+// simSlot is node n's slot of page p.
+type simSlot struct {
+	n *simNode
+	p ids.PageNo
 }
 
 // simFilled is a fill result and the node that reported it.
@@ -683,6 +693,7 @@ func (s *engineSim) act(faulty bool) bool {
 	s.step++
 	s.now = s.now.Add(time.Millisecond)
 	s.collect()
+	s.checkLeftBehind()
 	if s.err != nil {
 		return true
 	}
@@ -823,6 +834,7 @@ func (s *engineSim) runJob(i int) {
 				}
 			}
 			j.node.lastHome = j.home
+			s.leftBehind = slices.DeleteFunc(s.leftBehind, func(x simSlot) bool { return x.n == j.node && j.home[x.p] == j.node.id })
 		}
 		for _, m := range s.nodes {
 			if m.crashed {
@@ -1229,8 +1241,12 @@ func (s *engineSim) stamp(n *simNode, p ids.PageNo) {
 	for {
 		select {
 		case k := <-done:
-			s.logf("n%d stamps p%d, left behind: %d words", n.id, p, k)
+			w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
+			s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
 			simStamped.Add(int64(k))
+			if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
+				s.leftBehind = append(s.leftBehind, simSlot{n, p})
+			}
 			return
 		default:
 		}
@@ -1240,6 +1256,18 @@ func (s *engineSim) stamp(n *simNode, p ids.PageNo) {
 			}
 		}
 		runtime.Gosched()
+	}
+}
+
+// checkLeftBehind fails the run when a slot stamped left behind holds a
+// word that is no stamp while its node is not the page's home again.
+func (s *engineSim) checkLeftBehind() {
+	s.leftBehind = slices.DeleteFunc(s.leftBehind, func(x simSlot) bool { return x.n.crashed })
+	for _, x := range s.leftBehind {
+		if w := coherence.Word(rdma.LoadWord(x.n.e.mem, SlotOffset(x.p, s.cfg.pageSize))); w.Holder() != coherence.NotHome {
+			s.fail("n%d's slot of p%d, stamped left behind, holds the home word %v", x.n.id, x.p, w)
+			return
+		}
 	}
 }
 
