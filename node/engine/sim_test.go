@@ -140,10 +140,10 @@ var simConfigs = []simConfig{
 	{name: "failover-restart", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 2},
 	{name: "failover-restart-1", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 1},
 	{name: "rolling-restart", nodes: 3, pages: 3, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, crashHome: true, backups: 1, rolling: 6},
-	{name: "promote", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, backups: 1, promotions: true, promote: 6},
-	{name: "promote-2", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, backups: 2, promotions: true, promote: 6},
-	{name: "join-promote", nodes: 3, pages: 6, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, backups: 1, promotions: true, joins: 2},
-	{name: "promote-crash", nodes: 4, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crashHome: true, backups: 2, promotions: true, promote: 4, promoteCrash: 3},
+	{name: "promote", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, backups: 1, promotions: true, promote: 6},
+	{name: "promote-2", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 60, pageSize: 64, backups: 2, promotions: true, promote: 6},
+	{name: "join-promote", nodes: 3, pages: 6, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, backups: 1, promotions: true, joins: 2},
+	{name: "promote-crash", nodes: 4, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 120, pageSize: 64, crashHome: true, backups: 2, promotions: true, promote: 4, promoteCrash: 3},
 	{name: "rolling-promote", nodes: 3, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, crashHome: true, backups: 1, rolling: 4, promotions: true},
 }
 
