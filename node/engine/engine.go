@@ -516,7 +516,7 @@ func (e *Engine) Persist(pages []ids.PageNo) {
 // node is home of.
 //
 // The node's own batches to such a slot that land after the walk (a home's
-// repair of a stamp into a home word, posted before the page moved) are
+// CAS from a stamp to a home word, posted before the page moved) are
 // followed by a stamp of that slot when the engine takes their outcome
 // (onPosted).
 func (e *Engine) StampLeftBehind(first, end ids.PageNo) int {
@@ -685,10 +685,11 @@ func (e *Engine) onPosted(pd posted) {
 	}
 	if ok && f.to == e.cfg.ID && e.homeOf(f.page) != e.cfg.ID {
 		// A batch of this node to its own slot of a page it is home of no
-		// more, posted before the page moved away: a home's repair of a
-		// stamp (a CAS from the stamp to a home word) that lands after
-		// StampLeftBehind walked the slot would leave a home word in a
-		// slot left behind. The slot is stamped again once it is done.
+		// more, posted before the page moved away: a home's CAS from a
+		// stamp to a home word (a rebuild, the repair of a stamp) that
+		// lands after StampLeftBehind walked the slot would leave a home
+		// word in a slot left behind. The slot is stamped again once it
+		// is done.
 		e.stampSlot(f.page)
 	}
 }

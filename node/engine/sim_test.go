@@ -203,8 +203,9 @@ func TestEngineSimRegressions(t *testing.T) {
 		config string
 		seed   int64
 	}{
-		// A stamp repair posted by a home before its page was promoted away
-		// landed after StampLeftBehind and left a home word in the slot.
+		// A home's CAS from a stamp to a home word, posted before its page
+		// was promoted away, landed after StampLeftBehind and left a home
+		// word in the slot.
 		{"promote-crash", 553}, {"promote-crash", 1843}, {"promote-crash", 4921},
 	} {
 		i := slices.IndexFunc(simConfigs, func(c simConfig) bool { return c.name == r.config })
