@@ -207,6 +207,10 @@ func TestEngineSimRegressions(t *testing.T) {
 		// was promoted away, landed after StampLeftBehind and left a home
 		// word in the slot.
 		{"promote-crash", 553}, {"promote-crash", 1843}, {"promote-crash", 4921},
+		// A node made home of a page it was releasing as its backup
+		// rebuilt the word before its own backup write of the old epoch
+		// landed on it (it acknowledged its own epoch at once).
+		{"promote-crash", 19404}, {"promote-crash", 19578},
 	} {
 		i := slices.IndexFunc(simConfigs, func(c simConfig) bool { return c.name == r.config })
 		if err := runEngineSim(simConfigs[i], r.seed, nil); err != nil {
