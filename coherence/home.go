@@ -144,7 +144,7 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 		// to this node before it (a backup write of the old epoch must
 		// not land on a rebuilt slot), with or without a departure.
 		n.synced = false
-		n.epochAcks = map[ids.NodeID]bool{n.cfg.ID: true}
+		n.epochAcks = map[ids.NodeID]bool{}
 		n.probing = false
 	}
 	reprobe := n.probing // probes of an earlier epoch, refused from now on
@@ -700,14 +700,22 @@ func (n *Node) startProbe() {
 	}
 	n.probing = true
 	n.probe()
-	n.epochAck(n.cfg.ID) // a cluster of one is synced at once
 }
 
-// probe asks every member that has not acknowledged the epoch yet.
+// probe asks every member that has not acknowledged the epoch yet. This
+// node acknowledges itself as a member does, once no batch it posted to
+// itself in an older epoch is unfinished (epochAckDue): a new home's own
+// release of the old epoch writes its slot as a backup's, and that write
+// must not land on a word it rebuilt.
 func (n *Node) probe() {
 	n.probeAt = n.now
 	for _, m := range n.members {
-		if !n.epochAcks[m] {
+		switch {
+		case n.epochAcks[m]:
+		case m == n.cfg.ID:
+			n.ackOwed[m] = true
+			n.epochAckDue(m)
+		default:
 			n.send(MsgEpoch, m, 0, 0, false)
 		}
 	}
@@ -759,6 +767,10 @@ func (n *Node) epochAckDue(to ids.NodeID) {
 		}
 	}
 	delete(n.ackOwed, to)
+	if to == n.cfg.ID {
+		n.epochAck(to)
+		return
+	}
 	n.send(MsgEpochAck, to, 0, 0, false)
 }
 

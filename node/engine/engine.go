@@ -515,20 +515,16 @@ func (e *Engine) Persist(pages []ids.PageNo) {
 // after it fails on the stamp; one that lands before is undone by it. It
 // returns how many words it changed. It must not be called for pages this
 // node is home of.
+//
+// The node's own batches to such a slot that land after the walk (a home's
+// CAS from a stamp to a home word, posted before the page moved) are
+// followed by a stamp of that slot when the engine takes their outcome
+// (onPosted).
 func (e *Engine) StampLeftBehind(first, end ids.PageNo) int {
 	n := 0
 	for _, p := range e.Populated(first, end) {
-		off := SlotOffset(p, e.cfg.PageSize)
-		for {
-			w := coherence.Word(rdma.LoadWord(e.mem, off))
-			st := coherence.StampOf(w)
-			if st == w {
-				break
-			}
-			if rdma.CASWord(e.mem, off, uint64(w), uint64(st)) == uint64(w) {
-				n++
-				break
-			}
+		if e.stampSlot(p) {
+			n++
 		}
 	}
 	return n
@@ -578,6 +574,22 @@ func (e *Engine) ClearSlots(ctx context.Context, first, end ids.PageNo) (int, er
 		n++
 	}
 	return n, nil
+}
+
+// stampSlot turns the word of page p's slot into its stamp with a CAS loop
+// (zero words and stamps stay), and reports whether it changed it.
+func (e *Engine) stampSlot(p ids.PageNo) bool {
+	off := SlotOffset(p, e.cfg.PageSize)
+	for {
+		w := coherence.Word(rdma.LoadWord(e.mem, off))
+		st := coherence.StampOf(w)
+		if st == w {
+			return false
+		}
+		if rdma.CASWord(e.mem, off, uint64(w), uint64(st)) == uint64(w) {
+			return true
+		}
+	}
 }
 
 // Populated lists the pages in [first, end) whose slot here may hold data
@@ -712,10 +724,20 @@ func (e *Engine) onSubmit(s submit) {
 }
 
 func (e *Engine) onPosted(pd posted) {
+	f, ok := e.flying[pd.d.ID]
 	delete(e.flying, pd.d.ID)
 	e.noteOutcome(pd.home, pd.d.Err)
 	if err := e.sm.Step(pd.d); err != nil {
 		e.log.Debug("completion refused", "batch", pd.d.ID, "err", err)
+	}
+	if ok && f.to == e.cfg.ID && e.homeOf(f.page) != e.cfg.ID {
+		// A batch of this node to its own slot of a page it is home of no
+		// more, posted before the page moved away: a home's CAS from a
+		// stamp to a home word (a rebuild, the repair of a stamp) that
+		// lands after StampLeftBehind walked the slot would leave a home
+		// word in a slot left behind. The slot is stamped again once it
+		// is done.
+		e.stampSlot(f.page)
 	}
 }
 

@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -82,11 +84,47 @@ type simConfig struct {
 	// fill is done: losing one node at a time, with time to refill in
 	// between, loses nothing (no page may be lost).
 	rolling int
+	// promotions: the daemon's placement with promotions
+	// (node/placement.go): every page's chain starts with the nodes in
+	// rendezvous order for the page, and every node that joins goes to
+	// its end; the replica set is the home, the first `backups` live
+	// members after it, and the page's preferred member (the live
+	// rendezvous winner) when it is neither, an extra backup; the home
+	// fills every member of the set that is not complete. A member that
+	// is complete for every page it is preferred for and not home of is
+	// promoted (the proposer's record): it becomes their home, and the
+	// old home goes right after the members that were its backups
+	// (dropping out of the set when the promoted member was the extra
+	// one), demoted: incomplete until its new home fills it again. The
+	// old home, once it learns the epoch and before it takes a later one,
+	// stamps the slots it leaves behind (Engine.StampLeftBehind, as
+	// engines.stampLeftBehind does), while its engine goes on. Once a
+	// promotion is recorded, every Reconfigure and every new engine name
+	// every live member as a target, as dsmd does. At the end, every
+	// page's home is its preferred member and every member of its set is
+	// complete.
+	promotions bool
+	// promote: that many times, a random complete backup of a random page
+	// is promoted over its live home (a record the placement applies as
+	// it applies the proposer's), so that the move back to the preferred
+	// member follows.
+	promote int
+	// joins: that many new machines join (more nodes, no restart), each
+	// the preferred member of the pages it wins.
+	joins int
+	// promoteCrash: that many times, soon after a promotion, the new home
+	// or the demoted old home crashes (while no page would be left without
+	// a complete member) and restarts as a new incarnation of its machine.
+	promoteCrash int
 }
 
 // simUnavailableCalls counts the calls of a configuration's seeds that
 // failed with ErrUnavailable.
 var simUnavailableCalls atomic.Int64
+
+// With promotions: the promotions, the crashes soon after one, and the
+// words stamped left behind, over a configuration's seeds.
+var simPromotions, simPromoteCrashes, simStamped atomic.Int64
 
 var simConfigs = []simConfig{
 	{name: "plain", nodes: 3, pages: 4, threads: 2, ops: 300, evict: 0.1, ciSeeds: 150, pageSize: 64},
@@ -102,6 +140,11 @@ var simConfigs = []simConfig{
 	{name: "failover-restart", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 2},
 	{name: "failover-restart-1", nodes: 3, pages: 3, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 150, pageSize: 64, crash: true, crashHome: true, join: true, backups: 1},
 	{name: "rolling-restart", nodes: 3, pages: 3, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, crashHome: true, backups: 1, rolling: 6},
+	{name: "promote", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, backups: 1, promotions: true, promote: 6},
+	{name: "promote-2", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 60, pageSize: 64, backups: 2, promotions: true, promote: 6},
+	{name: "join-promote", nodes: 3, pages: 6, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, backups: 1, promotions: true, joins: 2},
+	{name: "promote-crash", nodes: 4, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 120, pageSize: 64, crashHome: true, backups: 2, promotions: true, promote: 4, promoteCrash: 3},
+	{name: "rolling-promote", nodes: 3, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 100, pageSize: 64, crashHome: true, backups: 1, rolling: 4, promotions: true},
 }
 
 // simUnavailableAfter is the engines' UnavailableAfter in the simulation,
@@ -128,6 +171,9 @@ func TestEngineSim(t *testing.T) {
 			}
 			failed := 0
 			simUnavailableCalls.Store(0)
+			simPromotions.Store(0)
+			simPromoteCrashes.Store(0)
+			simStamped.Store(0)
 			for seed := int64(1); seed <= int64(seeds); seed++ {
 				if err := runEngineSim(cfg, seed, nil); err != nil {
 					t.Errorf("seed %d: %v (rerun: go test ./node/engine -run 'TestEngineSim/%s$' -engine-seed %d -v)", seed, err, cfg.name, seed)
@@ -140,25 +186,63 @@ func TestEngineSim(t *testing.T) {
 			if cfg.crashHome && cfg.backups == 0 && simUnavailableCalls.Load() == 0 {
 				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
 			}
+			if cfg.promotions {
+				t.Logf("%d promotions, %d crashes soon after one, %d words stamped left behind",
+					simPromotions.Load(), simPromoteCrashes.Load(), simStamped.Load())
+				if simPromotions.Load() == 0 || simStamped.Load() == 0 || cfg.promoteCrash > 0 && simPromoteCrashes.Load() == 0 {
+					t.Errorf("the promotions, the stamps or the crashes after promotions did not happen")
+				}
+			}
 		})
 	}
 }
 
-// The same seed runs the same way: the trace is identical.
+// Seeds that found bugs, run in every CI run.
+func TestEngineSimRegressions(t *testing.T) {
+	for _, r := range []struct {
+		config string
+		seed   int64
+	}{
+		// A home's CAS from a stamp to a home word, posted before its page
+		// was promoted away, landed after StampLeftBehind and left a home
+		// word in the slot.
+		{"promote-crash", 553}, {"promote-crash", 1843}, {"promote-crash", 4921},
+		// A node made home of a page it was releasing as its backup
+		// rebuilt the word before its own backup write of the old epoch
+		// landed on it (it acknowledged its own epoch at once).
+		{"promote-crash", 19404}, {"promote-crash", 19578},
+	} {
+		i := slices.IndexFunc(simConfigs, func(c simConfig) bool { return c.name == r.config })
+		if err := runEngineSim(simConfigs[i], r.seed, nil); err != nil {
+			t.Errorf("%s seed %d: %v (rerun: go test ./node/engine -run 'TestEngineSim/%s$' -engine-seed %d -v)", r.config, r.seed, err, r.config, r.seed)
+		}
+	}
+}
+
+// The same seed runs the same way: the trace is identical (with
+// promotions too, whose stamps run beside the driver).
 func TestEngineSimIsDeterministic(t *testing.T) {
-	for _, seed := range []int64{3, 17} {
-		var a, b strings.Builder
-		if err := runEngineSim(simConfigs[2], seed, &a); err != nil {
-			t.Fatal(err)
+	cfgs := []simConfig{simConfigs[2]}
+	for _, c := range simConfigs {
+		if c.name == "promote-crash" {
+			cfgs = append(cfgs, c)
 		}
-		if err := runEngineSim(simConfigs[2], seed, &b); err != nil {
-			t.Fatal(err)
-		}
-		if a.String() != b.String() {
-			t.Fatalf("seed %d ran two ways (%d and %d bytes of trace)", seed, a.Len(), b.Len())
-		}
-		if a.Len() == 0 {
-			t.Fatal("empty trace")
+	}
+	for _, cfg := range cfgs {
+		for _, seed := range []int64{3, 17} {
+			var a, b strings.Builder
+			if err := runEngineSim(cfg, seed, &a); err != nil {
+				t.Fatal(err)
+			}
+			if err := runEngineSim(cfg, seed, &b); err != nil {
+				t.Fatal(err)
+			}
+			if a.String() != b.String() {
+				t.Fatalf("%s seed %d ran two ways (%d and %d bytes of trace)", cfg.name, seed, a.Len(), b.Len())
+			}
+			if a.Len() == 0 {
+				t.Fatal("empty trace")
+			}
 		}
 	}
 }
@@ -219,6 +303,12 @@ type simJob struct {
 	effect *effectJob
 	rc     *coherence.Reconfigure // the departure of the crashed node
 	home   []ids.NodeID           // with backups: rc's placement
+	// all: a promotion was recorded by rc's epoch: every member is a
+	// target.
+	all bool
+	// stamp: the node stamps page's slot, left behind by a promotion.
+	stamp bool
+	page  ids.PageNo
 }
 
 type engineSim struct {
@@ -249,8 +339,48 @@ type engineSim struct {
 	// fills under way, and the fill results not yet taken.
 	complete [][]ids.NodeID
 	fills    []*simFill
-	filledQ  []coherence.FillDone
+	filledQ  []simFilled
 	restarts int
+	// stale are fills that a home may still report although the driver
+	// dropped them (their backup left the set): one report of each is
+	// ignored, and the same fill is not asked of that home again before.
+	stale []simFill
+	// With promotions: the machine of every node (by id - 1: a restart is
+	// a new node of the same machine, which rendezvous ranks the same),
+	// the epoch of every page's last change of home, whether a promotion
+	// was recorded, and the counts of promotions, of the operator's,
+	// of joins and of crashes after promotions, and the crash planned.
+	machineOf  []int
+	salt       uint64
+	homeAt     []ids.Epoch
+	promoted   bool
+	promotions int
+	moves      int
+	joined     int
+	crashes    int
+	crashPlan  *simCrashPlan
+	// leftBehind are the slots stamped left behind, until their node is
+	// home of the page again: their words must stay stamps (holder
+	// NotHome), whatever lagging verbs, releases and fills land there.
+	leftBehind []simSlot
+}
+
+// simSlot is node n's slot of page p.
+type simSlot struct {
+	n *simNode
+	p ids.PageNo
+}
+
+// simFilled is a fill result and the node that reported it.
+type simFilled struct {
+	by ids.NodeID
+	d  coherence.FillDone
+}
+
+// simCrashPlan is a crash soon after a promotion: of victim, at step at.
+type simCrashPlan struct {
+	victim ids.NodeID
+	at     int64
 }
 
 // simFill is the fill of one page to one backup, asked of its home once
@@ -260,6 +390,7 @@ type simFill struct {
 	to      ids.NodeID
 	epoch   ids.Epoch
 	started bool
+	by      ids.NodeID // the home it was asked of, while started
 }
 
 func (s *engineSim) logf(format string, args ...any) {
@@ -305,8 +436,13 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 		}
 	}
 	for started < cfg.ops && s.err == nil {
-		if cfg.rolling > 0 {
+		if s.placed() {
 			s.driveFills()
+		}
+		if cfg.promotions {
+			s.drivePromotions(started)
+		}
+		if cfg.rolling > 0 {
 			// The next restart as soon as the fills are done, after a few
 			// calls: a backup promoted without its fill would lose what
 			// was released before it entered.
@@ -319,7 +455,7 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 			crashAt = -1
 		}
 		if started == joinAt && crashAt < 0 {
-			s.join()
+			s.join(len(s.machineOf) + 1)
 			joinAt = -1
 		}
 		if s.idleThread() && s.rng.IntN(3) == 0 {
@@ -339,8 +475,11 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	// until nothing is left to do, or (after a home crashed: write-backs
 	// to it wait for good) nothing but the clocks has moved for a while.
 	for limit, idle := 0, 0; s.err == nil; limit++ {
-		if cfg.rolling > 0 {
+		if s.placed() {
 			s.driveFills()
+		}
+		if cfg.promotions {
+			s.propose(true)
 		}
 		acted := s.act(limit < 20000)
 		if s.outstanding() || len(s.jobs) > 0 || len(s.net.Pending()) > 0 {
@@ -365,6 +504,8 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 		s.fail("%v", s.counterErr)
 	}
 	simUnavailableCalls.Add(int64(s.unavailable))
+	simPromotions.Add(int64(s.promotions))
+	simPromoteCrashes.Add(int64(s.crashes))
 	return s.err
 }
 
@@ -378,7 +519,25 @@ func (s *engineSim) setup() error {
 		homes-- // the node that crashes is home of no page
 	}
 	s.homeOf = func(p ids.PageNo) ids.NodeID { return ids.NodeID(int(p)%homes + 1) }
-	if s.cfg.backups > 0 {
+	for i := range s.cfg.nodes {
+		s.machineOf = append(s.machineOf, i+1)
+	}
+	s.homeAt = make([]ids.Epoch, s.cfg.pages)
+	if s.cfg.promotions {
+		s.salt = s.rng.Uint64()
+		// The chains as dsmd's: the nodes in rendezvous order, the first
+		// 1+backups complete.
+		for p := range s.cfg.pages {
+			c := slices.Clone(members)
+			slices.SortFunc(c, func(a, b ids.NodeID) int {
+				return -cmp.Compare(s.score(ids.PageNo(p), int(a)), s.score(ids.PageNo(p), int(b)))
+			})
+			s.chains = append(s.chains, c)
+			s.complete = append(s.complete, slices.Clone(c[:min(1+s.cfg.backups, len(c))]))
+			s.home = append(s.home, c[0])
+		}
+		s.homeOf = s.placement()
+	} else if s.cfg.backups > 0 {
 		for p := range s.cfg.pages {
 			h := int(s.homeOf(ids.PageNo(p)))
 			var c []ids.NodeID
@@ -417,7 +576,9 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 		Pages: simPages{n}, UnavailableAfter: simUnavailableAfter,
 		Filled: func(d []coherence.FillDone) {
 			if !n.crashed {
-				s.filledQ = append(s.filledQ, d...)
+				for _, x := range d {
+					s.filledQ = append(s.filledQ, simFilled{by: n.id, d: x})
+				}
 			}
 		},
 	}
@@ -425,6 +586,9 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 		cfg.HomeOf, cfg.Backups = s.placement(), s.backupsNow()
 		if joining {
 			cfg.Targets = slices.Clone(s.targets)
+			if s.promoted {
+				cfg.Targets = slices.Clone(members) // every live member, as dsmd's targets(noEvents{}, pm)
+			}
 		}
 	}
 	e, err := New(cfg)
@@ -460,7 +624,7 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 // join starts a new node, a member that joins the region's protocol
 // (Config.Joining) in a new epoch; every other node learns the epoch at a
 // moment of its own. It is home of nothing.
-func (s *engineSim) join() {
+func (s *engineSim) join(machine int) {
 	id := ids.NodeID(len(s.nodes) + 1)
 	s.epoch++
 	var members []ids.NodeID
@@ -468,7 +632,19 @@ func (s *engineSim) join() {
 		members = append(members, m.id)
 	}
 	members = append(members, id)
-	s.logf("n%d joins in epoch %v: members %v", id, s.epoch, members)
+	s.logf("n%d (machine %d) joins in epoch %v: members %v", id, machine, s.epoch, members)
+	s.machineOf = append(s.machineOf, machine)
+	if s.cfg.promotions {
+		// To the end of every chain; it is the extra backup of the pages
+		// it wins, to be filled.
+		for p := range s.chains {
+			if !slices.Contains(s.chains[p], id) {
+				s.chains[p] = append(s.chains[p], id)
+			}
+		}
+		s.resetSets()
+		s.planFills()
+	}
 	others := s.live()
 	if _, err := s.newNode(id, members, true); err != nil {
 		s.fail("join of n%d: %v", id, err)
@@ -481,7 +657,7 @@ func (s *engineSim) join() {
 			// that skips the epoch of a move learns the move here.
 			rc.HomeOf, rc.Backups = s.placement(), s.backupsNow()
 		}
-		s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home)})
+		s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home), all: s.promoted})
 	}
 }
 
@@ -539,6 +715,7 @@ func (s *engineSim) act(faulty bool) bool {
 	s.step++
 	s.now = s.now.Add(time.Millisecond)
 	s.collect()
+	s.checkLeftBehind()
 	if s.err != nil {
 		return true
 	}
@@ -630,6 +807,9 @@ func (s *engineSim) runnableJobs() []int {
 		if j.effect != nil && j.node.pages[j.effect.page].lock != nil {
 			continue
 		}
+		if j.rc != nil && slices.ContainsFunc(s.jobs, func(k simJob) bool { return k.stamp && k.node == j.node }) {
+			continue // dsmd follows the next view once the stamps of the last are done
+		}
 		out = append(out, i)
 	}
 	return out
@@ -639,9 +819,17 @@ func (s *engineSim) runJob(i int) {
 	j := s.jobs[i]
 	s.jobs = slices.Delete(s.jobs, i, i+1)
 	e := j.node.e
+	if j.stamp {
+		s.stamp(j.node, j.page)
+		return
+	}
 	if j.rc != nil {
 		rc := *j.rc
-		if s.cfg.backups > 0 {
+		if j.all {
+			// A promotion was recorded: every live member is a target,
+			// as dsmd's regionChains.targets names them.
+			rc.Targets = slices.Clone(rc.Members)
+		} else if s.cfg.backups > 0 {
 			// Targets: the new homes of the pages whose home differs
 			// from the placement this node last learnt.
 			for p, h := range j.home {
@@ -657,7 +845,18 @@ func (s *engineSim) runJob(i int) {
 		s.logf("n%d learns epoch %v: members %v targets %v", j.node.id, rc.Epoch, rc.Members, rc.Targets)
 		e.onReconfigure(rc)
 		if s.cfg.backups > 0 && e.sm.Epoch() == rc.Epoch {
+			if s.cfg.promotions {
+				// The engine is in the new epoch: the pages promoted away
+				// from this live node are stamped (engines.stampLeftBehind),
+				// before it follows a later view.
+				for p, h := range j.home {
+					if j.node.lastHome[p] == j.node.id && h != j.node.id {
+						s.jobs = append(s.jobs, simJob{node: j.node, stamp: true, page: ids.PageNo(p)})
+					}
+				}
+			}
 			j.node.lastHome = j.home
+			s.leftBehind = slices.DeleteFunc(s.leftBehind, func(x simSlot) bool { return x.n == j.node && j.home[x.p] == j.node.id })
 		}
 		for _, m := range s.nodes {
 			if m.crashed {
@@ -703,8 +902,8 @@ func (s *engineSim) crash(n *simNode) {
 				continue
 			}
 			for _, b := range c[slices.Index(c, n.id)+1:] {
-				if !s.nodes[b-1].crashed && (s.cfg.rolling == 0 || slices.Contains(s.complete[p], b)) {
-					s.home[p] = b
+				if !s.nodes[b-1].crashed && (!s.placed() || slices.Contains(s.complete[p], b)) {
+					s.home[p], s.homeAt[p] = b, s.epoch
 					if !slices.Contains(s.targets, b) {
 						s.targets = append(s.targets, b)
 					}
@@ -714,12 +913,21 @@ func (s *engineSim) crash(n *simNode) {
 			}
 		}
 		slices.Sort(s.targets)
+		for _, f := range s.fills {
+			if f.started && f.by == n.id {
+				f.started, f.by = false, ids.None // a crashed home reports nothing: asked again
+			}
+		}
+		if s.cfg.promotions {
+			s.resetSets()
+			s.planFills()
+		}
 		rc.Backups, rc.HomeOf = s.backupsNow(), s.placement()
 	}
 	for _, m := range s.nodes {
 		if !m.crashed {
 			rc := rc
-			s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home)})
+			s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home), all: s.promoted})
 		}
 	}
 }
@@ -731,12 +939,24 @@ func (s *engineSim) crash(n *simNode) {
 func (s *engineSim) restart() {
 	victim := s.home[s.restarts%s.cfg.pages]
 	s.restarts++
+	s.restartNode(victim)
+}
+
+// restartNode crashes node victim and has a new node of the same machine
+// join in its place, at the end of every chain.
+func (s *engineSim) restartNode(victim ids.NodeID) {
 	s.crash(s.nodes[victim-1])
 	id := ids.NodeID(len(s.nodes) + 1)
 	for p := range s.chains {
 		s.chains[p] = append(s.chains[p], id)
 	}
-	s.join()
+	s.join(s.machineOf[victim-1])
+	s.planFills()
+}
+
+// planFills asks for a fill of every backup of every page that is not
+// complete and not being filled.
+func (s *engineSim) planFills() {
 	bk := s.backupsNow()
 	for p := range s.chains {
 		for _, b := range bk(ids.PageNo(p)) {
@@ -756,39 +976,54 @@ func (s *engineSim) fillsDone() bool { return len(s.fills) == 0 }
 func (s *engineSim) driveFills() {
 	q := s.filledQ
 	s.filledQ = nil
-	for _, d := range q {
-		i := slices.IndexFunc(s.fills, func(f *simFill) bool { return f.page == d.Page && f.to == d.To && f.started })
+	bk := s.backupsNow()
+	for _, x := range q {
+		d := x.d
+		if i := slices.IndexFunc(s.stale, func(f simFill) bool { return f.by == x.by && f.page == d.Page && f.to == d.To }); i >= 0 {
+			s.stale = slices.Delete(s.stale, i, i+1)
+			continue
+		}
+		i := slices.IndexFunc(s.fills, func(f *simFill) bool { return f.page == d.Page && f.to == d.To && f.started && f.by == x.by })
 		if i < 0 {
 			continue
 		}
 		if d.Err != nil {
-			s.logf("p%d: fill of n%d given up: %v", d.Page, d.To, d.Err)
-			s.fills[i].started = false
+			s.logf("p%d: fill of n%d given up by n%d: %v", d.Page, d.To, x.by, d.Err)
+			s.fills[i].started, s.fills[i].by = false, ids.None
 			continue
 		}
-		s.logf("p%d: n%d complete", d.Page, d.To)
-		s.complete[d.Page] = append(s.complete[d.Page], d.To)
 		s.fills = slices.Delete(s.fills, i, i+1)
-	}
-	bk := s.backupsNow()
-	for _, f := range s.fills {
-		if f.started {
-			continue
+		if !slices.Contains(bk(d.Page), d.To) {
+			continue // it left the set since: its next entry needs a fill of its own
 		}
-		if !slices.Contains(bk(f.page), f.to) {
-			f.started = true // no longer needed: dropped below
-			continue
+		s.logf("p%d: n%d complete (filled by n%d)", d.Page, d.To, x.by)
+		s.complete[d.Page] = append(s.complete[d.Page], d.To)
+	}
+	for _, f := range s.fills {
+		if f.started || !slices.Contains(bk(f.page), f.to) {
+			continue // started, or no longer needed: dropped below
 		}
 		h := s.nodes[s.home[f.page]-1]
-		if h.crashed || h.e.sm.Epoch() < f.epoch {
+		if h.crashed || h.e.sm.Epoch() < max(f.epoch, s.homeAt[f.page]) {
 			continue
 		}
+		if slices.ContainsFunc(s.stale, func(g simFill) bool { return g.by == h.id && g.page == f.page && g.to == f.to }) {
+			continue // the same fill dropped earlier is not reported yet
+		}
 		s.logf("n%d fills p%d to n%d", h.id, f.page, f.to)
-		f.started = true
+		f.started, f.by = true, h.id
 		h.e.onFill(coherence.Fill{Pages: []ids.PageNo{f.page}, To: f.to})
 		h.e.apply()
 	}
-	s.fills = slices.DeleteFunc(s.fills, func(f *simFill) bool { return f.started && !slices.Contains(bk(f.page), f.to) })
+	s.fills = slices.DeleteFunc(s.fills, func(f *simFill) bool {
+		if slices.Contains(bk(f.page), f.to) {
+			return false
+		}
+		if f.started && !s.nodes[f.by-1].crashed {
+			s.stale = append(s.stale, *f)
+		}
+		return true
+	})
 }
 
 // placement is the current home of every page, as a function that later
@@ -798,10 +1033,286 @@ func (s *engineSim) placement() func(ids.PageNo) ids.NodeID {
 	return func(p ids.PageNo) ids.NodeID { return homes[p] }
 }
 
+// placed: the driver plays dsmd's placement with completeness (fills,
+// and promotions of complete members only).
+func (s *engineSim) placed() bool { return s.cfg.rolling > 0 || s.cfg.promotions }
+
+// score is machine m's rendezvous score for page p (each page is a shard
+// of its own; the seed draws the region).
+func (s *engineSim) score(p ids.PageNo, m int) uint64 {
+	x := s.salt ^ (uint64(p)<<32 | uint64(m))
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// liveID: node b is alive (or is joining now, not created yet).
+func (s *engineSim) liveID(b ids.NodeID) bool {
+	return int(b) > len(s.nodes) || !s.nodes[b-1].crashed
+}
+
+// preferred is page p's preferred member: the live member of its chain
+// whose machine has the highest score (ids.None: none).
+func (s *engineSim) preferred(p ids.PageNo) ids.NodeID {
+	best := ids.None
+	for _, b := range s.chains[p] {
+		if !s.liveID(b) {
+			continue
+		}
+		if best == ids.None || s.score(p, s.machineOf[b-1]) > s.score(p, s.machineOf[best-1]) {
+			best = b
+		}
+	}
+	return best
+}
+
+// setOf is page p's replica set, as regionChains.resetSet makes it: its
+// home, the first backups live members after it in its chain, and its
+// preferred member when it is neither and the home is alive.
+func (s *engineSim) setOf(p ids.PageNo) []ids.NodeID {
+	c, h := s.chains[p], s.home[p]
+	set := []ids.NodeID{h}
+	for _, b := range c[slices.Index(c, h)+1:] {
+		if len(set) > s.cfg.backups {
+			break
+		}
+		if s.liveID(b) {
+			set = append(set, b)
+		}
+	}
+	if pr := s.preferred(p); pr != ids.None && !slices.Contains(set, pr) && s.liveID(h) {
+		set = append(set, pr)
+	}
+	return set
+}
+
+// resetSets forgets the completeness of the members that left their
+// page's set: one that comes back needs a fill begun after its return.
+func (s *engineSim) resetSets() {
+	for p := range s.chains {
+		set := s.setOf(ids.PageNo(p))
+		s.complete[p] = slices.DeleteFunc(s.complete[p], func(b ids.NodeID) bool { return !slices.Contains(set, b) })
+	}
+}
+
+// promoteTo records the promotion of member m for pages, in a new epoch,
+// as regionChains.promote applies it: for each page where m is complete
+// and the home is alive, m becomes the home and the old home h goes right
+// after the members that were its backups (m excepted), demoted. Every
+// live node learns the epoch at a moment of its own.
+func (s *engineSim) promoteTo(m ids.NodeID, pages []ids.PageNo, why string) {
+	s.epoch++
+	s.promoted = true
+	s.promotions++
+	var moved []ids.NodeID
+	for _, p := range pages {
+		c, h := s.chains[p], s.home[p]
+		if m == h || !slices.Contains(s.complete[p], m) || !s.liveID(h) {
+			continue // ignored by every node alike
+		}
+		hi := slices.Index(c, h)
+		var backups []ids.NodeID
+		for _, b := range c[hi+1:] {
+			if len(backups) == s.cfg.backups {
+				break
+			}
+			if s.liveID(b) {
+				backups = append(backups, b)
+			}
+		}
+		var nc, rest []ids.NodeID
+		for _, b := range c[:hi] {
+			if b != m {
+				nc = append(nc, b)
+			}
+		}
+		nc = append(nc, m)
+		for _, b := range c[hi+1:] {
+			if b != m {
+				rest = append(rest, b)
+			}
+		}
+		at := 0
+		for i, b := range rest {
+			if slices.Contains(backups, b) {
+				at = i + 1
+			}
+		}
+		nc = append(nc, rest[:at]...)
+		nc = append(nc, h)
+		nc = append(nc, rest[at:]...)
+		s.chains[p], s.home[p], s.homeAt[p] = nc, m, s.epoch
+		s.complete[p] = slices.DeleteFunc(s.complete[p], func(b ids.NodeID) bool { return b == h })
+		s.logf("p%d: n%d promoted over n%d (%s), chain %v", p, m, h, why, nc)
+		if !slices.Contains(moved, h) {
+			moved = append(moved, h)
+		}
+	}
+	s.resetSets()
+	s.planFills()
+	var members []ids.NodeID
+	for _, n := range s.live() {
+		members = append(members, n.id)
+	}
+	s.logf("epoch %v: promotion of n%d; members %v", s.epoch, m, members)
+	rc := coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: s.placement(), Backups: s.backupsNow()}
+	for _, n := range s.live() {
+		rc := rc
+		s.jobs = append(s.jobs, simJob{node: n, rc: &rc, home: slices.Clone(s.home), all: true})
+	}
+	if s.crashes < s.cfg.promoteCrash && s.crashPlan == nil && len(moved) > 0 {
+		victim := m
+		if s.rng.IntN(2) == 0 {
+			victim = moved[0]
+		}
+		s.crashPlan = &simCrashPlan{victim: victim, at: s.step + int64(s.rng.IntN(60))}
+	}
+}
+
+// propose is dsmd's proposer: a live member that is complete for every
+// page it is preferred for and not home of is promoted for them, now when
+// force, or else one time in sixteen (the record takes its time). It
+// reports whether it promoted.
+func (s *engineSim) propose(force bool) bool {
+	for _, n := range s.live() {
+		var pages []ids.PageNo
+		ok := true
+		for p := range s.chains {
+			pg := ids.PageNo(p)
+			if s.home[p] == n.id || s.preferred(pg) != n.id || !s.liveID(s.home[p]) {
+				continue
+			}
+			if !slices.Contains(s.complete[p], n.id) {
+				ok = false
+				break
+			}
+			pages = append(pages, pg)
+		}
+		if ok && len(pages) > 0 && (force || s.rng.IntN(16) == 0) {
+			s.promoteTo(n.id, pages, "proposer")
+			return true
+		}
+	}
+	return false
+}
+
+// drivePromotions plays, while calls are started, the joins, the
+// operator's promotions, the crashes planned after promotions, and the
+// proposer.
+func (s *engineSim) drivePromotions(started int) {
+	cfg := s.cfg
+	if s.joined < cfg.joins && started >= cfg.ops/8+s.joined*cfg.ops/(2*cfg.joins) {
+		s.joined++
+		s.join(len(s.machineOf) + 1)
+		return
+	}
+	if s.moves < cfg.promote && started >= cfg.ops/8+s.moves*cfg.ops/(2*cfg.promote) {
+		p := ids.PageNo(s.rng.IntN(cfg.pages))
+		var cands []ids.NodeID
+		for _, b := range s.complete[p] {
+			if b != s.home[p] && s.liveID(b) {
+				cands = append(cands, b)
+			}
+		}
+		if len(cands) > 0 && s.liveID(s.home[p]) {
+			s.moves++
+			s.promoteTo(cands[s.rng.IntN(len(cands))], []ids.PageNo{p}, "operator")
+			return
+		}
+	}
+	if c := s.crashPlan; c != nil && s.step >= c.at {
+		s.crashPlan = nil
+		if s.liveID(c.victim) && s.crashSafe(c.victim) {
+			s.crashes++
+			s.logf("n%d crashes soon after a promotion", c.victim)
+			s.restartNode(c.victim)
+			return
+		}
+	}
+	s.propose(false)
+}
+
+// crashSafe reports whether every page homed at victim has a complete
+// live member after it in its chain, to move to.
+func (s *engineSim) crashSafe(victim ids.NodeID) bool {
+	for p, c := range s.chains {
+		if s.home[p] != victim {
+			continue
+		}
+		if !slices.ContainsFunc(c[slices.Index(c, victim)+1:], func(b ids.NodeID) bool {
+			return b != victim && s.liveID(b) && slices.Contains(s.complete[p], b)
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+// stamp has node n stamp page p's slot, left behind by a promotion, with
+// Engine.StampLeftBehind as dsmd calls it. Its reads of zero words' data
+// go through n's transport to itself (Engine.zeroData): the driver
+// delivers them while it waits.
+func (s *engineSim) stamp(n *simNode, p ids.PageNo) {
+	before := map[uint64]bool{}
+	for _, d := range s.net.Pending() {
+		before[d.Seq] = true
+	}
+	done := make(chan int, 1)
+	go func() { done <- n.e.StampLeftBehind(p, p+1) }()
+	for {
+		select {
+		case k := <-done:
+			w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
+			s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
+			simStamped.Add(int64(k))
+			if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
+				s.leftBehind = append(s.leftBehind, simSlot{n, p})
+			}
+			return
+		default:
+		}
+		for _, d := range s.net.Pending() {
+			if !before[d.Seq] && d.Kind == mem.BatchDelivery && d.From == n.id && d.To == n.id {
+				_ = s.net.Deliver(d)
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// checkLeftBehind fails the run when a slot stamped left behind holds a
+// word that is no stamp while its node is not the page's home again and
+// has no batch of that page to its own slot in flight (such a batch,
+// posted while it was home, may land after the stamp; the engine stamps
+// the slot again when it takes its outcome).
+func (s *engineSim) checkLeftBehind() {
+	s.leftBehind = slices.DeleteFunc(s.leftBehind, func(x simSlot) bool { return x.n.crashed })
+	for _, x := range s.leftBehind {
+		flying := false
+		for _, f := range x.n.e.flying {
+			flying = flying || f.page == x.p && f.to == x.n.id
+		}
+		if flying {
+			continue
+		}
+		if w := coherence.Word(rdma.LoadWord(x.n.e.mem, SlotOffset(x.p, s.cfg.pageSize))); w.Holder() != coherence.NotHome {
+			s.fail("n%d's slot of p%d, stamped left behind, holds the home word %v", x.n.id, x.p, w)
+			return
+		}
+	}
+}
+
 // backupsNow is the backups of every page now: the live nodes of its
 // chain after its home.
 func (s *engineSim) backupsNow() func(ids.PageNo) []ids.NodeID {
 	out := make([][]ids.NodeID, len(s.chains))
+	if s.cfg.promotions {
+		for p := range s.chains {
+			out[p] = s.setOf(ids.PageNo(p))[1:]
+		}
+		return func(p ids.PageNo) []ids.NodeID { return out[p] }
+	}
 	for p, c := range s.chains {
 		for _, b := range c[slices.Index(c, s.home[p])+1:] {
 			if s.cfg.rolling > 0 && len(out[p]) == s.cfg.backups {
@@ -985,7 +1496,7 @@ func (s *engineSim) result(c *simCall, r result) {
 		// A page whose home crashed, or that waited too long for a
 		// crashed node: the call fails. A write fails without effect (the
 		// model applies it when its call ends).
-		if !s.lostPage(c.page) && !s.cfg.crash && s.cfg.rolling == 0 {
+		if !s.lostPage(c.page) && !s.cfg.crash && s.cfg.rolling == 0 && s.cfg.promoteCrash == 0 {
 			s.fail("n%d %v of p%d: %v, and no node crashed", c.node.id, c.kind, c.page, r.err)
 			return
 		}
@@ -1118,7 +1629,26 @@ var regModel = porcupine.Model{
 }
 
 func (s *engineSim) check() {
-	if s.cfg.rolling > 0 {
+	if s.cfg.promotions {
+		for p := range s.cfg.pages {
+			pg := ids.PageNo(p)
+			if !s.lostPage(pg) && s.home[p] != s.preferred(pg) {
+				s.fail("p%d ends at n%d, not at its preferred member n%d (chain %v, complete %v)", p, s.home[p], s.preferred(pg), s.chains[p], s.complete[p])
+				return
+			}
+			for _, b := range s.setOf(pg) {
+				if !slices.Contains(s.complete[p], b) {
+					s.fail("p%d: n%d of its set %v is not complete at the end (fills %d)", p, b, s.setOf(pg), len(s.fills))
+					return
+				}
+			}
+		}
+		if s.joined < s.cfg.joins || s.moves < s.cfg.promote {
+			s.fail("%d joins of %d, %d promotions by the operator of %d", s.joined, s.cfg.joins, s.moves, s.cfg.promote)
+			return
+		}
+	}
+	if s.placed() {
 		for p := range s.cfg.pages {
 			if s.lostPage(ids.PageNo(p)) {
 				s.fail("p%d lost after %d restarts: no complete member of chain %v was left (complete: %v)", p, s.restarts, s.chains[p], s.complete[p])
