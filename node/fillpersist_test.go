@@ -25,29 +25,7 @@ func TestFillPersistsBeforeRecord(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const pages = 8
-	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "d", Size: 64 << 12,
-		Durability: dsmpb.Durability_DURABILITY_DURABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	crm, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "m", Size: 64 << 12,
-		Durability: dsmpb.Durability_DURABILITY_MEMORY})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rid, mid := ids.RegionID(cr.Region.Id), ids.RegionID(crm.Region.Id)
-	waitServed(ctx, t, ms, "d")
-	waitServed(ctx, t, ms, "m")
-	home, backups := placed(t, ms[0], rid, 0)
-	if len(backups) != 1 {
-		t.Fatalf("page 0 of d: home %v, backups %v; want one backup", home, backups)
-	}
-	for p := ids.PageNo(1); p < pages; p++ {
-		if h, b := placed(t, ms[0], rid, p); h != home || !slices.Equal(b, backups) {
-			t.Fatalf("page %d is placed at %v %v, page 0 at %v %v: the test assumes one shard", p, h, b, home, backups)
-		}
-	}
-	backup := backups[0]
+	rid, mid, home, backup := durableAndMemory(ctx, t, ms, pages)
 	var third testMember
 	for _, m := range ms {
 		if id := ids.NodeID(m.n.cfg.ID); id != home && id != backup {

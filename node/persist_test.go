@@ -161,30 +161,7 @@ func TestDurableSyncPersists(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const pages = 8
-	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "d", Size: 64 << 12,
-		Durability: dsmpb.Durability_DURABILITY_DURABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	crm, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "m", Size: 64 << 12,
-		Durability: dsmpb.Durability_DURABILITY_MEMORY})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rid, mid := ids.RegionID(cr.Region.Id), ids.RegionID(crm.Region.Id)
-	waitServed(ctx, t, ms, "d")
-	waitServed(ctx, t, ms, "m")
-
-	home, backups := placed(t, ms[0], rid, 0)
-	if len(backups) != 1 {
-		t.Fatalf("page 0 of d: home %v, backups %v; want one backup", home, backups)
-	}
-	for p := ids.PageNo(1); p < pages; p++ {
-		if h, b := placed(t, ms[0], rid, p); h != home || !slices.Equal(b, backups) {
-			t.Fatalf("page %d is placed at %v %v, page 0 at %v %v: the test assumes one shard", p, h, b, home, backups)
-		}
-	}
-	backup := backups[0]
+	rid, mid, home, backup := durableAndMemory(ctx, t, ms, pages)
 	member := func(id ids.NodeID) testMember { return ms[id-1] }
 	t.Logf("home %v, backup %v", home, backup)
 
@@ -278,7 +255,7 @@ func TestDurableSyncPersists(t *testing.T) {
 	// Round 2 with the backup's disk full: Sync fails and names it.
 	want2 := write("d", 2)
 	faults[int(backup)].set(syscall.ENOSPC)
-	_, err = w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "d"})
+	_, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "d"})
 	if code(err) != codes.Unavailable || !strings.Contains(err.Error(), backup.String()+": page store:") ||
 		!strings.Contains(err.Error(), "disk full") {
 		t.Fatalf("Sync with a full disk at %v: %v; want Unavailable naming %v and the full disk", backup, err, backup)
@@ -566,4 +543,35 @@ func TestPersistAwayFromHome(t *testing.T) {
 	if v, data, ok, err := ms[home-1].n.pages.Get(rid, 0); err != nil || !ok || v != pages[0].Version || !bytes.HasPrefix(data, []byte("away")) {
 		t.Fatalf("the home's store: v%d %.8q %v %v; want v%d", v, data, ok, err, pages[0].Version)
 	}
+}
+
+// durableAndMemory creates a durable region "d" and a memory region "m" of
+// 64 pages of 4 KiB, waits until every member serves both, and returns
+// their ids and the home and backup of d's first pages: the tests assume
+// that pages [0, pages) are one shard with one backup.
+func durableAndMemory(ctx context.Context, t *testing.T, ms []testMember, pages ids.PageNo) (rid, mid ids.RegionID, home, backup ids.NodeID) {
+	t.Helper()
+	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "d", Size: 64 << 12,
+		Durability: dsmpb.Durability_DURABILITY_DURABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crm, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "m", Size: 64 << 12,
+		Durability: dsmpb.Durability_DURABILITY_MEMORY})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid, mid = ids.RegionID(cr.Region.Id), ids.RegionID(crm.Region.Id)
+	waitServed(ctx, t, ms, "d")
+	waitServed(ctx, t, ms, "m")
+	home, backups := placed(t, ms[0], rid, 0)
+	if len(backups) != 1 {
+		t.Fatalf("page 0 of d: home %v, backups %v; want one backup", home, backups)
+	}
+	for p := ids.PageNo(1); p < pages; p++ {
+		if h, b := placed(t, ms[0], rid, p); h != home || !slices.Equal(b, backups) {
+			t.Fatalf("page %d is placed at %v %v, page 0 at %v %v: the test assumes one shard", p, h, b, home, backups)
+		}
+	}
+	return rid, mid, home, backups[0]
 }
