@@ -282,6 +282,17 @@ func (p *clientProc) next(t *testing.T) string {
 // call sends one repl command and returns its answer, failing t on ERR.
 func (p *clientProc) call(t *testing.T, line string) string {
 	t.Helper()
+	l := p.try(t, line)
+	if strings.HasPrefix(l, "ERR ") {
+		t.Fatalf("dsmclient on n%d: %s: %s", p.node, line, l)
+	}
+	return l
+}
+
+// try sends one repl command and returns its answer, an "ERR ..." line
+// included.
+func (p *clientProc) try(t *testing.T, line string) string {
+	t.Helper()
 	if _, err := io.WriteString(p.stdin, line+"\n"); err != nil {
 		select {
 		case <-p.done:
@@ -290,11 +301,7 @@ func (p *clientProc) call(t *testing.T, line string) string {
 		}
 		t.Fatalf("dsmclient on n%d: %v: %s", p.node, err, p.stderrString())
 	}
-	l := p.next(t)
-	if strings.HasPrefix(l, "ERR ") {
-		t.Fatalf("dsmclient on n%d: %s: %s", p.node, line, l)
-	}
-	return l
+	return p.next(t)
 }
 
 // kill sends SIGKILL and waits for the process to be reaped.

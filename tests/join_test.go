@@ -1,6 +1,9 @@
 package tests
 
 import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -17,7 +20,9 @@ import (
 // backup of the shards it wins by rendezvous, and is promoted to their
 // home: exactly those shards move to it (about a quarter), no other. Every
 // page written before reads back on every node, through the moves. Then
-// the new node is killed with kill -9: its shards move to their backups
+// every shard is written again at its new home, and once every shard has
+// its complete backups again, an old home is killed with kill -9 (and
+// removed), then the joiner: each time its shards move to their backups
 // and every synced page still reads back on the survivors.
 func TestJoinerTakesItsShare(t *testing.T) {
 	longTest(t)
@@ -74,34 +79,107 @@ func TestJoinerTakesItsShare(t *testing.T) {
 	if math.Abs(frac-0.25) > 3*sd {
 		t.Errorf("%d of %d shards moved: not about 1/N", len(want), len(before))
 	}
+	c.readBack(t, region, before, []int{1, 2, 3, 4}, marker, "after the join")
+
+	// Writes after the join, through mappings on every node, at the new
+	// homes. Then, once every shard has its complete backups again (the
+	// old homes that the join demoted are back in replica sets only by
+	// fills), the kill of an old home with the joiner alive: its shards
+	// move to their backups, the joiner among them. Then, once n2 is
+	// removed (four voters with two dead have no quorum) and the survivors
+	// are refilled, the kill of the joiner. Each time every page written
+	// after the join reads back on the survivors.
+	after := func(i int) string { return fmt.Sprintf("s%03d-post-join", i) }
+	writers := repls(t, c, region)
+	for i, s := range before {
+		writers[1+i%4].call(t, fmt.Sprintf("put-bytes %d %s", s.FirstPage*4096, hex.EncodeToString([]byte(after(i)))))
+	}
 	for node := 1; node <= 4; node++ {
-		for i, s := range before {
-			out := c.mustCtl(t, node, "get", region, strconv.FormatUint(s.FirstPage*4096, 10), strconv.Itoa(len(marker(i))))
-			if !strings.Contains(out, marker(i)) {
-				t.Fatalf("n%d reads %q in shard %d after the join; want %q", node, out, i, marker(i))
-			}
+		writers[node].call(t, "sync")
+		writers[node].kill(t)
+	}
+	c.waitBackedUp(t, 1, region)
+	oldHome := 2 // an old home that is not node 1, whose status the test reads
+	lostHomes := 0
+	for _, s := range c.shards(t, 1, region) {
+		if s.Home == uint32(oldHome) {
+			lostHomes++
 		}
 	}
+	if lostHomes == 0 {
+		t.Fatalf("n%d homes no shard after the join: its kill checks nothing", oldHome)
+	}
+	c.kill(t, oldHome)
+	c.readBack(t, region, before, []int{1, 3, 4}, after, fmt.Sprintf("after the kill of n%d", oldHome))
+	t.Logf("the kill of old home n%d moved its %d shards; every page reads back on n1, n3 and n4", oldHome, lostHomes)
 
-	victim := c.nodes[3]
-	if err := victim.cmd.Process.Kill(); err != nil {
+	eventually(t, "n2 is removed once the directory holds it failed", 60*time.Second, func() error {
+		if _, errs, code := c.ctl(1, "members", "remove", "2"); code != 0 {
+			return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+		}
+		return nil
+	})
+	c.waitBackedUp(t, 1, region)
+	c.kill(t, 4)
+	c.readBack(t, region, before, []int{1, 3}, after, "after the kill of the joiner n4")
+}
+
+// waitBackedUp waits until node's status names no shard of region with
+// fewer complete backups than the region asks for: the homes have filled
+// every backup that a move or a departure took away.
+func (c *dsmCluster) waitBackedUp(t *testing.T, node int, region string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("every shard of %s has its complete backups (status on n%d)", region, node), 90*time.Second, func() error {
+		out, errs, code := c.ctl(node, "status", "--json")
+		if code != 0 && code != 3 && code != 4 {
+			return fmt.Errorf("exit %d: %s%s", code, out, errs)
+		}
+		var st statusJSON
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return err
+		}
+		for _, r := range st.Reasons {
+			if strings.Contains(r, fmt.Sprintf("region %q:", region)) && strings.Contains(r, "complete backups") {
+				return errors.New(r)
+			}
+		}
+		return nil
+	})
+}
+
+// kill kills node's dsmd with kill -9 and waits until it is reaped.
+func (c *dsmCluster) kill(t *testing.T, node int) {
+	t.Helper()
+	p := c.nodes[node-1]
+	if err := p.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	<-victim.done
-	for node := 1; node <= 3; node++ {
-		for i, s := range before {
-			off := strconv.FormatUint(s.FirstPage*4096, 10)
-			eventually(t, fmt.Sprintf("n%d reads shard %d after the kill of the joiner", node, i), 60*time.Second, func() error {
-				out, errs, code := c.ctl(node, "--timeout", "15s", "get", region, off, strconv.Itoa(len(marker(i))))
+	<-p.done
+}
+
+// readBack requires that a process mapping region on each node given reads
+// want(i) at the first page of shard i, through ReadAt. A read may fail
+// while shards move after a kill (it is tried again for up to a minute);
+// it may never return anything else.
+func (c *dsmCluster) readBack(t *testing.T, region string, shards []shardInfo, nodes []int, want func(int) string, when string) {
+	t.Helper()
+	for _, node := range nodes {
+		r := c.startClient(t, node, region, "repl")
+		for i, s := range shards {
+			w := hex.EncodeToString([]byte(want(i)))
+			line := fmt.Sprintf("read-at %d %d", s.FirstPage*4096, len(want(i)))
+			eventually(t, fmt.Sprintf("n%d reads shard %d %s", node, i, when), 60*time.Second, func() error {
+				got := r.try(t, line)
 				switch {
-				case code == 0 && !strings.Contains(out, marker(i)):
-					t.Fatalf("n%d reads %q in shard %d after the kill of the joiner; want %q", node, out, i, marker(i))
-				case code != 0:
-					return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+				case strings.HasPrefix(got, "ERR "):
+					return errors.New(got)
+				case got != w:
+					t.Fatalf("n%d reads %q in shard %d %s; want %q", node, got, i, when, w)
 				}
 				return nil
 			})
 		}
+		r.kill(t)
 	}
 }
 

@@ -23,7 +23,11 @@ func TestBinary(t *testing.T) {
 		t.Skip("no go tool to build dsmctl with")
 	}
 	bin := filepath.Join(t.TempDir(), "dsmctl")
-	build := exec.Command(goTool, "build", "-o", bin, "github.com/dsmkit/dsm/cmd/dsmctl")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command(goTool, append(args, "github.com/dsmkit/dsm/cmd/dsmctl")...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
