@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-durable bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -106,7 +106,12 @@ bench: ## transport benchmarks (compare runs with benchstat)
 	$(GO) test ./rdma -run '^$$' -bench . -benchmem -count $(BENCHCOUNT)
 
 bench-cluster: ## data-path benchmarks on real dsmd clusters of 3 and 9 nodes (docs/benchmarks.md)
-	$(GO) test ./tests -run '^$$' -bench . -benchtime 1000x -count 3 -timeout 30m
+	$(GO) test ./tests -run '^$$' -bench '^Benchmark(Cluster|WriteSharers9)$$' -benchtime 1000x -count 3 -timeout 30m
+
+bench-durable: RESTART_BYTES = 1073741824
+bench-durable: ## Sync of a Durable region against a Memory one and a raw synced pebble batch, then a whole-cluster restart with RESTART_BYTES of durable pages (1 GiB): time to healthy and to a full read (docs/benchmarks.md)
+	$(GO) test ./tests -run '^$$' -bench '^BenchmarkDurableSync$$' -benchtime 200x -count $(BENCHCOUNT) -timeout 30m
+	DSM_RESTART_BYTES=$(RESTART_BYTES) $(GO) test ./tests -run '^$$' -bench '^BenchmarkDurableRestart$$' -benchtime 1x -count 1 -timeout 60m
 
 # The page store and dd write to the same directory, so that the three
 # figures are of one disk.

@@ -75,7 +75,7 @@ func (c *dsmCluster) firstShardCopies(t *testing.T, region string) (first uint64
 
 // killAndRestart kills the dsmd of every node given with kill -9, all
 // before any restarts, then starts each again from its data directory.
-func (c *dsmCluster) killAndRestart(t *testing.T, nodes ...int) {
+func (c *cluster) killAndRestart(t testing.TB, nodes ...int) {
 	t.Helper()
 	for _, i := range nodes {
 		if err := c.nodes[i-1].cmd.Process.Kill(); err != nil {

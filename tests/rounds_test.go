@@ -75,7 +75,7 @@ func writesKey(node, k, n int) bool {
 	return node == k%n+1 || node == (k+1)%n+1
 }
 
-func envInt(t *testing.T, name string, def int64) int64 {
+func envInt(t testing.TB, name string, def int64) int64 {
 	t.Helper()
 	s := os.Getenv(name)
 	if s == "" {
