@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
@@ -174,17 +175,54 @@ func (c *Cache) Flush(ctx context.Context, rid ids.RegionID, first ids.PageNo, n
 		}
 	}
 	slices.Sort(dirty)
-	written := 0
+	return c.flushPages(ctx, r, dirty)
+}
+
+// flushParallel is how many write-backs one Flush keeps under way at once.
+// A write-back waits for the home (and, for a durable region, the page
+// stores of the home and its backups), so a Flush of many pages one after
+// the other pays one round trip and one synced batch per page; with many
+// in flight the engine posts them together and the page stores commit
+// them in shared batches.
+const flushParallel = 32
+
+// flushPages writes back the pages of r in dirty that are still Modified,
+// flushParallel at a time, and returns how many it wrote back. After the
+// first error it starts no other write-back, waits for those under way,
+// and returns that error.
+func (c *Cache) flushPages(ctx context.Context, r *region, dirty []ids.PageNo) (int, error) {
+	var (
+		mu       sync.Mutex
+		written  int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	slots := make(chan struct{}, flushParallel)
 	for _, no := range dirty {
-		ok, err := c.flushPage(ctx, r, no, false)
-		if err != nil {
-			return written, err
+		slots <- struct{}{}
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			<-slots
+			break
 		}
-		if ok {
-			written++
-		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			ok, err := c.flushPage(ctx, r, no, false)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil && firstErr == nil:
+				firstErr = err
+			case ok:
+				written++
+			}
+		}()
 	}
-	return written, nil
+	wg.Wait()
+	return written, firstErr
 }
 
 // flushPage writes page no back if it is still Modified here. When the

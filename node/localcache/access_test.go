@@ -9,7 +9,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
+
+	"github.com/dsmkit/dsm/internal/ids"
 )
 
 // TestAccess: Access holds the page as asked (a read miss, then an
@@ -71,6 +74,62 @@ func TestAccess(t *testing.T) {
 	held, err := d.c.Held(regionR, 0, 0)
 	if err != nil || len(held) != 0 {
 		t.Fatalf("Held = %v, %v; want nothing", held, err)
+	}
+}
+
+// TestFlushWritesBackConcurrently: Flush keeps several write-backs under
+// way at once (a home or page store that answers each in a round trip
+// would make Sync of many pages one round trip per page), and every page
+// still reaches the home.
+func TestFlushWritesBackConcurrently(t *testing.T) {
+	d := newDaemon(t, 0)
+	ctx := context.Background()
+	const pages, together = 12, 4
+	for p := range ids.PageNo(pages) {
+		if err := d.c.Access(ctx, regionR, p, true, func(b []byte) { binary.LittleEndian.PutUint64(b, uint64(p)+100) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each write-back waits until `together` are under way, for at most
+	// 2 s: one after the other, none would ever see a second.
+	var (
+		mu       sync.Mutex
+		inFlight int
+		most     int
+		arrived  = sync.NewCond(&mu)
+	)
+	d.home.mu.Lock()
+	d.home.onEvict = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		inFlight++
+		most = max(most, inFlight)
+		arrived.Broadcast()
+		deadline := time.AfterFunc(2*time.Second, func() { mu.Lock(); arrived.Broadcast(); mu.Unlock() })
+		start := time.Now()
+		for most < together && time.Since(start) < 2*time.Second {
+			arrived.Wait()
+		}
+		deadline.Stop()
+		inFlight--
+	}
+	d.home.mu.Unlock()
+	n, err := d.c.Flush(ctx, regionR, 0, 0)
+	if err != nil || n != pages {
+		t.Fatalf("Flush = %d, %v; want %d pages", n, err, pages)
+	}
+	if most < together {
+		t.Fatalf("at most %d write-backs were under way at once; want %d", most, together)
+	}
+	buf := make([]byte, ps)
+	for p := range ids.PageNo(pages) {
+		d.home.Get(regionR, p, buf)
+		if v := binary.LittleEndian.Uint64(buf); v != uint64(p)+100 {
+			t.Fatalf("home copy of page %d holds %d after Flush, want %d", p, v, uint64(p)+100)
+		}
+		if st := d.state(p); st != Invalid {
+			t.Fatalf("page %d is %v after Flush, want I", p, st)
+		}
 	}
 }
 

@@ -49,6 +49,8 @@ type testHome struct {
 	busy   int
 	// fail makes the misses of a page fail with that error, at once.
 	fail map[ids.PageNo]error
+	// onEvict, when set, runs at the start of every Evict, outside mu.
+	onEvict func()
 }
 
 // setFail makes the misses of page p fail with err (nil: succeed again).
@@ -159,6 +161,12 @@ func (h *testHome) Evict(ctx context.Context, r ids.RegionID, p ids.PageNo, dirt
 		return err
 	}
 	defer done()
+	h.mu.Lock()
+	onEvict := h.onEvict
+	h.mu.Unlock()
+	if onEvict != nil {
+		onEvict()
+	}
 	h.mu.Lock()
 	h.evictions++
 	if dirty != nil {
