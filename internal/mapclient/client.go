@@ -660,6 +660,16 @@ func (m *Mapping) Err() error {
 // chunk is how many bytes ReadAt and WriteAt populate at a time.
 const chunk = 1 << 20
 
+// populateWays is how many threads populate one chunk at once, each a part
+// of at least populatePart bytes (whole region pages): the kernel faults a
+// populate's pages in one after the other, each a round trip to dsmd and,
+// on a miss, to the page's home, so a large ReadAt or WriteAt has up to
+// populateWays misses under way instead of one.
+const (
+	populateWays = 8
+	populatePart = 64 << 10
+)
+
 // ReadAt copies len(p) bytes at off into p (io.ReaderAt). The pages are
 // faulted in from the madvise(MADV_POPULATE_READ) syscall first, so a miss
 // waits in a syscall, not in a load. If the mapping dies before the copy is
@@ -699,7 +709,7 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 	for done < want {
 		start := off + int64(done)
 		end := min(off+int64(want), (start/chunk+1)*chunk)
-		if err := m.populate(start, end-start, write); err != nil {
+		if err := m.populateParts(start, end-start, write); err != nil {
 			return done, err
 		}
 		gen := m.watchGen()
@@ -733,6 +743,32 @@ func (m *Mapping) rw(p []byte, off int64, write bool) (int, error) {
 		return done, io.EOF
 	}
 	return done, nil
+}
+
+// populateParts populates [off, off+length) in up to populateWays parts at
+// once (see populateWays) and returns the error of the part that failed
+// first in the range, if any.
+func (m *Mapping) populateParts(off, length int64, write bool) error {
+	part := max(populatePart, m.pageSize)
+	if length < 2*part {
+		return m.populate(off, length, write)
+	}
+	part = max(part, (length+populateWays-1)/populateWays)
+	part = (part + m.pageSize - 1) / m.pageSize * m.pageSize
+	var wg sync.WaitGroup
+	errs := make([]error, (length+part-1)/part)
+	for i := range errs {
+		lo := off + int64(i)*part
+		n := min(part, off+length-lo)
+		wg.Go(func() { errs[i] = m.populate(lo, n, write) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // rlockLive takes m.mu shared for a call that reads or writes the mapped

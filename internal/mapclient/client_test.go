@@ -382,3 +382,41 @@ func TestCopyFaultsInSyscall(t *testing.T) {
 		t.Fatalf("copied %#x, %#x; want the daemon's fills 07, 08", buf[0], buf[ps])
 	}
 }
+
+// TestReadAtFaultsPartsAtOnce: a large ReadAt populates its chunk in parts
+// at once, so the faults on the first page of every part are under way
+// together (the daemon holds them all), where one populate of the whole
+// chunk would wait at the first. Close ends the call.
+func TestReadAtFaultsPartsAtOnce(t *testing.T) {
+	const parts = 4
+	per := populatePart / ps
+	var hold []int
+	for i := range parts {
+		hold = append(hold, i*per)
+	}
+	d := newFakeDaemon(t, parts*per, hold...)
+	_, m := mapRegion(t, d)
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.ReadAt(make([]byte, parts*per*ps), 0)
+		done <- err
+	}()
+	seen := map[int]bool{}
+	for len(seen) < parts {
+		select {
+		case p := <-d.Faults():
+			seen[p] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("held faults on pages %v; want the first page of each of the %d parts (%v) under way at once", seen, parts, hold)
+		}
+	}
+	m.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("ReadAt after Close: %v, want ErrClosed", err)
+		}
+	case <-time.After(hangDeadline):
+		t.Fatal("ReadAt still waits after Close")
+	}
+}
