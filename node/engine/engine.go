@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsmkit/dsm/coherence"
@@ -137,6 +138,9 @@ type Config struct {
 type Engine struct {
 	cfg Config
 	sm  *coherence.Node
+	// ticks counts the protocol clock's ticks (tests: an idle engine's
+	// clock stops).
+	ticks atomic.Uint64
 	reg rdma.Registration
 	mem []byte
 	log *slog.Logger
@@ -650,6 +654,7 @@ func (e *Engine) loop() {
 		}
 	}()
 	for {
+		tick := false
 		select {
 		case <-e.stop:
 			return
@@ -672,10 +677,20 @@ func (e *Engine) loop() {
 		case j := <-e.effectCh:
 			e.effectDone(j)
 		case now := <-t.C:
+			e.ticks.Add(1)
 			e.onTick(now)
+			tick = true
 		}
 		e.apply()
 		e.checkReleaseWaits()
+		// busy walks every page the state machine knows, so it is asked
+		// only when the answer can change what the loop does: after any
+		// input while the clock is stopped (it may have to start), and at
+		// each tick while it runs (it may stop). A clock that runs one
+		// tick longer than needed costs one step of Tick.
+		if ticking && !tick {
+			continue
+		}
 		switch busy := e.busy(); {
 		case busy && !ticking:
 			t.Reset(e.cfg.Tick)
@@ -792,7 +807,7 @@ func (e *Engine) onTick(now time.Time) {
 // busy reports whether the protocol clock must run: the state machine has
 // something in progress, a call waits, or the cache is giving a page up.
 func (e *Engine) busy() bool {
-	return !e.sm.Quiet() || len(e.waiters) > 0 || len(e.effects) > 0 || len(e.relWaits) > 0
+	return len(e.waiters) > 0 || len(e.effects) > 0 || len(e.relWaits) > 0 || !e.sm.Quiet()
 }
 
 // apply executes what the state machine asks until it asks nothing.

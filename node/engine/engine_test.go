@@ -721,3 +721,45 @@ func TestBadMessagesDropped(t *testing.T) {
 		t.Fatalf("after three adds of 5: %d", v)
 	}
 }
+
+// TestClockStopsWhenIdle: the protocol clock runs while the engines have
+// something in progress and stops once they are idle, so that an engine
+// nobody uses costs no CPU (the loop asks whether it is busy at each tick,
+// not after every input).
+func TestClockStopsWhenIdle(t *testing.T) {
+	nodes := cluster(t)
+	ctx := testCtx(t)
+	const p = ids.PageNo(2) // homed at n3
+	n1 := nodes[1]
+	for i := range 20 {
+		if err := n1.pages.Write(ctx, n1.e, testRegion, p, testPageSize, 0, []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := n1.pages.Evict(ctx, n1.e, testRegion, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := nodes[2].pages.Read(ctx, nodes[2].e, testRegion, p, testPageSize); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var before [3]uint64
+		for i := range before {
+			before[i] = nodes[ids.NodeID(i+1)].e.ticks.Load()
+		}
+		time.Sleep(50 * time.Millisecond) // 50 ticks of a running clock
+		still := 0
+		for i := range before {
+			if nodes[ids.NodeID(i+1)].e.ticks.Load() == before[i] {
+				still++
+			}
+		}
+		if still == len(before) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the clocks of %d of 3 idle engines still tick 5 s after the last access", len(before)-still)
+		}
+	}
+}
