@@ -141,9 +141,9 @@ type Engine struct {
 	// ticks counts the protocol clock's ticks (tests: an idle engine's
 	// clock stops).
 	ticks atomic.Uint64
-	reg rdma.Registration
-	mem []byte
-	log *slog.Logger
+	reg   rdma.Registration
+	mem   []byte
+	log   *slog.Logger
 
 	peerMu sync.Mutex
 	peers  map[ids.NodeID]rdma.Descriptor
