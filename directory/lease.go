@@ -90,6 +90,20 @@ func (p leaseParams) fenceWait() time.Duration {
 // itself may be the one starved).
 func (p leaseParams) expiry() time.Duration { return 3*p.Length + p.Period }
 
+// raftRetryCap is the longest wait of hashicorp/raft's leader between two
+// attempts to replicate to a follower that failed (10 ms doubled ten
+// times: its backoff with maxFailureScale 12), plus a margin.
+const raftRetryCap = 11 * time.Second
+
+// firstExpiry is expiry for an incarnation this voter never granted: a new
+// incarnation asks for its first lease only once its own copy of the log
+// shows it alive, and a dsmd restarted on a node that had been down gets
+// the log's new entries only at the leader's next attempt to replicate to
+// it, up to raftRetryCap after the restart, while gossip already holds it
+// alive. With expiry alone such a restart was declared failed before it
+// could ask, and started yet another incarnation.
+func (p leaseParams) firstExpiry() time.Duration { return p.expiry() + raftRetryCap }
+
 // grantRec is a voter's last grant to one node.
 type grantRec struct {
 	nonce uint64
@@ -182,7 +196,8 @@ func (g *grantTable) fence(now time.Duration, id ids.NodeID, nonce uint64, epoch
 // expired reports whether the voter, up for at least the expiry itself,
 // last granted the alive incarnation (id, nonce) longer than the expiry
 // ago, counting from when it first saw that incarnation alive since its
-// last failure verdict (admitted: the member's LastFailedAt).
+// last failure verdict (admitted: the member's LastFailedAt); an
+// incarnation it never granted has firstExpiry from then to ask.
 func (g *grantTable) expired(now time.Duration, id ids.NodeID, nonce uint64, admitted ids.Epoch) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -193,9 +208,9 @@ func (g *grantTable) expired(now time.Duration, id ids.NodeID, nonce uint64, adm
 	}
 	from := max(s.at, g.started)
 	if r, ok := g.last[id]; ok && r.nonce == nonce {
-		from = max(from, r.at)
+		return now-max(from, r.at) > g.p.expiry()
 	}
-	return now-from > g.p.expiry()
+	return now-from > g.p.firstExpiry()
 }
 
 // leaseHolder is a requester's side: the lease it holds, on its clock.

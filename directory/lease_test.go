@@ -93,9 +93,14 @@ func TestGrantTable(t *testing.T) {
 }
 
 // TestLeaseExpiry: the leader judges an incarnation only after it had the
-// expiry to ask, and only when it has not granted it for that long.
+// expiry to ask, and only when it has not granted it for that long; an
+// incarnation it never granted has the longer firstExpiry, which covers
+// the leader's retry backoff towards a follower that was down.
 func TestLeaseExpiry(t *testing.T) {
 	p := testLease
+	if p.firstExpiry() <= p.expiry()+10*time.Second {
+		t.Fatalf("firstExpiry %v does not cover hashicorp/raft's retry backoff (10.24 s) beyond the expiry %v", p.firstExpiry(), p.expiry())
+	}
 	start := 50 * time.Second
 	g := newGrantTable(p, start)
 	const n, a = ids.NodeID(4), uint64(0x44)
@@ -103,11 +108,14 @@ func TestLeaseExpiry(t *testing.T) {
 	if g.expired(now, n, a, 0) {
 		t.Fatal("expired at first sight")
 	}
-	if g.expired(now+p.expiry(), n, a, 0) {
-		t.Fatal("expired at exactly the expiry after first sight")
+	if g.expired(now+p.expiry()+time.Millisecond, n, a, 0) {
+		t.Fatal("a new incarnation never granted expired after the expiry: it may not have its log yet")
 	}
-	if !g.expired(now+p.expiry()+time.Millisecond, n, a, 0) {
-		t.Fatal("not expired after the expiry without grants")
+	if g.expired(now+p.firstExpiry(), n, a, 0) {
+		t.Fatal("expired at exactly the first expiry after first sight")
+	}
+	if !g.expired(now+p.firstExpiry()+time.Millisecond, n, a, 0) {
+		t.Fatal("not expired after the first expiry without grants")
 	}
 	if r := g.grant(now+3*time.Second, n, a, 0); r != "" {
 		t.Fatal(r)
@@ -115,16 +123,20 @@ func TestLeaseExpiry(t *testing.T) {
 	if g.expired(now+3*time.Second+p.expiry(), n, a, 0) {
 		t.Fatal("expired within the expiry of a grant")
 	}
-	// A new incarnation starts its own count.
-	if g.expired(now+20*time.Second, n, a+1, 0) {
+	if !g.expired(now+3*time.Second+p.expiry()+time.Millisecond, n, a, 0) {
+		t.Fatal("not expired after the expiry of its last grant")
+	}
+	// A new incarnation starts its own count, with the first expiry.
+	seen := now + 20*time.Second
+	if g.expired(seen, n, a+1, 0) {
 		t.Fatal("a new incarnation expired at first sight")
+	}
+	if !g.expired(seen+p.firstExpiry()+time.Millisecond, n, a+1, 0) {
+		t.Fatal("not expired")
 	}
 	// The same incarnation admitted again after a failure verdict starts
 	// its count again too.
-	if !g.expired(now+30*time.Second, n, a+1, 0) {
-		t.Fatal("not expired")
-	}
-	if g.expired(now+30*time.Second, n, a+1, 7) {
+	if g.expired(seen+p.firstExpiry()+time.Millisecond, n, a+1, 7) {
 		t.Fatal("an incarnation admitted again expired at first sight")
 	}
 }

@@ -295,7 +295,7 @@ func (d *Directory) reconcile() {
 			// wait on it.
 			delete(d.absentSince, m.ID)
 			d.log.Warn("directory: lease expired: no grant asked for by a member gossip holds alive", "member", m.ID.String(),
-				"after", d.leaseParams().expiry().String())
+				"expiry", d.leaseParams().expiry().String(), "first_expiry", d.leaseParams().firstExpiry().String())
 			to = StateFailed
 		case known && e.state == gossipAlive:
 			delete(d.absentSince, m.ID)
