@@ -224,11 +224,28 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 			d.promote(n, i, i+1)
 		}
 	}
-	for _, i := range lost {
-		for n := ids.NodeID(1); n <= 3; n++ {
-			d.fill(n, d.epoch, i, i+1)
+	// recordAll has every node record that it holds nothing of the lost
+	// shards (a fill record after the loss, of no pages).
+	recordAll := func(lost []uint64) {
+		for _, i := range lost {
+			for n := ids.NodeID(1); n <= 3; n++ {
+				d.fill(n, d.epoch, i, i+1)
+			}
 		}
 	}
+	// requireReset: no shard is lost any more and the region says contents
+	// lost.
+	requireReset := func(when string) {
+		t.Helper()
+		pm := d.pm()
+		if l := lostShards(rc, pm); len(l) != 0 {
+			t.Fatalf("shards %v still lost %s", l, when)
+		}
+		if !rc.contentsLost(pm) {
+			t.Fatalf("the memory region does not say contents lost %s", when)
+		}
+	}
+	recordAll(lost)
 	promoteAll(false)
 	pm = d.pm()
 	if l := lostShards(rc, pm); len(l) != len(lost) || rc.contentsLost(pm) {
@@ -243,19 +260,10 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 	d.restart(3)
 	pm = d.pm()
 	lost = lostShards(rc, pm)
-	for _, i := range lost {
-		for n := ids.NodeID(1); n <= 3; n++ {
-			d.fill(n, d.epoch, i, i+1)
-		}
-	}
+	recordAll(lost)
 	promoteAll(true)
+	requireReset("once the cluster turned over")
 	pm = d.pm()
-	if l := lostShards(rc, pm); len(l) != 0 {
-		t.Fatalf("shards %v still lost", l)
-	}
-	if !rc.contentsLost(pm) {
-		t.Fatal("the memory region does not say contents lost")
-	}
 	for _, i := range lost {
 		s := placement.Shard{Region: 1, Index: i}
 		sp := rc.place(s, pm)
@@ -281,19 +289,9 @@ func TestMemoryRegionStartsOverEmpty(t *testing.T) {
 	if len(lost) != int(rc.r.Shards()) {
 		t.Fatalf("%d of %d shards lost after every node restarted", len(lost), rc.r.Shards())
 	}
-	for _, i := range lost {
-		for n := ids.NodeID(1); n <= 3; n++ {
-			d.fill(n, d.epoch, i, i+1)
-		}
-	}
+	recordAll(lost)
 	promoteAll(false)
-	pm = d.pm()
-	if l := lostShards(rc, pm); len(l) != 0 {
-		t.Fatalf("shards %v still lost after the resets", l)
-	}
-	if !rc.contentsLost(pm) {
-		t.Fatal("the memory region does not say contents lost")
-	}
+	requireReset("after the resets")
 	// A durable region never resets, whatever the records say.
 	d = newDirModel(1, 2, 3)
 	rc = regionOf(d, 1, directory.DurabilitySynced)
