@@ -30,27 +30,31 @@ const MutexSize = 8 * mutexWords
 //
 // A process that dies (or closes the Region, or whose dsmd restarts or
 // leaves the cluster) while it holds the lock or a ticket does not block
-// the others for good. The waiter next in line notices that the lock has not moved
-// for a second, asks dsmd about the session at the head of the line, and
-// when dsmd says it is dead (not when it cannot say: a node cut off by a
-// partition may still be alive), it skips that ticket. A skipped holder is
-// reported: the next Lock (or TryLock) to acquire the lock gets it and
-// returns an error matching ErrOwnerDied, because the data the lock
-// protects may be half updated; it holds the lock and must Unlock it. A
-// skipped waiter, or a ticket whose taker never recorded itself (it died
-// between the two steps) for five seconds, is skipped silently. A Lock of
-// a live process whose ticket was skipped (a process stopped for longer
-// than that before recording itself) takes a new ticket.
+// the others for good. A waiter that sees the lock not move for a second
+// looks at the tickets ahead of it (up to eight: those that can be
+// recorded), asks dsmd about their sessions in one call, and skips those
+// dsmd says are dead (not those it cannot judge: a node cut off by a
+// partition may still be alive). A skipped holder is reported: the next
+// Lock (or TryLock) to acquire the lock gets it and returns an error
+// matching ErrOwnerDied, because the data the lock protects may be half
+// updated; it holds the lock and must Unlock it. A skipped waiter, or a
+// ticket whose taker has not recorded itself for five seconds after it
+// could, is skipped silently. A Lock of a live process whose ticket was
+// skipped (a process stopped for longer than that before recording
+// itself) takes a new ticket.
 //
-// The waiter that decides asks about one session at a time; waiters
-// further back look after a second per ticket ahead of them, so a chain
-// of dead tickets is skipped at about one per second.
+// The waiter right behind the head asks after a second, those further
+// back after two (so that one question usually suffices), and any live
+// waiter, however far back, does: dead tickets are skipped up to eight at
+// a time, every second or two.
 //
 // What it does not do: break the lock of a holder that is alive and never
 // unlocks, or of one whose dsmd is unreachable or failed (its fate is
 // unknown until the directory decides it left or restarted). A Mutex is
-// not reentrant. A process that has more than eight tickets taken ahead
-// of it waits to record itself until one of them is done.
+// not reentrant. A process that has eight tickets or more taken ahead of
+// it waits to record itself until one of them is done; a Lock whose ctx
+// ends meanwhile returns at once and leaves its ticket to a goroutine,
+// which records it given up as soon as it can.
 type Mutex struct {
 	r   *Region
 	off int64
@@ -116,9 +120,12 @@ var (
 	lockSpins       = 16
 	lockMinSleep    = 2 * time.Microsecond
 	lockMaxSleep    = time.Millisecond
-	lockCheckAfter  = time.Second     // per ticket ahead
-	lockUnrecorded  = 5 * time.Second // a head that never recorded itself
+	lockCheckAfter  = time.Second     // a stall this long makes a waiter look ahead
+	lockUnrecorded  = 5 * time.Second // a ticket that could record itself and did not
 	lockAskDeadline = 2 * time.Second // for dsmd's answer about a session
+	// abandonMaxSleep paces the wait of a ticket given up before it could
+	// be recorded.
+	abandonMaxSleep = 10 * time.Millisecond
 )
 
 func (m *Mutex) word(i int) int64 { return m.off + 8*int64(i) }
@@ -187,10 +194,17 @@ func (m *Mutex) wait(ctx context.Context, ticket uint64) (got, died bool, err er
 	me := m.r.m.Session()
 	slot := m.slot(ticket)
 	recorded := false
+	defer func() {
+		if err != nil && !recorded {
+			// Its owner word still belongs to an earlier ticket.
+			m.abandon(ticket)
+		}
+	}()
 	sleep := lockMinSleep
 	var last uint64
 	since := time.Now()   // the now-serving word last changed
-	var checked time.Time // the head was last looked at
+	var checked time.Time // the line was last looked at
+	var line lineWatch
 	for i := 0; ; i++ {
 		sw, err := m.r.LoadUint64(bg, m.word(1))
 		if err != nil {
@@ -232,7 +246,11 @@ func (m *Mutex) wait(ctx context.Context, ticket uint64) (got, died bool, err er
 				_, _ = m.r.CompareAndSwapUint64(bg, m.word(1), sw, serving)
 			}
 			return true, sw&diedBit != 0, nil
-		case recorded && ctx.Err() != nil:
+		case ctx.Err() != nil && !recorded:
+			// Given up by abandon (the deferred call), as soon as its
+			// owner word is free.
+			return false, false, newErr("lock", m.r.name, m.off, nil, ctx.Err())
+		case ctx.Err() != nil:
 			// Give the ticket up; the waiter after it skips it.
 			ok, err := m.r.CompareAndSwapUint64(bg, slot, ownerWord(ticket, ownerWaiting, me), ownerWord(ticket, ownerSkipped, me))
 			if err != nil {
@@ -243,8 +261,12 @@ func (m *Mutex) wait(ctx context.Context, ticket uint64) (got, died bool, err er
 			}
 			continue // its turn came: take the lock, then give it back
 		}
-		if after := lockCheckAfter * time.Duration(ticket-serving); recorded && time.Since(since) >= after && time.Since(checked) >= after {
-			if err := m.checkHead(bg, sw, time.Since(since)); err != nil {
+		// Every waiter, recorded or not, looks at the line ahead of it
+		// when the head has not moved for lockCheckAfter: a waiter too far
+		// back to record itself may be the only live one.
+		if stalled := time.Since(since); stalled >= lockCheckAfter && time.Since(checked) >= lockCheckAfter {
+			ask := stalled >= lockCheckAfter*time.Duration(min(ticket-serving, 2))
+			if err := m.checkLine(bg, sw, ticket, &line, ask); err != nil {
 				return false, false, err
 			}
 			checked = time.Now()
@@ -257,6 +279,48 @@ func (m *Mutex) wait(ctx context.Context, ticket uint64) (got, died bool, err er
 		time.Sleep(sleep)
 		sleep = min(2*sleep, lockMaxSleep)
 	}
+}
+
+// abandon gives up ticket, which this process took but could not record
+// (its owner word still names an earlier ticket), in the background: once
+// the earlier ticket is done it records the ticket given up, and passes it
+// if it is the head of the line. It stops when the ticket is served or
+// skipped, or when an access fails (a dead mapping's ticket is skipped as
+// never recorded).
+func (m *Mutex) abandon(ticket uint64) {
+	me := m.r.m.Session()
+	go func() {
+		ctx := context.Background()
+		slot := m.slot(ticket)
+		sleep := lockMinSleep
+		for {
+			sw, err := m.r.LoadUint64(ctx, m.word(1))
+			if err != nil {
+				return
+			}
+			serving := sw &^ diedBit
+			if serving > ticket {
+				return
+			}
+			if ticket-serving < ownerSlots {
+				cur, err := m.r.LoadUint64(ctx, slot)
+				if err != nil || names(cur, ticket) {
+					return // skipped as never recorded
+				}
+				ok, err := m.r.CompareAndSwapUint64(ctx, slot, cur, ownerWord(ticket, ownerSkipped, me))
+				if err != nil {
+					return
+				}
+				if ok {
+					_ = m.pass(ctx, sw)
+					return
+				}
+				continue
+			}
+			time.Sleep(sleep)
+			sleep = min(2*sleep, abandonMaxSleep)
+		}
+	}()
 }
 
 // giveUp marks ticket, recorded by this process as waiting, given up (a
@@ -283,61 +347,79 @@ func (m *Mutex) giveUpDangling(ctx context.Context) error {
 	return nil
 }
 
-// checkHead looks at the ticket being served, sw's, which has not moved for
-// stalled, and skips it if its taker is dead, gave it up, or never recorded
-// itself for lockUnrecorded.
-func (m *Mutex) checkHead(ctx context.Context, sw uint64, stalled time.Duration) error {
+// lineWatch is what a waiter remembers of the tickets ahead of it between
+// looks: since when each has been recordable (its owner word free) without
+// being recorded.
+type lineWatch struct {
+	unrecorded map[uint64]time.Time
+}
+
+// checkLine looks at the tickets from the head of the line (sw's, which
+// has not moved for lockCheckAfter) up to ticket, at most ownerSlots of
+// them: it skips each whose taker has left it unrecorded for
+// lockUnrecorded since it could record it, and, when ask, each whose taker
+// dsmd says is dead (one question for them all); then it passes the
+// tickets skipped or given up at the head.
+func (m *Mutex) checkLine(ctx context.Context, sw, ticket uint64, line *lineWatch, ask bool) error {
 	head := sw &^ diedBit
-	slot := m.slot(head)
-	w, err := m.r.LoadUint64(ctx, slot)
-	if err != nil {
-		return err
-	}
-	var skipped uint64
-	switch tk, st, session := ownerOf(w); {
-	case !names(w, head):
-		if stalled < lockUnrecorded {
-			return nil
+	n := min(ticket-head, ownerSlots)
+	ws := make([]uint64, n)
+	for i := range n {
+		w, err := m.r.LoadUint64(ctx, m.slot(head+i))
+		if err != nil {
+			return err
 		}
-		skipped = ownerWord(head, ownerSkipped, 0)
-	case st == ownerSkipped || st == ownerDied:
-		// Given up, or skipped by a waiter that stopped before moving
-		// the now-serving word: move it.
-		return m.advance(ctx, sw, head, st == ownerDied)
-	default:
-		if !m.dead(ctx, session) {
-			return nil
+		ws[i] = w
+	}
+	if line.unrecorded == nil {
+		line.unrecorded = map[uint64]time.Time{}
+	}
+	for t := range line.unrecorded {
+		if t < head {
+			delete(line.unrecorded, t)
 		}
-		st2 := ownerSkipped
-		if st == ownerHolding {
-			st2 = ownerDied
+	}
+	var tokens []uint64
+	var at []uint64
+	for i, w := range ws {
+		t := head + uint64(i)
+		_, st, session := ownerOf(w)
+		switch {
+		case !names(w, t):
+			first, ok := line.unrecorded[t]
+			if !ok {
+				line.unrecorded[t] = time.Now()
+				continue
+			}
+			if time.Since(first) < lockUnrecorded {
+				continue
+			}
+			if _, err := m.r.CompareAndSwapUint64(ctx, m.slot(t), w, ownerWord(t, ownerSkipped, 0)); err != nil {
+				return err
+			}
+		case ask && (st == ownerWaiting || st == ownerHolding):
+			tokens = append(tokens, session)
+			at = append(at, uint64(i))
 		}
-		skipped = ownerWord(tk, st2, session)
 	}
-	ok, err := m.r.CompareAndSwapUint64(ctx, slot, w, skipped)
-	if err != nil || !ok {
-		return err
+	if len(tokens) > 0 {
+		for j, dead := range m.r.deadSessions(ctx, tokens) {
+			if !dead {
+				continue
+			}
+			i := at[j]
+			w := ws[i]
+			_, st, session := ownerOf(w)
+			st2 := ownerSkipped
+			if st == ownerHolding {
+				st2 = ownerDied
+			}
+			if _, err := m.r.CompareAndSwapUint64(ctx, m.slot(head+i), w, ownerWord(head+i, st2, session)); err != nil {
+				return err
+			}
+		}
 	}
-	_, st, _ := ownerOf(skipped)
-	return m.advance(ctx, sw, head, st == ownerDied)
-}
-
-// advance moves the now-serving word from sw past head, keeping (or
-// setting, when the skipped taker held the lock) the died bit for the next
-// acquirer.
-func (m *Mutex) advance(ctx context.Context, sw, head uint64, died bool) error {
-	next := head + 1 | sw&diedBit
-	if died {
-		next |= diedBit
-	}
-	_, err := m.r.CompareAndSwapUint64(ctx, m.word(1), sw, next)
-	return err
-}
-
-// dead asks dsmd whether the mapping session is over for good; a session
-// it cannot judge (or a token of 0: a dsmd that gives none) is not dead.
-func (m *Mutex) dead(ctx context.Context, session uint64) bool {
-	return m.r.deadSessions(ctx, []uint64{session})[0]
+	return m.pass(ctx, sw)
 }
 
 // TryLock acquires the lock if it is free now, without waiting, and
@@ -353,7 +435,7 @@ func (m *Mutex) TryLock(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	// Tickets given up ahead do not make the lock busy.
-	if err := m.passGivenUp(ctx, sw); err != nil {
+	if err := m.pass(ctx, sw); err != nil {
 		return false, err
 	}
 	if sw, err = m.r.LoadUint64(ctx, m.word(1)); err != nil {
@@ -441,23 +523,28 @@ func (m *Mutex) Unlock() error {
 	if !ok {
 		return newErr("unlock", m.r.name, m.off, ErrNotLocked, nil)
 	}
-	return m.passGivenUp(ctx, serving+1)
+	return m.pass(ctx, serving+1)
 }
 
-// passGivenUp moves the now-serving word past tickets given up (a Lock
-// whose ctx ended) from sw on, so that the next live ticket does not wait
-// for a waiter's check.
-func (m *Mutex) passGivenUp(ctx context.Context, sw uint64) error {
+// pass moves the now-serving word past the tickets given up or skipped at
+// the head of the line, from sw on (a holder found dead sets the died bit
+// for the next acquirer), so that the next live ticket need not wait for
+// a waiter's look.
+func (m *Mutex) pass(ctx context.Context, sw uint64) error {
 	for range ownerSlots {
 		head := sw &^ diedBit
 		w, err := m.r.LoadUint64(ctx, m.slot(head))
 		if err != nil {
 			return err
 		}
-		if _, st, _ := ownerOf(w); !names(w, head) || st != ownerSkipped {
+		_, st, _ := ownerOf(w)
+		if !names(w, head) || st != ownerSkipped && st != ownerDied {
 			return nil
 		}
 		next := head + 1 | sw&diedBit
+		if st == ownerDied {
+			next |= diedBit
+		}
 		if ok, err := m.r.CompareAndSwapUint64(ctx, m.word(1), sw, next); err != nil || !ok {
 			return err
 		}
