@@ -32,6 +32,8 @@ const (
 // reconfiguration and the reservation queue.
 type homeDuty struct {
 	no       ids.PageNo
+	seq      uint64 // creation order (Node.activeHomes)
+	active   bool   // in Node.activeHomes
 	guess    Word
 	fresh    bool // guess was just read or written
 	pending  bool // a repair is needed
@@ -330,6 +332,9 @@ func (n *Node) namesDeparted(w Word) bool {
 func (n *Node) duty(no ids.PageNo) *homeDuty { return n.homeIdx[no] }
 
 func (n *Node) addDuty(h *homeDuty) {
+	n.seq++
+	h.seq = n.seq
+	n.wakeHome(h)
 	n.homes = append(n.homes, h)
 	n.homeIdx[h.no] = h
 	n.startProbe()
@@ -392,6 +397,7 @@ func (n *Node) homeCAS(h *homeDuty, op homeOp, next Word) {
 // the word, pass the reservation on when its holder handed it back, poll
 // the word while a reservation is out or nodes are queued.
 func (n *Node) driveHome(h *homeDuty) {
+	n.wakeHome(h)
 	for h.inflight == 0 && n.dutyAbandoned[h.no] == 0 && n.now >= h.retryAt {
 		if h.rebuilding {
 			if !n.movesReported() || !n.synced {

@@ -101,13 +101,19 @@ func (n *Node) Members() []ids.NodeID { return slices.Clone(n.members) }
 
 // Quiet reports whether the node has nothing in progress: no queued
 // request, no batch in flight, no transition under way, no home repair.
+//
+// It looks at the active sets only: a page or duty outside them is
+// settled, hence quiet.
 func (n *Node) Quiet() bool {
-	for _, p := range n.order {
+	for _, p := range n.active {
 		if p.ph != phIdle || p.inflight != 0 || len(p.queue) > 0 || p.granted || p.frozen {
 			return false
 		}
 	}
-	for _, h := range n.homes {
+	for _, h := range n.activeHomes {
+		if n.homeIdx[h.no] != h {
+			continue // dropped (demote)
+		}
 		if h.pending || h.inflight != 0 || h.granted != ids.None || len(h.queue) > 0 || h.rebuilding || h.passUnsure != ids.None || len(h.fills) > 0 || h.fillHeld {
 			return false
 		}

@@ -36,6 +36,9 @@ func (n *Node) checkInvariants() {
 		if p.frozenM && !p.frozen {
 			fail("an interrupted release outside a freeze")
 		}
+		if !p.active && !settled(p) {
+			fail("not settled, and not in the active set: a Tick would not drive it")
+		}
 		if p.inflight != 0 {
 			if rec, ok := n.batches[p.inflight]; !ok || rec.home || rec.page != p.no {
 				fail("the batch in flight is not recorded")
@@ -49,6 +52,9 @@ func (n *Node) checkInvariants() {
 			if why := n.fillRefused(h.no, f.to); why != "" {
 				panic(fmt.Sprintf("coherence: invariant: %v home of %v: a fill to %v kept: %s", n.cfg.ID, h.no, f.to, why))
 			}
+		}
+		if !h.active && !settledHome(h) {
+			panic(fmt.Sprintf("coherence: invariant: %v home of %v: not settled, and not in the active set: a Tick would not drive it", n.cfg.ID, h.no))
 		}
 		if h.fillHeld && n.homeOf(h.no) != n.cfg.ID {
 			panic(fmt.Sprintf("coherence: invariant: %v holds the turn of %v, which it is not the home of", n.cfg.ID, h.no))

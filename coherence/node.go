@@ -1,6 +1,7 @@
 package coherence
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -147,6 +148,10 @@ func (p phase) String() string { return phaseNames[p] }
 type page struct {
 	no   ids.PageNo
 	home ids.NodeID
+	// seq orders pages by creation (Node.order); active: the page is in
+	// Node.active.
+	seq    uint64
+	active bool
 
 	state   State
 	data    []byte // S, M: the copy
@@ -315,10 +320,21 @@ type Node struct {
 	// (target); they start when the moves are.
 	fillsHeld []Fill
 
-	pages   map[ids.PageNo]*page
-	order   []*page     // creation order, for deterministic iteration
-	homes   []*homeDuty // creation order, for deterministic iteration
-	homeIdx map[ids.PageNo]*homeDuty
+	pages map[ids.PageNo]*page
+	order []*page     // creation order, for deterministic iteration
+	homes []*homeDuty // creation order, for deterministic iteration
+	// active and activeHomes hold every page and duty that a Tick may
+	// move (not settled), and some settled ones, dropped at the next
+	// Tick: a Tick walks them instead of every page and duty, which costs
+	// nothing while a region of many pages is idle. A page or duty is
+	// added whenever it is driven; one that leaves the settled state
+	// without being driven is a bug the invariants catch. seq numbers
+	// pages and duties in creation order: a Tick drives them in that
+	// order.
+	active      []*page
+	activeHomes []*homeDuty
+	seq         uint64
+	homeIdx     map[ids.PageNo]*homeDuty
 	// dutyAbandoned counts, per page, the batches of home duties dropped
 	// (demote) that are not finished: a later duty of the page posts
 	// nothing before they are (I11).
@@ -411,7 +427,8 @@ func (n *Node) homeOf(no ids.PageNo) ids.NodeID { return n.homeFn(no) }
 func (n *Node) page(no ids.PageNo) *page {
 	p := n.pages[no]
 	if p == nil {
-		p = &page{no: no, home: n.homeOf(no), guess: InitialWord(n.epoch)}
+		n.seq++
+		p = &page{no: no, home: n.homeOf(no), guess: InitialWord(n.epoch), seq: n.seq}
 		// A page this node has no state for may belong to a move that
 		// is not done: it waits like the others (MsgMoveDone).
 		p.frozen = n.inMove(no)
@@ -519,6 +536,7 @@ func (n *Node) backoff(p *page) {
 
 // drive makes every step the page can make now.
 func (n *Node) drive(p *page) {
+	n.wake(p)
 	for !n.joining && !p.frozen && p.inflight == 0 && len(p.abandoned) == 0 && n.now >= p.retryAt {
 		switch p.ph {
 		case phIdle:
@@ -829,7 +847,10 @@ func (n *Node) recall(p *page, ver uint16, write bool) {
 
 func (n *Node) stepTick() {
 	n.now++
-	for _, p := range n.order {
+	slices.SortFunc(n.active, func(a, b *page) int { return cmp.Compare(a.seq, b.seq) })
+	// Pages woken meanwhile are appended, and driven in this Tick too.
+	for i := 0; i < len(n.active); i++ {
+		p := n.active[i]
 		if p.ph == phWaitAcks && len(p.awaiting) > 0 && n.now-p.invSent >= uint64(p.invEvery) {
 			// Retransmit with exponential backoff so that a slow
 			// network is not flooded with copies.
@@ -857,7 +878,66 @@ func (n *Node) stepTick() {
 	if n.now-n.fillProbeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.fillProbe()
 	}
-	for _, h := range n.homes {
-		n.driveHome(h)
+	slices.SortFunc(n.activeHomes, func(a, b *homeDuty) int { return cmp.Compare(a.seq, b.seq) })
+	for i := 0; i < len(n.activeHomes); i++ {
+		if h := n.activeHomes[i]; n.homeIdx[h.no] == h {
+			n.driveHome(h)
+		}
 	}
+	n.pruneActive()
+}
+
+// wake puts page p in the active set.
+func (n *Node) wake(p *page) {
+	if !p.active {
+		p.active = true
+		n.active = append(n.active, p)
+	}
+}
+
+// wakeHome puts duty h in the active set.
+func (n *Node) wakeHome(h *homeDuty) {
+	if !h.active {
+		h.active = true
+		n.activeHomes = append(n.activeHomes, h)
+	}
+}
+
+// pruneActive drops the settled pages and duties from the active sets,
+// and the duties dropped (demote).
+func (n *Node) pruneActive() {
+	kept := n.active[:0]
+	for _, p := range n.active {
+		if settled(p) {
+			p.active = false
+			continue
+		}
+		kept = append(kept, p)
+	}
+	clear(n.active[len(kept):])
+	n.active = kept
+	keptH := n.activeHomes[:0]
+	for _, h := range n.activeHomes {
+		if n.homeIdx[h.no] != h || settledHome(h) {
+			h.active = false
+			continue
+		}
+		keptH = append(keptH, h)
+	}
+	clear(n.activeHomes[len(keptH):])
+	n.activeHomes = keptH
+}
+
+// settled reports whether a Tick would do nothing for page p: nothing in
+// progress or waiting, nothing to serve, no freeze to end.
+func settled(p *page) bool {
+	return p.ph == phIdle && p.inflight == 0 && len(p.abandoned) == 0 && len(p.queue) == 0 &&
+		!p.recall && !p.downgrade && !p.granted && !p.frozen
+}
+
+// settledHome reports whether a Tick would do nothing for duty h: no
+// repair, rebuild, reservation or fill, nothing in flight.
+func settledHome(h *homeDuty) bool {
+	return h.inflight == 0 && !h.rebuilding && !h.pending && len(h.fills) == 0 && h.granted == ids.None &&
+		len(h.queue) == 0 && h.passUnsure == ids.None && !h.fillHeld
 }
