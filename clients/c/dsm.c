@@ -480,21 +480,32 @@ int dsm_region_size(dsm_client *c, const char *name, uint64_t *size)
 	return e;
 }
 
-/* session_dead asks dsmd whether a mapping session is over for good; one
- * it cannot judge is not dead. */
-static int session_dead(dsm_client *c, uint64_t token)
+enum { MAX_ASK = 64 };
+
+/* sessions_dead asks dsmd, in one call, which of the n sessions in tokens
+ * (0: none) are over for good, setting dead[i]. A session it cannot judge,
+ * or every session when the call fails, is not dead. */
+static void sessions_dead(dsm_client *c, const uint64_t *tokens, int n, int *dead)
 {
-	if (token == 0)
-		return 0;
+	int at[MAX_ASK], k = 0;
 	struct buf w;
 	start(&w, T_SESSIONS_ALIVE);
-	put_le(&w, 1, 2);
-	put_le(&w, token, 8);
+	for (int i = 0; i < n && i < MAX_ASK; i++) {
+		dead[i] = 0;
+		if (tokens[i] != 0)
+			at[k++] = i;
+	}
+	if (k == 0)
+		return;
+	put_le(&w, (uint64_t)k, 2);
+	for (int j = 0; j < k; j++)
+		put_le(&w, tokens[at[j]], 8);
 	unsigned char rep[MAX_MSG];
-	ssize_t n = call(c, &w, rep, T_STATES);
-	if (n != 5)
-		return 0;
-	return rep[2] == 1 && rep[3] == 0 && rep[4] == SESSION_DEAD;
+	ssize_t got = call(c, &w, rep, T_STATES);
+	if (got != 4 + k || (rep[2] | rep[3] << 8) != k)
+		return;
+	for (int j = 0; j < k; j++)
+		dead[at[j]] = rep[4 + j] == SESSION_DEAD;
 }
 
 /* ---- a mapping ---- */
@@ -1437,8 +1448,8 @@ enum { OWNER_WAITING = 1, OWNER_HOLDING, OWNER_SKIPPED, OWNER_DIED };
 
 static const int64_t lock_min_sleep = 2000;          /* ns */
 static const int64_t lock_max_sleep = 1000000;       /* ns */
-static const int64_t lock_check_after = 1 * NS;      /* per ticket ahead */
-static const int64_t lock_unrecorded = 5 * NS;       /* a head that never recorded itself */
+static const int64_t lock_check_after = 1 * NS;      /* a stall this long makes a waiter look ahead */
+static const int64_t lock_unrecorded = 5 * NS;       /* a ticket that could record itself and did not */
 
 struct dsm_mutex {
 	dsm_region *r;
@@ -1485,42 +1496,89 @@ dsm_mutex *dsm_mutex_new(dsm_region *r, uint64_t off)
 
 void dsm_mutex_free(dsm_mutex *m) { free(m); }
 
-/* advance moves the now-serving word from sw past head, keeping (or
- * setting, when the skipped taker held the lock) the died bit. */
-static int advance(dsm_mutex *m, uint64_t sw, uint64_t head, int died)
+/* pass_given_up moves the now-serving word past the tickets given up or
+ * skipped at the head of the line, from sw on (a holder found dead sets
+ * the died bit for the next acquirer), so that the next live ticket need
+ * not wait for a waiter's look. */
+static int pass_given_up(dsm_mutex *m, uint64_t sw)
 {
-	uint64_t next = (head + 1) | (sw & DIED_BIT);
-	if (died)
-		next |= DIED_BIT;
-	int e = cas(m, mw(m, 1), sw, next);
-	return e < 0 ? e : 0;
+	for (int i = 0; i < OWNER_SLOTS; i++) {
+		uint64_t head = sw & ~DIED_BIT, w;
+		int e = load(m, slot_of(m, head), &w);
+		if (e)
+			return e;
+		unsigned st = owner_state(w);
+		if (!names(w, head) || (st != OWNER_SKIPPED && st != OWNER_DIED))
+			return 0;
+		uint64_t next = (head + 1) | (sw & DIED_BIT);
+		if (st == OWNER_DIED)
+			next |= DIED_BIT;
+		int ok = cas(m, mw(m, 1), sw, next);
+		if (ok <= 0)
+			return ok;
+		sw = next;
+	}
+	return 0;
 }
 
-/* check_head skips the ticket being served (sw's), stalled for stalled
- * ns, if its taker is dead, gave it up, or never recorded itself. */
-static int check_head(dsm_mutex *m, uint64_t sw, int64_t stalled)
+/* line_watch is what a waiter remembers of the tickets ahead of it between
+ * looks: since when each has been recordable (its owner word free) without
+ * being recorded. The tickets it looks at lie in [head, head + OWNER_SLOTS)
+ * and the head only moves on, so one entry per owner word, keyed by the
+ * ticket, holds them all: an entry of another ticket is an older one's. */
+struct line_watch {
+	uint64_t ticket[OWNER_SLOTS];
+	int64_t since[OWNER_SLOTS];
+	unsigned char seen[OWNER_SLOTS];
+};
+
+/* check_line looks at the tickets from the head of the line (sw's, which
+ * has not moved for lock_check_after) up to ticket, at most OWNER_SLOTS of
+ * them: it skips each whose taker has left it unrecorded for
+ * lock_unrecorded since it could record it, and, when ask, each whose
+ * taker dsmd says is dead (one question for them all); then it passes the
+ * tickets skipped or given up at the head. */
+static int check_line(dsm_mutex *m, uint64_t sw, uint64_t ticket, struct line_watch *line, int ask)
 {
-	uint64_t head = sw & ~DIED_BIT, slot = slot_of(m, head), w, skipped;
-	int e = load(m, slot, &w);
-	if (e)
-		return e;
-	unsigned st = owner_state(w);
-	uint64_t session = w >> SESSION_SHIFT;
-	if (!names(w, head)) {
-		if (stalled < lock_unrecorded)
-			return 0;
-		skipped = owner_word(head, OWNER_SKIPPED, 0);
-	} else if (st == OWNER_SKIPPED || st == OWNER_DIED) {
-		return advance(m, sw, head, st == OWNER_DIED);
-	} else {
-		if (!session_dead(m->r->c, session))
-			return 0;
-		skipped = owner_word(w & TICKET_MASK, st == OWNER_HOLDING ? OWNER_DIED : OWNER_SKIPPED, session);
+	uint64_t head = sw & ~DIED_BIT, ws[OWNER_SLOTS], tokens[OWNER_SLOTS];
+	int at[OWNER_SLOTS], dead[OWNER_SLOTS], n = 0, k = 0, e;
+	for (; n < OWNER_SLOTS && head + (uint64_t)n < ticket; n++)
+		if ((e = load(m, slot_of(m, head + (uint64_t)n), &ws[n])))
+			return e;
+	int64_t now = now_ns();
+	for (int i = 0; i < n; i++) {
+		uint64_t t = head + (uint64_t)i, w = ws[i];
+		unsigned st = owner_state(w), j = (unsigned)(t % OWNER_SLOTS);
+		if (!names(w, t)) {
+			if (!line->seen[j] || line->ticket[j] != t) {
+				line->seen[j] = 1;
+				line->ticket[j] = t;
+				line->since[j] = now;
+				continue;
+			}
+			if (now - line->since[j] < lock_unrecorded)
+				continue;
+			int ok = cas(m, slot_of(m, t), w, owner_word(t, OWNER_SKIPPED, 0));
+			if (ok < 0)
+				return ok;
+		} else if (ask && (st == OWNER_WAITING || st == OWNER_HOLDING)) {
+			tokens[k] = w >> SESSION_SHIFT;
+			at[k++] = i;
+		}
 	}
-	int ok = cas(m, slot, w, skipped);
-	if (ok <= 0)
-		return ok;
-	return advance(m, sw, head, owner_state(skipped) == OWNER_DIED);
+	if (k > 0) {
+		sessions_dead(m->r->c, tokens, k, dead);
+		for (int j = 0; j < k; j++) {
+			if (!dead[j])
+				continue;
+			uint64_t t = head + (uint64_t)at[j], w = ws[at[j]];
+			unsigned st = owner_state(w) == OWNER_HOLDING ? OWNER_DIED : OWNER_SKIPPED;
+			int ok = cas(m, slot_of(m, t), w, owner_word(t, st, w >> SESSION_SHIFT));
+			if (ok < 0)
+				return ok;
+		}
+	}
+	return pass_given_up(m, sw);
 }
 
 /* wait_turn records the taker of ticket and waits for its turn: 1 got the
@@ -1531,6 +1589,7 @@ static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died, int64_t deadline)
 	uint64_t me = m->r->session, slot = slot_of(m, ticket), last = 0;
 	int recorded = 0, e;
 	int64_t sleep = lock_min_sleep, since = now_ns(), checked = 0;
+	struct line_watch line = {0};
 	for (int i = 0;; i++) {
 		uint64_t sw;
 		if ((e = load(m, mw(m, 1), &sw)))
@@ -1563,8 +1622,17 @@ static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died, int64_t deadline)
 			*died = (sw & DIED_BIT) != 0;
 			return 1;
 		}
-		int64_t after = lock_check_after * (int64_t)(ticket - serving), t = now_ns();
-		if (recorded && deadline && t >= deadline) {
+		int64_t t = now_ns();
+		if (deadline && t >= deadline && !recorded) {
+			/* Too far back to record itself: its owner word still
+			 * belongs to an earlier ticket. Return at once; the
+			 * waiters behind skip the ticket as unrecorded once it
+			 * could have been recorded for lock_unrecorded (the Go
+			 * library also records it given up from a goroutine;
+			 * libdsm starts no thread for that). */
+			return -ETIMEDOUT;
+		}
+		if (deadline && t >= deadline) {
 			/* Give the ticket up; the waiter after it skips it. */
 			int ok = cas(m, slot, owner_word(ticket, OWNER_WAITING, me), owner_word(ticket, OWNER_SKIPPED, me));
 			if (ok < 0)
@@ -1573,8 +1641,16 @@ static int wait_turn(dsm_mutex *m, uint64_t ticket, int *died, int64_t deadline)
 				return -ETIMEDOUT;
 			continue; /* its turn came: take the lock */
 		}
-		if (recorded && t - since >= after && t - checked >= after) {
-			if ((e = check_head(m, sw, t - since)))
+		/* Every waiter, recorded or not, looks at the line ahead of it
+		 * when the head has not moved for lock_check_after: a waiter too
+		 * far back to record itself may be the only live one. It asks
+		 * dsmd after lock_check_after right behind the head, after twice
+		 * that further back (so that one question usually suffices). */
+		int64_t stalled = t - since;
+		if (stalled >= lock_check_after && t - checked >= lock_check_after) {
+			uint64_t ahead = ticket - serving;
+			int ask = stalled >= lock_check_after * (ahead < 2 ? (int64_t)ahead : 2);
+			if ((e = check_line(m, sw, ticket, &line, ask)))
 				return e;
 			checked = now_ns();
 			continue;
@@ -1602,7 +1678,9 @@ static int mutex_lock_until(dsm_mutex *m, int64_t deadline)
 		int died = 0;
 		int got = wait_turn(m, ticket, &died, deadline);
 		if (got < 0) {
-			/* Give the ticket up, so that the next waiter skips it. */
+			/* Give the ticket up, so that the next waiter skips it
+			 * (a ticket not recorded needs nothing: it is skipped as
+			 * such, and this fails). */
 			uint64_t me = m->r->session;
 			(void)cas(m, slot_of(m, ticket), owner_word(ticket, OWNER_WAITING, me), owner_word(ticket, OWNER_SKIPPED, me));
 			return got;
@@ -1620,26 +1698,6 @@ int dsm_mutex_lock(dsm_mutex *m)
 	if (m == NULL)
 		return -EINVAL;
 	return mutex_lock_until(m, 0);
-}
-
-/* pass_given_up moves the now-serving word past tickets given up from sw
- * on. */
-static int pass_given_up(dsm_mutex *m, uint64_t sw)
-{
-	for (int i = 0; i < OWNER_SLOTS; i++) {
-		uint64_t head = sw & ~DIED_BIT, w;
-		int e = load(m, slot_of(m, head), &w);
-		if (e)
-			return e;
-		if (!names(w, head) || owner_state(w) != OWNER_SKIPPED)
-			return 0;
-		uint64_t next = (head + 1) | (sw & DIED_BIT);
-		int ok = cas(m, mw(m, 1), sw, next);
-		if (ok <= 0)
-			return ok;
-		sw = next;
-	}
-	return 0;
 }
 
 int dsm_mutex_trylock(dsm_mutex *m)
@@ -1718,34 +1776,6 @@ int dsm_mutex_unlock(dsm_mutex *m)
 /* A session token as the barrier's and the semaphore's words record it
  * (docs/synchronization.md: 42 bits hold every token whole). */
 #define SESSION_FIELD(t) ((t) & ((1ULL << 42) - 1))
-
-enum { MAX_ASK = 64 };
-
-/* sessions_dead asks dsmd, in one call, which of the n sessions in tokens
- * (0: none) are over for good, setting dead[i]. A session it cannot judge,
- * or every session when the call fails, is not dead. */
-static void sessions_dead(dsm_client *c, const uint64_t *tokens, int n, int *dead)
-{
-	int at[MAX_ASK], k = 0;
-	struct buf w;
-	start(&w, T_SESSIONS_ALIVE);
-	for (int i = 0; i < n && i < MAX_ASK; i++) {
-		dead[i] = 0;
-		if (tokens[i] != 0)
-			at[k++] = i;
-	}
-	if (k == 0)
-		return;
-	put_le(&w, (uint64_t)k, 2);
-	for (int j = 0; j < k; j++)
-		put_le(&w, tokens[at[j]], 8);
-	unsigned char rep[MAX_MSG];
-	ssize_t got = call(c, &w, rep, T_STATES);
-	if (got != 4 + k || (rep[2] | rep[3] << 8) != k)
-		return;
-	for (int j = 0; j < k; j++)
-		dead[at[j]] = rep[4 + j] == SESSION_DEAD;
-}
 
 /* pace paces the poll of a word like the mutex: a few yields, then sleeps
  * doubling from lock_min_sleep to lock_max_sleep. */

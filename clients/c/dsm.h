@@ -179,7 +179,8 @@ int dsm_unmap(dsm_region *r);
  * protects may be half updated), or another negative errno value.
  * dsm_mutex_timedlock gives up after timeout_ns (negative: never) with
  * -ETIMEDOUT, leaving its place in the line (like a Go Lock whose context
- * ends; a waiter more than 8 places back gives up once it is within 8).
+ * ends; a waiter 8 places back or more, too far back to record itself,
+ * returns at once too, and the waiters behind skip its place).
  * dsm_mutex_trylock returns 1 (locked; or -EOWNERDEAD, locked) or 0
  * (busy). dsm_mutex_unlock returns -EPERM when the lock is not held
  * through this value (or was taken over because its holder was found
