@@ -9,6 +9,8 @@
  *   cclient ADDR REGION hex OFF LEN                  (plain loads, as hex)
  *   cclient ADDR REGION lock LOCKOFF                 (lock, print ok or owner-died, unlock)
  *   cclient ADDR REGION lock-hold LOCKOFF            (lock, print locked, hold until killed)
+ *   cclient ADDR REGION lock-timed LOCKOFF MS        (timed lock of MS ms: print timeout, or ok
+ *                                                     or owner-died, then unlock)
  *   cclient ADDR REGION barrier OFF PARTIES          (wait once: "passed GEN", or "broken session 0x..")
  *   cclient ADDR REGION barrier-hold OFF PARTIES     (print "session 0x..", wait once, print
  *                                                     "passed GEN", hold until killed)
@@ -266,6 +268,21 @@ int main(int argc, char **argv)
 		puts(e == -EOWNERDEAD ? "owner-died" : "ok");
 		if ((e = dsm_mutex_unlock(m)))
 			die("unlock", e);
+		dsm_mutex_free(m);
+	} else if (strcmp(cmd, "lock-timed") == 0 && argc == 6) {
+		dsm_mutex *m = dsm_mutex_new(r, num(argv[4]));
+		if (m == NULL)
+			die("mutex", errno);
+		e = dsm_mutex_timedlock(m, (int64_t)num(argv[5]) * 1000000);
+		if (e == -ETIMEDOUT) {
+			puts("timeout");
+		} else if (e != 0 && e != -EOWNERDEAD) {
+			die("timedlock", e);
+		} else {
+			puts(e == -EOWNERDEAD ? "owner-died" : "ok");
+			if ((e = dsm_mutex_unlock(m)))
+				die("unlock", e);
+		}
 		dsm_mutex_free(m);
 	} else if ((strcmp(cmd, "barrier") == 0 || strcmp(cmd, "barrier-hold") == 0) && argc == 6) {
 		dsm_barrier *bar = dsm_barrier_new(r, num(argv[4]), (unsigned)num(argv[5]));
