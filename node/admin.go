@@ -365,6 +365,10 @@ func homesHealth(v *directory.View, ds *dataSummary) []string {
 			out = append(out, fmt.Sprintf("region %q lost the pages of %s: no complete backup was left when the home departed; they fail as unavailable",
 				r.Name, shardsAt(rs.lost, ds.why)))
 		}
+		if len(rs.awaited) > 0 {
+			out = append(out, fmt.Sprintf("region %q: the pages of %s wait until a node whose page store holds them loads them (the region is durable; a call on them waits, then fails as unavailable)",
+				r.Name, shardsAt(rs.awaited, ds.event)))
+		}
 		if rs.thin > 0 {
 			out = append(out, fmt.Sprintf("region %q: %d of %d shards have fewer than %d complete backups (a backup failed, departed or became home; their homes are filling new ones)",
 				r.Name, rs.thin, r.Shards(), r.Backups))
@@ -406,14 +410,17 @@ type dataSummary struct {
 	// of over every region.
 	homes   map[ids.NodeID]uint32
 	regions map[ids.RegionID]*regionSummary
-	// why says what happened to the departed homes of lost shards.
-	why map[ids.NodeID]string
+	// why says what happened to the departed homes of lost shards, and
+	// event the same for those of awaited ones.
+	why, event map[ids.NodeID]string
 }
 
 type regionSummary struct {
 	// lost counts shards by home node: departed (left, restarted or
-	// declared failed) with no complete backup.
-	lost map[ids.NodeID]uint64
+	// declared failed) with no complete backup. awaited counts those of
+	// a durable region instead: a node whose page store holds them loads
+	// them again (placement.go, revive).
+	lost, awaited map[ids.NodeID]uint64
 	// thin counts the shards with fewer complete backups than asked;
 	// only counts, by node, those whose only copy is that node's.
 	thin uint64
@@ -438,7 +445,8 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 		return sc.ds
 	}
 	pm := newProtoMap(v)
-	ds := &dataSummary{homes: map[ids.NodeID]uint32{}, regions: map[ids.RegionID]*regionSummary{}, why: map[ids.NodeID]string{}}
+	ds := &dataSummary{homes: map[ids.NodeID]uint32{}, regions: map[ids.RegionID]*regionSummary{}, why: map[ids.NodeID]string{},
+		event: map[ids.NodeID]string{}}
 	for _, r := range v.Regions() {
 		if len(r.Homes) == 0 {
 			continue
@@ -448,7 +456,7 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			continue
 		}
 		rc := newRegionChains(r, protos)
-		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, only: map[ids.NodeID]uint64{}}
+		rs := &regionSummary{lost: map[ids.NodeID]uint64{}, awaited: map[ids.NodeID]uint64{}, only: map[ids.NodeID]uint64{}}
 		want := min(r.Backups, len(r.Homes)-1)
 		if !rc.anyEvent(pm) {
 			// Every shard at the first of its chain, with every backup:
@@ -465,6 +473,9 @@ func (sc *shardCounter) count(v *directory.View) *dataSummary {
 			sp := rc.place(s, pm)
 			in := pm.byProto[sp.c[sp.hi]]
 			switch {
+			case in.departed && r.Durability == directory.DurabilitySynced:
+				rs.awaited[in.node]++
+				ds.event[in.node] = in.event
 			case in.departed:
 				rs.lost[in.node]++
 				ds.why[in.node] = in.why

@@ -25,8 +25,9 @@ type incarnation struct {
 	// behind a partition comes back as a new incarnation).
 	departed bool
 	// why says what happened to it, for errors (a verb phrase), when it
-	// departed or failed.
-	why string
+	// departed or failed; event the same without what it means for the
+	// pages it was home of.
+	why, event string
 	// leftAt is the directory epoch of its departure (0: a member);
 	// failedAt and lastFailed those in which it was first and last
 	// declared failed, failures how often (0: never).
@@ -135,6 +136,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			if m.Failures > 0 {
 				in.why = fmt.Sprintf("failed in epoch %d", m.DepartedAt())
 			}
+			in.event = in.why
 			in.leftAt = m.DepartedAt()
 			departed++
 		case directory.StateFailed:
@@ -143,6 +145,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			// back as a new one), so its homes move to their backups and
 			// the homes repair the words that name it.
 			in.departed, in.why = true, fmt.Sprintf("failed in epoch %d", m.DepartedAt())
+			in.event = in.why
 			if in.failures == 0 {
 				// Recorded before failures were counted.
 				in.failedAt, in.lastFailed, in.failures = max(m.Epoch, 1), max(m.Epoch, 1), 1
@@ -155,11 +158,13 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 		pm.byProto[m.Proto] = in
 	}
 	for _, q := range quarantine {
-		why := fmt.Sprintf("restarted in epoch %d (incarnation %d was replaced): the pages it was home of and nobody backed up were lost with that process", q.LeftAt, q.Incarnation)
+		event := fmt.Sprintf("restarted in epoch %d (incarnation %d was replaced)", q.LeftAt, q.Incarnation)
+		why := event + ": the pages it was home of and nobody backed up were lost with that process"
 		if m, ok := byNode[q.Node]; ok && m.Incarnation > q.Incarnation {
-			why = fmt.Sprintf("restarted (incarnation %d, epoch %d): the pages it was home of and nobody backed up were lost with its previous process", m.Incarnation, q.LeftAt)
+			event = fmt.Sprintf("restarted (incarnation %d, epoch %d)", m.Incarnation, q.LeftAt)
+			why = event + ": the pages it was home of and nobody backed up were lost with its previous process"
 		}
-		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why,
+		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why, event: event,
 			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures, joinedAt: q.JoinedAt}
 		departed++
 	}

@@ -361,6 +361,14 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			if in.departed {
 				why = in.why
 			}
+			// The shards of a durable region that a departed home is
+			// still home of come back: a node whose page store holds
+			// them loads them (placement.go, revive). Calls wait for
+			// them rather than fail as lost.
+			awaited := in.departed && re.region.Durability == directory.DurabilitySynced
+			if awaited {
+				why = in.event + ": the region is durable, and the pages it was still home of come back once a node whose page store holds them loads them"
+			}
 			e := re.e
 			switch was := re.down[p]; {
 			case why == was:
@@ -370,11 +378,18 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 				es.log.Info("member up again", "region", re.region.Name, "node", in.node, "proto", p)
 			default:
 				re.down[p] = why
-				avail = append(avail, func() { e.SetDown(p, why) })
+				if awaited {
+					avail = append(avail, func() { e.SetDownAwaited(p, why) })
+				} else {
+					avail = append(avail, func() { e.SetDown(p, why) })
+				}
 				switch lost := re.chains.homedAt(p, pm); {
 				case lost == 0:
 					es.log.Debug("member down: no shard of the region is homed there any more", "region", re.region.Name,
 						"node", in.node, "proto", p, "why", why)
+				case lost > 0 && awaited:
+					es.log.Info("member down: the pages of the shards it is still home of wait until a node loads them from its page store",
+						"region", re.region.Name, "node", in.node, "proto", p, "why", why, "shards", lost)
 				case lost > 0:
 					es.log.Warn("member down: the pages of the shards it is still home of fail (no complete copy was left to move them to)",
 						"region", re.region.Name, "node", in.node, "proto", p, "why", why, "shards", lost)

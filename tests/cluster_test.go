@@ -322,7 +322,13 @@ type statusJSON struct {
 
 func (c *cluster) waitHealthy(i int) {
 	c.t.Helper()
-	eventually(c.t, fmt.Sprintf("dsmctl status on n%d exits 0", i), 60*time.Second, func() error {
+	c.waitHealthyWithin(i, 60*time.Second)
+}
+
+// waitHealthyWithin is waitHealthy with a bound of d.
+func (c *cluster) waitHealthyWithin(i int, d time.Duration) {
+	c.t.Helper()
+	eventually(c.t, fmt.Sprintf("dsmctl status on n%d exits 0", i), d, func() error {
 		for _, p := range c.nodes {
 			select {
 			case <-p.done:
@@ -358,6 +364,29 @@ func (c *cluster) waitAllAlive(i int) {
 		for _, n := range st.Nodes {
 			if n.State != "alive" {
 				return fmt.Errorf("n%d is %s", n.Node, n.State)
+			}
+		}
+		return nil
+	})
+}
+
+// waitRevived waits, up to d, until dsmctl status on node i names no
+// region whose pages wait for a page store to load them (a durable
+// region's shards after a restart of their homes, docs/durability.md §4).
+func (c *cluster) waitRevived(i int, d time.Duration) {
+	c.t.Helper()
+	eventually(c.t, fmt.Sprintf("dsmctl status on n%d names no shard waiting for a page store", i), d, func() error {
+		out, errs, code := c.ctl(i, "status", "--json")
+		if code != 0 && code != 3 && code != 4 {
+			return fmt.Errorf("exit %d: %s%s", code, out, errs)
+		}
+		var st statusJSON
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			return err
+		}
+		for _, r := range st.Reasons {
+			if strings.Contains(r, "page store holds them loads them") {
+				return errors.New(r)
 			}
 		}
 		return nil

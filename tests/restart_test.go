@@ -130,6 +130,20 @@ func TestWholeClusterRestart(t *testing.T) {
 			cl.kill(t)
 		}
 		restarted := time.Now()
+		// Until a page store has loaded a shard again, a read of it
+		// waits, and fails, if it does, as unavailable: the region is
+		// durable, so its pages are never lost.
+		eventually(t, fmt.Sprintf("round %d: n1 reads the durable region as soon as it serves", round), 90*time.Second, func() error {
+			_, errs, code := c.ctl(1, "get", "dur", "0", strconv.Itoa(durSize), "--raw")
+			if code != 0 && strings.Contains(errs, "lost") {
+				t.Fatalf("round %d: a read of the durable region after the restart: %s", round, strings.TrimSpace(errs))
+			}
+			if code != 0 {
+				return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(errs))
+			}
+			return nil
+		})
+		t.Logf("round %d: n1 read the durable region %v after the restart", round, time.Since(restarted).Round(100*time.Millisecond))
 		for i := 1; i <= 3; i++ {
 			c.waitHealthy(i)
 		}

@@ -81,6 +81,21 @@ func (e *Engine) SetDown(id ids.NodeID, why string) {
 	e.availMu.Lock()
 	defer e.availMu.Unlock()
 	e.down[id] = why
+	delete(e.awaited, id)
+	e.kick()
+}
+
+// SetDownAwaited is SetDown for a departed node whose pages are expected
+// back: the shards of a durable region it was still home of, which a node
+// whose page store holds them loads again and becomes their home
+// (docs/durability.md §4). A call on such a page waits, as for a move, and
+// fails after Config.UnavailableAfter with an *UnavailableError that is not
+// Lost; its batches are held back meanwhile.
+func (e *Engine) SetDownAwaited(id ids.NodeID, why string) {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	e.down[id] = why
+	e.awaited[id] = true
 	e.kick()
 }
 
@@ -92,6 +107,7 @@ func (e *Engine) SetUp(id ids.NodeID) {
 		return
 	}
 	delete(e.down, id)
+	delete(e.awaited, id)
 	e.kick()
 }
 
@@ -121,6 +137,14 @@ func (e *Engine) downWhy(id ids.NodeID) string {
 	return e.down[id]
 }
 
+// downAwaited is downWhy, and whether id's pages are awaited
+// (SetDownAwaited).
+func (e *Engine) downAwaited(id ids.NodeID) (string, bool) {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	return e.down[id], e.awaited[id]
+}
+
 // unavailable returns the error of a call on page p that has waited
 // waited, or nil while the page may still be served. atStart: the call is
 // being submitted (only a down home fails it then).
@@ -134,7 +158,12 @@ func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *
 			Epoch: e.sm.Epoch(), Waited: waited}
 	}
 	home := e.homeOf(p)
-	if why := e.downWhy(home); why != "" {
+	if why, awaited := e.downAwaited(home); awaited {
+		if atStart || e.cfg.UnavailableAfter < 0 || waited < e.cfg.UnavailableAfter {
+			return nil
+		}
+		return ue(home, "home", why)
+	} else if why != "" {
 		err := ue(home, "home", why)
 		// A home that is no member departed, and the placement keeps a
 		// page there only when no copy was left to move it to.

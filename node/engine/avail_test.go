@@ -70,6 +70,51 @@ func TestHomeDownFailsAtOnce(t *testing.T) {
 	}
 }
 
+// A page whose departed home's pages are awaited (a durable region's
+// shard, which a page store brings back) does not fail at once: the call
+// waits, is served when the home is up again, and otherwise fails after
+// UnavailableAfter, not as lost.
+func TestAwaitedHomeWaits(t *testing.T) {
+	nodes := availCluster(t, 500*time.Millisecond)
+	ctx := testCtx(t)
+	n1 := nodes[1]
+	const p = ids.PageNo(2) // homed at n3
+	n1.e.SetDownAwaited(3, "restarted: its pages come back")
+	_, err := n1.pages.Read(ctx, n1.e, testRegion, p, testPageSize)
+	ue := wantUnavailable(t, err, 3, "home", "come back")
+	if ue.Lost || errors.Is(err, localcache.ErrLost) {
+		t.Fatalf("an awaited page failed as lost: %v", err)
+	}
+	if ue.Waited < 500*time.Millisecond {
+		t.Fatalf("gave up after %v, before the bound", ue.Waited)
+	}
+	// SetDown after SetDownAwaited: it fails at once again.
+	n1.e.SetDown(3, "failed")
+	_, err = n1.e.Add(ctx, p, 0, 1)
+	if ue := wantUnavailable(t, err, 3, "home", "failed"); ue.Waited != 0 {
+		t.Fatalf("a plainly down home's page waited %v", ue.Waited)
+	}
+
+	// Without a bound, a call waits until the home is up again.
+	n1 = availCluster(t, time.Hour)[1]
+	n1.e.SetDownAwaited(3, "restarted: its pages come back")
+	res := make(chan error, 1)
+	go func() {
+		_, err := n1.e.Add(ctx, p, 0, 1)
+		res <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case err := <-res:
+		t.Fatalf("Add on an awaited home's page returned before the home was up: %v", err)
+	default:
+	}
+	n1.e.SetUp(3)
+	if err := <-res; err != nil {
+		t.Fatalf("Add that waited for an awaited home: %v", err)
+	}
+}
+
 // A home that does not answer makes a waiting call fail after
 // UnavailableAfter, naming the home and the transport's error.
 func TestUnreachableHomeFailsAfterBound(t *testing.T) {

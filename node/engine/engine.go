@@ -168,9 +168,11 @@ type Engine struct {
 	// frees it under it (write).
 	memMu sync.RWMutex
 
-	// Nodes set down (SetDown), and the loop's wake-up when they change.
+	// Nodes set down (SetDown), those of them whose pages are awaited
+	// (SetDownAwaited), and the loop's wake-up when they change.
 	availMu sync.Mutex
 	down    map[ids.NodeID]string
+	awaited map[ids.NodeID]bool
 	availCh chan struct{}
 
 	// Owned by the loop goroutine.
@@ -321,6 +323,7 @@ func New(cfg Config) (*Engine, error) {
 		reqCh:    make(chan submit),
 		doneCh:   make(chan posted),
 		down:     map[ids.NodeID]string{},
+		awaited:  map[ids.NodeID]bool{},
 		availCh:  make(chan struct{}, 1),
 		unreach:  map[ids.NodeID]unreachable{},
 		flying:   map[uint64]flight{},
