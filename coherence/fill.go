@@ -176,7 +176,11 @@ func (n *Node) fenced(f *fillOp) bool {
 // fillProbe asks every member whose acknowledgement a fill waits for.
 func (n *Node) fillProbe() {
 	var ask []ids.NodeID
-	for _, h := range n.homes {
+	// A duty with fills is not settled: the active set holds it.
+	for _, h := range n.activeHomes {
+		if n.homeIdx[h.no] != h {
+			continue // dropped (demote)
+		}
 		for _, f := range h.fills {
 			for _, m := range f.members {
 				if m != n.cfg.ID && n.isMember(m) && n.ackedIn[m] < f.epoch && !slices.Contains(ask, m) {

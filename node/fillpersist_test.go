@@ -19,8 +19,11 @@ import (
 // backup and its home fills it. Once its completeness record is committed
 // (never before its copies are on disk), the third node's page store holds
 // every synced page at the version the home's store holds. A memory
-// region writes no store.
+// region writes no store. The fill runs three pages at a time
+// (fillWindow), so it goes on as the results come.
 func TestFillPersistsBeforeRecord(t *testing.T) {
+	fillWindowPages.Store(3)
+	t.Cleanup(func() { fillWindowPages.Store(fillWindow) })
 	ms := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

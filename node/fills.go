@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dsmkit/dsm/coherence"
@@ -45,6 +46,20 @@ import (
 // fillChunk is how many pages one coherence.Fill names.
 const fillChunk = 256
 
+// fillWindow bounds the pages of a region whose fills have been asked of
+// the engine and not reported yet; the others wait in regionFills.queue.
+// The state machine keeps a home duty busy for each page being filled,
+// and walks every busy duty at every tick: when a restart made every
+// backup of a 1 GiB region incomplete at once, asking for all 262,144
+// pages left each tick walking them, at 92% of a CPU, and the fills
+// crawled (docs/benchmarks.md, "Durable regions on a cluster"). Tests
+// set fillWindowPages.
+const fillWindow = 2048
+
+var fillWindowPages atomic.Int64
+
+func init() { fillWindowPages.Store(fillWindow) }
+
 // fillKey names the fill of one shard to one backup.
 type fillKey struct {
 	shard uint64
@@ -53,8 +68,9 @@ type fillKey struct {
 
 // fillRun is one fill of a shard to a backup.
 type fillRun struct {
-	pages map[ids.PageNo]bool // not reported filled yet
-	since ids.Epoch           // the directory epoch of the view it began in
+	pages  map[ids.PageNo]bool // not reported filled yet
+	toSend []ids.PageNo        // not asked of the engine yet (fillWindow)
+	since  ids.Epoch           // the directory epoch of the view it began in
 	// failed: a page was given up, or the record refused; done: the
 	// record is proposed or committed.
 	failed, done bool
@@ -72,6 +88,13 @@ type regionFills struct {
 	promo   *protoMap // the last view to consider promotions in (nil: done)
 	results []coherence.FillDone
 	runs    map[fillKey]*fillRun // owned by the loop
+	// queue holds the runs with pages not asked of the engine yet, in
+	// the order planned; outstanding counts, per run, the pages asked and
+	// not reported, and inflight their sum (at most about fillWindow).
+	// Owned by the loop.
+	queue       []fillKey
+	outstanding map[fillKey]int
+	inflight    int
 	// proposing: a promotion is being proposed. sent are the shards of
 	// the last one committed, and sentAt the region's promotion records
 	// then: a view that does not list more records yet is older than the
@@ -87,7 +110,8 @@ type regionFills struct {
 }
 
 func newRegionFills(es *engines, re *regionEngine) *regionFills {
-	return &regionFills{es: es, re: re, stop: make(chan struct{}), kick: make(chan struct{}, 1), runs: map[fillKey]*fillRun{}}
+	return &regionFills{es: es, re: re, stop: make(chan struct{}), kick: make(chan struct{}, 1), runs: map[fillKey]*fillRun{},
+		outstanding: map[fillKey]int{}}
 }
 
 // filled is the engine's Config.Filled: it must not block.
@@ -441,17 +465,16 @@ func (rf *regionFills) start(pm *protoMap) {
 			}
 			first := ids.PageNo(i * r.PagesPerShard())
 			pages := rf.re.e.Populated(first, first+ids.PageNo(r.PagesPerShard()))
-			run := &fillRun{pages: make(map[ids.PageNo]bool, len(pages)), since: pm.dirEpoch}
+			run := &fillRun{pages: make(map[ids.PageNo]bool, len(pages)), toSend: pages, since: pm.dirEpoch}
 			for _, p := range pages {
 				run.pages[p] = true
 			}
 			rf.runs[k] = run
-			rf.es.log.Info("filling a backup", "region", r.Name, "shard", i, "to", to, "pages", len(pages))
-			for len(pages) > 0 {
-				n := min(len(pages), fillChunk)
-				rf.re.e.Fill(pages[:n], to)
-				pages = pages[n:]
+			if len(pages) > 0 {
+				rf.queue = append(rf.queue, k)
 			}
+			rf.es.log.Info("filling a backup", "region", r.Name, "shard", i, "to", to, "pages", len(pages),
+				"queued_pages", rf.queuedPages())
 		}
 	}
 	for k := range rf.runs {
@@ -462,11 +485,51 @@ func (rf *regionFills) start(pm *protoMap) {
 	rf.count(nil)
 }
 
+// queuedPages counts the pages of the queued runs not asked yet.
+func (rf *regionFills) queuedPages() int {
+	n := 0
+	for _, k := range rf.queue {
+		if run := rf.runs[k]; run != nil {
+			n += len(run.toSend)
+		}
+	}
+	return n
+}
+
+// pump asks the engine for the fills of queued pages while fewer than
+// fillWindow are under way, in the order planned. A run dropped (no
+// longer needed) or failed (tried again at the next epoch) is skipped.
+func (rf *regionFills) pump() {
+	window := int(fillWindowPages.Load())
+	for rf.inflight < window && len(rf.queue) > 0 {
+		k := rf.queue[0]
+		run := rf.runs[k]
+		if run == nil || run.failed || len(run.toSend) == 0 {
+			rf.queue = rf.queue[1:]
+			continue
+		}
+		n := min(len(run.toSend), fillChunk, window-rf.inflight)
+		rf.re.e.Fill(run.toSend[:n], k.to)
+		run.toSend = run.toSend[n:]
+		rf.outstanding[k] += n
+		rf.inflight += n
+	}
+}
+
 // count takes fill results and records the shards whose fills completed.
 func (rf *regionFills) count(res []coherence.FillDone) {
 	r := rf.re.region
+	defer rf.pump()
 	for _, d := range res {
-		run := rf.runs[fillKey{r.ShardOf(d.Page).Index, d.To}]
+		k := fillKey{r.ShardOf(d.Page).Index, d.To}
+		if rf.outstanding[k] > 0 {
+			rf.outstanding[k]--
+			rf.inflight--
+			if rf.outstanding[k] == 0 {
+				delete(rf.outstanding, k)
+			}
+		}
+		run := rf.runs[k]
 		if run != nil && errors.Is(d.Err, errRecordRefused) {
 			run.done, run.failed = false, true
 			continue
