@@ -316,6 +316,7 @@ type statusJSON struct {
 		State    string `json:"state"`
 		Voter    bool   `json:"voter"`
 		CacheCap uint64 `json:"cache_capacity_bytes"`
+		Homed    uint32 `json:"homed_shards"`
 		Error    string `json:"error"`
 	} `json:"nodes"`
 }
@@ -370,12 +371,13 @@ func (c *cluster) waitAllAlive(i int) {
 	})
 }
 
-// waitRevived waits, up to d, until dsmctl status on node i names no
+// waitRevived waits, up to d, until dsmctl status on node i shows the
+// cluster's shards (shards in all) homed at live incarnations, and names no
 // region whose pages wait for a page store to load them (a durable
 // region's shards after a restart of their homes, docs/durability.md §4).
-func (c *cluster) waitRevived(i int, d time.Duration) {
+func (c *cluster) waitRevived(i int, shards uint32, d time.Duration) {
 	c.t.Helper()
-	eventually(c.t, fmt.Sprintf("dsmctl status on n%d names no shard waiting for a page store", i), d, func() error {
+	eventually(c.t, fmt.Sprintf("dsmctl status on n%d shows every shard homed at a live node", i), d, func() error {
 		out, errs, code := c.ctl(i, "status", "--json")
 		if code != 0 && code != 3 && code != 4 {
 			return fmt.Errorf("exit %d: %s%s", code, out, errs)
@@ -388,6 +390,13 @@ func (c *cluster) waitRevived(i int, d time.Duration) {
 			if strings.Contains(r, "page store holds them loads them") {
 				return errors.New(r)
 			}
+		}
+		var homed uint32
+		for _, n := range st.Nodes {
+			homed += n.Homed
+		}
+		if homed != shards {
+			return fmt.Errorf("%d of %d shards homed at live nodes", homed, shards)
 		}
 		return nil
 	})

@@ -164,6 +164,10 @@ func BenchmarkDurableRestart(b *testing.B) {
 	cl.Close()
 
 	b.Logf("filled and synced %d MiB in %v (%.1f MB/s)", size>>20, fill.Round(time.Millisecond), float64(size)/fill.Seconds()/1e6)
+	var info struct {
+		ShardCount uint32 `json:"shard_count"`
+	}
+	c.ctlJSON(1, &info, "region", "info", "restart")
 
 	var alive, revived, readAll, healthy time.Duration
 	for b.Loop() {
@@ -171,7 +175,7 @@ func BenchmarkDurableRestart(b *testing.B) {
 		restarted := time.Now()
 		c.waitAllAlive(1)
 		alive += time.Since(restarted)
-		c.waitRevived(1, 30*time.Minute)
+		c.waitRevived(1, info.ShardCount, 30*time.Minute)
 		revived += time.Since(restarted)
 		readBackMarks(b, ctx, c.nodes[0].socket, "restart", size, chunk)
 		readAll += time.Since(restarted)
