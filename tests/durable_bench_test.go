@@ -3,6 +3,9 @@ package tests
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,7 +112,8 @@ func BenchmarkDurableSync(b *testing.B) {
 // make bench-durable): the region is written in full through WriteAt and
 // synced from a client of n1 (fill-MB/s), then each iteration kills every
 // dsmd with kill -9 and starts them again, and reports the seconds from the
-// restart until every member is alive (alive-s), until no shard waits for
+// restart until n1 lists every member alive at a new incarnation
+// (alive-s), until no shard waits for
 // a page store to load it (revived-s), until a client of n1 has
 // read the whole region back and found every page's mark (read-all-s: a
 // third of it local to n1, the rest remote misses), and until every node
@@ -171,8 +175,24 @@ func BenchmarkDurableRestart(b *testing.B) {
 
 	var alive, revived, readAll, healthy time.Duration
 	for b.Loop() {
+		before, err := c.incarnations(1)
+		if err != nil {
+			b.Fatal(err)
+		}
 		c.killAndRestart(b, 1, 2, 3)
 		restarted := time.Now()
+		eventually(b, "n1 lists every node at a new incarnation", 5*time.Minute, func() error {
+			now, err := c.incarnations(1)
+			if err != nil {
+				return err
+			}
+			for node, inc := range now {
+				if inc <= before[node] {
+					return fmt.Errorf("n1 lists n%d at incarnation %d", node, inc)
+				}
+			}
+			return nil
+		})
 		c.waitAllAlive(1)
 		alive += time.Since(restarted)
 		c.waitRevived(1, info.ShardCount, 30*time.Minute)
@@ -193,6 +213,28 @@ func BenchmarkDurableRestart(b *testing.B) {
 	b.ReportMetric(revived.Seconds()/float64(b.N), "revived-s")
 	b.ReportMetric(readAll.Seconds()/float64(b.N), "read-all-s")
 	b.ReportMetric(healthy.Seconds()/float64(b.N), "healthy-s")
+}
+
+// incarnations returns the incarnation of each member as node i lists it.
+func (c *cluster) incarnations(i int) (map[uint32]uint64, error) {
+	var members struct {
+		Members []struct {
+			Node        uint32 `json:"node_id"`
+			Incarnation uint64 `json:"incarnation"`
+		} `json:"members"`
+	}
+	out, errs, code := c.ctl(i, "members", "--json")
+	if code != 0 {
+		return nil, fmt.Errorf("dsmctl members on n%d: exit %d: %s", i, code, strings.TrimSpace(errs))
+	}
+	if err := json.Unmarshal([]byte(out), &members); err != nil {
+		return nil, err
+	}
+	incs := map[uint32]uint64{}
+	for _, m := range members.Members {
+		incs[m.Node] = m.Incarnation
+	}
+	return incs, nil
 }
 
 // readBackMarks maps region through the dsmd at socket and reads all of it
