@@ -59,11 +59,14 @@ OFI_CLUSTER_SUB  := /^(BytesAcrossNodes|AddFromAllNodes|MutexIncrement|Lineariza
 OFI_CLUSTER_RXM  := ^(TestCoherentMemory|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
 OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport|TestMutexHolderOfARestartedNode)$$$(OFI_CLUSTER_SUB)
 
-# The real-process failover tests that take minutes each (tests/, longTest):
-# make test skips them to stay within its budget on two cores; CI runs them.
-LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack|TestJoinerTakesItsShare|TestDurableSyncReachesDisk)$$
+# The real-process tests that make test skips to stay well within its
+# budget on two cores (tests/, longTest): the failover tests that take
+# minutes each, then the security, cross-language, console and export
+# suites and the kill/restart rounds, which restart clusters again and
+# again (20 to 65 s each under the race detector). CI runs them all.
+LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack|TestJoinerTakesItsShare|TestDurableSyncReachesDisk|TestGossipKeyring|TestTLSGossipKeyWithoutCertificate|TestTLSStrangerCannotJoinRaft|TestTLSRotation|TestClientsAcrossLanguages|TestSyncAcrossLanguages|TestRegionExportImportThroughDsmd|TestWebConsole|TestKillRestartRounds|TestDurableShardOutlivesItsCopies|TestSemaphoreAcrossProcesses|TestBarrierAcrossProcesses)$$
 
-test-long: ## the long real-process failover tests that make test skips (a rolling restart of every node, kill -9 and removal, SIGTERM under writes, a joiner taking its share, durable Sync on disk), with the race detector; CI runs it after make test
+test-long: ## the real-process tests that make test skips (the long failover tests: a rolling restart of every node, kill -9 and removal, SIGTERM under writes, a joiner taking its share, durable Sync on disk; then TLS and gossip keys, the C and Python clients, the console, export/import, the kill/restart rounds), with the race detector; CI runs it after make test
 	DSM_LONG_TESTS=1 $(GO) test -race -count=1 -timeout 30m -run '$(LONG_TESTS)' ./tests
 
 test-ofi: ## the ofi backend's tests, and a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev)
@@ -154,8 +157,8 @@ failover-time: ## failover time of a home killed with kill -9 and restarted at o
 rounds: ROUNDS = 20
 rounds: NODES ?= 3
 rounds: SEED ?=
-rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of NODES (3) under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test runs 3 rounds)
-	DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_NODES=$(NODES) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
+rounds: ## ROUNDS rounds of kill -9 and restart of a random dsmd of NODES (3) under a register workload on every node (SEED replays a schedule): no synced write lost, a linearizable history, no call past the no-hang bound (make test-long runs 3 rounds)
+	DSM_LONG_TESTS=1 DSM_ROUNDS=$(ROUNDS) DSM_ROUNDS_NODES=$(NODES) DSM_ROUNDS_SEED=$(SEED) $(GO) test ./tests -run '^TestKillRestartRounds$$' -count=1 -timeout 0 -v
 
 durable-rounds: ROUNDS = 20
 durable-rounds: SEED ?=

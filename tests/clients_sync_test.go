@@ -22,6 +22,7 @@ import (
 // killed is found dead by a Python waiter (through libdsm); the units of
 // a killed Go holder and of an exited C holder come back to C acquirers.
 func TestSyncAcrossLanguages(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")

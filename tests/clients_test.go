@@ -138,6 +138,7 @@ func runTool(t *testing.T, env []string, name string, args ...string) string {
 // languages at once sums exactly; a holder of the mutex that dies is
 // found dead across languages; the Python package's own tests pass.
 func TestClientsAcrossLanguages(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")

@@ -143,6 +143,7 @@ func clickHarness(t *testing.T, consoleURL string) string {
 // health, the region, and the page map's cells in the states the writes
 // and reads left.
 func TestWebConsole(t *testing.T) {
+	longTest(t)
 	bin := chromiumBin(t)
 	c := startClusterWith(t, 3, nil)
 	c.waitHealthy(1)

@@ -121,6 +121,7 @@ func (k keyringOut) has(key string) (installed, primary uint32) {
 // cluster, which stays healthy, and a node started afterwards with only
 // the new key joins.
 func TestGossipKeyring(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	k1, k2 := keygen(t), keygen(t)
 	if k1 == k2 || len(k1) != 44 {

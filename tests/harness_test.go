@@ -455,6 +455,6 @@ func (cc cacheCounters) evictions() float64 { return cc["evict"] + cc["evictions
 func longTest(t *testing.T) {
 	t.Helper()
 	if os.Getenv("DSM_LONG_TESTS") == "" {
-		t.Skip("a long failover test: make test-long runs it (and CI does), or set DSM_LONG_TESTS=1")
+		t.Skip("a long real-process test: make test-long runs it (and CI does), or set DSM_LONG_TESTS=1")
 	}
 }

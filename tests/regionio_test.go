@@ -13,6 +13,7 @@ import (
 // nodes, imports the file into a new region through another node, and
 // compares the two regions byte for byte.
 func TestRegionExportImportThroughDsmd(t *testing.T) {
+	longTest(t)
 	c := startCluster(t, 3)
 	c.waitHealthy(1)
 	if out, errs, code := c.ctl(1, "region", "create", "src", "8MiB"); code != 0 {

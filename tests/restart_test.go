@@ -200,6 +200,7 @@ func TestWholeClusterRestart(t *testing.T) {
 // every node, a page written and synced after reads back too, and `region
 // info` does not say contents lost.
 func TestDurableShardOutlivesItsCopies(t *testing.T) {
+	longTest(t)
 	c := startClusterWith(t, 3, nil)
 	for i := 1; i <= 3; i++ {
 		c.waitHealthy(i)

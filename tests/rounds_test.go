@@ -230,6 +230,7 @@ type roundsFigures struct {
 // It asserts only what a user sees, so it holds whether the failure
 // detector declares the killed node failed before its restart or not.
 func TestKillRestartRounds(t *testing.T) {
+	longTest(t)
 	const region = "rounds"
 	rounds := int(envInt(t, "DSM_ROUNDS", 3))
 	n := int(envInt(t, "DSM_ROUNDS_NODES", 3))

@@ -52,6 +52,7 @@ func (c *dsmCluster) concurrently(t *testing.T, region, want string, args func(n
 // are told the barrier is broken, naming its session; after a Reset a new
 // process takes its place.
 func TestBarrierAcrossProcesses(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	const region = "bar"
 	c := syncCluster(t, region)
@@ -117,6 +118,7 @@ func TestBarrierAcrossProcesses(t *testing.T) {
 // process waiting for them, and those of a process that exits come back
 // to the next Acquire that lacks them.
 func TestSemaphoreAcrossProcesses(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	const region = "sem"
 	c := syncCluster(t, region)

@@ -375,6 +375,7 @@ func grpcStatus(ctx context.Context, addr string, creds credentials.TransportCre
 // through every node keep succeeding, and after SIGHUP n1's new
 // connections present the new certificate.
 func TestTLSRotation(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	c, dir, grpcAddrs := tlsCluster(t, 3)
 	if out, errs, code := c.ctl(1, "region", "create", "rot", "1MiB"); code != 0 {
@@ -529,6 +530,7 @@ func TestTLSRefusals(t *testing.T) {
 // by the leader, but it never receives an entry of the log: every Raft
 // connection between it and the members fails the TLS handshake.
 func TestTLSStrangerCannotJoinRaft(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	c, _, _ := tlsCluster(t, 3)
 	other := t.TempDir()
@@ -601,6 +603,7 @@ func TestTLSStrangerCannotJoinRaft(t *testing.T) {
 // its directory RPC to prove the node id over mutual TLS first. A node with
 // its certificate joins the same way and is recorded.
 func TestTLSGossipKeyWithoutCertificate(t *testing.T) {
+	longTest(t)
 	needsTCP(t)
 	t.Parallel()
 	if testing.Short() {
