@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-durable bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: test-ofi-share mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-durable bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -39,7 +39,7 @@ run-docker: image ## a three-node cluster in containers on loopback (deploy/comp
 demo: ## two nodes doing one-sided READ, WRITE, CAS and FAA over the tcp transport
 	$(GO) run ./rdma/internal/demo
 
-test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), the Kubernetes manifests (a module of their own), and the ofi suite when libfabric is installed
+test: ## unit and integration tests with the race detector, the full CI share of simulator seeds, a short chaos run (needs root), the Kubernetes manifests (a module of their own), and the ofi backend's tests when libfabric is installed (make test-long runs the rest: the long real-process tests and the real-cluster share on ofi)
 	$(GO) test -race -parallel 4 -timeout 20m ./...
 	cd deploy/k8s && $(GO) test -race -timeout 5m ./...
 	$(GO) test -count=1 -timeout 10m ./coherence/...
@@ -47,7 +47,7 @@ test: ## unit and integration tests with the race detector, the full CI share of
 	$(GO) run ./tests/chaos/cmd/chaos -short -out $(CURDIR)/tests/chaos/out
 	@$(MAKE) --no-print-directory test-ofi
 
-# The share of the real-cluster tests (tests/) that test-ofi runs on dsmd
+# The share of the real-cluster tests (tests/) that test-ofi-share (in make test-long) runs on dsmd
 # --transport ofi, per provider: cross-node coherence, atomics, the mutex and
 # the porcupine history on both; a kill and restart of a dsmd on both (on
 # shm, each peer has an endpoint of its own, closed when its process is
@@ -61,22 +61,30 @@ OFI_CLUSTER_SHM  := ^(TestCoherentMemory|TestClusterTransport|TestMutexHolderOfA
 
 # The real-process tests that make test skips to stay well within its
 # budget on two cores (tests/, longTest): the failover tests that take
-# minutes each, then the security, cross-language, console and export
-# suites and the kill/restart rounds, which restart clusters again and
-# again (20 to 65 s each under the race detector). CI runs them all.
-LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack|TestJoinerTakesItsShare|TestDurableSyncReachesDisk|TestGossipKeyring|TestTLSGossipKeyWithoutCertificate|TestTLSStrangerCannotJoinRaft|TestTLSRotation|TestClientsAcrossLanguages|TestSyncAcrossLanguages|TestRegionExportImportThroughDsmd|TestWebConsole|TestKillRestartRounds|TestDurableShardOutlivesItsCopies|TestSemaphoreAcrossProcesses|TestBarrierAcrossProcesses)$$
+# minutes each, then the security (TLS, gossip keys, access, the socket's
+# group), cross-language, console, dsmctl and export suites and the
+# kill/restart rounds, which start clusters again and again (13 to 65 s
+# each under the race detector). CI runs them all.
+LONG_TESTS := ^(TestRollingRestartLosesNothing|TestRemoveFailedMember|TestSigtermWritesBack|TestJoinerTakesItsShare|TestDurableSyncReachesDisk|TestGossipKeyring|TestTLSGossipKeyWithoutCertificate|TestTLSStrangerCannotJoinRaft|TestTLSRotation|TestTLSCluster|TestRegionAccess|TestLocalSocketGroup|TestClientsAcrossLanguages|TestSyncAcrossLanguages|TestCMutexFarBackInLine|TestRegionExportImportThroughDsmd|TestWebConsole|TestClusterThroughDsmctl|TestRunClusterScript|TestKilledNodeMakesStatusFail|TestKillRestartRounds|TestDurableShardOutlivesItsCopies|TestSemaphoreAcrossProcesses|TestBarrierAcrossProcesses)$$
 
-test-long: ## the real-process tests that make test skips (the long failover tests: a rolling restart of every node, kill -9 and removal, SIGTERM under writes, a joiner taking its share, durable Sync on disk; then TLS and gossip keys, the C and Python clients, the console, export/import, the kill/restart rounds), with the race detector; CI runs it after make test
+test-long: ## the real-process tests that make test skips (the long failover tests: a rolling restart of every node, kill -9 and removal, SIGTERM under writes, a joiner taking its share, durable Sync on disk; then TLS, gossip keys and access, the C and Python clients, the console, dsmctl, export/import, the kill/restart rounds), with the race detector, and the real-cluster share on ofi; CI runs it after make test
 	DSM_LONG_TESTS=1 $(GO) test -race -count=1 -timeout 30m -run '$(LONG_TESTS)' ./tests
+	@$(MAKE) --no-print-directory test-ofi-share
 
-test-ofi: ## the ofi backend's tests, and a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev)
+test-ofi: ## the ofi backend's tests (needs libfabric-dev; make test runs them)
 ifeq ($(HAVE_OFI),yes)
 	$(GO) test -race -tags ofi -timeout 10m ./rdma/ofi/...
 	$(GO) test -tags ofi -count=1 -run 'Transport|OFI|VerbsKind' ./node
+else
+	@echo "SKIPPED: ofi backend tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
+endif
+
+test-ofi-share: ## a share of the real-cluster tests on dsmd --transport ofi over tcp;ofi_rxm and shm (needs libfabric-dev; make test-long runs it)
+ifeq ($(HAVE_OFI),yes)
 	DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER='tcp;ofi_rxm' $(GO) test -count=1 -p 1 -timeout 10m -run '$(OFI_CLUSTER_RXM)' ./tests
 	DSM_TEST_TRANSPORT=ofi DSM_TEST_OFI_PROVIDER=shm $(GO) test -count=1 -p 1 -timeout 10m -run '$(OFI_CLUSTER_SHM)' ./tests
 else
-	@echo "SKIPPED: ofi backend tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
+	@echo "SKIPPED: ofi cluster tests: libfabric is not installed (apt-get install libfabric-dev pkg-config)"
 endif
 
 test-ofi-cluster: ## every real-cluster test (tests/) on dsmd --transport ofi, over tcp;ofi_rxm and then shm, with the race detector (needs libfabric-dev; long)

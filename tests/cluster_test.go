@@ -403,6 +403,7 @@ func (c *cluster) waitRevived(i int, shards uint32, d time.Duration) {
 }
 
 func TestClusterThroughDsmctl(t *testing.T) {
+	longTest(t)
 	c := startCluster(t, 3)
 	c.waitHealthy(1)
 
@@ -630,6 +631,7 @@ func TestClusterThroughDsmctl(t *testing.T) {
 }
 
 func TestKilledNodeMakesStatusFail(t *testing.T) {
+	longTest(t)
 	c := startCluster(t, 3)
 	c.waitHealthy(1)
 	victim := c.nodes[2]

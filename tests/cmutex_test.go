@@ -22,6 +22,7 @@ import (
 // and a ticket never recorded), where no recorded waiter is alive to look
 // at the head, skips them and gets the lock, told that its holder died.
 func TestCMutexFarBackInLine(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")

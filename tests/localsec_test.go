@@ -129,6 +129,7 @@ func mustOK(t *testing.T, what string) func(out string, err error) string {
 // dsmd on both sockets with a clear error; a member of the group (primary
 // or supplementary) is served.
 func TestLocalSocketGroup(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	c, sock, msock := localCluster(t, "0666")
 	c.createRegion(t, 1, "r", 1<<20)
@@ -182,6 +183,7 @@ func TestLocalSocketMode(t *testing.T) {
 // TestRegionAccess: a region's access list decides who may map, read and
 // write it; root always may; an open region is every member's.
 func TestRegionAccess(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	c, sock, msock := localCluster(t, "0660")
 	c.createRegion(t, 1, "open", 1<<20)

@@ -26,6 +26,7 @@ func freeBase(t *testing.T) int { return testports.Range(t, 26) }
 // calls): it must build, report a healthy cluster that dsmctl reaches, and
 // stop every dsmd on SIGINT.
 func TestRunClusterScript(t *testing.T) {
+	longTest(t)
 	if testing.Short() {
 		t.Skip("starts dsmd processes; skipped with -short")
 	}

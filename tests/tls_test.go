@@ -189,6 +189,7 @@ func descriptorOf(t *testing.T, b []byte, r ids.RegionID) rdma.RKey {
 // forwarding RPC nor gRPC, cannot talk Raft, and reads no byte through the
 // verbs port.
 func TestTLSCluster(t *testing.T) {
+	longTest(t)
 	t.Parallel()
 	c, dir, grpcAddrs := tlsCluster(t, 3)
 
