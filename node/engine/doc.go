@@ -79,6 +79,9 @@
 // once with an *UnavailableError, their batches are held back, and a call
 // waiting for them as holder, reserver or sharer, or for a home whose
 // batches have failed for Config.UnavailableAfter, fails after that bound.
+// SetDownAwaited names such a node whose pages come back (a durable
+// region's shards, which a page store loads again): calls on the pages it
+// is home of wait, and fail after the bound, not at once, and not as lost.
 // A batch whose outcome the transport cannot know (rdma.ErrOutcomeUnknown)
 // is reported VerbsDone.Unknown; the state machine resolves it by reading
 // the word. An eviction the state machine took over and the caller then

@@ -128,7 +128,8 @@ type Config struct {
 	// is unreachable, or that waits for a node set down (SetDown) as its
 	// holder, reserver or sharer, before it fails with an
 	// *UnavailableError (default DefaultUnavailableAfter; negative:
-	// never). A call on a page whose home is down fails at once.
+	// never). A call on a page whose home is down fails at once, unless
+	// the home's pages are awaited (SetDownAwaited): then after it.
 	UnavailableAfter time.Duration
 	// Logger; nil: discard.
 	Logger *slog.Logger
