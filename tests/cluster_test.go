@@ -345,18 +345,48 @@ func (c *cluster) waitHealthyWithin(i int, d time.Duration) {
 	})
 }
 
+// status is dsmctl status --json on node i, whatever its health verdict
+// (it exits 3 when degraded, 4 when failing).
+func (c *cluster) status(i int) (statusJSON, error) {
+	var st statusJSON
+	out, errs, code := c.ctl(i, "status", "--json")
+	if code != 0 && code != 3 && code != 4 {
+		return st, fmt.Errorf("exit %d: %s%s", code, out, errs)
+	}
+	err := json.Unmarshal([]byte(out), &st)
+	return st, err
+}
+
+// incarnations returns the incarnation of each member as node i lists it.
+func (c *cluster) incarnations(i int) (map[uint32]uint64, error) {
+	var members struct {
+		Members []struct {
+			Node        uint32 `json:"node_id"`
+			Incarnation uint64 `json:"incarnation"`
+		} `json:"members"`
+	}
+	out, errs, code := c.ctl(i, "members", "--json")
+	if code != 0 {
+		return nil, fmt.Errorf("dsmctl members on n%d: exit %d: %s", i, code, strings.TrimSpace(errs))
+	}
+	if err := json.Unmarshal([]byte(out), &members); err != nil {
+		return nil, err
+	}
+	incs := map[uint32]uint64{}
+	for _, m := range members.Members {
+		incs[m.Node] = m.Incarnation
+	}
+	return incs, nil
+}
+
 // waitAllAlive waits until dsmctl status on node i answers with every
 // member alive, whatever its health verdict (a restart that lost a
 // region's pages leaves the cluster degraded).
 func (c *cluster) waitAllAlive(i int) {
 	c.t.Helper()
 	eventually(c.t, fmt.Sprintf("dsmctl status on n%d shows every member alive", i), 60*time.Second, func() error {
-		out, errs, code := c.ctl(i, "status", "--json")
-		if code != 0 && code != 3 && code != 4 {
-			return fmt.Errorf("exit %d: %s%s", code, out, errs)
-		}
-		var st statusJSON
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
+		st, err := c.status(i)
+		if err != nil {
 			return err
 		}
 		if len(st.Nodes) != len(c.nodes) {
@@ -378,12 +408,8 @@ func (c *cluster) waitAllAlive(i int) {
 func (c *cluster) waitRevived(i int, shards uint32, d time.Duration) {
 	c.t.Helper()
 	eventually(c.t, fmt.Sprintf("dsmctl status on n%d shows every shard homed at a live node", i), d, func() error {
-		out, errs, code := c.ctl(i, "status", "--json")
-		if code != 0 && code != 3 && code != 4 {
-			return fmt.Errorf("exit %d: %s%s", code, out, errs)
-		}
-		var st statusJSON
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
+		st, err := c.status(i)
+		if err != nil {
 			return err
 		}
 		for _, r := range st.Reasons {

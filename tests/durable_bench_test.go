@@ -3,9 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -213,28 +211,6 @@ func BenchmarkDurableRestart(b *testing.B) {
 	b.ReportMetric(revived.Seconds()/float64(b.N), "revived-s")
 	b.ReportMetric(readAll.Seconds()/float64(b.N), "read-all-s")
 	b.ReportMetric(healthy.Seconds()/float64(b.N), "healthy-s")
-}
-
-// incarnations returns the incarnation of each member as node i lists it.
-func (c *cluster) incarnations(i int) (map[uint32]uint64, error) {
-	var members struct {
-		Members []struct {
-			Node        uint32 `json:"node_id"`
-			Incarnation uint64 `json:"incarnation"`
-		} `json:"members"`
-	}
-	out, errs, code := c.ctl(i, "members", "--json")
-	if code != 0 {
-		return nil, fmt.Errorf("dsmctl members on n%d: exit %d: %s", i, code, strings.TrimSpace(errs))
-	}
-	if err := json.Unmarshal([]byte(out), &members); err != nil {
-		return nil, err
-	}
-	incs := map[uint32]uint64{}
-	for _, m := range members.Members {
-		incs[m.Node] = m.Incarnation
-	}
-	return incs, nil
 }
 
 // readBackMarks maps region through the dsmd at socket and reads all of it

@@ -2,7 +2,6 @@ package tests
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -130,12 +129,8 @@ func TestJoinerTakesItsShare(t *testing.T) {
 func (c *dsmCluster) waitBackedUp(t *testing.T, node int, region string) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("every shard of %s has its complete backups (status on n%d)", region, node), 90*time.Second, func() error {
-		out, errs, code := c.ctl(node, "status", "--json")
-		if code != 0 && code != 3 && code != 4 {
-			return fmt.Errorf("exit %d: %s%s", code, out, errs)
-		}
-		var st statusJSON
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
+		st, err := c.status(node)
+		if err != nil {
 			return err
 		}
 		for _, r := range st.Reasons {

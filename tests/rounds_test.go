@@ -709,23 +709,12 @@ func (c *dsmCluster) waitIncarnation(t *testing.T, node int, want uint64, when s
 	t.Helper()
 	eventually(t, fmt.Sprintf("%s: every node knows n%d's incarnation %d", when, node, want), 90*time.Second, func() error {
 		for i := 1; i <= len(c.nodes); i++ {
-			var members struct {
-				Members []struct {
-					Node        uint32 `json:"node_id"`
-					Incarnation uint64 `json:"incarnation"`
-				} `json:"members"`
+			incs, err := c.incarnations(i)
+			if err != nil {
+				return err
 			}
-			out, errs, code := c.ctl(i, "members", "--json")
-			if code != 0 {
-				return fmt.Errorf("n%d: exit %d: %s", i, code, strings.TrimSpace(errs))
-			}
-			if err := json.Unmarshal([]byte(out), &members); err != nil {
-				return fmt.Errorf("n%d: %v", i, err)
-			}
-			for _, m := range members.Members {
-				if m.Node == uint32(node) && m.Incarnation < want {
-					return fmt.Errorf("n%d lists n%d at incarnation %d", i, node, m.Incarnation)
-				}
+			if inc := incs[uint32(node)]; inc < want {
+				return fmt.Errorf("n%d lists n%d at incarnation %d", i, node, inc)
 			}
 		}
 		return nil
