@@ -75,7 +75,8 @@ type mapSpec struct {
 // WithFaultTimeout bounds how long an access to the mapping (a plain load
 // or store through Bytes(), ReadAt, WriteAt, Prefault, the atomics) waits
 // for a page that the cluster cannot serve now, because its home is down
-// or unreachable (default DefaultFaultTimeout). After d it fails: ReadAt
+// or unreachable, or because this machine's dsmd holds no lease (it is cut
+// off from the directory's majority) (default DefaultFaultTimeout). After d it fails: ReadAt
 // and the others with ErrUnavailable, a plain access with SIGBUS (see the
 // package documentation, "Failures"). ReadAt, WriteAt, Prefault and the
 // atomics also fail with ErrUnavailable when this machine's dsmd has shown

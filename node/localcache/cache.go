@@ -161,9 +161,11 @@ type Cache struct {
 	// reads false may call Coherence for that page, because Suspend sets
 	// it before it takes any page lock and takes every page's lock before
 	// it returns.
-	suspendMu  sync.Mutex
-	suspended  atomic.Bool
-	suspendGen atomic.Uint64 // Suspend calls that started a suspension
+	suspendMu sync.Mutex
+	suspended atomic.Bool
+	// suspendedAt: when the current suspension began (UnixNano); set
+	// with suspended, under gateMu.
+	suspendedAt atomic.Int64
 	// revoked: the current suspension revoked every local access (a
 	// Suspend finished without error); the lease page says so.
 	revoked   atomic.Bool

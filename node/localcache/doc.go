@@ -136,8 +136,12 @@
 // while suspended, drops every page and aside copy and returns how many
 // Modified pages were lost; the Cache stays suspended until Resume, the
 // clients stay mapped, and their next faults go through Coherence afresh.
-// A fault that waited through a suspension is not poisoned for that wait:
-// its FaultTimeout starts again at the end of the wait.
+// A fault waits through a suspension for as long as its FaultTimeout
+// allows, counted from the fault: a dsmd without a lease serves nothing, so
+// to its clients every page is unavailable while the suspension lasts. One
+// that outlasts the bound is poisoned as above, with the reason that dsmd
+// has held no lease since a given time, and is served again (Available)
+// once dsmd holds one.
 //
 // The cost is a write protection per run of Modified pages per client, a
 // copy per run of Modified pages and a TLB flush per page table of

@@ -237,16 +237,18 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	defer cl.c.st.faultsInFlight.Add(-1)
 	wait := retryMin
 	since := time.Now() // when the oldest fault not answered yet was read
-	gen := cl.c.suspendGen.Load()
 	for {
-		err := cl.c.resolve(cl.ctx, cl, p, write, true)
-		var missErr *missError
-		if g := cl.c.suspendGen.Load(); g != gen {
-			// The fault waited through a suspension: that wait is not
-			// the page being unavailable, so its FaultTimeout starts
-			// again.
-			since, gen = time.Now(), g
+		// A fault waits through a suspension for as long as its
+		// FaultTimeout allows, counted from since: a dsmd without a lease
+		// serves nothing, so its pages are unavailable to this client as
+		// much as a page whose home is down (a suspension that ends within
+		// the bound costs nothing).
+		var until time.Time
+		if cl.faultTimeout > 0 {
+			until = since.Add(cl.faultTimeout)
 		}
+		err := cl.c.resolve(cl.ctx, cl, p, write, true, until)
+		var missErr *missError
 		switch {
 		case err == nil:
 			cl.c.makeRoom(cl.c.ctx)
@@ -383,7 +385,7 @@ func (cl *client) unpoison(p ids.PageNo, write bool) bool {
 		if !cl.sleep(retryMax) {
 			return false
 		}
-		err := cl.c.resolve(cl.ctx, cl, p, write, false)
+		err := cl.c.resolve(cl.ctx, cl, p, write, false, time.Time{})
 		switch {
 		case err == nil:
 			cl.c.st.unpoisoned.Add(1)
@@ -438,11 +440,12 @@ func (e *missError) Unwrap() error { return e.err }
 // the Coherence engine, then, if mapIt, maps the page in the client with
 // the matching protection and wakes the faulting threads. It is
 // idempotent. While the Cache is suspended it waits, holding no lock, until
-// Resume (or until ctx ends or the Cache closes).
-func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, mapIt bool) error {
+// Resume (or until ctx ends or the Cache closes); past until, if not zero,
+// it fails with a *missError that matches ErrUnavailable.
+func (c *Cache) resolve(ctx context.Context, cl *client, p ids.PageNo, write, mapIt bool, until time.Time) error {
 	r := cl.r
 	for {
-		if err := c.waitServing(ctx); err != nil {
+		if err := c.waitServingUntil(ctx, until); err != nil {
 			return err
 		}
 		pg, err := r.acquire(ctx, p)

@@ -75,6 +75,48 @@ func TestFaultPoisonedWhileUnavailable(t *testing.T) {
 	d.quiesce(regionR)
 }
 
+// TestFaultPoisonedWhileSuspended: a fault that waits in a suspension
+// (dsmd without a lease) longer than the client's FaultTimeout is poisoned
+// like one whose home is down, with the reason that dsmd holds no lease;
+// a client with a longer FaultTimeout keeps waiting. Once the Cache
+// resumes, the poisoned page is served again and reads its data, and the
+// waiting fault is served.
+func TestFaultPoisonedWhileSuspended(t *testing.T) {
+	skipWithoutPoison(t)
+	d := newDaemon(t, 0)
+	d.home.Put(regionR, 5, le64(0x5555))
+	a := startProc(t, "A", d.sock)
+	a.ok("mapt r %s", poisonTimeout)
+	b := startProc(t, "B", d.sock)
+	b.ok("mapt r %s", "2710") // 10 s: longer than the suspension
+	d.suspend()
+
+	b.send("readat %x 8", off(5))
+	got := a.do("readat %x 8", off(5))
+	if !strings.HasPrefix(got, "err unavail: ") || !strings.Contains(got, "p5") || !strings.Contains(got, "no lease") {
+		t.Fatalf("ReadAt of a page while suspended past the FaultTimeout: %q, want ErrPageUnavailable naming p5 and the lease", got)
+	}
+	t.Logf("ReadAt: %s", got)
+	if got := a.do("tryload %x", off(5)); got != "fault" {
+		t.Fatalf("plain load of the poisoned page: %q, want a fault", got)
+	}
+	if s := d.c.Stats(); s.Poisoned != 1 || s.FaultsInFlight != 2 {
+		t.Fatalf("Poisoned %d, FaultsInFlight %d; want 1 (A's) and 2 (A's retry, B's wait)", s.Poisoned, s.FaultsInFlight)
+	}
+	unanswered(t, b, "B's ReadAt, within its FaultTimeout")
+
+	d.c.Resume()
+	if got := b.reply(); got != "ok "+hexOf(le64(0x5555)[:8]) {
+		t.Fatalf("B's ReadAt after Resume: %q", got)
+	}
+	eventually(t, "the poisoned page is served again", func() bool { return d.c.Stats().Unpoisoned == 1 })
+	eventually(t, "the client forgets the poisoned page", func() bool { return a.ok("unavail") == "" })
+	if v := a.load(off(5)); v != 0x5555 {
+		t.Fatalf("page 5 reads %#x after Resume, want 0x5555", v)
+	}
+	d.quiesce(regionR)
+}
+
 // TestFaultNotPoisonedOnContention: misses that fail for any reason but
 // ErrUnavailable (a remote request taking the page: contention) are never
 // poisoned, however long they take; nor is the fault of a client that set

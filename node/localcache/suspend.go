@@ -61,6 +61,41 @@ func (c *Cache) waitServing(ctx context.Context) error {
 	}
 }
 
+// waitServingUntil is waitServing for a client's fault that may wait until
+// deadline (zero: for as long as the suspension lasts). A suspension that
+// outlasts it fails the wait with a *missError that matches ErrUnavailable
+// and ErrSuspended and says since when dsmd holds no lease, so the fault is
+// poisoned like one whose page's home is down (fault.go, work).
+func (c *Cache) waitServingUntil(ctx context.Context, deadline time.Time) error {
+	if deadline.IsZero() {
+		return c.waitServing(ctx)
+	}
+	c.gateMu.Lock()
+	ch := c.resumed
+	c.gateMu.Unlock()
+	select {
+	case <-ch: // serving: a deadline already past does not matter
+		return c.endErr()
+	default:
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return c.endErr()
+	case <-c.ended:
+		return c.endErr()
+	case <-t.C:
+		since := time.Unix(0, c.suspendedAt.Load())
+		return &missError{fmt.Errorf("%w: %w: dsmd has held no lease since %s (%v): cut off from the directory's majority, or stalled; the page is served again once it holds one",
+			ErrUnavailable, ErrSuspended, since.Format("15:04:05.000"), time.Since(since).Round(time.Millisecond))}
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-c.ctx.Done():
+		return ErrClosed
+	}
+}
+
 // SuspendedCallWait bounds how long a call of dsmd's (Access, Flush: a
 // ReadAt, WriteAt, atomic or Sync of a client) waits for a suspended Cache
 // to serve again. A dsmd cut off from the directory's majority stays
@@ -70,7 +105,8 @@ func (c *Cache) waitServing(ctx context.Context) error {
 // partition). After the bound it fails with ErrUnavailable (and
 // ErrSuspended), as a call on a page whose home is down fails after the
 // engine's UnavailableAfter, which it matches. A client's fault is not
-// bounded by it: it waits for its FaultTimeout (the package doc).
+// bounded by it but by its FaultTimeout, suspension included
+// (waitServingUntil).
 var SuspendedCallWait = 10 * time.Second
 
 // waitServingCall is waitServing for a call of dsmd's, bounded by
@@ -114,9 +150,9 @@ func (c *Cache) Suspended() bool { return c.suspended.Load() }
 // lease is about to run out (docs/failover.md §9), losing no Modified data:
 //
 //  1. From its start no fault is resolved: the workers of new and pending
-//     faults wait, holding no lock, until Resume or Close (a fault that
-//     waits through a suspension is never poisoned for it: its
-//     FaultTimeout starts again afterwards). No Coherence call (miss,
+//     faults wait, holding no lock, until Resume or Close, or until the
+//     client's FaultTimeout, counted from the fault, is over: then the
+//     fault is poisoned (fault.go, work). No Coherence call (miss,
 //     upgrade, eviction, write-back) is started; the calls in flight are
 //     cancelled (their contexts end) and waited for: a Coherence
 //     implementation must honour ctx, or Suspend waits for the call to end
@@ -173,7 +209,7 @@ func (c *Cache) Suspend(ctx context.Context) (SuspendStats, error) {
 	c.revoked.Store(false)
 	if !c.suspended.Load() {
 		c.suspended.Store(true)
-		c.suspendGen.Add(1)
+		c.suspendedAt.Store(time.Now().UnixNano())
 		c.resumed = make(chan struct{})
 		c.flightEnd() // cancels the Coherence calls in flight
 		c.st.suspends.Add(1)

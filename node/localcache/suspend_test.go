@@ -82,7 +82,8 @@ func unanswered(t testing.TB, p *proc, what string) {
 // the client's last completed store (the value at the write protection)
 // and nothing more lands anywhere; the next store waits, and so do loads
 // of every page held, Shared and Modified, in every client, and so does a
-// fault of a client with a FaultTimeout (it is not poisoned). Resume
+// fault of a client whose FaultTimeout is longer than the suspension (it is
+// not poisoned; TestFaultPoisonedWhileSuspended has a shorter one). Resume
 // serves them: the Modified pages come back with their data and no
 // Coherence call, the waiting store lands in the resumed page, and the
 // Shared ones are misses.
@@ -91,7 +92,7 @@ func TestSuspendStopsStores(t *testing.T) {
 	a := d.client("A", "r")
 	b := d.client("B", "r")
 	c := startProc(t, "C", d.sock)
-	c.ok("mapt r %s", poisonTimeout)
+	c.ok("mapt r %s", "2710") // a FaultTimeout of 10 s
 	e := d.client("E", "r") // maps none of the pages before Suspend
 	// Modified 1, 2, 3 (2 writable in A and B), Shared 5 and 6.
 	a.store(off(1), 0x11)
@@ -145,7 +146,7 @@ func TestSuspendStopsStores(t *testing.T) {
 	c.send("load %x", off(5))        // was Shared
 	e.send("store %x 3e", off(3)+24) // Modified, never write-protected in E
 	eventually(t, "the loads and E's store wait", func() bool { return d.c.Stats().FaultsInFlight >= 4 })
-	time.Sleep(3 * 200 * time.Millisecond) // C's FaultTimeout, thrice
+	time.Sleep(600 * time.Millisecond)
 	unanswered(t, b, "B's load of a Modified page")
 	unanswered(t, c, "C's load of a Shared page")
 	unanswered(t, e, "E's store to a Modified page")
