@@ -93,7 +93,7 @@ func TestSuspendStopsStores(t *testing.T) {
 	b := d.client("B", "r")
 	c := startProc(t, "C", d.sock)
 	c.ok("mapt r %s", "2710") // a FaultTimeout of 10 s
-	e := d.client("E", "r") // maps none of the pages before Suspend
+	e := d.client("E", "r")   // maps none of the pages before Suspend
 	// Modified 1, 2, 3 (2 writable in A and B), Shared 5 and 6.
 	a.store(off(1), 0x11)
 	a.store(off(2), 0x22)
