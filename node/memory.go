@@ -168,19 +168,24 @@ func (n *Node) sync(ctx context.Context, name string, off, length uint64) (*dsmp
 	if pages == 0 {
 		return &dsmpb.SyncResponse{Epoch: uint64(n.dir.Epoch())}, nil
 	}
+	start := time.Now()
 	w, err := n.cache.Flush(ctx, r.ID, ids.PageNo(first), pages)
 	if err != nil {
 		return nil, statusError(err)
 	}
+	flushed := time.Now()
 	more, err := n.awaitWriteBacks(ctx, r.ID, ids.PageNo(first), ids.PageNo(first+pages))
 	if err != nil {
 		return nil, statusError(err)
 	}
+	awaited := time.Now()
 	if r.Durability == directory.DurabilitySynced && n.persist != nil {
 		if err := n.persist.syncRange(ctx, r, ids.PageNo(first), ids.PageNo(first+pages)); err != nil {
 			return nil, persistStatus(err)
 		}
 	}
+	n.log.Debug("sync", "region", r.Name, "pages", pages, "written", w+more, "write-back", flushed.Sub(start),
+		"await", awaited.Sub(flushed), "persist", time.Since(awaited))
 	return &dsmpb.SyncResponse{PagesWritten: uint64(w + more), Epoch: uint64(n.dir.Epoch())}, nil
 }
 

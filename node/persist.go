@@ -480,10 +480,12 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 	if err != nil {
 		return answerRetry, fmt.Sprintf("%v: %v", ps.self, err)
 	}
+	start := time.Now()
 	pages, code, msg := ps.stableCopies(ctx, re, asked)
 	if code != answerOK {
 		return code, msg
 	}
+	copied := time.Now()
 	// The backups of each page, in the engine's view now.
 	es.mu.RLock()
 	pm := re.last
@@ -498,15 +500,20 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 		}
 	}
 	var mine string
+	var stored time.Duration
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		if err := ps.writeOrdered(ctx, ps.self, pages); err != nil {
 			mine = fmt.Sprintf("%v: page store: %v", ps.self, err)
 		}
+		stored = time.Since(copied)
 	}()
 	failed := ps.copyToBackups(ctx, r, re.pageSize, byBackup)
+	backedUp := time.Since(copied)
 	<-done
+	ps.log.Debug("persist request served", "region", re.region.Name, "pages", len(pages), "stable-copies", copied.Sub(start),
+		"store", stored, "backups", backedUp)
 	if mine != "" {
 		failed = append(failed, mine)
 	}

@@ -156,7 +156,7 @@ func launchBins(t testing.TB, n int, more func(i int) []string, bin func(i int) 
 		}
 		p.args = []string{"--id", fmt.Sprint(i), "--data-dir", dir,
 			"--gossip-addr", gossip, "--raft-addr", freeAddr(t), "--rpc-addr", freeAddr(t), "--verbs-addr", freeAddr(t),
-			"--bootstrap-expect", fmt.Sprint(min(n, 3)), "--join", join, "--log-level", "info"}
+			"--bootstrap-expect", fmt.Sprint(min(n, 3)), "--join", join, "--log-level", testLogLevel()}
 		if p.bin == "" {
 			p.args = append(p.args, transportArgs()...)
 		}
@@ -184,15 +184,16 @@ func launchBins(t testing.TB, n int, more func(i int) []string, bin func(i int) 
 				t.Errorf("n%d: the race detector fired", p.id)
 			}
 		}
-		if t.Failed() {
-			for _, p := range c.nodes {
+		for _, p := range c.nodes {
+			if t.Failed() {
 				t.Logf("---- n%d log (last 4000 bytes):\n%s", p.id, tail(p.logString(), 4000))
-				if dir := os.Getenv("DSM_TEST_LOGS"); dir != "" {
-					// The whole log, for diagnosis.
-					name := filepath.Join(dir, fmt.Sprintf("%s-n%d.log", strings.ReplaceAll(t.Name(), "/", "_"), p.id))
-					if err := os.WriteFile(name, []byte(p.logString()), 0o644); err != nil {
-						t.Logf("DSM_TEST_LOGS: %v", err)
-					}
+			}
+			if dir := os.Getenv("DSM_TEST_LOGS"); dir != "" {
+				// The whole log, for diagnosis (DSM_TEST_LOG_LEVEL=debug
+				// for more), failed or not.
+				name := filepath.Join(dir, fmt.Sprintf("%s-n%d.log", strings.ReplaceAll(t.Name(), "/", "_"), p.id))
+				if err := os.WriteFile(name, []byte(p.logString()), 0o644); err != nil {
+					t.Logf("DSM_TEST_LOGS: %v", err)
 				}
 			}
 		}
@@ -725,4 +726,13 @@ func TestDsmdHelp(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--id") {
 		t.Fatalf("dsmd without --id: %v\n%s", err, out)
 	}
+}
+
+// testLogLevel is the dsmd log level of the clusters the tests start:
+// DSM_TEST_LOG_LEVEL (debug, for instance, to see a Sync's phases), or info.
+func testLogLevel() string {
+	if l := os.Getenv("DSM_TEST_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }
