@@ -194,7 +194,15 @@ type replProc struct {
 // killed at the end of the test.
 func startRepl(t *testing.T, cclient, path, region string) *replProc {
 	t.Helper()
-	p := &replProc{t: t, cmd: exec.Command(cclient, path, region, "watch-repl"), lines: make(chan string, 64),
+	return startReplCmd(t, cclient, path, region, "watch-repl")
+}
+
+// startReplCmd starts cclient with the command and arguments given (a
+// repl: watch-repl or fault-repl) against the socket path; it is killed at
+// the end of the test.
+func startReplCmd(t *testing.T, cclient, path, region string, args ...string) *replProc {
+	t.Helper()
+	p := &replProc{t: t, cmd: exec.Command(cclient, append([]string{path, region}, args...)...), lines: make(chan string, 64),
 		stderr: &syncWriter{w: &bytes.Buffer{}}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	var err error

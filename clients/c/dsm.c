@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <pthread.h>
@@ -46,6 +47,17 @@
 #ifndef USERFAULTFD_IOC_NEW
 #define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
 #endif
+#ifndef EHWPOISON
+#define EHWPOISON 133
+#endif
+
+/* UFFDIO_POISON (Linux 6.6), named here so that older headers do. */
+struct dsm_uffdio_poison {
+	struct uffdio_range range;
+	uint64_t mode;
+	int64_t updated;
+};
+#define DSM_UFFDIO_POISON _IOWR(0xAA, 0x08, struct dsm_uffdio_poison)
 
 #define DEFAULT_SOCKET "/run/dsm/dsmd.sock"
 
@@ -62,6 +74,9 @@ enum {
 	T_REGISTER = 3,
 	T_REGISTERED = 4,
 	T_ERROR = 5,
+	T_UNAVAILABLE = 6,
+	T_AVAILABLE = 7,
+	T_POISON = 8,
 	T_CREATE = 32,
 	T_LOOKUP = 33,
 	T_DELETE = 34,
@@ -514,6 +529,12 @@ enum { LIVE, GONE, DELETED, DENIED };
 
 struct watchdog;
 
+/* A page dsmd poisoned in a mapping, and why (mapproto Unavailable). */
+struct poisoned {
+	uint64_t page;
+	char *why;
+};
+
 struct dsm_region {
 	dsm_client *c;
 	char *name;
@@ -528,6 +549,18 @@ struct dsm_region {
 	_Atomic int64_t swept; /* a semaphore try-acquire last looked for dead holders (ns) */
 	int prot;              /* the mapping's own protection, which the watchdog gives back */
 	struct watchdog *wd;   /* the lease watchdog; NULL when dsmd gave no lease page */
+	uint32_t fault_timeout_ms; /* asked in Map; 0: faults wait for the cluster */
+	/* The pages dsmd poisoned in this mapping, until it says they are
+	 * available again: guarded by pmu, each change broadcast on
+	 * pchanged. */
+	pthread_mutex_t pmu;
+	pthread_cond_t pchanged;
+	struct poisoned *pz;
+	size_t npz, cappz;
+	/* The session thread (fault timeouts): sefd stops it; -1 when none. */
+	int sefd;
+	pthread_t sthread;
+	int sstarted;
 };
 
 /* userfaultfd features (linux/userfaultfd.h), named here so that older
@@ -538,8 +571,11 @@ struct dsm_region {
 #define F_MINOR_SHMEM (1ULL << 10)
 #define F_WP_HUGETLBFS_SHMEM (1ULL << 12)
 #define F_WP_UNPOPULATED (1ULL << 13)
+#define F_POISON (1ULL << 14)
 #define F_REQUIRED (F_MISSING_SHMEM | F_PAGEFAULT_FLAG_WP | F_MINOR_SHMEM | F_WP_HUGETLBFS_SHMEM)
-#define F_OPTIONAL (F_THREAD_ID | F_WP_UNPOPULATED)
+/* F_POISON, where the kernel has it (Linux 6.6), lets dsmd fail a fault
+ * that waits longer than the mapping's fault timeout (dsm_map_ex). */
+#define F_OPTIONAL (F_THREAD_ID | F_WP_UNPOPULATED | F_POISON)
 
 static int uffd_new(void)
 {
@@ -925,16 +961,25 @@ static void wait_changed(struct watchdog *wd, int64_t deadline)
 }
 
 /* lease_wait waits while the watchdog holds the mapping inaccessible: 0
- * once it lets go, or the mapping's error if its session ends first. */
+ * once it lets go, or the mapping's error if its session ends first, or,
+ * with a fault timeout, -EHOSTUNREACH once it has waited that long. */
 static int lease_wait(dsm_region *r)
 {
 	struct watchdog *wd = r->wd;
 	if (wd == NULL || !atomic_load(&wd->held))
 		return 0;
+	int64_t end = r->fault_timeout_ms ? mono_ns() + (int64_t)r->fault_timeout_ms * 1000000LL : 0;
 	for (;;) {
 		int e = dsm_region_err(r);
 		if (e)
 			return e;
+		if (end && mono_ns() >= end) {
+			char t[200];
+			snprintf(t, sizeof t, "page unavailable: dsmd has shown no lease for %u ms (the lease watchdog holds the mapping: dsmd is stopped, stuck or cut off)",
+				 r->fault_timeout_ms);
+			set_text(t);
+			return -EHOSTUNREACH;
+		}
 		pthread_mutex_lock(&wd->mu);
 		if (atomic_load(&wd->held))
 			wait_changed(wd, mono_ns() + 100 * 1000000LL);
@@ -1018,9 +1063,348 @@ int dsm_watchdog(dsm_region *r, int *held, uint64_t *times)
 	return wd != NULL;
 }
 
-/* map_once runs one mapping session's handshake asking for features; *id
- * is the region id dsmd's page cache maps. */
-static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id, uint64_t features)
+/* ---- fault timeouts: internal/mapclient/client.go's poison handling, in C ---- */
+
+/*
+ * A mapping made with a fault timeout (dsm_map_ex) carries it in its Map:
+ * dsmd then gives up on a fault that has waited longer than that for a
+ * page the cluster cannot serve (its home is down or unreachable, or dsmd
+ * holds no lease). It sends the session Unavailable{page, why}, then
+ * poisons the page in this process with UFFDIO_POISON on the userfaultfd
+ * it was given: the faulting thread gets SIGBUS (a MADV_POPULATE_*
+ * EHWPOISON), and so does every later access of this process to the page,
+ * until dsmd serves the page again and sends Available{page}: then
+ * MADV_DONTNEED of the page in this mapping removes the marker and the
+ * next access faults as usual. A write fault on a page mapped read-only
+ * here (held Shared; the upgrade needs the dead home) cannot be poisoned
+ * from dsmd, since UFFDIO_POISON needs an empty page-table entry: dsmd
+ * sends Poison{page}, and this process drops its mapping of the page,
+ * clears the write-protect marker that leaves and poisons the page itself
+ * with its own copy of the userfaultfd.
+ *
+ * The session thread reads these messages as they come (a thread blocked
+ * in the fault cannot, and an Available must be acted on even when no
+ * call of this library runs): one per mapping with a fault timeout, every
+ * signal blocked, stopped and joined by dsm_unmap before anything it uses
+ * goes. dsm_region_err reads them too, under the same mutex (mu).
+ */
+
+/* How long an access that hit a poison marker waits for dsmd's message
+ * saying why (dsmd sends it before it poisons, so it is normally there
+ * already): Go's notifyWait. */
+#define NOTIFY_WAIT_NS (5 * 1000000000LL)
+
+/* page_at is the first byte of region page p, NULL past the end. */
+static unsigned char *page_at(dsm_region *r, uint64_t p)
+{
+	if (p >= r->len / r->page_size)
+		return NULL;
+	return r->base + p * r->page_size;
+}
+
+/* pz_find is the index of page p among the poisoned pages, or -1 (pmu
+ * held). */
+static ssize_t pz_find(dsm_region *r, uint64_t p)
+{
+	for (size_t i = 0; i < r->npz; i++)
+		if (r->pz[i].page == p)
+			return (ssize_t)i;
+	return -1;
+}
+
+/* poison_record records that dsmd poisoned page p (it is about to, or
+ * did), and why: accesses to it fail until unpoison. */
+static void poison_record(dsm_region *r, uint64_t p, const char *why, size_t n)
+{
+	if (page_at(r, p) == NULL)
+		return;
+	if (n == 0) {
+		why = "dsmd gave no reason";
+		n = strlen(why);
+	}
+	char *w = malloc(n + 1);
+	if (w == NULL)
+		return; /* page_err then says that dsmd gave no reason */
+	memcpy(w, why, n);
+	w[n] = 0;
+	pthread_mutex_lock(&r->pmu);
+	ssize_t i = pz_find(r, p);
+	if (i >= 0) {
+		free(r->pz[i].why);
+		r->pz[i].why = w;
+	} else {
+		if (r->npz == r->cappz) {
+			size_t c = r->cappz ? 2 * r->cappz : 8;
+			struct poisoned *q = realloc(r->pz, c * sizeof *q);
+			if (q == NULL) {
+				pthread_mutex_unlock(&r->pmu);
+				free(w);
+				return;
+			}
+			r->pz = q;
+			r->cappz = c;
+		}
+		r->pz[r->npz++] = (struct poisoned){p, w};
+	}
+	pthread_cond_broadcast(&r->pchanged);
+	pthread_mutex_unlock(&r->pmu);
+}
+
+/* unpoison removes the poison marker of page p, which dsmd serves again:
+ * MADV_DONTNEED of the page in this mapping drops it (and the page's
+ * mapping, which the next access faults back in from dsmd; a punch of the
+ * memfd would not), then the record goes. An error leaves the marker: the
+ * page stays poisoned for this mapping, as nothing better can be done. */
+static void unpoison(dsm_region *r, uint64_t p)
+{
+	unsigned char *a = page_at(r, p);
+	if (a == NULL)
+		return;
+	(void)madvise(a, r->page_size, MADV_DONTNEED);
+	pthread_mutex_lock(&r->pmu);
+	ssize_t i = pz_find(r, p);
+	if (i >= 0) {
+		free(r->pz[i].why);
+		r->pz[i] = r->pz[--r->npz];
+		pthread_cond_broadcast(&r->pchanged);
+	}
+	pthread_mutex_unlock(&r->pmu);
+}
+
+/* poison_mapped poisons page p of this mapping itself, as dsmd asks when it
+ * cannot (Poison: a write fault on a page mapped read-only here).
+ * MADV_DONTNEED drops the mapping of the page but leaves a write-protect
+ * marker, which UFFDIO_POISON refuses too; clearing the protection of the
+ * unmapped page (without waking) removes it; then UFFDIO_POISON, on this
+ * process's own copy of the userfaultfd, installs the marker and wakes
+ * the faulting thread, which gets SIGBUS. A write-protect marker that
+ * dsmd sets again in between (a remote request on the page) is cleared
+ * again, a few times; if the poison does not take, the faulting thread
+ * waits until the page is available again. */
+static void poison_mapped(dsm_region *r, uint64_t p)
+{
+	unsigned char *a = page_at(r, p);
+	if (a == NULL || madvise(a, r->page_size, MADV_DONTNEED) != 0)
+		return;
+	for (int i = 0; i < 10; i++) {
+		struct uffdio_writeprotect wp = {
+			.range = {.start = (uintptr_t)a, .len = r->page_size},
+			.mode = UFFDIO_WRITEPROTECT_MODE_DONTWAKE,
+		};
+		if (ioctl(r->uffd, UFFDIO_WRITEPROTECT, &wp) != 0)
+			return;
+		struct dsm_uffdio_poison po = {.range = {.start = (uintptr_t)a, .len = r->page_size}};
+		if (ioctl(r->uffd, DSM_UFFDIO_POISON, &po) == 0 || errno != EEXIST)
+			return;
+	}
+}
+
+/* session_msg acts on one message that dsmd sent after Registered (n: its
+ * length, or recv_msg's error) and returns the state it leaves the
+ * mapping in: an Error ends the session with its reason, anything
+ * malformed or unknown (or the end of the stream) as dsmd gone. */
+static int session_msg(dsm_region *r, const unsigned char *b, ssize_t n)
+{
+	if (n < 2 || b[0] != PROTO_VERSION)
+		return GONE;
+	struct rd d = {b, (size_t)n, 2, 0};
+	uint64_t p;
+	switch (b[1]) {
+	case T_UNAVAILABLE: {
+		p = get_le(&d, 8);
+		size_t tl = (size_t)get_le(&d, 2);
+		if (d.bad || d.n - d.at != tl)
+			return GONE;
+		poison_record(r, p, (const char *)b + d.at, tl);
+		return LIVE;
+	}
+	case T_AVAILABLE:
+	case T_POISON:
+		p = get_le(&d, 8);
+		if (d.bad || d.at != d.n)
+			return GONE;
+		if (b[1] == T_AVAILABLE)
+			unpoison(r, p);
+		else
+			poison_mapped(r, p);
+		return LIVE;
+	case T_ERROR:
+		if (n >= 6) {
+			int e = error_reply(b, (size_t)n);
+			return e == -ENOENT ? DELETED : e == -EACCES ? DENIED : GONE;
+		}
+	}
+	return GONE;
+}
+
+/* session_drain reads and acts on everything dsmd has sent on the session
+ * so far, without waiting (mu held), and returns the mapping's state. */
+static int session_drain(dsm_region *r)
+{
+	unsigned char b[MAX_MSG];
+	int st;
+	while ((st = atomic_load(&r->state)) == LIVE) {
+		ssize_t n = recv_msg(r->conn, b, NULL, 0, MSG_DONTWAIT);
+		if (n == -EAGAIN)
+			break;
+		st = session_msg(r, b, n);
+		if (st != LIVE) {
+			atomic_store(&r->state, st);
+			/* Wake the accesses waiting for a reason: the session's
+			 * end is theirs. */
+			pthread_mutex_lock(&r->pmu);
+			pthread_cond_broadcast(&r->pchanged);
+			pthread_mutex_unlock(&r->pmu);
+		}
+	}
+	return st;
+}
+
+/* session_watch is the session thread (see above): it acts on dsmd's
+ * messages as they come until dsm_unmap stops it, and only waits for that
+ * once the session has ended. */
+static void *session_watch(void *arg)
+{
+	dsm_region *r = arg;
+	int live = 1;
+	for (;;) {
+		struct pollfd p[2] = {{.fd = r->sefd, .events = POLLIN}, {.fd = r->conn, .events = POLLIN}};
+		int n = poll(p, live ? 2 : 1, -1);
+		if (n < 0) {
+			if (errno != EINTR) {
+				struct timespec ts = {0, 10 * 1000000L}; /* cannot happen */
+				nanosleep(&ts, NULL);
+			}
+			continue;
+		}
+		if (p[0].revents)
+			return NULL;
+		if (live && p[1].revents) {
+			pthread_mutex_lock(&r->mu);
+			live = session_drain(r) == LIVE;
+			pthread_mutex_unlock(&r->mu);
+		}
+	}
+}
+
+/* session_start starts r's session thread, with every signal blocked. */
+static int session_start(dsm_region *r)
+{
+	r->sefd = eventfd(0, EFD_CLOEXEC);
+	if (r->sefd < 0)
+		return -errno;
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int e = pthread_create(&r->sthread, NULL, session_watch, r);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (e)
+		return -e;
+	r->sstarted = 1;
+	return 0;
+}
+
+/* session_stop stops and joins r's session thread, if any. */
+static void session_stop(dsm_region *r)
+{
+	if (r->sstarted) {
+		uint64_t one = 1;
+		while (write(r->sefd, &one, sizeof one) < 0 && errno == EINTR)
+			;
+		pthread_join(r->sthread, NULL);
+		r->sstarted = 0;
+	}
+	if (r->sefd >= 0)
+		close(r->sefd);
+	r->sefd = -1;
+}
+
+/* page_err is the error of an access to the region page holding off that
+ * hit a poison marker: -EHOSTUNREACH with dsm_last_error naming the page
+ * and dsmd's reason, waiting up to NOTIFY_WAIT_NS for dsmd's message if it
+ * has not been read yet; or the mapping's error if its session ends
+ * first. */
+static int page_err(dsm_region *r, uint64_t off)
+{
+	uint64_t p = off / r->page_size;
+	int64_t end = mono_ns() + NOTIFY_WAIT_NS;
+	char t[sizeof last_err];
+	for (;;) {
+		/* Reads what dsmd sent, where no session thread does. */
+		int e = dsm_region_err(r);
+		if (e)
+			return e;
+		pthread_mutex_lock(&r->pmu);
+		ssize_t i = pz_find(r, p);
+		int64_t now = mono_ns();
+		if (i >= 0 || now >= end) {
+			if (i >= 0)
+				snprintf(t, sizeof t, "page unavailable: page %llu at offset %#llx: %s", (unsigned long long)p,
+					 (unsigned long long)(p * r->page_size), r->pz[i].why);
+			else
+				snprintf(t, sizeof t, "page unavailable: page %llu at offset %#llx is poisoned and dsmd did not say why",
+					 (unsigned long long)p, (unsigned long long)(p * r->page_size));
+			pthread_mutex_unlock(&r->pmu);
+			set_text(t);
+			return -EHOSTUNREACH;
+		}
+		int64_t until = now + 50 * 1000000LL < end ? now + 50 * 1000000LL : end;
+		struct timespec ts = {until / 1000000000LL, until % 1000000000LL};
+		pthread_cond_timedwait(&r->pchanged, &r->pmu, &ts);
+		pthread_mutex_unlock(&r->pmu);
+	}
+}
+
+int dsm_fault_err(dsm_region *r, uint64_t off)
+{
+	if (r == NULL || off >= r->len)
+		return -EINVAL;
+	last_err[0] = 0;
+	int e = dsm_region_err(r);
+	if (e)
+		return e;
+	if (r->wd != NULL && atomic_load(&r->wd->held)) {
+		set_text("dsmd holds no lease: the watchdog keeps the mapping inaccessible until it does");
+		return -EAGAIN;
+	}
+	return page_err(r, off);
+}
+
+static int pz_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct poisoned *)a)->page, y = ((const struct poisoned *)b)->page;
+	return x < y ? -1 : x > y;
+}
+
+int dsm_unavailable(dsm_region *r, uint64_t *pages, int max)
+{
+	if (r == NULL || max < 0 || (max > 0 && pages == NULL))
+		return -EINVAL;
+	(void)dsm_region_err(r); /* reads what dsmd sent, where no session thread does */
+	pthread_mutex_lock(&r->pmu);
+	qsort(r->pz, r->npz, sizeof *r->pz, pz_cmp);
+	int n = r->npz > INT_MAX ? INT_MAX : (int)r->npz;
+	for (int i = 0; i < n && i < max; i++)
+		pages[i] = r->pz[i].page;
+	pthread_mutex_unlock(&r->pmu);
+	return n;
+}
+
+int dsm_unavailable_why(dsm_region *r, uint64_t page, char *why, size_t len)
+{
+	if (r == NULL)
+		return -EINVAL;
+	pthread_mutex_lock(&r->pmu);
+	ssize_t i = pz_find(r, page);
+	if (why != NULL && len > 0)
+		snprintf(why, len, "%s", i >= 0 ? r->pz[i].why : "");
+	pthread_mutex_unlock(&r->pmu);
+	return i >= 0;
+}
+
+/* map_once runs one mapping session's handshake asking for features and
+ * a fault timeout (0: none); *id is the region id dsmd's page cache maps. */
+static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id, uint64_t features, uint32_t timeout_ms)
 {
 	last_err[0] = 0;
 	int e = 0, memfd = -1, leasefd = -1, uffd = -1;
@@ -1038,7 +1422,7 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id, uint6
 		return NULL;
 	}
 	put_le(&w, 0, 8);               /* size: any */
-	put_le(&w, 0, 8);               /* fault timeout: none */
+	put_le(&w, timeout_ms, 8);      /* fault timeout in ms; 0: none */
 	put_le(&w, features, 8);
 	int conn = seq_connect(c->path);
 	if (conn < 0) {
@@ -1149,7 +1533,15 @@ static dsm_region *map_once(dsm_client *c, const char *name, uint32_t *id, uint6
 	atomic_init(&r->state, LIVE);
 	r->prot = PROT_READ | PROT_WRITE;
 	r->wd = wd;
-	if (wd != NULL && (e = wd_start(r)) != 0) {
+	r->fault_timeout_ms = timeout_ms;
+	r->sefd = -1;
+	pthread_mutex_init(&r->pmu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&r->pchanged, &ca);
+	pthread_condattr_destroy(&ca);
+	if ((wd != NULL && (e = wd_start(r)) != 0) || (timeout_ms > 0 && (e = session_start(r)) != 0)) {
 		dsm_unmap(r);
 		errno = -e;
 		return NULL;
@@ -1199,11 +1591,11 @@ static int64_t mono_ns(void)
 /* map_session is map_once asking for the session's token and the lease
  * page, and again without the lease page when dsmd predates it (it
  * refuses the Map: unknown features); that mapping has no watchdog. */
-static dsm_region *map_session(dsm_client *c, const char *name, uint32_t *id)
+static dsm_region *map_session(dsm_client *c, const char *name, uint32_t *id, uint32_t timeout_ms)
 {
-	dsm_region *r = map_once(c, name, id, FEATURE_SESSION | FEATURE_LEASE_PAGE);
+	dsm_region *r = map_once(c, name, id, FEATURE_SESSION | FEATURE_LEASE_PAGE, timeout_ms);
 	if (r == NULL && errno == EINVAL && strstr(last_err, "unknown features"))
-		r = map_once(c, name, id, FEATURE_SESSION);
+		r = map_once(c, name, id, FEATURE_SESSION, timeout_ms);
 	return r;
 }
 
@@ -1218,7 +1610,9 @@ static dsm_region *leased(dsm_region *r)
 	return NULL;
 }
 
-dsm_region *dsm_map(dsm_client *c, const char *name)
+dsm_region *dsm_map(dsm_client *c, const char *name) { return dsm_map_ex(c, name, 0); }
+
+dsm_region *dsm_map_ex(dsm_client *c, const char *name, uint32_t fault_timeout_ms)
 {
 	if (c == NULL) {
 		errno = EINVAL;
@@ -1230,7 +1624,7 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 	uint32_t id;
 	int e = lookup(c, name, &ri);
 	if (e == -EPROTONOSUPPORT) {
-		dsm_region *r = map_session(c, name, &id); /* a dsmd without control requests */
+		dsm_region *r = map_session(c, name, &id, fault_timeout_ms); /* a dsmd without control requests */
 		return r ? leased(r) : NULL;
 	}
 	if (e) {
@@ -1240,7 +1634,7 @@ dsm_region *dsm_map(dsm_client *c, const char *name)
 	int64_t start_ns = mono_ns(), wait = 5000000;
 	for (;;) {
 		id = 0;
-		dsm_region *r = map_session(c, name, &id);
+		dsm_region *r = map_session(c, name, &id, fault_timeout_ms);
 		if (r != NULL && id == ri.id)
 			return leased(r);
 		if (r != NULL)
@@ -1287,22 +1681,10 @@ int dsm_region_err(dsm_region *r)
 	struct pollfd p = {.fd = r->conn, .events = POLLIN};
 	if (poll(&p, 1, 0) <= 0)
 		return 0;
-	/* dsmd said something: after Registered only the end of the session. */
+	/* dsmd said something: after Registered, the end of the session, or
+	 * (fault timeouts) a page unavailable or available again. */
 	pthread_mutex_lock(&r->mu);
-	st = atomic_load(&r->state);
-	if (st == LIVE) {
-		unsigned char b[MAX_MSG];
-		ssize_t n = recv_msg(r->conn, b, NULL, 0, MSG_DONTWAIT);
-		if (n == -EAGAIN) {
-			st = LIVE;
-		} else if (n >= 6 && b[1] == T_ERROR) {
-			int e = error_reply(b, (size_t)n);
-			st = e == -ENOENT ? DELETED : e == -EACCES ? DENIED : GONE;
-		} else {
-			st = GONE;
-		}
-		atomic_store(&r->state, st);
-	}
+	st = session_drain(r);
 	pthread_mutex_unlock(&r->mu);
 	return state_errno(st);
 }
@@ -1333,6 +1715,8 @@ static int word(dsm_region *r, uint64_t off, int write)
 				return s;
 			if (lease_changed(r, times))
 				continue; /* refused on a mapping the watchdog held */
+			if (e == -EHWPOISON)
+				return page_err(r, off); /* dsmd gave up on the page (fault timeout) */
 			return e;
 		}
 		if (lease_enter(r))
@@ -1415,15 +1799,21 @@ int dsm_unmap(dsm_region *r)
 {
 	if (r == NULL)
 		return -EINVAL;
-	/* The watchdog first: it must not change the protection of an address
-	 * range that is no longer this mapping. */
+	/* The threads first: they must not change the protection or the
+	 * page tables of an address range that is no longer this mapping. */
 	wd_stop(r);
+	session_stop(r);
 	close(r->conn);
 	/* Unmap before closing the userfaultfd: that wakes any thread still
 	 * waiting on a fault, which must then find no mapping. */
 	int e = munmap(r->base, r->len) ? -errno : 0;
 	close(r->uffd);
 	pthread_mutex_destroy(&r->mu);
+	for (size_t i = 0; i < r->npz; i++)
+		free(r->pz[i].why);
+	free(r->pz);
+	pthread_cond_destroy(&r->pchanged);
+	pthread_mutex_destroy(&r->pmu);
 	client_unref(r->c);
 	free(r->name);
 	free(r);
@@ -2418,6 +2808,7 @@ const char *dsm_strerror(int err)
 	case EACCES: return "dsm: permission denied";
 	case EPIPE: return "dsm: the barrier is broken (a party died, or it was reset)";
 	case EUSERS: return "dsm: more sessions than the barrier's parties take part";
+	case EHOSTUNREACH: return "dsm: page unavailable: the cluster could not serve it within the fault timeout";
 	}
 	return strerror(err);
 }

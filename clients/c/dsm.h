@@ -20,6 +20,7 @@
 #ifndef DSM_H
 #define DSM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -114,6 +115,63 @@ int dsm_region_size(dsm_client *c, const char *name, uint64_t *size);
  * joins the thread.
  */
 dsm_region *dsm_map(dsm_client *c, const char *name);
+
+/*
+ * dsm_map_ex is dsm_map with a fault timeout (the Go library's
+ * WithFaultTimeout); dsm_map is dsm_map_ex with 0, which waits forever.
+ *
+ * With fault_timeout_ms > 0, dsmd gives up on a fault of this mapping that
+ * has waited longer than that for a page the cluster cannot serve now (its
+ * home is down or unreachable, or dsmd holds no lease): it tells this
+ * process which page and why, then poisons the page here (UFFDIO_POISON,
+ * Linux 6.6; on older kernels the fault keeps waiting). From then on,
+ * until dsmd serves the page again (it says so, and libdsm removes the
+ * marker: the next access faults as usual):
+ *
+ *   - a plain load or store of the page through dsm_addr raises SIGBUS
+ *     (with the faulting thread's pending access not done). Without a
+ *     handler the process dies. To survive it, catch SIGBUS as the
+ *     watchdog's SIGSEGV above (sigaction, sigsetjmp before the access,
+ *     siglongjmp from the handler), then, out of the handler, call
+ *     dsm_fault_err for the reason.
+ *   - the atomics (and so the mutex, semaphore and barrier) return
+ *     -EHOSTUNREACH, with dsm_last_error naming the page, its offset and
+ *     dsmd's reason (for example which node was its home). The mapping
+ *     stays alive; other pages work as usual.
+ *
+ * The timeout also bounds how long an atomic waits for the lease watchdog
+ * to give the mapping back (-EHOSTUNREACH after it). A session thread per
+ * such mapping (all signals blocked, joined by dsm_unmap) reads dsmd's
+ * messages. A fault ends within the timeout plus about 100 ms plus the
+ * miss in flight (docs/failover.md §10). It needs a dsmd that knows fault
+ * timeouts (every dsmd that knows session tokens does).
+ */
+dsm_region *dsm_map_ex(dsm_client *c, const char *name, uint32_t fault_timeout_ms);
+
+/*
+ * dsm_unavailable stores in pages (up to max of them, ascending) the
+ * region page numbers (offset / dsm_page_size) dsmd has poisoned in this
+ * mapping now, and returns how many there are (may exceed max), or
+ * -EINVAL. dsm_unavailable_why copies dsmd's reason for page into why
+ * (len bytes, NUL-terminated; "" when the page is not poisoned) and
+ * returns 1 if it is poisoned, 0 if not. They list what libdsm has read
+ * of dsmd's messages: a thread may fault on a page shortly before it is
+ * listed. Neither may be called from a signal handler (they lock).
+ */
+int dsm_unavailable(dsm_region *r, uint64_t *pages, int max);
+int dsm_unavailable_why(dsm_region *r, uint64_t page, char *why, size_t len);
+
+/*
+ * dsm_fault_err explains a fault of a plain access at off through dsm_addr
+ * (after the signal handler returned or jumped out, not in it): the
+ * mapping's error (dsm_region_err) if dsmd no longer serves it; -EAGAIN
+ * if the lease watchdog holds it inaccessible; else -EHOSTUNREACH with
+ * dsm_last_error naming the page and dsmd's reason if dsmd poisoned it,
+ * waiting up to 5 s for dsmd's message if libdsm has not read it yet
+ * (after which the text says that dsmd gave no reason). Call it only for a
+ * fault: on a page that is not poisoned it waits those seconds.
+ */
+int dsm_fault_err(dsm_region *r, uint64_t off);
 
 /*
  * dsm_watchdog returns 1 if the mapping has a lease watchdog, 0 if not (a

@@ -23,6 +23,7 @@ unmapped).
 import ctypes
 import ctypes.util
 import errno as _errno
+import math
 import os
 
 __all__ = [
@@ -80,6 +81,9 @@ _sigs = {
     "dsm_delete_ex": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_int]),
     "dsm_region_size": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(_U64)]),
     "dsm_map": (_P, [_P, ctypes.c_char_p]),
+    "dsm_map_ex": (_P, [_P, ctypes.c_char_p, ctypes.c_uint32]),
+    "dsm_unavailable": (ctypes.c_int, [_P, ctypes.POINTER(_U64), ctypes.c_int]),
+    "dsm_unavailable_why": (ctypes.c_int, [_P, _U64, ctypes.c_char_p, ctypes.c_size_t]),
     "dsm_addr": (_P, [_P]),
     "dsm_len": (_U64, [_P]),
     "dsm_page_size": (_U64, [_P]),
@@ -210,9 +214,21 @@ class Client:
         _check(_lib.dsm_region_size(self._ptr(), _name(name), ctypes.byref(v)), "look up %s" % name)
         return v.value
 
-    def map(self, name):
-        """Map region name: a Region, which is a writable buffer."""
-        p = _lib.dsm_map(self._ptr(), _name(name))
+    def map(self, name, fault_timeout=None):
+        """Map region name: a Region, which is a writable buffer.
+
+        fault_timeout (seconds; None or 0: wait forever, as dsm_map) is
+        libdsm's dsm_map_ex: dsmd gives up on a fault that waits longer
+        than that for a page the cluster cannot serve. The atomics then
+        raise DSMError with errno EHOSTUNREACH naming the page and why,
+        and Region.unavailable() lists the page; an access through the
+        buffer (numpy included) gets SIGBUS, which ends the interpreter."""
+        ms = 0
+        if fault_timeout:
+            if fault_timeout < 0:
+                raise ValueError("dsm: a negative fault timeout")
+            ms = min(max(1, int(math.ceil(fault_timeout * 1000))), 2**32 - 1)
+        p = _lib.dsm_map_ex(self._ptr(), _name(name), ms)
         if not p:
             e = ctypes.get_errno()
             raise DSMError(e, "map %s" % name, _lib.dsm_last_error().decode(errors="replace"))
@@ -271,6 +287,24 @@ class Region:
         has ctypes' format "<B", which slice assignment from bytes does not
         take (region[i:j] = b"..." does)."""
         return memoryview(self).cast("B")
+
+    def unavailable(self):
+        """The pages dsmd has poisoned in this mapping now (see
+        Client.map's fault_timeout), as a sorted list of (page, why):
+        page is the offset divided by page_size, why dsmd's reason."""
+        n = 64
+        while True:
+            pages = (_U64 * n)()
+            got = _check(_lib.dsm_unavailable(self._ptr(), pages, n), "unavailable %s" % self._name)
+            if got <= n:
+                break
+            n = got
+        out = []
+        why = ctypes.create_string_buffer(1100)
+        for page in pages[:got]:
+            if _lib.dsm_unavailable_why(self._p, page, why, len(why)) == 1:
+                out.append((page, why.value.decode(errors="replace")))
+        return out
 
     def err(self):
         """None while dsmd serves the mapping, else the DSMError saying why not."""

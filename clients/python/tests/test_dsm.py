@@ -198,3 +198,20 @@ def test_unknown_region(client):
     with pytest.raises(dsm.DSMError) as e:
         client.map(region_name("none"))
     assert e.value.errno == 2
+
+
+def test_map_with_fault_timeout(client):
+    name = region_name("ft")
+    client.create(name, 1 << 16)
+    r = client.map(name, fault_timeout=2.5)
+    try:
+        assert r.unavailable() == []
+        r.store_u64(4096, 42)
+        assert r.load_u64(4096) == 42
+        r[0:3] = b"abc"
+        assert bytes(r[0:3]) == b"abc"
+    finally:
+        r.close()
+    with pytest.raises(ValueError):
+        client.map(name, fault_timeout=-1)
+    client.delete(name)

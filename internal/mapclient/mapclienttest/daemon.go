@@ -19,7 +19,9 @@
 // It also plays what dsmd does when it goes away (Die) and when a region
 // is deleted (DeleteRegion), and can serve a region under a name with
 // another id than before (SetRegion), as a page cache that lags behind the
-// directory does.
+// directory does. For fault timeouts it can map pages read-only
+// (ReadOnly), send any message on a session (Send) and poison a page in a
+// client (Poison), as dsmd does with a fault it gives up on.
 package mapclienttest
 
 import (
@@ -31,6 +33,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -53,6 +56,8 @@ type Session struct {
 	Region Region
 	Memfd  *memfd.File
 	Ended  bool // the session socket reached its end after Registered (the client closed it, or Die or DeleteRegion)
+	// FaultTimeout is what the client's Map asked for (0: none).
+	FaultTimeout time.Duration
 }
 
 // Daemon is a stand-in for dsmd's mapping sessions. Its methods are safe
@@ -69,6 +74,7 @@ type Daemon struct {
 	mu       sync.Mutex
 	regions  map[string]Region
 	hold     map[int]bool
+	readOnly map[int]bool
 	reply    []byte // when set, replaces the answer to every Map
 	sessions []*session
 	lease    *LeasePage        // given to sessions that ask; nil: none
@@ -79,6 +85,7 @@ type session struct {
 	Session
 	conn *net.UnixConn
 	u    *uffd.UFFD
+	addr uint64 // of the client's mapping, once registered
 }
 
 var ps = os.Getpagesize()
@@ -91,7 +98,7 @@ func New(t testing.TB, regions ...Region) *Daemon {
 	if _, err := uffd.Probe(); err != nil {
 		t.Skipf("no userfaultfd: %v", err)
 	}
-	d := &Daemon{t: t, faults: make(chan int, 64), regions: make(map[string]Region), hold: make(map[int]bool)}
+	d := &Daemon{t: t, faults: make(chan int, 64), regions: make(map[string]Region), hold: make(map[int]bool), readOnly: make(map[int]bool)}
 	for _, r := range regions {
 		d.regions[r.Name] = r
 	}
@@ -115,6 +122,73 @@ func (d *Daemon) Hold(pages ...int) {
 	for _, p := range pages {
 		d.hold[p] = true
 	}
+}
+
+// ReadOnly makes the Daemon install these pages (of any region)
+// write-protected when it resolves a missing fault on them, as dsmd maps a
+// page it holds Shared; a write fault on them is then held (reported on
+// Faults, never resolved).
+func (d *Daemon) ReadOnly(pages ...int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range pages {
+		d.readOnly[p] = true
+	}
+}
+
+// Release undoes Hold and ReadOnly for these pages: later faults on them
+// are resolved (faults already reported stay unresolved).
+func (d *Daemon) Release(pages ...int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, p := range pages {
+		delete(d.hold, p)
+		delete(d.readOnly, p)
+	}
+}
+
+// Send sends m on the i-th session (in the order of Sessions), as dsmd
+// sends Unavailable, Available and Poison after Registered.
+func (d *Daemon) Send(i int, m mapproto.Msg) {
+	d.t.Helper()
+	s := d.session(i)
+	b, err := mapproto.Encode(m)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if _, err := s.conn.Write(b); err != nil {
+		d.t.Fatalf("fake dsmd: sending %s: %v", m, err)
+	}
+}
+
+// Poison poisons page p (of the system page size) in the i-th session's
+// client with UFFDIO_POISON, as dsmd does with a fault it gives up on:
+// the threads waiting on the page are woken and get SIGBUS. It returns
+// the error (EEXIST: the client maps the page).
+func (d *Daemon) Poison(i, p int) error {
+	s := d.session(i)
+	if s.u == nil {
+		return errors.New("fake dsmd: the session is not registered")
+	}
+	return s.u.Poison(s.addr+uint64(p*ps), uint64(ps), 0)
+}
+
+// session is the i-th session answered with Mapped.
+func (d *Daemon) session(i int) *session {
+	d.t.Helper()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, s := range d.sessions {
+		if s.Memfd == nil {
+			continue
+		}
+		if i == 0 {
+			return s
+		}
+		i--
+	}
+	d.t.Fatalf("fake dsmd: no session %d", i)
+	return nil
 }
 
 // Faults reports the page of every fault on a held page.
@@ -290,7 +364,7 @@ func (d *Daemon) serve(s *session) {
 		return
 	}
 	d.mu.Lock()
-	s.Region, s.Memfd = r, mf
+	s.Region, s.Memfd, s.FaultTimeout = r, mf, req.FaultTimeout
 	d.mu.Unlock()
 	b, _ := mapproto.Encode(mapproto.Msg{Type: mapproto.TypeMapped, Region: r.ID, Size: uint64(mf.Size()), PageSize: uint32(ps)})
 	sendFDs := []int{mf.Fd()}
@@ -311,7 +385,7 @@ func (d *Daemon) serve(s *session) {
 		return
 	}
 	d.mu.Lock()
-	s.u = u
+	s.u, s.addr = u, reg.Addr
 	d.mu.Unlock()
 	b, _ = mapproto.Encode(mapproto.Msg{Type: mapproto.TypeRegistered})
 	conn.Write(b)
@@ -326,18 +400,22 @@ func (d *Daemon) serve(s *session) {
 		for _, m := range msgs[:n] {
 			p := int((m.Address - reg.Addr) / uint64(ps))
 			d.mu.Lock()
-			held := d.hold[p]
+			held, ro := d.hold[p], d.readOnly[p]
 			d.mu.Unlock()
-			if held {
+			if held || (ro && m.Kind() == uffd.FaultWP) {
 				d.faults <- p
 				continue
 			}
 			addr := reg.Addr + uint64(p*ps)
+			var opt uffd.Opt
+			if ro {
+				opt = uffd.MapWP
+			}
 			switch m.Kind() {
 			case uffd.FaultMissing:
-				err = u.Copy(addr, bytes.Repeat([]byte{byte(p + 1)}, ps), 0)
+				err = u.Copy(addr, bytes.Repeat([]byte{byte(p + 1)}, ps), opt)
 			case uffd.FaultMinor:
-				err = u.Continue(addr, uint64(ps), 0)
+				err = u.Continue(addr, uint64(ps), opt)
 			case uffd.FaultWP:
 				err = u.WriteProtect(addr, uint64(ps), false, 0)
 			}

@@ -42,6 +42,16 @@
  *                                                     until the watchdog has held the mapping T
  *                                                     times and let go, then "ok ADDS VALUE";
  *                                                     "watchdog": "W HELD TIMES"; "unmap": "ok")
+ *   cclient ADDR REGION fault-repl MS                (watch-repl on a mapping made with dsm_map_ex,
+ *                                                     a fault timeout of MS ms; a plain access that
+ *                                                     gets SIGBUS answers "fault SIGBUS"; and more
+ *                                                     lines: "astore OFF V" (dsm_store_u64): "ok" or
+ *                                                     "err E TEXT"; "unavail" (dsm_unavailable and
+ *                                                     dsm_unavailable_why): "none" or "P=WHY;P=WHY...";
+ *                                                     "faulterr OFF" (dsm_fault_err): "err E TEXT")
+ *
+ * The atomics of watch-repl and fault-repl answer "err E TEXT" on failure
+ * (E: the negative errno value, TEXT: dsm_last_error).
  */
 #include <dsm.h>
 #include <errno.h>
@@ -107,7 +117,7 @@ static void on_fault(int sig)
 
 static sigjmp_buf recover_env;
 
-static void on_fault_recover(int sig) { siglongjmp(recover_env, 1); }
+static void on_fault_recover(int sig) { siglongjmp(recover_env, sig); }
 
 /* watch_repl is the watch-repl command (above); it unmaps r on "unmap". */
 static void watch_repl(dsm_region *r)
@@ -115,7 +125,7 @@ static void watch_repl(dsm_region *r)
 	unsigned char *b = dsm_addr(r);
 	struct sigaction sa = {.sa_handler = on_fault_recover};
 	sigemptyset(&sa.sa_mask);
-	if (sigaction(SIGSEGV, &sa, NULL) != 0)
+	if (sigaction(SIGSEGV, &sa, NULL) != 0 || sigaction(SIGBUS, &sa, NULL) != 0)
 		die("sigaction", errno);
 	printf("mapped %d %llx\n", dsm_watchdog(r, NULL, NULL), (unsigned long long)(uintptr_t)b);
 	fflush(stdout);
@@ -126,9 +136,9 @@ static void watch_repl(dsm_region *r)
 		uint64_t times, got;
 		if (sscanf(line, "load %llu", &off) == 1 || sscanf(line, "store %llu %llu", &off, &v) == 2) {
 			volatile uint64_t *w = (volatile uint64_t *)(b + off);
-			int store = line[0] == 's';
-			if (sigsetjmp(recover_env, 1) != 0) {
-				puts("fault");
+			int store = line[0] == 's', sig;
+			if ((sig = sigsetjmp(recover_env, 1)) != 0) {
+				puts(sig == SIGBUS ? "fault SIGBUS" : "fault");
 			} else if (store) {
 				*w = v;
 				puts("ok");
@@ -138,9 +148,31 @@ static void watch_repl(dsm_region *r)
 			}
 		} else if (sscanf(line, "aload %llu", &off) == 1) {
 			if ((e = dsm_load_u64(r, off, &got)))
-				printf("err %d\n", e);
+				printf("err %d %s\n", e, dsm_last_error());
 			else
 				printf("ok %llu\n", (unsigned long long)got);
+		} else if (sscanf(line, "astore %llu %llu", &off, &v) == 2) {
+			if ((e = dsm_store_u64(r, off, v)))
+				printf("err %d %s\n", e, dsm_last_error());
+			else
+				puts("ok");
+		} else if (sscanf(line, "faulterr %llu", &off) == 1) {
+			e = dsm_fault_err(r, off);
+			printf("err %d %s\n", e, dsm_last_error());
+		} else if (strcmp(line, "unavail\n") == 0) {
+			uint64_t pages[64];
+			char why[1100];
+			int n = dsm_unavailable(r, pages, 64);
+			if (n < 0)
+				printf("err %d\n", n);
+			else if (n == 0)
+				puts("none");
+			for (int i = 0; i < n && i < 64; i++) {
+				dsm_unavailable_why(r, pages[i], why, sizeof why);
+				printf("%s%llu=%s", i ? ";" : "", (unsigned long long)pages[i], why);
+			}
+			if (n > 0)
+				putchar('\n');
 		} else if (sscanf(line, "aadd-loop %llu %llu", &off, &v) == 2) {
 			uint64_t adds = 0;
 			for (;;) {
@@ -152,7 +184,7 @@ static void watch_repl(dsm_region *r)
 					break;
 			}
 			if (e)
-				printf("err %d\n", e);
+				printf("err %d %s\n", e, dsm_last_error());
 			else
 				printf("ok %llu %llu\n", (unsigned long long)adds, (unsigned long long)got);
 		} else if (strcmp(line, "watchdog\n") == 0) {
@@ -231,7 +263,8 @@ int main(int argc, char **argv)
 		puts("ok");
 		return 0;
 	}
-	dsm_region *r = dsm_map(c, region);
+	dsm_region *r = strcmp(cmd, "fault-repl") == 0 && argc == 5 ? dsm_map_ex(c, region, (uint32_t)num(argv[4]))
+									 : dsm_map(c, region);
 	if (r == NULL)
 		die("map", errno);
 	unsigned char *b = dsm_addr(r);
@@ -386,7 +419,7 @@ int main(int argc, char **argv)
 			atomic_store_explicit(pong, seq, memory_order_release);
 			last = seq;
 		}
-	} else if (strcmp(cmd, "watch-repl") == 0 && argc == 4) {
+	} else if ((strcmp(cmd, "watch-repl") == 0 && argc == 4) || (strcmp(cmd, "fault-repl") == 0 && argc == 5)) {
 		watch_repl(r);
 	} else if (strcmp(cmd, "watch-loop") == 0 && argc == 5) {
 		watch_loop(r, num(argv[4]));
