@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"os"
@@ -517,7 +519,8 @@ func (c *checker) pages() {
 				tornAllowed++
 				continue
 			}
-			c.violate("page", fmt.Sprintf("%s read a %s page at %#x (seq %#x in its header) with no write of it in flight", r.Proc, r.Status, r.Addr, r.Out), r.Return, r.Node, r)
+			c.violate("page", fmt.Sprintf("%s read a %s page at %#x (seq %#x in its header) with no write of it in flight%s", r.Proc, r.Status, r.Addr, r.Out,
+				c.tearAccount(r, writes[r.Addr])), r.Return, r.Node, r)
 			continue
 		}
 		seq := r.Out
@@ -849,4 +852,73 @@ func (c *checker) crashes(events []event, nodeDirs map[int]string) {
 			}
 		}
 	}
+}
+
+// tearAccount says, for a torn or wrong page read r whose bytes the client
+// recorded, which write each part of the page came from (runs of 8-byte
+// words, by the seq of the write of that page whose content has them, or
+// zero), and what the same worker's next read of the page found. It is ""
+// when the read has no bytes recorded.
+func (c *checker) tearAccount(r *Op, writes []*Op) string {
+	raw, err := hex.DecodeString(r.Raw)
+	if err != nil || len(raw) != pageSize {
+		return ""
+	}
+	page := pageIndex(r.Addr)
+	want := make(map[uint64][]byte, len(writes))
+	order := make([]uint64, 0, len(writes))
+	for _, w := range writes {
+		if _, ok := want[w.Arg]; ok || w.Call > r.Return {
+			continue
+		}
+		b := make([]byte, pageSize)
+		fillPage(b, page, w.Arg, w.Node)
+		want[w.Arg] = b
+		order = append(order, w.Arg)
+	}
+	// The newest write first: a word that several writes share (none, but
+	// for the page number) is put down to the newest.
+	slices.Reverse(order)
+	label := func(o int) string {
+		word := raw[o : o+8]
+		if o == hdrPage && binary.LittleEndian.Uint64(word) == page {
+			return "page number"
+		}
+		for _, seq := range order {
+			if string(want[seq][o:o+8]) == string(word) {
+				return fmt.Sprintf("seq %#x", seq)
+			}
+		}
+		if binary.LittleEndian.Uint64(word) == 0 {
+			return "zeros"
+		}
+		return "unknown"
+	}
+	var parts []string
+	start, cur := 0, label(0)
+	for o := 8; o <= pageSize; o += 8 {
+		l := ""
+		if o < pageSize {
+			l = label(o)
+		}
+		if l != cur {
+			parts = append(parts, fmt.Sprintf("%d-%d %s", start, o-1, cur))
+			start, cur = o, l
+		}
+	}
+	next := "no later read of it by that worker"
+	var after *Op
+	for _, o := range c.of(opPageRead) {
+		if o.Proc == r.Proc && o.Worker == r.Worker && o.Addr == r.Addr && o.Call >= r.Return && (after == nil || o.Call < after.Call) {
+			after = o
+		}
+	}
+	switch {
+	case after == nil:
+	case !after.OK:
+		next = "the next read by that worker failed: " + after.Err
+	default:
+		next = fmt.Sprintf("the next read by that worker, %.3fs later, found %s seq %#x", float64(after.Call-r.Return)/1e9, after.Status, after.Out)
+	}
+	return fmt.Sprintf(" [bytes %s; %s]", strings.Join(parts, ", "), next)
 }

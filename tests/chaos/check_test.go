@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -347,4 +348,40 @@ func TestRecovery(t *testing.T) {
 	if len(c.v.Violations) != 1 || c.v.Violations[0].Checker != "recovery" {
 		t.Fatalf("not recovered: violations %+v", c.v.Violations)
 	}
+}
+
+// TestTearAccount: a torn read whose bytes the client recorded is told
+// part by part: the header and the first half of the body from the newer
+// write, the rest from the older one, and what the worker's next read of
+// the page found.
+func TestTearAccount(t *testing.T) {
+	off := pageOff(1, 0)
+	page := pageIndex(off)
+	write := func(seq uint64, call, ret int64) *Op {
+		o := op("w", 1, opPageWrite, off, call, ret)
+		o.Arg = seq
+		return o
+	}
+	older, newer := make([]byte, pageSize), make([]byte, pageSize)
+	fillPage(older, page, 100, 1)
+	fillPage(newer, page, 200, 1)
+	torn := append(slices.Clone(newer[:2048]), older[2048:]...)
+	if st, _ := checkPage(torn, page); st != pageTorn {
+		t.Fatalf("the test page is %s, want torn", st)
+	}
+	r := op("r", 2, opPageRead, off, 5, 6)
+	r.Status, r.Out, r.Raw = pageTorn, 200, hex.EncodeToString(torn)
+	again := op("r", 2, opPageRead, off, 7, 8)
+	again.Status, again.Out = pageOK, 200
+	v := checkersOf(t, []*Op{write(100, 1, 2), write(200, 3, 4), r, again})
+	if violations(v, "page") != 1 {
+		t.Fatalf("violations: %+v", v.Violations)
+	}
+	what := v.Violations[0].What
+	for _, want := range []string{"0-7 seq 0xc8", "8-15 page number", "16-2047 seq 0xc8", "2048-4095 seq 0x64", "the next read by that worker, 0.001s later, found ok seq 0xc8"} {
+		if !strings.Contains(what, want) {
+			t.Errorf("the account lacks %q: %s", want, what)
+		}
+	}
+	t.Log(what)
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -302,14 +303,31 @@ func (c *client) register(rng *rand.Rand, r *dsm.Region, w int, unique uint64, l
 }
 
 // readPage reads the checksummed page at off and records what it holds.
+// A torn or wrong page is recorded with its bytes (for the checker's
+// account of the tear), and read once more at once, as an operation of its
+// own: whether the damage stays says where it is.
 func (c *client) readPage(r *dsm.Region, w int, off int64, buf []byte) {
+	if c.readPageOnce(r, w, off, buf) {
+		c.readPageOnce(r, w, off, buf)
+	}
+}
+
+// readPageOnce is one read of readPage; it reports whether the page was
+// torn or wrong.
+func (c *client) readPageOnce(r *dsm.Region, w int, off int64, buf []byte) bool {
 	id := c.rec.call(record{Op: opPageRead, Worker: w, Addr: off})
 	if _, err := r.ReadAt(buf, off); err != nil {
 		c.rec.ret(id, record{}, err)
-		return
+		return false
 	}
 	st, seq := checkPage(buf, pageIndex(off))
-	c.rec.ret(id, record{Out: seq, Status: st}, nil)
+	ret := record{Out: seq, Status: st}
+	damaged := st == pageTorn || st == pageWrong
+	if damaged {
+		ret.Raw = hex.EncodeToString(buf)
+	}
+	c.rec.ret(id, ret, nil)
+	return damaged
 }
 
 // rmw locks the Mutex, reads both words of the pair, writes each plus one

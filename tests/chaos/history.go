@@ -49,6 +49,9 @@ type record struct {
 	Out2    uint64 `json:"out2,omitempty"` // b of the pair
 	Swapped bool   `json:"sw,omitempty"`
 	Status  string `json:"st,omitempty"` // of a page read: ok, zero, torn, wrong
+	// Raw is the page a torn or wrong read returned (hex), for the
+	// checker's account of the tear.
+	Raw string `json:"raw,omitempty"`
 }
 
 // recorder appends records to a client's history file.
@@ -107,6 +110,7 @@ type Op struct {
 	Out2    uint64 `json:"out2,omitempty"`
 	Swapped bool   `json:"swapped,omitempty"`
 	Status  string `json:"status,omitempty"`
+	Raw     string `json:"raw,omitempty"`
 	// Killed is set on an operation that never returned because the nemesis
 	// killed its client process (client-kill): not a hang.
 	Killed bool `json:"killed,omitempty"`
@@ -167,6 +171,7 @@ func readHistory(path, proc string, node int, final bool) ([]*Op, error) {
 				return nil, fmt.Errorf("%s:%d: return of unknown operation %d", path, i+1, r.ID)
 			}
 			o.Return, o.OK, o.Err, o.Out, o.Out2, o.Swapped, o.Status = r.T, r.OK, r.Err, r.Out, r.Out2, r.Swapped, r.Status
+			o.Raw = r.Raw
 			if o.Return < o.Call {
 				o.Return = o.Call
 			}
