@@ -86,6 +86,9 @@ func (n *Node) startCopies(f Fill) error {
 		n.fillsHeld = append(n.fillsHeld, Fill{Pages: slices.Clone(f.Pages), To: f.To})
 		return nil
 	}
+	// The duties given a fill here are driven below; the others with
+	// fills are driven by the events they wait for, and by Ticks.
+	var touched []*homeDuty
 	for _, no := range f.Pages {
 		if why := n.fillRefused(no, f.To); why != "" {
 			n.copyAbandoned(no, f.To, why)
@@ -94,16 +97,18 @@ func (n *Node) startCopies(f Fill) error {
 		h := n.lazyDuty(no)
 		if f.To == ids.None {
 			h.fills = append(h.fills, &fillOp{since: n.slotReads})
+			touched = append(touched, h)
 			continue
 		}
 		if slices.ContainsFunc(h.fills, func(op *fillOp) bool { return op.to == f.To }) {
 			continue
 		}
 		h.fills = append(h.fills, &fillOp{to: f.To, epoch: n.epoch, members: slices.Clone(n.members)})
+		touched = append(touched, h)
 	}
 	n.fillProbe()
-	for _, h := range n.homes {
-		if len(h.fills) > 0 {
+	for _, h := range touched {
+		if len(h.fills) > 0 && n.homeIdx[h.no] == h {
 			n.driveHome(h)
 		}
 	}

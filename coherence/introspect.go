@@ -70,11 +70,14 @@ func (n *Node) Copy(no ids.PageNo) (State, []byte) {
 // move interrupted and the new home has not rebuilt yet. Data this node
 // wrote and gave up is at the page's home and backups once the page is in
 // none of these (or the node holds it Modified again, reclaimed).
+//
+// It looks at the active set only: a page in one of these is not settled,
+// hence active.
 func (n *Node) Releases(first, end ids.PageNo) []ids.PageNo {
 	var out []ids.PageNo
-	for no, p := range n.pages {
-		if no >= first && no < end && p.inRelease() {
-			out = append(out, no)
+	for _, p := range n.active {
+		if p.no >= first && p.no < end && p.inRelease() {
+			out = append(out, p.no)
 		}
 	}
 	slices.Sort(out)

@@ -763,8 +763,9 @@ func (n *Node) stepReceive(m Message) error {
 	case MsgEpochAck:
 		n.ackedIn[m.From] = n.epoch
 		n.epochAck(m.From)
-		for _, h := range n.homes {
-			if len(h.fills) > 0 {
+		// A duty with fills is not settled: the active set holds it.
+		for _, h := range n.activeHomes {
+			if len(h.fills) > 0 && n.homeIdx[h.no] == h {
 				n.driveHome(h) // its fence may be passed now
 			}
 		}
