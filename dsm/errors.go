@@ -100,6 +100,13 @@ var (
 	// the region's access list does not let its user do what it asked (map
 	// and write need write access; Load and ReadMemory read access).
 	ErrPermissionDenied = errors.New("dsm: permission denied")
+	// ErrDataLost: Sync of a durable region found that a write it had to
+	// persist was lost before: the nodes that held it (the page's home and
+	// its backups, more than the region's Backups of them) failed before a
+	// Sync made it durable. The message names the pages and versions. The
+	// rest of the range is persisted; each loss is reported once, and the
+	// next Sync of the range does not fail for it.
+	ErrDataLost = errors.New("dsm: data lost")
 )
 
 // DeadPartyError is the cause of an ErrBarrierBroken error when a party
@@ -218,6 +225,8 @@ func rpcErr(op, region string, err error) error {
 		kind = ErrUnsupported
 	case codes.PermissionDenied:
 		kind = ErrPermissionDenied
+	case codes.DataLoss:
+		kind = ErrDataLost
 	case codes.DeadlineExceeded:
 		kind = context.DeadlineExceeded
 	case codes.Canceled:

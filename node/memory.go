@@ -528,6 +528,9 @@ func (s *adminServer) Stats(ctx context.Context, req *dsmpb.StatsRequest) (*dsmp
 // retry the Sync (the data written back is at the homes and backups in
 // memory either way).
 func persistStatus(err error) error {
+	if errors.Is(err, ErrPersistLost) {
+		return status.Error(codes.DataLoss, err.Error())
+	}
 	if errors.Is(err, ErrPersistFailed) || errors.Is(err, ErrPersistUnavailable) {
 		return status.Error(codes.Unavailable, err.Error())
 	}

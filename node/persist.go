@@ -73,6 +73,15 @@ var ErrPersistUnavailable = errors.New("node: persist: no home took the request;
 // persist (a disk fault); the message names the node and the cause.
 var ErrPersistFailed = errors.New("node: persist failed")
 
+// ErrPersistLost fails a Sync of a durable region one of whose writes was
+// lost before the Sync could persist it: the page's home holds an older
+// version than the one this node released, because the release was lost
+// with the nodes that held it (its home and backups departed). The
+// message names the pages and versions. The Sync persists everything else,
+// and reports each lost write once: the next Sync does not ask for it
+// again.
+var ErrPersistLost = errors.New("node: written data lost before it was persisted")
+
 // persister is a node's part in persisting durable regions: as the
 // requester of its Syncs, as a home and as a backup.
 type persister struct {
@@ -254,6 +263,7 @@ func (ps *persister) syncRange(ctx context.Context, r directory.Region, first, e
 	all := ps.recorded(r.ID, first, end)
 	todo := all
 	var last []string // why pages were left for a later attempt
+	var lost []string // the homes' accounts of lost writes
 	for attempt := 0; len(todo) > 0; attempt++ {
 		if attempt == persistAttempts {
 			return fmt.Errorf("%w: %d pages of region %q after %d attempts: %s", ErrPersistUnavailable, len(todo), r.Name,
@@ -292,6 +302,8 @@ func (ps *persister) syncRange(ctx context.Context, r directory.Region, first, e
 			o := <-out
 			switch o.code {
 			case answerOK:
+			case answerLost:
+				lost = append(lost, o.msg)
 			case answerRetry:
 				todo = append(todo, o.pages...)
 				last = append(last, o.msg)
@@ -308,6 +320,10 @@ func (ps *persister) syncRange(ctx context.Context, r directory.Region, first, e
 		}
 	}
 	ps.persisted(r.ID, all)
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		return fmt.Errorf("%w: region %q: %s", ErrPersistLost, r.Name, strings.Join(lost, "; "))
+	}
 	return nil
 }
 
@@ -482,9 +498,10 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 	}
 	start := time.Now()
 	pages, code, msg := ps.stableCopies(ctx, re, asked)
-	if code != answerOK {
+	if code != answerOK && code != answerLost {
 		return code, msg
 	}
+	lostMsg := msg
 	copied := time.Now()
 	// The backups of each page, in the engine's view now.
 	es.mu.RLock()
@@ -521,13 +538,18 @@ func (ps *persister) serveHome(ctx context.Context, r ids.RegionID, asked []pers
 		slices.Sort(failed)
 		return answerFailed, strings.Join(failed, "; ")
 	}
+	if code == answerLost {
+		return answerLost, lostMsg
+	}
 	return answerOK, ""
 }
 
 // stableCopies takes a stable copy of every page asked for at this node,
 // their home (engine.Persist), in the home's order of stable copies. A
-// page whose copy is older than the version asked for fails; a page this
-// node is not the home of is answered retry.
+// page whose copy is older than the version asked for was lost (see
+// answerLost): it is left out, and the answer is answerLost, with the
+// other pages, naming it; a page this node is not the home of is answered
+// retry.
 func (ps *persister) stableCopies(ctx context.Context, re *regionEngine, asked []persistPage) ([]seqPage, answerCode, string) {
 	r := re.region.ID
 	if re.region.Durability != directory.DurabilitySynced {
@@ -551,7 +573,8 @@ func (ps *persister) stableCopies(ctx context.Context, re *regionEngine, asked [
 	re.e.Persist(nos)
 	wctx, cancel := context.WithTimeout(ctx, persistCopyWait)
 	defer cancel()
-	pages := make([]seqPage, len(asked))
+	pages := make([]seqPage, 0, len(asked))
+	var lost []string
 	for i, ch := range chs {
 		var sc stableCopy
 		select {
@@ -567,10 +590,18 @@ func (ps *persister) stableCopies(ctx context.Context, re *regionEngine, asked [
 		case d.Err != nil:
 			return nil, answerFailed, fmt.Sprintf("%v: stable copy of page %d: %v", ps.self, d.Page, d.Err)
 		case asked[i].Version != 0 && pagestore.Newer(asked[i].Version, d.Version):
-			return nil, answerFailed, fmt.Sprintf("%v: page %d read at version %d, older than the released %d", ps.self, d.Page,
-				d.Version, asked[i].Version)
+			// A home's copy of a page never goes back to an older
+			// version but when the release was lost with the nodes that
+			// held it: this node became home holding what survived.
+			lost = append(lost, fmt.Sprintf("page %d (released at version %d, the home holds %d)", d.Page, asked[i].Version, d.Version))
+			continue
 		}
-		pages[i] = seqPage{Page: pagestore.Page{Region: r, No: uint64(d.Page), Version: d.Version, Data: d.Data}, seq: sc.seq}
+		pages = append(pages, seqPage{Page: pagestore.Page{Region: r, No: uint64(d.Page), Version: d.Version, Data: d.Data}, seq: sc.seq})
+	}
+	if len(lost) > 0 {
+		ps.log.Warn("a Sync asked for writes this home never got: lost with the nodes that held them", "region", re.region.Name, "lost", len(lost), "first", lost[0])
+		return pages, answerLost, fmt.Sprintf("%v: %d written pages lost with the nodes that held them before a Sync persisted them: %s",
+			ps.self, len(lost), strings.Join(lost, ", "))
 	}
 	return pages, answerOK, ""
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cockroachdb/pebble/vfs"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dsmkit/dsm/internal/ids"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
@@ -574,4 +575,63 @@ func durableAndMemory(ctx context.Context, t *testing.T, ms []testMember, pages 
 		}
 	}
 	return rid, mid, home, backups[0]
+}
+
+// TestSyncReportsALostWriteOnce: when the home of a page holds an older
+// version than the one this node released (the release was lost with the
+// home and backups that held it, and the page's new home holds what
+// survived), a Sync fails once with DATA_LOSS naming the page and both
+// versions, persists the rest of its range, and the next Sync succeeds:
+// before, every later Sync failed on that page for good. The loss is
+// simulated by recording a later release than the home got.
+func TestSyncReportsALostWriteOnce(t *testing.T) {
+	ms := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cr, err := ms[0].cli.CreateRegion(ctx, &dsmpb.CreateRegionRequest{Name: "lost", Size: 16 << 12,
+		Durability: dsmpb.Durability_DURABILITY_DURABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rid := ids.RegionID(cr.Region.Id)
+	waitServed(ctx, t, ms, "lost")
+	home, _ := placed(t, ms[0], rid, 0)
+	var w testMember
+	for _, m := range ms {
+		if ids.NodeID(m.n.cfg.ID) != home {
+			w = m
+		}
+	}
+	// Pages 0 and 1 written and given up; page 0's release is then
+	// recorded three versions later than the home's copy.
+	if _, err := w.adm.WriteMemory(ctx, &dsmpb.WriteMemoryRequest{Region: "lost", Data: bytes.Repeat([]byte("L"), 2<<12)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.n.cache.Flush(ctx, rid, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	pages := w.n.persist.recorded(rid, 0, 2)
+	if len(pages) != 2 {
+		t.Fatalf("recorded %v", pages)
+	}
+	held := pages[0].Version
+	w.n.persist.releasedFn(rid)(0, held+3)
+
+	_, err = w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "lost"})
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), fmt.Sprintf("page 0 (released at version %d, the home holds %d)", held+3, held)) {
+		t.Fatalf("Sync after a lost write: %v; want DATA_LOSS naming page 0 and both versions", err)
+	}
+	t.Logf("Sync: %v", err)
+	// The rest was persisted: page 1 at its home's store.
+	if h1, _ := placed(t, ms[0], rid, 1); h1 == home {
+		if v, _, ok, err := ms[home-1].n.pages.Get(rid, 1); err != nil || !ok || v != pages[1].Version {
+			t.Fatalf("page 1 at its home's store: v%d %v %v; want v%d", v, ok, err, pages[1].Version)
+		}
+	}
+	if _, err := w.cli.Sync(ctx, &dsmpb.SyncRequest{Region: "lost"}); err != nil {
+		t.Fatalf("the Sync after the one that reported the loss: %v", err)
+	}
+	if got := w.n.persist.recorded(rid, 0, 2); len(got) != 0 {
+		t.Fatalf("still recorded after the loss was reported: %v", got)
+	}
 }

@@ -68,6 +68,12 @@ const (
 	// asked for, or does not serve the region yet: ask the home of a later
 	// view.
 	answerRetry
+	// answerLost: the home holds an older version of some page than the
+	// one the requester released: that release was lost with the nodes
+	// that held it (the page's home and backups departed before a Sync
+	// persisted it). The other pages asked for are persisted; the message
+	// names the lost ones.
+	answerLost
 )
 
 const (
@@ -251,7 +257,7 @@ func decodeNodeMsg(b []byte) (nodeMsg, error) {
 			return m, fmt.Errorf("%w: %v: %d-byte body", errBadNodeMsg, m.Kind, len(b))
 		}
 		m.Code = answerCode(b[0])
-		if m.Code < answerOK || m.Code > answerRetry {
+		if m.Code < answerOK || m.Code > answerLost {
 			return m, fmt.Errorf("%w: %v: code %d", errBadNodeMsg, m.Kind, m.Code)
 		}
 		n := int(binary.LittleEndian.Uint16(b[1:]))

@@ -32,6 +32,10 @@
 //                       google.rpc.ErrorInfo detail: reason
 //                       PAGE_UNAVAILABLE, domain dsm.v1, metadata "page",
 //                       "node" (n3), "role" (home, holder, ...), "why".
+//   DATA_LOSS           Sync of a durable region: a write it had to persist
+//                       was lost before, with the nodes that held it (the
+//                       page's home and backups failed first). The message
+//                       names the pages; each loss is reported once.
 //   DEADLINE_EXCEEDED   the caller's deadline ran out (a coherence operation
 //                       stalled behind a failover, for instance).
 //   RESOURCE_EXHAUSTED  the page cache is full of pages that cannot be
