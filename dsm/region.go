@@ -360,10 +360,11 @@ func (r *Region) CompareAndSwapUint64(ctx context.Context, off int64, old, new u
 // homes and to the region's backups (and leave this machine's cache), so
 // the crash of this machine, or of as many other nodes as the region has
 // backups, no longer loses them. For a Durable region it also waits until
-// the pages this machine wrote are on disk at their homes and backups, and
-// fails when a disk there cannot take them; the disk copies are not
-// loaded again after a restart yet, so a restart of the whole cluster
-// still loses every page. On a dead Region it fails
+// the pages this machine wrote are on disk at their homes and backups (a
+// restart of the whole cluster then finds them), and fails when a disk
+// there cannot take them, or with ErrDataLost when one of those writes was
+// lost before, with more of the nodes that held it than the region has
+// backups (each such loss is reported once). On a dead Region it fails
 // as Err does (nothing it could sync is this mapping's any more), also
 // when the mapping dies while Sync runs.
 func (r *Region) Sync(ctx context.Context) error {
