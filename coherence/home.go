@@ -28,6 +28,32 @@ const (
 	hFillWrite                   // WRITE of the home copy and its stamp to a backup being filled
 )
 
+func (o homeOp) String() string {
+	switch o {
+	case 0:
+		return "none"
+	case hRepair:
+		return "repair"
+	case hPoll:
+		return "poll"
+	case hPass:
+		return "pass"
+	case hRebuild:
+		return "rebuild"
+	case hBkRead:
+		return "backup-read"
+	case hBkWrite:
+		return "backup-write"
+	case hFillRead:
+		return "fill-read"
+	case hFillResv:
+		return "fill-reserve"
+	case hFillWrite:
+		return "fill-write"
+	}
+	return fmt.Sprintf("homeOp(%d)", uint8(o))
+}
+
 // homeDuty is the home's side of one page it serves: the repair after a
 // reconfiguration and the reservation queue.
 type homeDuty struct {

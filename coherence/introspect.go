@@ -127,6 +127,26 @@ func (n *Node) Quiet() bool {
 	return n.synced || !n.probing
 }
 
+// DumpPage describes page no at this node in one line, for logs: the
+// client side as Dump writes it, with the word last seen, and, when this
+// node is the page's home and has a duty for it, the home side (its
+// operation, word, reservation queue, fills, rebuild).
+func (n *Node) DumpPage(no ids.PageNo) string {
+	var b strings.Builder
+	if p := n.pages[no]; p != nil {
+		n.dumpPage(&b, p)
+		fmt.Fprintf(&b, " word=%v home=%v inflight=%d attempts=%d", p.guess, p.home, p.inflight, p.attempts)
+	} else {
+		fmt.Fprintf(&b, "%v %v: not known here", n.cfg.ID, no)
+	}
+	if h := n.homeIdx[no]; h != nil {
+		fmt.Fprintf(&b, "; home duty: op=%v word=%v inflight=%d pending=%t rebuilding=%t queue=%v granted=%v fills=%d",
+			h.op, h.guess, h.inflight, h.pending, h.rebuilding, h.queue, h.granted, len(h.fills))
+	}
+	fmt.Fprintf(&b, "; epoch %v, home %v", n.epoch, n.homeOf(no))
+	return b.String()
+}
+
 // Dump is a one-line-per-page description of the node's state, stable for
 // transcripts.
 func (n *Node) Dump() string {
@@ -134,38 +154,43 @@ func (n *Node) Dump() string {
 	ps := slices.Clone(n.order)
 	sort.Slice(ps, func(i, j int) bool { return ps[i].no < ps[j].no })
 	for _, p := range ps {
-		fmt.Fprintf(&b, "%v %v: %v v=%d %v", n.cfg.ID, p.no, p.state, p.copyVer, p.ph)
-		if p.ph == phResolve {
-			fmt.Fprintf(&b, "(%v)", p.resolving)
-		}
-		if p.unitCounted {
-			fmt.Fprintf(&b, " unit@%d", p.unitVer)
-		}
-		if p.ph == phWaitAcks {
-			fmt.Fprintf(&b, " awaiting=%v", n.Page(p.no).Awaiting)
-		}
-		if p.recall {
-			fmt.Fprintf(&b, " recall(v=%d write=%t)", p.recallVer, p.recallWrite)
-		}
-		if p.frozen {
-			b.WriteString(" frozen")
-		}
-		if p.frozenM {
-			b.WriteString(" (M?)")
-		}
-		if p.granted {
-			b.WriteString(" granted")
-		}
-		if p.downgrade {
-			b.WriteString(" downgrade")
-		}
-		if len(p.queue) > 0 {
-			fmt.Fprintf(&b, " queued=%d", len(p.queue))
-		}
-		if p.state != Invalid && len(p.data) >= 8 {
-			fmt.Fprintf(&b, " data[0]=%d", p.load(0))
-		}
+		n.dumpPage(&b, p)
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// dumpPage writes Dump's line of page p, without the newline.
+func (n *Node) dumpPage(b *strings.Builder, p *page) {
+	fmt.Fprintf(b, "%v %v: %v v=%d %v", n.cfg.ID, p.no, p.state, p.copyVer, p.ph)
+	if p.ph == phResolve {
+		fmt.Fprintf(b, "(%v)", p.resolving)
+	}
+	if p.unitCounted {
+		fmt.Fprintf(b, " unit@%d", p.unitVer)
+	}
+	if p.ph == phWaitAcks {
+		fmt.Fprintf(b, " awaiting=%v", n.Page(p.no).Awaiting)
+	}
+	if p.recall {
+		fmt.Fprintf(b, " recall(v=%d write=%t)", p.recallVer, p.recallWrite)
+	}
+	if p.frozen {
+		b.WriteString(" frozen")
+	}
+	if p.frozenM {
+		b.WriteString(" (M?)")
+	}
+	if p.granted {
+		b.WriteString(" granted")
+	}
+	if p.downgrade {
+		b.WriteString(" downgrade")
+	}
+	if len(p.queue) > 0 {
+		fmt.Fprintf(b, " queued=%d", len(p.queue))
+	}
+	if p.state != Invalid && len(p.data) >= 8 {
+		fmt.Fprintf(b, " data[0]=%d", p.load(0))
+	}
 }

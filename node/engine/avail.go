@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dsmkit/dsm/coherence"
@@ -287,11 +288,40 @@ func (e *Engine) sweep(now time.Time) {
 	}
 	for _, id := range slices.Sorted(maps.Keys(e.waiters)) {
 		w := e.waiters[id]
-		if err := e.unavailable(w.page, now.Sub(w.start), false); err != nil {
+		waited := now.Sub(w.start)
+		if err := e.unavailable(w.page, waited, false); err != nil {
 			e.failWaiter(id, w, err)
+			continue
+		}
+		if !w.reported && waited >= longWait {
+			// Not unavailable, so contention or a peer that takes turns
+			// slowly: neither fails the call. Say once what the page
+			// looks like from here, for whoever finds the call stuck.
+			w.reported = true
+			e.log.Warn("a call has waited long for a page that is not unavailable (contention, or a peer that does not answer)",
+				"region", e.cfg.Name, "page", w.page, "call", w.kind, "waited", waited.Round(time.Millisecond),
+				"state", e.sm.DumpPage(w.page), "batches_in_flight", e.flyingFor(w.page))
 		}
 	}
 	e.sweepReleaseWaits(now)
+}
+
+// longWait is how long a call waits before sweep logs it (a variable for
+// the tests).
+var longWait = 20 * time.Second
+
+// flyingFor describes the batches of page p in flight: to whom, since when.
+func (e *Engine) flyingFor(p ids.PageNo) string {
+	var parts []string
+	for _, id := range slices.Sorted(maps.Keys(e.flying)) {
+		if f := e.flying[id]; f.page == p {
+			parts = append(parts, fmt.Sprintf("%d to %v for %v", id, f.to, e.now().Sub(f.since).Round(time.Millisecond)))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // failWaiter ends a waiting call with err. The request stays in the state

@@ -2,8 +2,11 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -255,4 +258,52 @@ func TestStalledHomeFailsAfterBound(t *testing.T) {
 	if err := n1.pages.Write(ctx, n1.e, testRegion, 1, testPageSize, 0, []byte{7}); err != nil {
 		t.Fatalf("write of a page homed at n2: %v", err)
 	}
+}
+
+// A call that waits long without being unavailable (here: a home whose
+// answers stall, with no bound on unavailability) is logged once, with the
+// page's state as this node sees it and the batches in flight, so that a
+// call found stuck can be explained from the log.
+func TestLongWaitLogged(t *testing.T) {
+	defer func(d time.Duration) { longWait = d }(longWait)
+	longWait = 200 * time.Millisecond
+	var logs syncBuffer
+	nodes, f1 := faultCluster(t, func(c *Config) {
+		c.UnavailableAfter = -1
+		if c.ID == 1 {
+			c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		}
+	})
+	ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
+	defer cancel()
+	const p = ids.PageNo(2) // homed at n3
+	if err := f1.SetRules(fault.Rule{Traffic: fault.Ops, Action: fault.Delay, Peer: 3, Prob: 1, Delay: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodes[1].pages.Read(ctx, nodes[1].e, testRegion, p, testPageSize); err == nil {
+		t.Fatal("the read of a page whose home stalls returned")
+	}
+	out := logs.String()
+	if strings.Count(out, "a call has waited long") != 1 || !strings.Contains(out, "n1 p2: I") || !strings.Contains(out, "to n3 for") {
+		t.Fatalf("log: %s", out)
+	}
+	t.Log(out)
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

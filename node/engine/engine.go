@@ -249,6 +249,20 @@ const (
 	evictOp
 )
 
+func (k missKind) String() string {
+	switch k {
+	case atomicOp:
+		return "atomic"
+	case readMiss:
+		return "read miss"
+	case writeMiss:
+		return "write miss"
+	case evictOp:
+		return "write-back"
+	}
+	return fmt.Sprintf("missKind(%d)", uint8(k))
+}
+
 type submit struct {
 	req   coherence.Request
 	kind  missKind
@@ -261,6 +275,8 @@ type waiter struct {
 	kind  missKind
 	start time.Time
 	ch    chan result // buffered 1
+	// reported: the call was logged as waiting long (sweep).
+	reported bool
 }
 
 type result struct {
