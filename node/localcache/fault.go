@@ -237,6 +237,7 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	defer cl.c.st.faultsInFlight.Add(-1)
 	wait := retryMin
 	since := time.Now() // when the oldest fault not answered yet was read
+	reported := false   // the wait was logged (longFault)
 	for {
 		// A fault waits through a suspension for as long as its
 		// FaultTimeout allows, counted from since: a dsmd without a lease
@@ -276,6 +277,11 @@ func (cl *client) work(p ids.PageNo, write bool) {
 			// The engine refused or failed: wait, then try again; the
 			// faulting thread stays blocked meanwhile.
 			cl.c.log.Debug("miss failed; retrying", "client", cl.id, "page", p, "err", err)
+			if !reported && time.Since(since) >= longFault {
+				reported = true
+				cl.c.log.Warn("a fault has waited long; its misses keep failing, not as unavailable", "client", cl.id, "pid", cl.pid,
+					"region", cl.r.id, "page", p, "waited", time.Since(since).Round(time.Millisecond), "err", err)
+			}
 			if !cl.sleep(wait) {
 				cl.finish(p)
 				return
@@ -296,9 +302,14 @@ func (cl *client) work(p ids.PageNo, write bool) {
 		write = pd.write
 		pd.again, pd.write = false, false
 		cl.mu.Unlock()
-		since = time.Now()
+		since, reported = time.Now(), false
 	}
 }
+
+// longFault is how long a fault whose misses keep failing (not as
+// unavailable: those are poisoned after the client's FaultTimeout) waits
+// before it is logged, once.
+const longFault = 20 * time.Second
 
 // sleep waits d, or less if the client goes away (then it is false).
 func (cl *client) sleep(d time.Duration) bool {
