@@ -3,7 +3,9 @@ package tests
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +27,9 @@ import (
 //   - Sync1MiB/raw-pebble: the same 256 pages of 4 KiB as one pebble batch
 //     committed with pebble.Sync into a store on the file system of the
 //     nodes' data directories: one synced write of the bytes, no network.
+//   - Sync1MiB/raw-pebble-x2: that batch committed into two stores at
+//     once: the bytes a Sync with one backup persists (a copy at the home
+//     and one at the backup), on the one disk of this machine.
 //
 // MB/s counts the bytes of the dirty pages once per Sync.
 func BenchmarkDurableSync(b *testing.B) {
@@ -77,32 +82,58 @@ func BenchmarkDurableSync(b *testing.B) {
 		})
 	}
 
-	b.Run("Sync1MiB/raw-pebble", func(b *testing.B) {
-		db, err := pebble.Open(b.TempDir(), &pebble.Options{})
-		if err != nil {
-			b.Fatal(err)
+	// The raw rows: one store (raw-pebble), and two stores committing the
+	// same batch at once (raw-pebble-x2: the bytes a Sync with one backup
+	// persists, a copy at the home and one at the backup, here on one
+	// disk as on the cluster).
+	for _, stores := range []int{1, 2} {
+		name := "Sync1MiB/raw-pebble"
+		if stores > 1 {
+			name += fmt.Sprintf("-x%d", stores)
 		}
-		defer db.Close()
-		b.SetBytes(dirty * ps)
-		val := make([]byte, ps)
-		key := make([]byte, 20)
-		for i := 0; b.Loop(); i++ {
-			batch := db.NewBatch()
-			for j := range dirty {
-				binary.BigEndian.PutUint32(key, 1)
-				binary.BigEndian.PutUint64(key[4:], uint64(j*stride+i%stride))
-				binary.BigEndian.PutUint64(key[12:], uint64(i))
-				binary.LittleEndian.PutUint64(val, uint64(i)<<32|uint64(j))
-				if err := batch.Set(key, val, nil); err != nil {
+		b.Run(name, func(b *testing.B) {
+			dbs := make([]*pebble.DB, stores)
+			for k := range dbs {
+				db, err := pebble.Open(b.TempDir(), &pebble.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer db.Close()
+				dbs[k] = db
+			}
+			b.SetBytes(dirty * ps)
+			for i := 0; b.Loop(); i++ {
+				var wg sync.WaitGroup
+				errs := make([]error, stores)
+				for k, db := range dbs {
+					wg.Go(func() { errs[k] = commitPages(db, i, dirty, stride, ps) })
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
 					b.Fatal(err)
 				}
 			}
-			if err := batch.Commit(pebble.Sync); err != nil {
-				b.Fatal(err)
-			}
-			batch.Close()
+		})
+	}
+}
+
+// commitPages commits the pages of a Sync1MiB iteration i into db as one
+// batch with pebble.Sync: dirty pages of ps bytes, stride pages apart.
+func commitPages(db *pebble.DB, i, dirty, stride, ps int) error {
+	batch := db.NewBatch()
+	defer batch.Close()
+	val := make([]byte, ps)
+	key := make([]byte, 20)
+	for j := range dirty {
+		binary.BigEndian.PutUint32(key, 1)
+		binary.BigEndian.PutUint64(key[4:], uint64(j*stride+i%stride))
+		binary.BigEndian.PutUint64(key[12:], uint64(i))
+		binary.LittleEndian.PutUint64(val, uint64(i)<<32|uint64(j))
+		if err := batch.Set(key, val, nil); err != nil {
+			return err
 		}
-	})
+	}
+	return batch.Commit(pebble.Sync)
 }
 
 // BenchmarkDurableRestart measures a whole-cluster restart with a large
