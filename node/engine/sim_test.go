@@ -328,10 +328,9 @@ type engineSim struct {
 	counterErr error
 	homeOf     func(ids.PageNo) ids.NodeID
 	// With backups: every page's chain (its first home, then its
-	// backups), its home now, and the homes the last move went to.
+	// backups) and its home now.
 	chains      [][]ids.NodeID
 	home        []ids.NodeID
-	targets     []ids.NodeID
 	epoch       ids.Epoch // the newest epoch any node was told
 	unavailable int       // calls that failed with ErrUnavailable
 	err         error
@@ -585,7 +584,15 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 	if s.cfg.backups > 0 {
 		cfg.HomeOf, cfg.Backups = s.placement(), s.backupsNow()
 		if joining {
-			cfg.Targets = slices.Clone(s.targets)
+			// Every live home that is not the page's first (dsmd's
+			// targets(noEvents{}, pm)): a move of an earlier departure
+			// may still be under way.
+			for p, h := range s.home {
+				if h != s.chains[p][0] && s.liveID(h) && !slices.Contains(cfg.Targets, h) {
+					cfg.Targets = append(cfg.Targets, h)
+				}
+			}
+			slices.Sort(cfg.Targets)
 			if s.promoted {
 				cfg.Targets = slices.Clone(members) // every live member, as dsmd's targets(noEvents{}, pm)
 			}
@@ -896,7 +903,6 @@ func (s *engineSim) crash(n *simNode) {
 	if s.cfg.backups > 0 {
 		// The crashed node's pages move to the next live node of their
 		// chain, which holds the backup copy in its slot.
-		s.targets = nil
 		for p, c := range s.chains {
 			if s.home[p] != n.id {
 				continue
@@ -904,15 +910,11 @@ func (s *engineSim) crash(n *simNode) {
 			for _, b := range c[slices.Index(c, n.id)+1:] {
 				if !s.nodes[b-1].crashed && (!s.placed() || slices.Contains(s.complete[p], b)) {
 					s.home[p], s.homeAt[p] = b, s.epoch
-					if !slices.Contains(s.targets, b) {
-						s.targets = append(s.targets, b)
-					}
 					s.logf("p%d moves to n%d", p, b)
 					break
 				}
 			}
 		}
-		slices.Sort(s.targets)
 		for _, f := range s.fills {
 			if f.started && f.by == n.id {
 				f.started, f.by = false, ids.None // a crashed home reports nothing: asked again
