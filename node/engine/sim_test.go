@@ -41,9 +41,11 @@ import (
 //
 //	go test ./node/engine -run TestEngineSim -engine-seeds 20000
 //	go test ./node/engine -run TestEngineSim -engine-seed 1234 -v   # one seed, with its trace on failure
+//	go test ./node/engine -run 'TestEngineSim/^leave' -engine-seeds 2000   # the configurations named so
 var (
 	flagEngineSeeds = flag.Int("engine-seeds", 0, "engine simulation seeds per configuration (0: the CI share)")
 	flagEngineSeed  = flag.Int64("engine-seed", -1, "run only this engine simulation seed (its trace is printed on failure)")
+	flagEngineTrace = flag.Bool("engine-trace", false, "with -engine-seed: print the trace of a seed that passes too")
 )
 
 // simConfig is one configuration of the engine simulation.
@@ -159,6 +161,10 @@ func TestEngineSim(t *testing.T) {
 					var trace strings.Builder
 					_ = runEngineSim(cfg, *flagEngineSeed, &trace)
 					t.Fatalf("seed %d: %v\n%s", *flagEngineSeed, err, trace.String())
+				} else if *flagEngineTrace {
+					var trace strings.Builder
+					_ = runEngineSim(cfg, *flagEngineSeed, &trace)
+					t.Logf("seed %d passes\n%s", *flagEngineSeed, trace.String())
 				}
 				return
 			}
@@ -274,6 +280,8 @@ type simCall struct {
 	upgr   bool   // the miss in flight is an upgrade (S -> M, no data)
 	dirty  []byte // evict: what it writes back
 	missed bool   // a miss or eviction is in flight
+	// addsBefore: the adds of the page acknowledged before the call began.
+	addsBefore int
 }
 
 type simPage struct {
@@ -362,6 +370,10 @@ type engineSim struct {
 	// home of the page again: their words must stay stamps (holder
 	// NotHome), whatever lagging verbs, releases and fills land there.
 	leftBehind []simSlot
+	// addsDone: the adds acknowledged so far, per page; crashedAny: a
+	// node crashed (its adds may be lost with its Modified copy).
+	addsDone   []int
+	crashedAny bool
 }
 
 // simSlot is node n's slot of page p.
@@ -522,6 +534,7 @@ func (s *engineSim) setup() error {
 		s.machineOf = append(s.machineOf, i+1)
 	}
 	s.homeAt = make([]ids.Epoch, s.cfg.pages)
+	s.addsDone = make([]int, s.cfg.pages)
 	if s.cfg.promotions {
 		s.salt = s.rng.Uint64()
 		// The chains as dsmd's: the nodes in rendezvous order, the first
@@ -886,7 +899,7 @@ func (s *engineSim) runJob(i int) {
 // and every other node is to learn a configuration without it.
 func (s *engineSim) crash(n *simNode) {
 	s.logf("n%d crashes", n.id)
-	n.crashed = true
+	n.crashed, s.crashedAny = true, true
 	s.net.Crash(n.id)
 	for i := range n.calls {
 		n.calls[i] = nil // never took effect: a write applies when its call ends
@@ -1398,6 +1411,7 @@ func (s *engineSim) startCall() {
 	pick := idle[s.rng.IntN(len(idle))]
 	n := s.nodes[pick[0]]
 	c := &simCall{node: n, page: ids.PageNo(s.rng.IntN(s.cfg.pages)), call: s.step}
+	c.addsBefore = s.addsDone[c.page]
 	switch r := s.rng.Float64(); {
 	case r < s.cfg.evict:
 		c.kind = simEvict
@@ -1529,15 +1543,26 @@ func (s *engineSim) result(c *simCall, r result) {
 	case simRead:
 		pg.state, pg.data = localcache.Shared, r.data
 		c.value = binary.LittleEndian.Uint64(pg.data)
+		s.checkCounter(c)
 		s.finish(c)
 		return
 	}
 	if !c.upgr || pg.state == localcache.Invalid {
 		pg.data = r.data
+		s.checkCounter(c)
 	}
 	pg.state = localcache.Modified
 	s.apply(c)
 	s.finish(c)
+}
+
+// checkCounter fails the run when the data call c got counts fewer adds
+// than were acknowledged before it began (unless a node crashed: its
+// acknowledged adds may be lost with its Modified copy).
+func (s *engineSim) checkCounter(c *simCall) {
+	if got := binary.LittleEndian.Uint64(c.node.pages[c.page].data[8:]); !s.crashedAny && got < uint64(c.addsBefore) {
+		s.fail("n%d's %v of p%d gets counter %d; %d adds were acknowledged before it began", c.node.id, c.kind, c.page, got, c.addsBefore)
+	}
 }
 
 // finish records call c in the history and frees its thread.
@@ -1552,6 +1577,7 @@ func (s *engineSim) finish(c *simCall) {
 		s.hist = append(s.hist, porcupine.Operation{ClientId: int(n.id), Input: regInput{page: c.page, write: true, value: c.value}, Call: c.call, Return: s.step})
 	case simAdd:
 		s.adds[n.id-1][c.page]++
+		s.addsDone[c.page]++
 	}
 }
 
