@@ -46,6 +46,7 @@ var (
 	flagEngineSeeds = flag.Int("engine-seeds", 0, "engine simulation seeds per configuration (0: the CI share)")
 	flagEngineSeed  = flag.Int64("engine-seed", -1, "run only this engine simulation seed (its trace is printed on failure)")
 	flagEngineTrace = flag.Bool("engine-trace", false, "with -engine-seed: print the trace of a seed that passes too")
+	flagDrainNoWait = flag.Bool("engine-drain-nowait", false, "leaves drain without waiting for the engine's releases (dsmd's drain before node.awaitAllWriteBacks)")
 )
 
 // simConfig is one configuration of the engine simulation.
@@ -197,6 +198,10 @@ var simConfigs = []simConfig{
 const simUnavailableAfter = 5 * time.Second
 
 func TestEngineSim(t *testing.T) {
+	if *flagDrainNoWait {
+		simDrainNoWait = true
+		defer func() { simDrainNoWait = false }()
+	}
 	for _, cfg := range simConfigs {
 		t.Run(cfg.name, func(t *testing.T) {
 			if *flagEngineSeed >= 0 {
@@ -1210,7 +1215,8 @@ func (s *engineSim) driveLeave() {
 
 // simDrainNoWait: the drain departs once nothing is Modified in the cache,
 // without waiting for the engine's releases in flight (dsmd's drain
-// before it called awaitWriteBacks; a test sets it).
+// before it called awaitWriteBacks; a test and -engine-drain-nowait set
+// it).
 var simDrainNoWait = false
 
 // releasesDone plays the end of dsmd's drain (node.awaitWriteBacks over
