@@ -1123,8 +1123,12 @@ func (n *Node) moveDone(from ids.NodeID) {
 // been released (its write-back, or a later one, is in the backup copy):
 // only the completion of the release was lost with the old home, or the
 // release's outcome was unknown and not yet resolved, and other tenures
-// may have followed it. Otherwise the S reporters of the newest version
-// are the sharers. The word's version is the newest any report shows.
+// may have followed it. The slot's word (read first) counts as such
+// evidence too when it shows a newer tenure than the claim: a backup write
+// of a later tenure, whose releaser may be the departed node itself (a
+// home that was its own client), so that no report tells of it.
+// Otherwise the S reporters of the newest version are the sharers. The
+// word's version is the newest any report shows, or the slot's.
 func (n *Node) rebuiltWord(h *homeDuty) Word {
 	w := InitialWord(n.epoch)
 	var holder ids.NodeID
@@ -1142,7 +1146,17 @@ func (n *Node) rebuiltWord(h *homeDuty) Word {
 			hVer, hFound = r.Version, true
 		}
 	}
-	if holder != ids.None && (!sFound || newer(mVer, sVer)) && (!hFound || newer(mVer, hVer)) {
+	// The slot's word, read before the rebuild, gives the newest tenure
+	// whose data a release (or a fill, or a refresh) wrote to this
+	// backup, or one held at this slot: newer than the claim, it shows
+	// the claimed tenure over, as an Ended report does (a later tenure
+	// began only after its release took effect). The releaser of that
+	// later tenure may be the node that departed, whose reports never
+	// come: a leaver that wrote its last tenure back, or a crashed home
+	// that was its own client.
+	slotVer := h.guess.Version()
+	slotNewer := h.known && slotVer != 0 && holder != ids.None && newer(slotVer, mVer)
+	if holder != ids.None && (!sFound || newer(mVer, sVer)) && (!hFound || newer(mVer, hVer)) && !slotNewer {
 		return w.withHolder(holder).withVersion(mVer)
 	}
 	ver := mVer

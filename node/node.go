@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +25,7 @@ import (
 	"github.com/dsmkit/dsm/internal/localsock"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
+	"github.com/dsmkit/dsm/node/engine"
 	"github.com/dsmkit/dsm/node/localcache"
 	"github.com/dsmkit/dsm/node/pagestore"
 )
@@ -585,6 +588,15 @@ const leaveReserve = 3 * time.Second
 // back every page this node holds Modified, so that a graceful leave loses
 // none of what this node's clients wrote. The shards this node is home of
 // move to their backups when it has left (every release wrote them there).
+//
+// The page cache's write-back sees only the pages it holds Modified: a page
+// it gave up to a recall a moment before (a drop or a downgrade) has its
+// release still on its way to the home and backups, and once this node has
+// left, the members that learnt it refuse its verbs, and the new homes
+// rebuild without its reports. So the drain then waits for every release
+// of every region, as Sync does (awaitWriteBacks). (Found by the engine
+// simulation's leave configurations: docs/failover.md, "Leaves in the
+// engine simulation".)
 func (n *Node) drain(ctx context.Context) {
 	n.cache.Drain(fmt.Sprintf("dsmd on n%d is leaving the cluster", n.cfg.ID))
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
@@ -598,7 +610,38 @@ func (n *Node) drain(ctx context.Context) {
 		n.log.Warn("drain: not every dirty page was written back; those are lost", "written", w, "err", err)
 		return
 	}
-	n.log.Info("drained: dirty pages written back", "pages", w, "took", time.Since(start).Round(time.Millisecond))
+	more, err := n.awaitAllWriteBacks(ctx)
+	if err != nil {
+		n.log.Warn("drain: not every release under way reached its home; those are lost", "written", w+more, "err", err)
+		return
+	}
+	n.log.Info("drained: dirty pages written back", "pages", w+more, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// awaitAllWriteBacks is awaitWriteBacks over every page of every region
+// this node serves. It returns how many pages it wrote back itself and
+// every error.
+func (n *Node) awaitAllWriteBacks(ctx context.Context) (int, error) {
+	if n.eng == nil {
+		return 0, nil
+	}
+	n.eng.mu.RLock()
+	regions := make([]directory.Region, 0, len(n.eng.byID))
+	for _, re := range n.eng.byID {
+		regions = append(regions, re.region)
+	}
+	n.eng.mu.RUnlock()
+	slices.SortFunc(regions, func(a, b directory.Region) int { return cmp.Compare(a.ID, b.ID) })
+	total := 0
+	var errs []error
+	for _, r := range regions {
+		w, err := n.awaitWriteBacks(ctx, r.ID, 0, ids.PageNo(r.Pages()))
+		total += w
+		if err != nil && !errors.Is(err, engine.ErrUnknownRegion) && !errors.Is(err, localcache.ErrUnknownRegion) {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Name, err))
+		}
+	}
+	return total, errors.Join(errs...)
 }
 
 // Close stops the node without leaving: peers see it fail, and it can
