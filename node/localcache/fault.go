@@ -238,6 +238,7 @@ func (cl *client) work(p ids.PageNo, write bool) {
 	wait := retryMin
 	since := time.Now() // when the oldest fault not answered yet was read
 	reported := false   // the wait was logged (longFault)
+	var lastMiss error  // the last failed miss's error, for a suspension's
 	for {
 		// A fault waits through a suspension for as long as its
 		// FaultTimeout allows, counted from since: a dsmd without a lease
@@ -257,6 +258,13 @@ func (cl *client) work(p ids.PageNo, write bool) {
 			cl.finish(p)
 			return
 		case errors.As(err, &missErr):
+			if errors.Is(err, ErrSuspended) && lastMiss != nil {
+				// Say what the misses found before the suspension too:
+				// the page may be unavailable for both reasons.
+				err = &missError{fmt.Errorf("%w (before that, a miss: %v)", err, lastMiss)}
+			} else if !errors.Is(err, ErrSuspended) {
+				lastMiss = missErr.err
+			}
 			poisoned := poisonNot
 			if cl.faultTimeout > 0 && errors.Is(err, ErrUnavailable) && (errors.Is(err, ErrLost) || time.Since(since) >= cl.faultTimeout) {
 				poisoned = cl.poison(p, err)
@@ -302,7 +310,7 @@ func (cl *client) work(p ids.PageNo, write bool) {
 		write = pd.write
 		pd.again, pd.write = false, false
 		cl.mu.Unlock()
-		since, reported = time.Now(), false
+		since, reported, lastMiss = time.Now(), false, nil
 	}
 }
 
