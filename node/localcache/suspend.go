@@ -46,18 +46,33 @@ type SuspendStats struct {
 // Resume is called; it fails when ctx ends, the Cache closes or End is
 // called (then also while not suspended).
 func (c *Cache) waitServing(ctx context.Context) error {
+	_, err := c.waitGate(ctx, nil)
+	return err
+}
+
+// waitGate is waitServing that also gives up, expired, when expire fires
+// first (nil: never). While the Cache serves it returns at once, whatever
+// expire holds.
+func (c *Cache) waitGate(ctx context.Context, expire <-chan time.Time) (expired bool, err error) {
 	c.gateMu.Lock()
 	ch := c.resumed
 	c.gateMu.Unlock()
 	select {
 	case <-ch:
-		return c.endErr()
+		return false, c.endErr()
+	default:
+	}
+	select {
+	case <-ch:
+		return false, c.endErr()
 	case <-c.ended:
-		return c.endErr()
+		return false, c.endErr()
+	case <-expire:
+		return true, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return false, ctx.Err()
 	case <-c.ctx.Done():
-		return ErrClosed
+		return false, ErrClosed
 	}
 }
 
@@ -70,30 +85,15 @@ func (c *Cache) waitServingUntil(ctx context.Context, deadline time.Time) error 
 	if deadline.IsZero() {
 		return c.waitServing(ctx)
 	}
-	c.gateMu.Lock()
-	ch := c.resumed
-	c.gateMu.Unlock()
-	select {
-	case <-ch: // serving: a deadline already past does not matter
-		return c.endErr()
-	default:
-	}
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
-	select {
-	case <-ch:
-		return c.endErr()
-	case <-c.ended:
-		return c.endErr()
-	case <-t.C:
-		since := time.Unix(0, c.suspendedAt.Load())
-		return &missError{fmt.Errorf("%w: %w: dsmd has held no lease since %s (%v): cut off from the directory's majority, or stalled; the page is served again once it holds one",
-			ErrUnavailable, ErrSuspended, since.Format("15:04:05.000"), time.Since(since).Round(time.Millisecond))}
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.ctx.Done():
-		return ErrClosed
+	expired, err := c.waitGate(ctx, t.C)
+	if !expired {
+		return err
 	}
+	since := time.Unix(0, c.suspendedAt.Load())
+	return &missError{fmt.Errorf("%w: %w: dsmd has held no lease since %s (%v): cut off from the directory's majority, or stalled; the page is served again once it holds one",
+		ErrUnavailable, ErrSuspended, since.Format("15:04:05.000"), time.Since(since).Round(time.Millisecond))}
 }
 
 // SuspendedCallWait bounds how long a call of dsmd's (Access, Flush: a
@@ -112,23 +112,13 @@ var SuspendedCallWait = 10 * time.Second
 // waitServingCall is waitServing for a call of dsmd's, bounded by
 // SuspendedCallWait.
 func (c *Cache) waitServingCall(ctx context.Context) error {
-	c.gateMu.Lock()
-	ch := c.resumed
-	c.gateMu.Unlock()
 	t := time.NewTimer(SuspendedCallWait)
 	defer t.Stop()
-	select {
-	case <-ch:
-		return c.endErr()
-	case <-c.ended:
-		return c.endErr()
-	case <-t.C:
-		return fmt.Errorf("%w: %w: dsmd has held no lease for %v (cut off from the directory's majority, or stalled)", ErrUnavailable, ErrSuspended, SuspendedCallWait)
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-c.ctx.Done():
-		return ErrClosed
+	expired, err := c.waitGate(ctx, t.C)
+	if !expired {
+		return err
 	}
+	return fmt.Errorf("%w: %w: dsmd has held no lease for %v (cut off from the directory's majority, or stalled)", ErrUnavailable, ErrSuspended, SuspendedCallWait)
 }
 
 // callCtx is the context of one Coherence call: ctx, also cancelled when a
