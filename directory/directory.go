@@ -35,7 +35,7 @@ type Directory struct {
 	store  *raftstore.Store
 	logs   *raft.LogCache
 	snaps  *raft.FileSnapshotStore
-	trans  *raft.NetworkTransport
+	trans  *patientTransport
 	raft   *raft.Raft
 	fsm    *fsm
 	notify *notifier
@@ -127,17 +127,19 @@ func Open(cfg Config) (_ *Directory, err error) {
 		return nil, fmt.Errorf("directory: snapshot store: %w", err)
 	}
 	var stream *tlsStream
+	var trans *raft.NetworkTransport
 	if cfg.TLS != nil {
 		stream, err = newTLSStream(cfg.RaftAddr, cfg.TLS, d.knownNode)
 		if err == nil {
-			d.trans = raft.NewNetworkTransportWithLogger(stream, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+			trans = raft.NewNetworkTransportWithLogger(stream, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
 		}
 	} else {
-		d.trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
+		trans, err = raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 2*time.Second, hclogFor(d.log, "raft-net"))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("directory: raft transport %s: %w", cfg.RaftAddr, err)
 	}
+	d.trans = newPatientTransport(trans, cfg.Timing.RaftAppendPatience, d.log)
 	closers = append(closers, func() { d.trans.Close() })
 	hasState, err := raft.HasExistingState(d.logs, d.store, d.snaps)
 	if err != nil {
@@ -163,7 +165,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("directory: raft: %w", err)
 	}
-	closers = append(closers, func() { _ = d.raft.Shutdown().Error() })
+	closers = append(closers, func() { d.trans.stop(); _ = d.raft.Shutdown().Error() })
 	d.bootstrapped = hasState
 
 	var rpcTLS *tls.Config
@@ -289,6 +291,7 @@ func (d *Directory) joinLoop() {
 func (d *Directory) Close() error {
 	d.closeOnce.Do(func() {
 		close(d.closeCh)
+		d.trans.stop() // no AppendEntries retry holds Raft's Shutdown
 		errs := []error{}
 		if err := d.raft.Shutdown().Error(); err != nil {
 			errs = append(errs, fmt.Errorf("raft shutdown: %w", err))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -684,4 +685,61 @@ func TestFenceOnlyFromTheLeader(t *testing.T) {
 	waitFor(t, "the leader's lease extended after the refused fence", func() bool {
 		return l.Lease().Until > until+500*time.Millisecond
 	})
+}
+
+// TestCatchUpAfterOutage measures how long a follower restarted after an
+// outage of DSM_OUTAGE (default 15 s) takes to receive the entries
+// committed while it was down, with the leader's AppendEntries retries
+// (Timing.RaftAppendPatience) and without them (hashicorp/raft's own
+// backoff alone), in one run. It asserts only that both catch up; the
+// times are logged (docs/failover.md §9). DSM_LONG_TESTS=1 runs it.
+func TestCatchUpAfterOutage(t *testing.T) {
+	if os.Getenv("DSM_LONG_TESTS") == "" {
+		t.Skip("a measurement of over half a minute: DSM_LONG_TESTS=1 runs it")
+	}
+	outage := 15 * time.Second
+	if s := os.Getenv("DSM_OUTAGE"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("DSM_OUTAGE: %v", err)
+		}
+		outage = d
+	}
+	measure := func(t *testing.T, patience time.Duration) time.Duration {
+		c := newCluster(t)
+		seed := c.config(1, 3, 3, nil).GossipAddr
+		for i := 1; i <= 3; i++ {
+			var join []string
+			if i > 1 {
+				join = []string{seed}
+			}
+			cfg := c.config(ids.NodeID(i), 3, 3, join)
+			cfg.Timing.RaftAppendPatience = patience
+			c.start(cfg)
+		}
+		l := c.leader()
+		c.waitMembers(1, 2, 3)
+		f := ids.NodeID(1)
+		for f == l.NodeID() {
+			f++
+		}
+		cfg := c.config(f, 3, 3, nil)
+		cfg.Timing.RaftAppendPatience = patience
+		c.stop(f)
+		if _, err := l.CreateRegion(ctxT(t), spec("while-down")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(outage)
+		start := time.Now()
+		d := c.start(cfg)
+		waitFor(t, "the restarted follower has the entries of its outage", func() bool {
+			_, ok := d.Region("while-down")
+			return ok
+		})
+		return time.Since(start)
+	}
+	var with, without time.Duration
+	t.Run("patient", func(t *testing.T) { with = measure(t, 0) })
+	t.Run("raft-backoff-only", func(t *testing.T) { without = measure(t, -1) })
+	t.Logf("after an outage of %v, the follower had the log %v after its restart with the retries, %v without", outage, with.Round(time.Millisecond), without.Round(time.Millisecond))
 }
