@@ -38,8 +38,11 @@
 //
 // For every page it serves, the home registers a slot of 8+PageSize bytes:
 // the coherence word at offset 0 and the home copy of the page at offset
-// 8. A READ of the whole slot (SpanSlot) returns the word as it was when
-// the data was read, which is how a reader validates the data.
+// 8. A READ is not atomic and does not read its bytes in address order
+// (a memmove reads a copy's tail first; a NIC reads in any order), so a
+// copy is read as the word, the page and the word again, in one batch:
+// both words without a holder and at one version date the copy as that
+// version's data, whole (slotVerbs).
 //
 // # The coherence word
 //
@@ -79,10 +82,11 @@
 //
 // # Transitions
 //
-// Read miss: one batch [FAA +unit, READ slot] to the home. Valid when the
-// slot's word has no holder and the version of the FAA: install S. A holder
-// found: send it a recall (read), back off, retry with a READ of the slot
-// (the unit stays counted). The uncontended read miss costs one round trip
+// Read miss: one batch [FAA +unit, READ page, READ word] to the home.
+// Valid when the FAA's old word and the word after the page have no holder
+// and the FAA's version: install S. A holder found: send it a recall
+// (read), back off, retry with [READ word, READ page, READ word] (the unit
+// stays counted). The uncontended read miss costs one round trip
 // and no message to any CPU.
 //
 // Write miss or upgrade: one batch [CAS word -> {holder=self, version+1,
@@ -133,8 +137,8 @@
 // Members that were there before change nothing when members are added.
 //
 // The trust rule: the word's tag (the epoch modulo 16) does not decide
-// whether a word may be used. A READ of the slot whose word has no holder
-// validates the data whatever its tag; a word with no holder and no
+// whether a word may be used. A copy read between two words without a
+// holder at one version validates the data whatever its tag; a word with no holder and no
 // reservation but the node's own is acquirable whatever its tag; a holder
 // that is a member is recalled whatever the tag. Every CAS a node makes
 // (acquire, release, evict, pass the turn, the home's repairs and passes)

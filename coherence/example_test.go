@@ -95,17 +95,17 @@ func Example() {
 		}
 	}
 	// Output:
-	// n2: batch#1 ->n1 [FAA p0 word +0x20000000000; READ p0 slot]
+	// n2: batch#1 ->n1 [FAA p0 word +0x20000000000; READ p0 page; READ p0 word]
 	// n2: done#1 load p0+0 =0
 	// n3: batch#1 ->n1 [CAS p0 word {M=n- R=n- v=0 t=1 S=0x0 C=0}->{M=n3 R=n- v=1 t=1 S=0x0 C=0}; READ p0 page]
 	// n3: batch#2 ->n1 [CAS p0 word {M=n- R=n- v=0 t=1 S=0x2 C=0}->{M=n3 R=n- v=1 t=1 S=0x0 C=0}; READ p0 page]
 	// n3: inv n3->n2 e1 p0 v=1
 	// n2: ack n2->n3 e1 p0 v=1
 	// n3: done#2 store p0+0
-	// n2: batch#2 ->n1 [FAA p0 word +0x20000000000; READ p0 slot]
+	// n2: batch#2 ->n1 [FAA p0 word +0x20000000000; READ p0 page; READ p0 word]
 	// n2: recall n2->n3 e1 p0 v=1 read
 	// n3: batch#3 ->n1 [WRITE p0 page; CAS p0 word {M=n3 R=n- v=1 t=1 S=0x0 C=0}->{M=n- R=n- v=1 t=1 S=0x4 C=0}]
 	// n3: batch#4 ->n1 [CAS p0 word {M=n3 R=n- v=1 t=1 S=0x2 C=0}->{M=n- R=n- v=1 t=1 S=0x6 C=0}]
-	// n2: batch#3 ->n1 [READ p0 slot]
+	// n2: batch#3 ->n1 [READ p0 word; READ p0 page; READ p0 word]
 	// n2: done#3 load p0+0 =42
 }

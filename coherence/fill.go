@@ -24,7 +24,7 @@ import (
 //     is a backup.
 //  2. The reservation: the home takes the page's turn (HomeTurn in the
 //     word's reserved field): with a CAS when the page is not reserved
-//     (followed, in its batch, by a READ of the slot), or by keeping the
+//     (followed, in its batch, by READs of the page and the word), or by keeping the
 //     turn when it comes back from a reserver, instead of passing it on
 //     (the home is a client of its own pages: enqueue(no, self) would
 //     mix the fill with its own requests). While the page is reserved for the home no node
@@ -220,7 +220,7 @@ func (n *Node) driveFill(h *homeDuty) bool {
 			return true
 		}
 		h.pollAt = n.now + 1
-		n.postHome(h, hFillRead, Verb{Kind: VerbRead, Page: h.no, Span: SpanSlot})
+		n.postHomeVerbs(h, hFillRead, slotVerbs(h.no)...)
 		return true
 	}
 	w := h.guess
@@ -251,11 +251,13 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		// the fill before it goes on.
 		h.fillHeld = true
 	case !h.fillHeld && r == ids.None:
-		// The CAS, then a READ of the slot in the same batch: the word
-		// and the data as they are once the turn is (or is not) taken.
+		// The CAS, then the page and the word in the same batch: the
+		// data and the word as they are once the turn is (or is not)
+		// taken; the CAS's old word dates the copy from before.
 		n.postHomeVerbs(h, hFillResv,
 			Verb{Kind: VerbCAS, Page: h.no, Span: SpanWord, Compare: uint64(w), Operand: uint64(w.withResv(HomeTurn).withTag(n.tag()))},
-			Verb{Kind: VerbRead, Page: h.no, Span: SpanSlot})
+			Verb{Kind: VerbRead, Page: h.no, Span: SpanPage},
+			Verb{Kind: VerbRead, Page: h.no, Span: SpanWord})
 		return true
 	case !h.fillHeld:
 		return false // reserved for another node: its turn comes back first

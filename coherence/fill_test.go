@@ -3,6 +3,7 @@ package coherence
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -71,7 +72,7 @@ func TestFillWaitsForTheFence(t *testing.T) {
 	rd = n.Ready()
 	reads := map[ids.PageNo]Batch{}
 	for _, b := range rd.Batches {
-		if b.Home != 1 || len(b.Verbs) != 1 || b.Verbs[0].Kind != VerbRead || b.Verbs[0].Span != SpanSlot {
+		if b.Home != 1 || fmt.Sprint(b.Verbs) != fmt.Sprint(slotVerbs(b.Verbs[0].Page)) {
 			t.Fatalf("after the fence: %v, want READs of the slots", b)
 		}
 		reads[b.Verbs[0].Page] = b
@@ -80,12 +81,12 @@ func TestFillWaitsForTheFence(t *testing.T) {
 		t.Fatalf("after the fence: %+v, want a READ of p4 and p5", rd.Batches)
 	}
 	// p4 was never written; p5 holds data of tenure 3.
-	if err := n.Step(VerbsDone{ID: reads[4].ID, Results: []Result{{Data: slotBytes(0, nil)}}}); err != nil {
+	if err := n.Step(VerbsDone{ID: reads[4].ID, Results: slotResults(0, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	data := []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 	w := InitialWord(1).withVersion(3)
-	if err := n.Step(VerbsDone{ID: reads[5].ID, Results: []Result{{Data: slotBytes(w, data)}}}); err != nil {
+	if err := n.Step(VerbsDone{ID: reads[5].ID, Results: slotResults(w, data)}); err != nil {
 		t.Fatal(err)
 	}
 	rd = n.Ready()
@@ -96,11 +97,11 @@ func TestFillWaitsForTheFence(t *testing.T) {
 		t.Fatalf("p5: %+v, want the CAS that takes the turn", rd.Batches)
 	}
 	cas := rd.Batches[0]
-	if len(cas.Verbs) != 2 || cas.Verbs[1].Kind != VerbRead || cas.Verbs[1].Span != SpanSlot {
-		t.Fatalf("p5: %v, want the CAS followed by a READ of the slot", cas)
+	if len(cas.Verbs) != 3 || fmt.Sprint(cas.Verbs[1:]) != fmt.Sprint(slotVerbs(5)[1:]) {
+		t.Fatalf("p5: %v, want the CAS followed by READs of the page and the word", cas)
 	}
 	held := Word(cas.Verbs[0].Operand)
-	if err := n.Step(VerbsDone{ID: cas.ID, Results: []Result{{Word: cas.Verbs[0].Compare}, {Data: slotBytes(held, data)}}}); err != nil {
+	if err := n.Step(VerbsDone{ID: cas.ID, Results: []Result{{Word: cas.Verbs[0].Compare}, {Data: pageBytes(data)}, {Data: wordBytes(held)}}}); err != nil {
 		t.Fatal(err)
 	}
 	rd = n.Ready()
@@ -141,12 +142,12 @@ func TestFillAbandonedWhenTheBackupDeparts(t *testing.T) {
 	ackAll(t, n, n.Ready())
 	rd := n.Ready()
 	w := InitialWord(1).withVersion(3)
-	if err := n.Step(VerbsDone{ID: rd.Batches[0].ID, Results: []Result{{Data: slotBytes(w, make([]byte, testPageSize))}}}); err != nil {
+	if err := n.Step(VerbsDone{ID: rd.Batches[0].ID, Results: slotResults(w, nil)}); err != nil {
 		t.Fatal(err)
 	}
 	cas := n.Ready().Batches[0]
-	held := slotBytes(Word(cas.Verbs[0].Operand), make([]byte, testPageSize))
-	if err := n.Step(VerbsDone{ID: cas.ID, Results: []Result{{Word: cas.Verbs[0].Compare}, {Data: held}}}); err != nil {
+	held := Word(cas.Verbs[0].Operand)
+	if err := n.Step(VerbsDone{ID: cas.ID, Results: []Result{{Word: cas.Verbs[0].Compare}, {Data: pageBytes(nil)}, {Data: wordBytes(held)}}}); err != nil {
 		t.Fatal(err)
 	}
 	n.Ready()

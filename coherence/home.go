@@ -23,7 +23,7 @@ const (
 	hRebuild                     // CAS writing the rebuilt word
 	hBkRead                      // READ of the home copy, to refresh the backups
 	hBkWrite                     // WRITE of the home copy and its stamp to a backup
-	hFillRead                    // READ of the slot, for a fill (fill.go)
+	hFillRead                    // READs of the slot (slotVerbs), for a fill (fill.go)
 	hFillResv                    // CAS reserving the page for the home, for a fill
 	hFillWrite                   // WRITE of the home copy and its stamp to a backup being filled
 )
@@ -101,9 +101,10 @@ type homeDuty struct {
 	// Fills of backups that entered the page's backup set (fill.go):
 	// fills in order, the first one under way. fillHeld: the home holds
 	// the page's turn (HomeTurn) for them; the reservation queue passes it
-	// on once no fill needs it. fillData is the home copy read with the
-	// word the duty last learnt by a READ of the slot (nil when that word
-	// came from elsewhere); fillRecallAt the tick of the next recall of a
+	// on once no fill needs it. fillData is the home copy read before the
+	// word the duty last learnt by READs of the slot (nil when that word
+	// came from elsewhere, or the copy may be torn: a release ended while
+	// it was read); fillRecallAt the tick of the next recall of a
 	// holder. readPosted numbers the READ of the slot in flight (from
 	// Node.slotReads), fillSeq the one fillData came from: a Persist uses
 	// only a copy read after it came.
@@ -549,7 +550,7 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 			// stale (a word that named the holder may have been
 			// released since), and the copy must be the one beside
 			// the word that names it.
-			n.postHome(h, hBkRead, Verb{Kind: VerbRead, Page: h.no, Span: SpanSlot})
+			n.postHomeVerbs(h, hBkRead, slotVerbs(h.no)...)
 			return true
 		}
 		n.nextID++
@@ -615,13 +616,14 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	}
 	switch op {
 	case hBkRead:
-		w := Word(binary.LittleEndian.Uint64(d.Results[0].Data))
-		if w.withoutSharers().withTag(0).withResv(ids.None) != h.bkFor {
-			// Not the word the refresh is for: judge that one.
+		before, data, w := slotRead(rec.verbs, d.Results)
+		if w.withoutSharers().withTag(0).withResv(ids.None) != h.bkFor || !sameTenure(before, w) {
+			// Not the word the refresh is for, or a word that moved
+			// while the copy was read: judge the word now.
 			h.guess, h.fresh, h.known = w, true, true
 			h.bkFor = 0
 		} else {
-			h.bkData = slices.Clone(d.Results[0].Data[8:])
+			h.bkData = slices.Clone(data)
 		}
 		n.driveHome(h)
 		return
@@ -635,7 +637,7 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		return
 	}
 	var w Word
-	read := op == hPoll || op == hFillRead
+	read := rec.verbs[0].Kind == VerbRead
 	if read {
 		w = Word(binary.LittleEndian.Uint64(d.Results[0].Data))
 	} else {
@@ -646,15 +648,16 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 		w = Word(rec.verbs[0].Operand)
 	}
 	h.fillData = nil
-	switch op {
-	case hFillRead:
-		h.fillData = slices.Clone(d.Results[0].Data[8:])
-		h.fillSeq = h.readPosted
-	case hFillResv:
-		// The READ of the slot that follows the CAS in its batch gives
-		// the word as it is now, and the data beside it.
-		w = Word(binary.LittleEndian.Uint64(d.Results[1].Data))
-		h.fillData = slices.Clone(d.Results[1].Data[8:])
+	if op == hFillRead || op == hFillResv {
+		// The page and the word after it (for hFillResv, the word as it
+		// is once the turn is, or is not, taken). A copy read while a
+		// release ended may be torn: it is read again (driveFill) unless
+		// the word shows a holder, which the fill recalls first anyway.
+		before, data, after := slotRead(rec.verbs, d.Results)
+		w = after
+		if sameTenure(before, after) || after.Holder() != ids.None {
+			h.fillData = slices.Clone(data)
+		}
 		h.fillSeq = h.readPosted
 	}
 	h.guess, h.fresh, h.known = w, true, true

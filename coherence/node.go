@@ -125,7 +125,7 @@ type phase uint8
 
 const (
 	phIdle     phase = iota
-	phRead           // FAA+READ or READ of the slot, until a valid copy arrives
+	phRead           // FAA or READ of the word, READ of the page and the word, until a valid copy arrives
 	phAcquire        // CAS for the tenure (or READ of the word to refresh)
 	phWaitAcks       // tenure held, waiting for invalidation acks (and data)
 	phRelease        // write-back and release of the tenure
@@ -711,7 +711,7 @@ func (n *Node) stepDone(d VerbsDone) error {
 	p.noteWords(rec.verbs, d.Results)
 	switch p.ph {
 	case phRead:
-		n.readDone(p, d.Results)
+		n.readDone(p, rec.verbs, d.Results)
 	case phAcquire:
 		n.acquireDone(p, rec.verbs, d.Results)
 	case phWaitAcks:

@@ -26,15 +26,25 @@ func newTestNode(t *testing.T, id ids.NodeID, members int) *Node {
 	return n
 }
 
-func slotBytes(w Word, data []byte) []byte {
-	b := make([]byte, 8+testPageSize)
-	binary.LittleEndian.PutUint64(b, uint64(w))
-	copy(b[8:], data)
+// wordBytes is the result of a READ of a word.
+func wordBytes(w Word) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(w)) }
+
+// pageBytes is the result of a READ of a page holding data.
+func pageBytes(data []byte) []byte {
+	b := make([]byte, testPageSize)
+	copy(b, data)
 	return b
 }
 
+// slotResults are the results of the READs of slotVerbs for a slot whose
+// word is w before and after the page.
+func slotResults(w Word, data []byte) []Result {
+	return []Result{{Data: wordBytes(w)}, {Data: pageBytes(data)}, {Data: wordBytes(w)}}
+}
+
 // TestReadMissIsOneBatch: an uncontended read miss is one batch of FAA
-// (the node's sharer unit) and READ of the slot, posted to the home, and
+// (the node's sharer unit), READ of the page and READ of the word, posted
+// to the home, and
 // nothing else; its result installs the page and completes the load.
 func TestReadMissIsOneBatch(t *testing.T) {
 	for _, id := range []ids.NodeID{2, 40} { // an exact and a coarse sharer
@@ -47,21 +57,24 @@ func TestReadMissIsOneBatch(t *testing.T) {
 			t.Fatalf("%v: read miss emitted %+v, want exactly one batch", id, rd)
 		}
 		b := rd.Batches[0]
-		if b.Home != 1 || len(b.Verbs) != 2 {
-			t.Fatalf("%v: batch %v, want FAA+READ to n1", id, b)
+		if b.Home != 1 || len(b.Verbs) != 3 {
+			t.Fatalf("%v: batch %v, want FAA, READ page, READ word to n1", id, b)
 		}
-		faa, rdv := b.Verbs[0], b.Verbs[1]
+		faa, rdp, rdw := b.Verbs[0], b.Verbs[1], b.Verbs[2]
 		if faa.Kind != VerbFAA || faa.Span != SpanWord || faa.Page != 7 || faa.Operand != unit(id) {
 			t.Fatalf("%v: first verb %v, want FAA of the unit on p7's word", id, faa)
 		}
-		if rdv.Kind != VerbRead || rdv.Span != SpanSlot || rdv.Page != 7 {
-			t.Fatalf("%v: second verb %v, want READ of p7's slot", id, rdv)
+		if rdp.Kind != VerbRead || rdp.Span != SpanPage || rdp.Page != 7 {
+			t.Fatalf("%v: second verb %v, want READ of p7's page", id, rdp)
+		}
+		if rdw.Kind != VerbRead || rdw.Span != SpanWord || rdw.Page != 7 {
+			t.Fatalf("%v: third verb %v, want READ of p7's word", id, rdw)
 		}
 		before := InitialWord(1).withVersion(3)
 		data := make([]byte, testPageSize)
 		binary.LittleEndian.PutUint64(data[8:], 42)
 		err := n.Step(VerbsDone{ID: b.ID, Results: []Result{
-			{Word: uint64(before)}, {Data: slotBytes(before+Word(unit(id)), data)},
+			{Word: uint64(before)}, {Data: data}, {Data: wordBytes(before + Word(unit(id)))},
 		}})
 		if err != nil {
 			t.Fatal(err)

@@ -59,7 +59,7 @@ func (n *Node) resolveDone(p *page, w Word) {
 	}
 }
 
-// resolveRead: the batch was [FAA +unit, READ slot] (the unit was not
+// resolveRead: the batch was [FAA +unit, READ page, READ word] (the unit was not
 // counted, or no FAA would have been posted).
 //
 // Exact id: our bit set means the FAA executed at the word's version (no

@@ -24,7 +24,7 @@ func readPages(tb testing.TB, n *Node, count int) {
 			tb.Fatalf("read miss of %v: %+v", no, rd)
 		}
 		err := n.Step(VerbsDone{ID: rd.Batches[0].ID, Results: []Result{
-			{Word: uint64(word)}, {Data: slotBytes(word+Word(unit(n.ID())), make([]byte, testPageSize))},
+			{Word: uint64(word)}, {Data: pageBytes(nil)}, {Data: wordBytes(word + Word(unit(n.ID())))},
 		}})
 		if err != nil {
 			tb.Fatal(err)

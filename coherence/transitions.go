@@ -11,6 +11,46 @@ import (
 // read miss, the acquisition of a tenure, the release, the eviction and
 // the hand-back of a reservation.
 
+// ---- reading a slot ----
+
+// slotVerbs reads page p's slot so that the copy can be dated: the word,
+// the page, the word again. A READ is not atomic and does not read its
+// bytes in address order (a memmove reads a copy's tail first, a NIC in
+// any order), so a word read in the same READ as the page cannot date it;
+// the words before and after it can (sameTenure). The verbs of a batch
+// execute in order at the target. A batch whose first verb is an FAA or a
+// CAS of the word uses that verb's old word as the word before.
+func slotVerbs(p ids.PageNo) []Verb {
+	return []Verb{
+		{Kind: VerbRead, Page: p, Span: SpanWord},
+		{Kind: VerbRead, Page: p, Span: SpanPage},
+		{Kind: VerbRead, Page: p, Span: SpanWord},
+	}
+}
+
+// slotRead takes apart the results of a batch that ends with a READ of
+// the page and a READ of the word: the word before the page (the first
+// verb's: a READ of the word, or an FAA's or CAS's old word), the page,
+// and the word after it.
+func slotRead(verbs []Verb, res []Result) (before Word, data []byte, after Word) {
+	if verbs[0].Kind == VerbRead {
+		before = Word(binary.LittleEndian.Uint64(res[0].Data))
+	} else {
+		before = Word(res[0].Word)
+	}
+	n := len(res)
+	return before, res[n-2].Data, Word(binary.LittleEndian.Uint64(res[n-1].Data))
+}
+
+// sameTenure reports whether no tenure began or ended between two words of
+// a slot: the same holder (or none) and the same version. A release writes
+// the page only while its tenure holds the word, so a page read between
+// two such words without a holder is the data of that version's release,
+// whole.
+func sameTenure(a, b Word) bool {
+	return a.Holder() == b.Holder() && a.Version() == b.Version()
+}
+
 // ---- read miss ----
 
 func (n *Node) startRead(p *page) {
@@ -22,33 +62,38 @@ func (n *Node) startRead(p *page) {
 func (n *Node) postRead(p *page) {
 	p.invSeen = false
 	p.readStale = false
-	slot := Verb{Kind: VerbRead, Page: p.no, Span: SpanSlot}
-	if p.unitCounted {
-		p.inflight = n.post(p, false, slot)
-		return
+	verbs := slotVerbs(p.no)
+	if !p.unitCounted {
+		verbs[0] = Verb{Kind: VerbFAA, Page: p.no, Span: SpanWord, Operand: unit(n.cfg.ID)}
 	}
-	p.inflight = n.post(p, false, Verb{Kind: VerbFAA, Page: p.no, Span: SpanWord, Operand: unit(n.cfg.ID)}, slot)
+	p.inflight = n.post(p, false, verbs...)
 }
 
-func (n *Node) readDone(p *page, res []Result) {
-	if len(res) == 2 {
-		r := Word(res[0].Word)
+// readDone judges a read miss's batch: a word before the page (the FAA's
+// old word, or a READ of the word), the page, the word after it. A READ
+// is not atomic and does not read its bytes in address order (a memmove
+// reads a copy's tail first; a NIC in any order), so no word read with
+// the page can date it; the two around it do: both without a holder and
+// at one version means no tenure, hence no release, wrote the page while
+// it was read (docs/protocol.md, "The home slot and the coherence word").
+func (n *Node) readDone(p *page, verbs []Verb, res []Result) {
+	before, data, w := slotRead(verbs, res)
+	if verbs[0].Kind == VerbFAA {
 		p.unitCounted = true
-		p.unitVer = r.Version()
+		p.unitVer = before.Version()
 	}
-	slot := res[len(res)-1].Data
-	w := Word(binary.LittleEndian.Uint64(slot))
 	p.guess = w
 	if w.Version() != p.unitVer || (p.invSeen && newer(p.invMax, p.unitVer)) {
 		// An acquisition after our unit was added cleared it.
 		p.unitCounted = false
 	}
+	whole := before.Holder() == ids.None && sameTenure(before, w)
 	// The trust rule: no holder validates the data whatever the tag (the
 	// unit rule and the version make the data current, not the tag), but
 	// only from a READ that the node posted knowing every departure.
-	if p.unitCounted && w.Holder() == ids.None && !p.readStale {
+	if p.unitCounted && w.Holder() == ids.None && whole && !p.readStale {
 		p.state = Shared
-		p.data = slices.Clone(slot[8:])
+		p.data = slices.Clone(data)
 		p.copyVer = p.unitVer
 		p.noteEnded(p.copyVer)
 		n.effect(PageInstallShared, p)
@@ -63,8 +108,10 @@ func (n *Node) readDone(p *page, res []Result) {
 	if p.readStale {
 		return // read again, in the new epoch, at once
 	}
-	if !p.unitCounted && w.Holder() == ids.None && p.attempts < 4 {
-		return // raced with an acquisition: add the unit again at once
+	if w.Holder() == ids.None && p.attempts < 4 {
+		// Raced with an acquisition (add the unit again) or with the
+		// end of a release (the page may be torn): read again at once.
+		return
 	}
 	n.blocked(p, w, false)
 }

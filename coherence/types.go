@@ -49,8 +49,10 @@ const (
 	// SpanPage is the home copy: PageSize bytes at slot offset 8.
 	SpanPage
 	// SpanSlot is the word followed by the page: 8+PageSize bytes at
-	// slot offset 0. A READ of the slot returns the word as it is when
-	// the data is read, which validates the data.
+	// slot offset 0. A READ of it does not date the data by the word
+	// (a READ is not atomic and reads its bytes in no set order): the
+	// protocol reads a copy as the word, the page and the word again
+	// (slotVerbs).
 	SpanSlot
 )
 

@@ -166,10 +166,16 @@
 //
 // Providers do not all order RMA (shm and tcp;ofi_rxm order only sends).
 // A batch is therefore cut into segments: a segment is the longest run of
-// ops in which no op touches bytes that an earlier op of the run writes, or
-// writes bytes that it touches; its ops are posted together and the next
-// segment is posted when it completed. FAA + READ of different words costs
-// one round trip; WRITE then READ of the same bytes costs two.
+// ops on distinct registrations; its ops are posted together and the next
+// segment is posted when it completed. Ops on one registration wait for
+// each other even where their bytes do not overlap, because the order of
+// such ops carries meaning: the coherence protocol dates a page it READs
+// by READs of the page's word before and after it, and a release WRITEs
+// the page before the CAS that ends its tenure (docs/protocol.md, "The home
+// slot and the coherence word"). A batch of n ops on one registration
+// costs n round trips on these providers; one that orders RMA at the
+// target (FI_ORDER_* in msg_order) could take them in one, which is not
+// built.
 //
 // # Memory registration
 //

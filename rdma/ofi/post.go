@@ -84,10 +84,10 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 
 // segment describes ops[i:j] in the slot's C memory and returns j: the
 // longest run that starts at i, passes the initiator's checks, fits the
-// staging arena and has no hazard (an op that touches bytes an earlier op
-// of the run writes, or writes bytes it touches). The ops of a segment are
-// posted together; segments run one after another, which keeps the batch's
-// order on providers that do not order RMA. When ops[j] fails the checks,
+// staging arena and has no hazard (an op on a registration that an earlier
+// op of the run accesses). The ops of a segment are posted together;
+// segments run one after another, which keeps the batch's order on
+// providers that do not order RMA. When ops[j] fails the checks,
 // the error is returned with j.
 func (t *Transport) segment(ctx context.Context, p *peer, s *slot, ops []rdma.Op, i int) (int, error) {
 	var bytes uint64
@@ -142,11 +142,7 @@ func (t *Transport) segment(ctx context.Context, p *peer, s *slot, ops []rdma.Op
 // hazard reports whether op must wait for the ops before it.
 func hazard(before []rdma.Op, op *rdma.Op) bool {
 	for i := range before {
-		b := &before[i]
-		if b.RKey.Key != op.RKey.Key || (b.Kind == rdma.OpRead && op.Kind == rdma.OpRead) {
-			continue
-		}
-		if b.Offset < op.Offset+op.Size() && op.Offset < b.Offset+b.Size() {
+		if before[i].RKey.Key == op.RKey.Key {
 			return true
 		}
 	}
