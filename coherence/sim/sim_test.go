@@ -150,7 +150,7 @@ func totalShare() int {
 }
 
 // TestSimSeeds runs the simulator over many seeds of every configuration:
-// the CI share by default (3,375 seeds; a quarter under the race
+// the CI share by default (3,475 seeds; a quarter under the race
 // detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
 // -workers. A failure prints the seed, the invariant and the trace, and
 // the command that reruns that seed alone.
