@@ -153,7 +153,10 @@ type Options struct {
 	// page) execute at two moments (mem.SplitReads): its last bytes when
 	// its batch is delivered, the rest of the batch when a later step
 	// delivers the rest, as a NIC or Go's copy may read. Other deliveries
-	// (a release's WRITE and CAS) may run between the two.
+	// (a release's WRITE and CAS) may run between the two. With
+	// UnknownOutcomes, a split batch drawn to execute whole with its
+	// answer lost executes its first part only, and its rest completes
+	// as any batch does.
 	SplitReads bool
 	// EarlyPromote (with Fills) breaks the rule on purpose: a crashed
 	// home's pages move to the first live backup, complete or not. The
