@@ -33,6 +33,11 @@ import (
 //	cas nX page=P [off=O] cmp=C v=V an atomic compare-and-swap
 //	evict nX page=P                 give the page up
 //	deliver [from=nX] [to=nY] [kind=batch|msg] [n=K]   execute / hand over
+//	deliver-split [from=..] [to=..] [kind=..] [n=K]   deliver, a batch stopping in the middle of
+//	                                its first READ of more than 16 bytes, after its last half
+//	                                (at most 128 bytes; of a slot of a 16-byte page: page bytes
+//	                                4-15): the rest waits in the network, "(rest of #N)", for a
+//	                                later deliver (mem.Network.DeliverSplit)
 //	drop [from=..] [to=..] [kind=..] [n=K]            lose them
 //	dup [from=..] [to=..] [n=K]                       duplicate messages
 //	complete [nX]                   report executed batches to their nodes
@@ -172,6 +177,8 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 		return req(coherence.OpEvict)
 	case "deliver":
 		s.Deliveries(filter(t, d), sim.Deliver, intArg(t, d, "n", 0))
+	case "deliver-split":
+		s.Deliveries(filter(t, d), sim.DeliverSplit, intArg(t, d, "n", 0))
 	case "drop":
 		s.Deliveries(filter(t, d), sim.Drop, intArg(t, d, "n", 0))
 	case "dup":

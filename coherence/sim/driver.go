@@ -34,6 +34,11 @@ const (
 	Drop
 	// Duplicate queues a second copy of each matching message.
 	Duplicate
+	// DeliverSplit delivers as Deliver, except that a batch stops in the
+	// middle of its first READ of more than 16 bytes, after that READ's
+	// last bytes (mem.Network.DeliverSplit): its rest waits in the
+	// network as a delivery of its own, "(rest of #N)".
+	DeliverSplit
 )
 
 // Deliveries applies act to at most limit (0: all) pending deliveries
@@ -49,6 +54,8 @@ func (s *Sim) Deliveries(f Filter, act Action, limit int) int {
 		switch act {
 		case Deliver:
 			s.deliverOne(d, false)
+		case DeliverSplit:
+			s.deliverSplit(d)
 		case Drop:
 			s.tracef("drop %v", d)
 			_ = s.net.Drop(d)

@@ -149,6 +149,15 @@ type Options struct {
 	// four) or to another live node (which must give it up). Every copy
 	// reported must be the page's latest data and its home word's version.
 	Persists int
+	// SplitReads makes every READ of more than 16 bytes (a whole slot, a
+	// page) execute at two moments (mem.SplitReads): its last bytes when
+	// its batch is delivered, the rest of the batch when a later step
+	// delivers the rest, as a NIC or Go's copy may read. Other deliveries
+	// (a release's WRITE and CAS) may run between the two. With
+	// UnknownOutcomes, a split batch drawn to execute whole with its
+	// answer lost executes its first part only, and its rest completes
+	// as any batch does.
+	SplitReads bool
 	// EarlyPromote (with Fills) breaks the rule on purpose: a crashed
 	// home's pages move to the first live backup, complete or not. The
 	// checks must catch it (TestSimCatchesEarlyPromotion).
@@ -252,6 +261,9 @@ func (o Options) String() string {
 	if o.Persists > 0 {
 		s += fmt.Sprintf(" persists=%d", o.Persists)
 	}
+	if o.SplitReads {
+		s += " split-reads=true"
+	}
 	return s
 }
 
@@ -298,6 +310,9 @@ type Stats struct {
 	// Persisted counts the stable copies reported for Persist events,
 	// PersistsAbandoned those given up.
 	Persisted, PersistsAbandoned int
+	// Rests counts the rests of split batches delivered (SplitReads,
+	// DeliverSplit): READs that saw the memory at two moments.
+	Rests int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -500,9 +515,13 @@ func New(seed int64, o Options) (*Sim, error) {
 	if err := o.norm(); err != nil {
 		return nil, err
 	}
+	netOpts := []mem.Option{mem.Manual()}
+	if o.SplitReads {
+		netOpts = append(netOpts, mem.SplitReads())
+	}
 	s := &Sim{
 		Seed: seed, Opts: o, rng: rand.New(rand.NewSource(seed)),
-		net:   mem.NewNetwork(mem.Manual()),
+		net:   mem.NewNetwork(netOpts...),
 		slots: map[ids.PageNo]slot{}, ref: map[ids.PageNo][]byte{},
 		epoch: o.Epoch, gone: map[ids.NodeID]bool{}, reconf: -1, grants: map[ids.PageNo]int{}, pageMoves: map[ids.PageNo]int{}, epochTargets: map[ids.Epoch][]ids.NodeID{}, undecided: map[ids.PageNo][][]byte{},
 		moving:     map[ids.PageNo][]byte{},
@@ -1663,9 +1682,45 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 	}
 	if d.Kind == mem.BatchDelivery {
 		s.stats.Batches++
+		if d.Continues != 0 {
+			s.stats.Rests++
+		}
 		s.tracef("execute %v", d)
 	}
 	_ = s.net.Deliver(d)
+	if s.Opts.SplitReads {
+		s.traceRest(d)
+	}
+}
+
+// deliverSplit delivers d, a batch stopping in the middle of its first
+// READ of more than 16 bytes (mem.Network.DeliverSplit).
+func (s *Sim) deliverSplit(d *mem.Delivery) {
+	if d.Kind == mem.BatchDelivery {
+		s.stats.Batches++
+		if d.Continues != 0 {
+			s.stats.Rests++
+		}
+		s.tracef("execute %v, split", d)
+	}
+	_ = s.net.DeliverSplit(d)
+	s.traceRest(d)
+}
+
+// traceRest traces the rest of d that its delivery left queued, if any.
+func (s *Sim) traceRest(d *mem.Delivery) {
+	if !s.Opts.Trace || d.Kind != mem.BatchDelivery {
+		return
+	}
+	batch := d.Seq
+	if d.Continues != 0 {
+		batch = d.Continues
+	}
+	for _, r := range s.net.Pending() {
+		if r.Continues == batch {
+			s.tracef("  its rest waits: %v", r)
+		}
+	}
 }
 
 // errUnknown is the error of a batch of unknown outcome, as the tcp

@@ -155,6 +155,11 @@ type simConfig struct {
 	// departure, until its endpoint closes. Its writes may be lost, as a
 	// crashed node's.
 	failAlive bool
+	// splitReads: every READ of more than 16 bytes (a slot, a page)
+	// reads its last half when its batch is delivered and the rest when a
+	// later step delivers the rest (mem.SplitReads), as a NIC or Go's copy
+	// may, with other deliveries in between.
+	splitReads bool
 }
 
 // simUnavailableCalls counts the calls of a configuration's seeds that
@@ -167,6 +172,7 @@ var simPromotions, simPromoteCrashes, simStamped atomic.Int64
 
 var simConfigs = []simConfig{
 	{name: "plain", nodes: 3, pages: 4, threads: 2, ops: 300, evict: 0.1, ciSeeds: 150, pageSize: 64},
+	{name: "split-reads", nodes: 4, pages: 2, threads: 2, ops: 300, drop: 0.03, dup: 0.02, evict: 0.15, ciSeeds: 100, pageSize: 64, splitReads: true},
 	{name: "lossy", nodes: 3, pages: 3, threads: 2, ops: 250, drop: 0.05, dup: 0.05, evict: 0.1, ciSeeds: 150, pageSize: 64},
 	{name: "unknown", nodes: 3, pages: 3, threads: 2, ops: 250, drop: 0.03, unknown: 0.1, evict: 0.15, ciSeeds: 150, pageSize: 64},
 	{name: "hot", nodes: 4, pages: 1, threads: 3, ops: 300, drop: 0.02, dup: 0.02, unknown: 0.05, evict: 0.1, ciSeeds: 100, pageSize: 64},
@@ -515,8 +521,12 @@ func (s *engineSim) fail(format string, args ...any) {
 }
 
 func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error) {
+	netOpts := []mem.Option{mem.Manual()}
+	if cfg.splitReads {
+		netOpts = append(netOpts, mem.SplitReads())
+	}
 	s := &engineSim{
-		cfg: cfg, rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)), net: mem.NewNetwork(mem.Manual()),
+		cfg: cfg, rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)), net: mem.NewNetwork(netOpts...),
 		now: time.Unix(1_700_000_000, 0), trace: trace,
 	}
 	defer func() {

@@ -1,8 +1,11 @@
 package mem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,5 +156,200 @@ func TestManualPostContext(t *testing.T) {
 	net.Deliver(net.Pending()[0])
 	if err := <-done; err != nil || rdma.LoadWord(reg.Bytes(), 0) != 7 {
 		t.Errorf("delivered Post: err %v, word %d", err, rdma.LoadWord(reg.Bytes(), 0))
+	}
+}
+
+func splitNet(t *testing.T, n int) (*mem.Network, []*mem.Endpoint) {
+	t.Helper()
+	net := mem.NewNetwork(mem.Manual(), mem.SplitReads())
+	eps := make([]*mem.Endpoint, n)
+	for i := range eps {
+		ep, err := net.Endpoint(ids.NodeID(i + 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		eps[i] = ep
+		t.Cleanup(func() { ep.Close() })
+	}
+	return net, eps
+}
+
+func fill(b []byte, v byte) []byte {
+	for i := range b {
+		b[i] = v
+	}
+	return b
+}
+
+// With SplitReads a long READ sees the memory at two moments: its last 128
+// bytes when its batch is delivered, the rest when the rest is, and a WRITE
+// delivered between the two shows in the first part only. The results land
+// in the ops as posted, and the completion runs once, after the rest.
+func TestSplitReadsTwoMoments(t *testing.T) {
+	net, eps := splitNet(t, 3)
+	reg := registerWords(t, eps[1])
+	rk := reg.Descriptor().RKey
+	fill(reg.Bytes()[8:1024], 'a')
+	rdma.StoreWord(reg.Bytes(), 0, 40)
+
+	ops := []rdma.Op{
+		{Kind: rdma.OpFAA, RKey: rk, Offset: 0, Operand: 2},
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 1024)},
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 8)},
+	}
+	calls := 0
+	var got error
+	eps[0].PostAsync(2, ops, func(err error) { calls++; got = err })
+	first := net.Pending()[0]
+	if err := net.Deliver(first); err != nil {
+		t.Fatal(err)
+	}
+	p := net.Pending()
+	if calls != 0 || len(p) != 1 {
+		t.Fatalf("after the first part: %d completions, pending %v", calls, p)
+	}
+	r := p[0]
+	if r.Continues != first.Seq || r.Seq == first.Seq || r.From != 1 || r.To != 2 || r.Kind != mem.BatchDelivery {
+		t.Errorf("rest = %v, want the rest of #%d from n1 to n2", r, first.Seq)
+	}
+	if want := fmt.Sprintf("(rest of #%d)", first.Seq); !strings.Contains(r.String(), want) {
+		t.Errorf("rest prints as %q, want it to say %q", r, want)
+	}
+	if len(r.Ops) != 2 || r.Ops[0].Kind != rdma.OpRead || r.Ops[0].Offset != 0 || len(r.Ops[0].Buf) != 1024-128 || len(r.Ops[1].Buf) != 8 {
+		t.Errorf("rest ops = %v, want the first 896 bytes of the READ, then the word READ", r.Ops)
+	}
+
+	w := []rdma.Op{{Kind: rdma.OpWrite, RKey: rk, Offset: 8, Buf: fill(make([]byte, 1016), 'b')}}
+	eps[2].PostAsync(2, w, func(error) {})
+	for _, d := range net.Pending() {
+		if d.From == 3 {
+			net.Deliver(d)
+		}
+	}
+	if err := net.Deliver(r); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || got != nil || len(net.Pending()) != 0 {
+		t.Fatalf("after the rest: %d completions, err %v, pending %v", calls, got, net.Pending())
+	}
+	if ops[0].Result != 40 || ops[0].Err != nil || ops[1].Err != nil || ops[2].Err != nil {
+		t.Errorf("results in the posted ops: FAA %d err %v, READ errs %v, %v", ops[0].Result, ops[0].Err, ops[1].Err, ops[2].Err)
+	}
+	page := ops[1].Buf
+	if rdma.LoadWord(page, 0) != 42 || !bytes.Equal(page[8:896], fill(make([]byte, 888), 'b')) || !bytes.Equal(page[896:], fill(make([]byte, 128), 'a')) {
+		t.Errorf("READ = word %d, head %q..., tail %q..., want 42, the WRITE's bytes before 896, the old bytes after",
+			rdma.LoadWord(page, 0), page[8:16], page[896:904])
+	}
+	if rdma.LoadWord(ops[2].Buf, 0) != 42 {
+		t.Errorf("word READ = %d, want 42", rdma.LoadWord(ops[2].Buf, 0))
+	}
+}
+
+// Every long READ of a batch is split, each rest naming the batch; a READ
+// of 16 bytes or less is not; a plain manual network splits only with
+// DeliverSplit, and delivers a rest whole.
+func TestSplitReadsEveryLongRead(t *testing.T) {
+	net, eps := splitNet(t, 2)
+	rk := registerWords(t, eps[1]).Descriptor().RKey
+	ops := []rdma.Op{
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 16)},
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 17)},
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 300)},
+	}
+	done := false
+	eps[0].PostAsync(2, ops, func(error) { done = true })
+	first := net.Pending()[0].Seq
+	var lens [][]int
+	for i := 0; i < 5 && len(net.Pending()) > 0; i++ {
+		d := net.Pending()[0]
+		if i > 0 && d.Continues != first {
+			t.Errorf("delivery %d is %v, want a rest of #%d", i, d, first)
+		}
+		var l []int
+		for _, op := range d.Ops {
+			l = append(l, len(op.Buf))
+		}
+		lens = append(lens, l)
+		net.Deliver(d)
+	}
+	if want := [][]int{{16, 17, 300}, {9, 300}, {172}}; !done || fmt.Sprint(lens) != fmt.Sprint(want) {
+		t.Errorf("deliveries had ops of %v bytes (done %t), want %v", lens, done, want)
+	}
+
+	net, eps = manual(t, 2)
+	rk = registerWords(t, eps[1]).Descriptor().RKey
+	ops = []rdma.Op{{Kind: rdma.OpRead, RKey: rk, Buf: make([]byte, 64)}, {Kind: rdma.OpRead, RKey: rk, Buf: make([]byte, 64)}}
+	done = false
+	eps[0].PostAsync(2, ops, func(error) { done = true })
+	net.DeliverSplit(net.Pending()[0])
+	if p := net.Pending(); done || len(p) != 1 || len(p[0].Ops) != 2 || len(p[0].Ops[0].Buf) != 32 {
+		t.Fatalf("DeliverSplit left %v (done %t), want the rest of the first READ and the second", p, done)
+	}
+	net.Deliver(net.Pending()[0])
+	if !done || len(net.Pending()) != 0 {
+		t.Errorf("Deliver of a rest on a plain network: done %t, pending %v", done, net.Pending())
+	}
+}
+
+// A READ that fails fails whole, at once, with an error that names it.
+func TestSplitReadsFailingRead(t *testing.T) {
+	net, eps := splitNet(t, 2)
+	rk := registerWords(t, eps[1]).Descriptor().RKey
+	ops := []rdma.Op{
+		{Kind: rdma.OpRead, RKey: rk, Offset: 4000, Buf: make([]byte, 200)},
+		{Kind: rdma.OpFAA, RKey: rk, Operand: 1},
+	}
+	var got error
+	eps[0].PostAsync(2, ops, func(err error) { got = err })
+	net.Deliver(net.Pending()[0])
+	if !errors.Is(got, rdma.ErrOutOfBounds) || !strings.Contains(got.Error(), "[4000, +200)") || len(net.Pending()) != 0 ||
+		!errors.Is(ops[1].Err, rdma.ErrFlushed) {
+		t.Errorf("out-of-bounds READ: err %v, FAA err %v, pending %v", got, ops[1].Err, net.Pending())
+	}
+}
+
+// A rest that is dropped or whose endpoint crashes fails the batch, of
+// unknown outcome when an op other than a READ executed before it.
+func TestSplitReadsRestFails(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		atomic  bool // a CAS before the READ
+		fail    func(net *mem.Network, r *mem.Delivery)
+		want    error
+		unknown bool
+	}{
+		{"drop", false, func(net *mem.Network, r *mem.Delivery) { net.Drop(r) }, rdma.ErrPeerUnreachable, false},
+		{"drop after CAS", true, func(net *mem.Network, r *mem.Delivery) { net.Drop(r) }, rdma.ErrPeerUnreachable, true},
+		{"target crash", false, func(net *mem.Network, r *mem.Delivery) { net.Crash(2) }, rdma.ErrPeerUnreachable, false},
+		{"target crash after CAS", true, func(net *mem.Network, r *mem.Delivery) { net.Crash(2) }, rdma.ErrPeerUnreachable, true},
+		{"poster crash after CAS", true, func(net *mem.Network, r *mem.Delivery) { net.Crash(1) }, rdma.ErrClosed, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			net, eps := splitNet(t, 2)
+			reg := registerWords(t, eps[1])
+			rk := reg.Descriptor().RKey
+			var ops []rdma.Op
+			if tc.atomic {
+				ops = append(ops, rdma.Op{Kind: rdma.OpCAS, RKey: rk, Offset: 8, Compare: 0, Operand: 9})
+			}
+			ops = append(ops, rdma.Op{Kind: rdma.OpRead, RKey: rk, Buf: make([]byte, 256)})
+			calls := 0
+			var got error
+			eps[0].PostAsync(2, ops, func(err error) { calls++; got = err })
+			net.Deliver(net.Pending()[0])
+			if calls != 0 || len(net.Pending()) != 1 {
+				t.Fatalf("first part: %d completions, pending %v", calls, net.Pending())
+			}
+			tc.fail(net, net.Pending()[0])
+			if calls != 1 || !errors.Is(got, tc.want) || errors.Is(got, rdma.ErrOutcomeUnknown) != tc.unknown {
+				t.Fatalf("%d completions, err %v; want %v, outcome unknown %t", calls, got, tc.want, tc.unknown)
+			}
+			if last := ops[len(ops)-1]; last.Err != got {
+				t.Errorf("READ err %v, want the batch's", last.Err)
+			}
+			if tc.atomic && (ops[0].Err != nil || ops[0].Result != 0 || rdma.LoadWord(reg.Bytes(), 8) != 9) {
+				t.Errorf("CAS executed before the rest: err %v, result %d, word %d", ops[0].Err, ops[0].Result, rdma.LoadWord(reg.Bytes(), 8))
+			}
+		})
 	}
 }

@@ -12,6 +12,28 @@
 // deterministically: a batch's READ sees the target memory as it is at the
 // moment of delivery, and handlers and completion callbacks run
 // synchronously inside Deliver.
+//
+// # Reads that are not atomic
+//
+// By default a delivered batch executes whole, at one moment: a READ
+// returns the target memory as it was at that moment. Real transports give
+// no such promise: a NIC may fetch a READ's bytes in any order, and Go's
+// copy of 256 bytes or more loads the last 128 bytes of the source first,
+// then the head, then the body. With SplitReads (or, for one delivery,
+// DeliverSplit) a batch stops in the middle of its first READ longer than
+// 16 bytes: the delivery executes the ops before that READ and the READ's
+// last min(128, len/2) bytes, and queues the rest of the batch as a new
+// Delivery (a new Seq, the same From, To and Kind, Continues naming the
+// batch, its Ops what is left: the READ's first bytes, then the ops after
+// it). Delivering the rest executes them, splitting the next long READ
+// again the same way when it is delivered with SplitReads or DeliverSplit,
+// and only the last part calls the batch's completion, with every result
+// in the ops as posted.
+// Other deliveries may run between the parts, so that one READ sees the
+// memory at two moments. A rest that is dropped, or fails because an
+// endpoint crashed, completes the batch with the usual error, wrapped in
+// rdma.ErrOutcomeUnknown when an op other than a READ of the batch has
+// executed (it may have had effects).
 package mem
 
 import (
@@ -36,9 +58,16 @@ type Option func(*Network)
 // delivers it with Deliver (or Drop).
 func Manual() Option { return func(n *Network) { n.manual = true } }
 
+// SplitReads makes Deliver execute every batch with a READ of more than 16
+// bytes in parts, at the moments their deliveries come (see the package
+// documentation, "Reads that are not atomic"). Manual mode only: it has no
+// effect in immediate mode.
+func SplitReads() Option { return func(n *Network) { n.splitReads = true } }
+
 // Network connects in-process endpoints.
 type Network struct {
-	manual bool
+	manual     bool
+	splitReads bool
 
 	mu    sync.Mutex
 	eps   map[ids.NodeID]*Endpoint
@@ -82,15 +111,41 @@ type Delivery struct {
 	Kind DeliveryKind
 	From ids.NodeID
 	To   ids.NodeID
-	Ops  []rdma.Op // BatchDelivery
+	Ops  []rdma.Op // BatchDelivery; the ops left to execute in a rest
 	Msg  []byte    // MessageDelivery
+	// Continues is, for the rest of a batch whose delivery stopped in the
+	// middle of a READ (SplitReads, DeliverSplit), the Seq of that batch;
+	// 0 otherwise.
+	Continues uint64
 
 	done func(error) // BatchDelivery: completion
+	rest *rest       // the rest of a batch: where it resumes
 }
+
+// rest is where a batch split in the middle of a READ resumes.
+type rest struct {
+	ops  []rdma.Op // the batch as posted, where every result lands
+	next int       // the first op not executed in full
+	// head is how many of the first bytes of ops[next] (a READ whose
+	// last bytes were read) are still to read.
+	head int
+	// effects: an op other than a READ executed.
+	effects bool
+}
+
+// splitMin is the longest READ that DeliverSplit executes at one moment.
+const splitMin = 16
+
+// tailLen is how many of the last bytes of an n-byte READ (n > splitMin)
+// the first part reads: what a memmove loads first, at most half.
+func tailLen(n int) int { return min(128, n/2) }
 
 func (d *Delivery) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "#%d %v %v->%v", d.Seq, d.Kind, d.From, d.To)
+	if d.Continues != 0 {
+		fmt.Fprintf(&b, " (rest of #%d)", d.Continues)
+	}
 	if d.Kind == BatchDelivery {
 		for i := range d.Ops {
 			b.WriteString(" [")
@@ -146,8 +201,18 @@ func (n *Network) take(d *Delivery) bool {
 // Deliver executes a pending delivery now: a batch runs on the target's
 // registered memory and its completion runs; a message is handed to the
 // target's handler. Both run on the caller's goroutine before Deliver
-// returns.
-func (n *Network) Deliver(d *Delivery) error {
+// returns. With SplitReads, a batch with a READ of more than 16 bytes runs
+// only up to the middle of that READ and its rest is queued (then the
+// completion waits for the rest).
+func (n *Network) Deliver(d *Delivery) error { return n.deliver(d, n.splitReads) }
+
+// DeliverSplit delivers d as Deliver does with SplitReads, whether the
+// network has that option or not: a batch stops in the middle of its first
+// READ of more than 16 bytes, and its rest is queued. A batch without such
+// a READ, or a message, is delivered as by Deliver.
+func (n *Network) DeliverSplit(d *Delivery) error { return n.deliver(d, true) }
+
+func (n *Network) deliver(d *Delivery, split bool) error {
 	n.mu.Lock()
 	if !n.take(d) {
 		n.mu.Unlock()
@@ -158,14 +223,14 @@ func (n *Network) Deliver(d *Delivery) error {
 	alive := to != nil && !to.isClosed()
 	switch d.Kind {
 	case BatchDelivery:
-		var err error
-		if !alive {
-			err = &rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable}
-			rdma.FailAll(d.Ops, err)
-		} else {
-			err = to.table.ExecuteBatch(d.Ops)
+		switch {
+		case !alive:
+			d.fail(&rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable})
+		case split || d.rest != nil:
+			n.executeSplit(d, to, split)
+		default:
+			d.done(to.table.ExecuteBatch(d.Ops))
 		}
-		d.done(err)
 	case MessageDelivery:
 		if alive {
 			to.handle(d.From, d.Msg)
@@ -184,11 +249,99 @@ func (n *Network) Drop(d *Delivery) error {
 	}
 	n.mu.Unlock()
 	if d.Kind == BatchDelivery {
-		err := &rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable}
-		rdma.FailAll(d.Ops, err)
-		d.done(err)
+		d.fail(&rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable})
 	}
 	return nil
+}
+
+// executeSplit executes the batch (or rest of a batch) d at to. split: a
+// READ of more than splitMin bytes stops the delivery in its middle, after
+// its last bytes, and the rest is queued.
+func (n *Network) executeSplit(d *Delivery, to *Endpoint, split bool) {
+	r := d.rest
+	if r == nil {
+		r = &rest{ops: d.Ops}
+	}
+	ops, i := r.ops, r.next
+	finish := func(i int, err error) {
+		ops[i].Err = err
+		rdma.FlushAfter(ops, i)
+		d.done(err)
+	}
+	if r.head > 0 {
+		head := ops[i]
+		head.Buf = head.Buf[:r.head]
+		if err := to.table.Execute(&head); err != nil {
+			finish(i, err)
+			return
+		}
+		ops[i].Err = nil
+		i++
+	}
+	for ; i < len(ops); i++ {
+		op := &ops[i]
+		if split && op.Kind == rdma.OpRead && len(op.Buf) > splitMin {
+			k := len(op.Buf) - tailLen(len(op.Buf))
+			tail := *op
+			tail.Offset += uint64(k)
+			tail.Buf = op.Buf[k:]
+			if to.table.Execute(&tail) == nil {
+				n.queueRest(d, &rest{ops: ops, next: i, head: k, effects: r.effects})
+				return
+			}
+			// The tail failed; so does the whole READ, whose error
+			// names all of it.
+		}
+		if err := to.table.Execute(op); err != nil {
+			finish(i, err)
+			return
+		}
+		op.Err = nil
+		if op.Kind != rdma.OpRead {
+			r.effects = true
+		}
+	}
+	d.done(nil)
+}
+
+// queueRest queues the rest r of the batch d.
+func (n *Network) queueRest(d *Delivery, r *rest) {
+	orig := d.Seq
+	if d.Continues != 0 {
+		orig = d.Continues
+	}
+	head := r.ops[r.next]
+	head.Buf = head.Buf[:r.head]
+	left := append([]rdma.Op{head}, r.ops[r.next+1:]...)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.seq++
+	n.queue = append(n.queue, &Delivery{Seq: n.seq, Kind: BatchDelivery, From: d.From, To: d.To, Ops: left, Continues: orig, done: d.done, rest: r})
+}
+
+// fail completes the batch d with err, which every op not executed in full
+// reports. When d is the rest of a batch that executed an op other than a
+// READ, err is wrapped in rdma.ErrOutcomeUnknown: those ops may have had
+// effects.
+func (d *Delivery) fail(err error) {
+	ops := d.Ops
+	if r := d.rest; r != nil {
+		ops = r.ops[r.next:]
+		if r.effects {
+			err = outcomeUnknown(err)
+		}
+	}
+	rdma.FailAll(ops, err)
+	d.done(err)
+}
+
+// outcomeUnknown wraps err in rdma.ErrOutcomeUnknown, inside the
+// PeerError when err is one.
+func outcomeUnknown(err error) error {
+	if pe, ok := err.(*rdma.PeerError); ok {
+		return &rdma.PeerError{Peer: pe.Peer, Err: fmt.Errorf("%w: %w", rdma.ErrOutcomeUnknown, pe.Err)}
+	}
+	return fmt.Errorf("%w: %w", err, rdma.ErrOutcomeUnknown)
 }
 
 // Duplicate queues a copy of a pending message (batches cannot be
@@ -240,8 +393,7 @@ func (n *Network) failQueued(id ids.NodeID, err error) {
 		if d.From != id {
 			e = &rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable}
 		}
-		rdma.FailAll(d.Ops, e)
-		d.done(e)
+		d.fail(e)
 	}
 }
 
