@@ -34,9 +34,9 @@ import (
 //	evict nX page=P                 give the page up
 //	deliver [from=nX] [to=nY] [kind=batch|msg] [n=K]   execute / hand over
 //	deliver-split [from=..] [to=..] [kind=..] [n=K]   deliver, a batch stopping in the middle of
-//	                                its first READ of more than 16 bytes, after its last half
-//	                                (at most 128 bytes; of a slot of a 16-byte page: page bytes
-//	                                4-15): the rest waits in the network, "(rest of #N)", for a
+//	                                its first READ of more than 8 bytes, after its last half
+//	                                (at most 128 bytes; of a 16-byte page: its bytes 8-15):
+//	                                the rest waits in the network, "(rest of #N)", for a
 //	                                later deliver (mem.Network.DeliverSplit)
 //	drop [from=..] [to=..] [kind=..] [n=K]            lose them
 //	dup [from=..] [to=..] [n=K]                       duplicate messages

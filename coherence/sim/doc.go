@@ -40,8 +40,8 @@
 // promoted, and a crash comes only while every page keeps a complete live
 // copy without the victim (with MidFillCrashes, while fills are under
 // way too; EarlyPromote breaks the rule on purpose, for the checks to
-// catch). With SplitReads, a READ of more than 16 bytes (a slot; a page
-// of more than 16 bytes) reads its last bytes when its batch is delivered
+// catch). With SplitReads, a READ of more than one word (8 bytes: a page,
+// a slot) reads its last bytes when its batch is delivered
 // and the rest at a later step (mem.SplitReads), with other deliveries in
 // between, as a NIC or Go's copy may: a copy installed from such a READ
 // must still equal the reference (the data check below). Then

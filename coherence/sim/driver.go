@@ -35,7 +35,7 @@ const (
 	// Duplicate queues a second copy of each matching message.
 	Duplicate
 	// DeliverSplit delivers as Deliver, except that a batch stops in the
-	// middle of its first READ of more than 16 bytes, after that READ's
+	// middle of its first READ of more than 8 bytes, after that READ's
 	// last bytes (mem.Network.DeliverSplit): its rest waits in the
 	// network as a delivery of its own, "(rest of #N)".
 	DeliverSplit

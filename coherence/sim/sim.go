@@ -149,8 +149,8 @@ type Options struct {
 	// four) or to another live node (which must give it up). Every copy
 	// reported must be the page's latest data and its home word's version.
 	Persists int
-	// SplitReads makes every READ of more than 16 bytes (a whole slot, a
-	// page) execute at two moments (mem.SplitReads): its last bytes when
+	// SplitReads makes every READ of more than 8 bytes (a page, a whole
+	// slot) execute at two moments (mem.SplitReads): its last bytes when
 	// its batch is delivered, the rest of the batch when a later step
 	// delivers the rest, as a NIC or Go's copy may read. Other deliveries
 	// (a release's WRITE and CAS) may run between the two. With
@@ -1694,7 +1694,7 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 }
 
 // deliverSplit delivers d, a batch stopping in the middle of its first
-// READ of more than 16 bytes (mem.Network.DeliverSplit).
+// READ of more than 8 bytes (mem.Network.DeliverSplit).
 func (s *Sim) deliverSplit(d *mem.Delivery) {
 	if d.Kind == mem.BatchDelivery {
 		s.stats.Batches++

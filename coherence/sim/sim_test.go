@@ -138,6 +138,7 @@ var configs = []struct {
 	// pages, so that releases land between the two parts of read misses,
 	// and dropped rests (of unknown outcome after an FAA or a CAS).
 	{"split-reads", Options{Nodes: 6, Pages: 2, PageSize: 32, Ops: 100, Faults: true, Evict: true, Linearizability: true, SplitReads: true}, 100},
+	{"split-reads-fill", Options{Nodes: 5, Pages: 4, PageSize: 32, Ops: 150, Faults: true, Evict: true, Crashes: 4, HomeCrashes: 4, Restarts: 4, Backups: 1, Fills: true, Persists: 30, AsyncReconfig: true, LazyHomes: true, LearnOdds: 16, SplitReads: true}, 100},
 	{"tag-wrap", Options{Nodes: 5, Pages: 3, Ops: 100, Faults: true, Evict: true, Crashes: 2, AsyncReconfig: true, LazyHomes: true, Epoch: 16, EmptyEpochs: 40}, 125},
 }
 
@@ -150,7 +151,7 @@ func totalShare() int {
 }
 
 // TestSimSeeds runs the simulator over many seeds of every configuration:
-// the CI share by default (3,475 seeds; a quarter under the race
+// the CI share by default (3,575 seeds; a quarter under the race
 // detector), or -seeds=N in all (make sim SEEDS=N), in parallel with
 // -workers. A failure prints the seed, the invariant and the trace, and
 // the command that reruns that seed alone.

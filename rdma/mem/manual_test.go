@@ -246,13 +246,13 @@ func TestSplitReadsTwoMoments(t *testing.T) {
 }
 
 // Every long READ of a batch is split, each rest naming the batch; a READ
-// of 16 bytes or less is not; a plain manual network splits only with
+// of one word (8 bytes) or less is not; a plain manual network splits only with
 // DeliverSplit, and delivers a rest whole.
 func TestSplitReadsEveryLongRead(t *testing.T) {
 	net, eps := splitNet(t, 2)
 	rk := registerWords(t, eps[1]).Descriptor().RKey
 	ops := []rdma.Op{
-		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 16)},
+		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 8)},
 		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 17)},
 		{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 300)},
 	}
@@ -272,7 +272,7 @@ func TestSplitReadsEveryLongRead(t *testing.T) {
 		lens = append(lens, l)
 		net.Deliver(d)
 	}
-	if want := [][]int{{16, 17, 300}, {9, 300}, {172}}; !done || fmt.Sprint(lens) != fmt.Sprint(want) {
+	if want := [][]int{{8, 17, 300}, {9, 300}, {172}}; !done || fmt.Sprint(lens) != fmt.Sprint(want) {
 		t.Errorf("deliveries had ops of %v bytes (done %t), want %v", lens, done, want)
 	}
 

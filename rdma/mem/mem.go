@@ -21,7 +21,7 @@
 // copy of 256 bytes or more loads the last 128 bytes of the source first,
 // then the head, then the body. With SplitReads (or, for one delivery,
 // DeliverSplit) a batch stops in the middle of its first READ longer than
-// 16 bytes: the delivery executes the ops before that READ and the READ's
+// 8 bytes: the delivery executes the ops before that READ and the READ's
 // last min(128, len/2) bytes, and queues the rest of the batch as a new
 // Delivery (a new Seq, the same From, To and Kind, Continues naming the
 // batch, its Ops what is left: the READ's first bytes, then the ops after
@@ -58,7 +58,7 @@ type Option func(*Network)
 // delivers it with Deliver (or Drop).
 func Manual() Option { return func(n *Network) { n.manual = true } }
 
-// SplitReads makes Deliver execute every batch with a READ of more than 16
+// SplitReads makes Deliver execute every batch with a READ of more than 8
 // bytes in parts, at the moments their deliveries come (see the package
 // documentation, "Reads that are not atomic"). Manual mode only: it has no
 // effect in immediate mode.
@@ -134,7 +134,7 @@ type rest struct {
 }
 
 // splitMin is the longest READ that DeliverSplit executes at one moment.
-const splitMin = 16
+const splitMin = 8
 
 // tailLen is how many of the last bytes of an n-byte READ (n > splitMin)
 // the first part reads: what a memmove loads first, at most half.
@@ -201,14 +201,14 @@ func (n *Network) take(d *Delivery) bool {
 // Deliver executes a pending delivery now: a batch runs on the target's
 // registered memory and its completion runs; a message is handed to the
 // target's handler. Both run on the caller's goroutine before Deliver
-// returns. With SplitReads, a batch with a READ of more than 16 bytes runs
+// returns. With SplitReads, a batch with a READ of more than 8 bytes runs
 // only up to the middle of that READ and its rest is queued (then the
 // completion waits for the rest).
 func (n *Network) Deliver(d *Delivery) error { return n.deliver(d, n.splitReads) }
 
 // DeliverSplit delivers d as Deliver does with SplitReads, whether the
 // network has that option or not: a batch stops in the middle of its first
-// READ of more than 16 bytes, and its rest is queued. A batch without such
+// READ of more than 8 bytes, and its rest is queued. A batch without such
 // a READ, or a message, is delivered as by Deliver.
 func (n *Network) DeliverSplit(d *Delivery) error { return n.deliver(d, true) }
 
