@@ -146,17 +146,23 @@ func (e *Engine) downAwaited(id ids.NodeID) (string, bool) {
 	return e.down[id], e.awaited[id]
 }
 
+// unavailableErr is the error of a call on page p that waited waited for
+// the node of protocol id proto, which is role to the page: why.
+func (e *Engine) unavailableErr(p ids.PageNo, proto ids.NodeID, role, why string, waited time.Duration) *UnavailableError {
+	node, ok := e.cfg.NodeOf(proto)
+	if !ok {
+		node = proto
+	}
+	return &UnavailableError{Region: e.cfg.Region, Name: e.cfg.Name, Page: p, Node: node, Proto: proto, Role: role, Why: why,
+		Epoch: e.sm.Epoch(), Waited: waited}
+}
+
 // unavailable returns the error of a call on page p that has waited
 // waited, or nil while the page may still be served. atStart: the call is
 // being submitted (only a down home fails it then).
 func (e *Engine) unavailable(p ids.PageNo, waited time.Duration, atStart bool) *UnavailableError {
 	ue := func(proto ids.NodeID, role, why string) *UnavailableError {
-		node, ok := e.cfg.NodeOf(proto)
-		if !ok {
-			node = proto
-		}
-		return &UnavailableError{Region: e.cfg.Region, Name: e.cfg.Name, Page: p, Node: node, Proto: proto, Role: role, Why: why,
-			Epoch: e.sm.Epoch(), Waited: waited}
+		return e.unavailableErr(p, proto, role, why, waited)
 	}
 	home := e.homeOf(p)
 	if why, awaited := e.downAwaited(home); awaited {
@@ -293,6 +299,10 @@ func (e *Engine) sweep(now time.Time) {
 			e.failWaiter(id, w, err)
 			continue
 		}
+		if err := e.stalled(w, now); err != nil {
+			e.failWaiter(id, w, err)
+			continue
+		}
 		if !w.reported && waited >= longWait {
 			// Not unavailable, so contention or a peer that takes turns
 			// slowly: neither fails the call. Say once what the page
@@ -304,6 +314,50 @@ func (e *Engine) sweep(now time.Time) {
 		}
 	}
 	e.sweepReleaseWaits(now)
+}
+
+// minStallAfter is the least default Config.StallAfter.
+const minStallAfter = 30 * time.Second
+
+// stallKey is what a waiting call depends on, as this node sees it: the
+// page's word's holder, reservation and version, and the members whose
+// acknowledgements its tenure awaits.
+type stallKey struct {
+	holder, reserved ids.NodeID
+	version          uint16
+	awaiting         string
+}
+
+// stalled returns the error of call w when the member it waits for is not
+// set down but has not moved the page for Config.StallAfter, or nil. It
+// runs on the loop (sweep), which also notes what w waits on.
+func (e *Engine) stalled(w *waiter, now time.Time) *UnavailableError {
+	info := e.sm.Page(w.page)
+	key := stallKey{holder: info.Word.Holder(), reserved: info.Word.Reserved(), version: info.Word.Version(), awaiting: fmt.Sprint(info.Awaiting)}
+	if key != w.seen || w.seenSince.IsZero() {
+		w.seen, w.seenSince = key, now
+		return nil
+	}
+	still := now.Sub(w.seenSince)
+	if e.cfg.StallAfter < 0 || still < e.cfg.StallAfter {
+		return nil
+	}
+	d := still.Round(time.Second)
+	for _, c := range []struct {
+		id        ids.NodeID
+		role, why string
+	}{
+		{info.Word.Holder(), "holder", fmt.Sprintf("has held the page's tenure for %v without releasing it to this node's recalls (it is alive to the directory, but its dsmd does not serve the page)", d)},
+		{info.Word.Reserved(), "reserver", fmt.Sprintf("has held the page's reservation for %v without taking its turn (it is alive to the directory, but its dsmd does not serve the page)", d)},
+	} {
+		if c.id != ids.None && c.id != e.cfg.ID && c.id != coherence.HomeTurn && c.id != coherence.NotHome {
+			return e.unavailableErr(w.page, c.id, c.role, c.why, now.Sub(w.start))
+		}
+	}
+	if len(info.Awaiting) > 0 {
+		return e.unavailableErr(w.page, info.Awaiting[0], "sharer", fmt.Sprintf("has not acknowledged an invalidation for %v (it is alive to the directory, but its dsmd does not answer)", d), now.Sub(w.start))
+	}
+	return nil
 }
 
 // longWait is how long a call waits before sweep logs it (a variable for

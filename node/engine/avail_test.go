@@ -307,3 +307,37 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// A live member that holds a page's tenure and never releases it (here:
+// the recalls to it are lost; in a real cluster, a dsmd whose engine is
+// stuck while its lease goes on) makes a waiting call fail after
+// StallAfter, naming it as the holder, although it is never set down and
+// the page's home answers every batch. Once it answers again the page is
+// served, with its data.
+func TestStalledHolderFailsAfterBound(t *testing.T) {
+	nodes, f1 := faultCluster(t, func(c *Config) { c.StallAfter = 300 * time.Millisecond })
+	ctx := testCtx(t)
+	const p = ids.PageNo(2) // homed at n3
+	data := []byte{1, 2, 3, 4}
+	if err := nodes[2].pages.Write(ctx, nodes[2].e, testRegion, p, testPageSize, 0, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := f1.SetRules(fault.Rule{Traffic: fault.Messages, Action: fault.Drop, Peer: 2, Prob: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := nodes[1].pages.Read(ctx, nodes[1].e, testRegion, p, testPageSize)
+	ue := wantUnavailable(t, err, 2, "holder", "without releasing it")
+	if ue.Waited < 300*time.Millisecond {
+		t.Fatalf("gave up after %v, before the bound", ue.Waited)
+	}
+	if err := f1.SetRules(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := nodes[1].pages.Read(ctx, nodes[1].e, testRegion, p, testPageSize)
+	if err != nil {
+		t.Fatalf("read once the holder answers: %v", err)
+	}
+	if !bytes.Equal(got[:len(data)], data) {
+		t.Fatalf("read %x, want the holder's %x", got[:len(data)], data)
+	}
+}

@@ -131,6 +131,18 @@ type Config struct {
 	// never). A call on a page whose home is down fails at once, unless
 	// the home's pages are awaited (SetDownAwaited): then after it.
 	UnavailableAfter time.Duration
+	// StallAfter is how long a call may wait for a member that is not set
+	// down but holds the page (its tenure or its reservation), or owes
+	// the acknowledgement of an invalidation, while nothing about the
+	// page moves (the word's holder, reservation and version as this node
+	// sees them, and the acknowledgements awaited), before it fails with
+	// an *UnavailableError that names that member: a live dsmd that does
+	// not serve the page (stuck, or starved for far longer than a lease)
+	// bounds the wait as a dead one does. Contention moves the word and
+	// never stalls a call so long. Default: 6 × UnavailableAfter, at least
+	// minStallAfter (60 s by default); negative, or with UnavailableAfter
+	// negative: never.
+	StallAfter time.Duration
 	// Logger; nil: discard.
 	Logger *slog.Logger
 }
@@ -277,6 +289,10 @@ type waiter struct {
 	ch    chan result // buffered 1
 	// reported: the call was logged as waiting long (sweep).
 	reported bool
+	// seen is what the call waits on as sweep last saw it, since
+	// seenSince (stalled).
+	seen      stallKey
+	seenSince time.Time
 }
 
 type result struct {
@@ -317,6 +333,12 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.UnavailableAfter == 0 {
 		cfg.UnavailableAfter = DefaultUnavailableAfter
+	}
+	if cfg.StallAfter == 0 {
+		cfg.StallAfter = max(6*cfg.UnavailableAfter, minStallAfter)
+		if cfg.UnavailableAfter < 0 {
+			cfg.StallAfter = -1
+		}
 	}
 	log := cfg.Logger
 	if log == nil {
