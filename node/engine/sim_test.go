@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -36,8 +37,11 @@ import (
 // leaves with the page when it was Modified).
 //
 // Checks: every word's history of reads and writes is linearizable
-// (porcupine), every acknowledged add is counted exactly once, and at the
-// end every node reads the same contents.
+// (porcupine), every acknowledged add is counted exactly once, at the end
+// every node reads the same contents, and every copy a read miss installs
+// Shared is, whole, the data its tenure released (checkInstall). Writes
+// and adds also write the page's tail, so that a copy torn between two
+// tenures differs from both.
 //
 //	go test ./node/engine -run TestEngineSim -engine-seeds 20000
 //	go test ./node/engine -run TestEngineSim -engine-seed 1234 -v   # one seed, with its trace on failure
@@ -170,6 +174,10 @@ var simUnavailableCalls atomic.Int64
 // words stamped left behind, over a configuration's seeds.
 var simPromotions, simPromoteCrashes, simStamped atomic.Int64
 
+// simInstalls counts the Shared copies installed over a configuration's
+// seeds, and those checked against their tenure's release.
+var simInstalls, simInstallsChecked atomic.Int64
+
 var simConfigs = []simConfig{
 	{name: "plain", nodes: 3, pages: 4, threads: 2, ops: 300, evict: 0.1, ciSeeds: 150, pageSize: 64},
 	{name: "split-reads", nodes: 4, pages: 2, threads: 2, ops: 300, drop: 0.03, dup: 0.02, evict: 0.15, ciSeeds: 100, pageSize: 64, splitReads: true},
@@ -234,6 +242,8 @@ func TestEngineSim(t *testing.T) {
 			simPromotions.Store(0)
 			simPromoteCrashes.Store(0)
 			simStamped.Store(0)
+			simInstalls.Store(0)
+			simInstallsChecked.Store(0)
 			for seed := int64(1); seed <= int64(seeds); seed++ {
 				if err := runEngineSim(cfg, seed, nil); err != nil {
 					t.Errorf("seed %d: %v (rerun: go test ./node/engine -run 'TestEngineSim/%s$' -engine-seed %d -v)", seed, err, cfg.name, seed)
@@ -242,7 +252,8 @@ func TestEngineSim(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d seeds, %d calls failed as unavailable", seeds, simUnavailableCalls.Load())
+			t.Logf("%d seeds, %d calls failed as unavailable, %d of %d Shared copies installed checked against their tenure's release",
+				seeds, simUnavailableCalls.Load(), simInstallsChecked.Load(), simInstalls.Load())
 			if cfg.crashHome && cfg.backups == 0 && simUnavailableCalls.Load() == 0 {
 				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
 			}
@@ -336,8 +347,8 @@ type simOpKind uint8
 
 const (
 	simRead  simOpKind = 1 + iota // word 0
-	simWrite                      // word 0 := a value never written before
-	simAdd                        // word 1 += 1
+	simWrite                      // word 0 and the last word := a value never written before
+	simAdd                        // word 1 and the word before the last += 1
 	simEvict
 )
 
@@ -394,6 +405,10 @@ type simNode struct {
 	// learnt (with backups): its targets are computed against it, as
 	// dsmd computes them against the last view it followed.
 	lastHome []ids.NodeID
+	// engineCopy is, per page, the tenure whose release carries the
+	// engine's copy, not data the cache gives up (0: none); see
+	// engineReleases.
+	engineCopy []uint16
 }
 
 // simJob is work the driver completes later: a batch's answer on its way
@@ -476,6 +491,34 @@ type engineSim struct {
 	// node crashed (its adds may be lost with its Modified copy).
 	addsDone   []int
 	crashedAny bool
+	// tenures is the reference for the copies installed: the data every
+	// tenure of every page released, as the holder's cache gave it up
+	// (recordRelease), or, when the cache never took the tenure, as the
+	// holder's engine wrote its copy back (engineReleases).
+	tenures map[simTenure]*simReleased
+	// installs and checked count the Shared copies installed and those
+	// checked against tenures.
+	installs, checked int
+}
+
+// simTenure names tenure version of page.
+type simTenure struct {
+	page    ids.PageNo
+	version uint16
+}
+
+// simReleased is what one tenure released.
+type simReleased struct {
+	// data is every copy the holder released in the tenure: one, unless
+	// the tenure was taken back after its release began (an eviction
+	// refused, a release interrupted by a move and reclaimed) and written
+	// again before it ended.
+	data [][]byte
+	// lost: the holder crashed or was declared failed while it held the
+	// tenure (or gave it up after), so the tenure's end may be the home's
+	// repair, which reverts the page to the home copy (an older tenure's
+	// data) under this version.
+	lost bool
 }
 
 // simSlot is node n's slot of page p.
@@ -527,7 +570,7 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	}
 	s := &engineSim{
 		cfg: cfg, rng: rand.New(rand.NewPCG(uint64(seed), 0x5eed)), net: mem.NewNetwork(netOpts...),
-		now: time.Unix(1_700_000_000, 0), trace: trace,
+		now: time.Unix(1_700_000_000, 0), trace: trace, tenures: map[simTenure]*simReleased{},
 	}
 	defer func() {
 		for _, n := range s.nodes {
@@ -626,6 +669,8 @@ func runEngineSim(cfg simConfig, seed int64, trace *strings.Builder) (err error)
 	simUnavailableCalls.Add(int64(s.unavailable))
 	simPromotions.Add(int64(s.promotions))
 	simPromoteCrashes.Add(int64(s.crashes))
+	simInstalls.Add(int64(s.installs))
+	simInstallsChecked.Add(int64(s.checked))
 	return s.err
 }
 
@@ -687,14 +732,15 @@ func (s *engineSim) newNode(id ids.NodeID, members []ids.NodeID, joining bool) (
 	if err != nil {
 		return nil, err
 	}
-	n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads), lastHome: slices.Clone(s.home)}
+	n := &simNode{id: id, ep: ep, calls: make([]*simCall, s.cfg.threads), lastHome: slices.Clone(s.home), engineCopy: make([]uint16, s.cfg.pages)}
 	for range s.cfg.pages {
 		n.pages = append(n.pages, &simPage{state: localcache.Invalid})
 	}
 	cfg := Config{
 		ID: id, Region: testRegion, NumPages: s.cfg.pages, PageSize: s.cfg.pageSize,
 		Epoch: s.epoch, Members: members, Joining: joining, HomeOf: s.homeOf, Transport: ep,
-		Pages: simPages{n}, UnavailableAfter: simUnavailableAfter,
+		Pages: simPages{s, n}, UnavailableAfter: simUnavailableAfter,
+		Released: func(p ids.PageNo, version uint16) { s.engineReleases(n, p, version) },
 		Filled: func(d []coherence.FillDone) {
 			if !n.out() {
 				for _, x := range d {
@@ -801,6 +847,13 @@ func (s *engineSim) join(machine int) {
 // answer waits in the driver's jobs once delivered.
 func (s *engineSim) post(n *simNode, b coherence.Batch, ops []rdma.Op, err error) {
 	s.logf("n%d posts %v", n.id, b)
+	if err == nil {
+		for i, v := range b.Verbs {
+			if v.Kind == coherence.VerbWrite && v.Span == coherence.SpanPage && !v.HomeCopy {
+				s.engineCopyReleased(n, v.Page, ops[i].Buf)
+			}
+		}
+	}
 	finish := func(err error) {
 		if s.loseAnswer && err == nil {
 			err = fmt.Errorf("simulated: %w", rdma.ErrOutcomeUnknown)
@@ -823,13 +876,17 @@ func (s *engineSim) post(n *simNode, b coherence.Batch, ops []rdma.Op, err error
 // simPages is node n's model cache as the engine drives it. The driver
 // runs a drop or downgrade only while no call holds the page's lock, as
 // the cache's page lock makes it wait.
-type simPages struct{ n *simNode }
+type simPages struct {
+	s *engineSim
+	n *simNode
+}
 
 func (c simPages) Drop(_ ids.RegionID, p ids.PageNo) []byte {
 	pg := c.n.pages[p]
 	var dirty []byte
 	if pg.state == localcache.Modified {
 		dirty = slices.Clone(pg.data)
+		c.s.recordRelease(c.n, p, dirty)
 	}
 	pg.state, pg.data = localcache.Invalid, nil
 	return dirty
@@ -841,6 +898,7 @@ func (c simPages) Downgrade(_ ids.RegionID, p ids.PageNo) []byte {
 		return nil
 	}
 	pg.state = localcache.Shared
+	c.s.recordRelease(c.n, p, pg.data)
 	return slices.Clone(pg.data)
 }
 
@@ -1041,6 +1099,7 @@ func (s *engineSim) runJob(i int) {
 // and every other node is to learn a configuration without it.
 func (s *engineSim) crash(n *simNode) {
 	s.logf("n%d crashes", n.id)
+	s.lostTenures(n)
 	n.crashed, s.crashedAny = true, true
 	s.net.Crash(n.id)
 	for i := range n.calls {
@@ -1061,6 +1120,9 @@ func (s *engineSim) depart(n *simNode) {
 	s.epoch++
 	if n.departed {
 		n.leftAt = s.epoch
+	}
+	if n.failed {
+		s.lostTenures(n)
 	}
 	rc := coherence.Reconfigure{Epoch: s.epoch, Members: members}
 	if s.cfg.backups > 0 {
@@ -1782,6 +1844,7 @@ func (s *engineSim) advance(c *simCall) {
 		// engine is told, with the data when it was Modified.
 		if pg.state == localcache.Modified {
 			c.dirty = slices.Clone(pg.data)
+			s.recordRelease(c.node, c.page, c.dirty)
 		}
 		pg.state, pg.data = localcache.Invalid, nil
 		s.submit(c, evictOp, coherence.Request{Op: coherence.OpEvict, Page: c.page}, c.dirty)
@@ -1804,14 +1867,152 @@ func (s *engineSim) advance(c *simCall) {
 	s.submit(c, writeMiss, coherence.Request{Op: coherence.OpAdd, Page: c.page, Value: 0}, nil)
 }
 
-// apply performs a write or an add on the page held Modified.
+// apply performs a write or an add on the page held Modified. A write
+// stores its value in the page's last word too, and an add counts in the
+// word before it too: every tenure changes the page's head and its tail,
+// so that a copy read in two moments around a release's write (its tail
+// first: a split READ, Go's copy) is neither tenure's data.
 func (s *engineSim) apply(c *simCall) {
 	d := c.node.pages[c.page].data
+	last := len(d) - 8
 	switch c.kind {
 	case simWrite:
 		binary.LittleEndian.PutUint64(d, c.value)
+		binary.LittleEndian.PutUint64(d[last:], c.value)
 	case simAdd:
 		binary.LittleEndian.PutUint64(d[8:], binary.LittleEndian.Uint64(d[8:])+1)
+		binary.LittleEndian.PutUint64(d[last-8:], binary.LittleEndian.Uint64(d[last-8:])+1)
+	}
+}
+
+// recordRelease records data, which node n's cache gives up Modified (a
+// drop, a downgrade, an eviction), as a release of the tenure n's state
+// machine holds page p in. A give-up the engine then refuses (an eviction
+// that fails with ErrConflict and goes back to the cache) records data
+// the tenure held, which the tenure's later give-up supersedes: it only
+// widens what a copy of the tenure may be.
+func (s *engineSim) recordRelease(n *simNode, p ids.PageNo, data []byte) {
+	n.engineCopy[p] = 0
+	s.addRelease(n, simTenure{p, n.e.sm.Page(p).Version}, data)
+}
+
+// addRelease records data as a release of tenure k by node n.
+func (s *engineSim) addRelease(n *simNode, k simTenure, data []byte) {
+	r := s.tenures[k]
+	if r == nil {
+		r = &simReleased{}
+		s.tenures[k] = r
+	}
+	if n.failed && n.departed {
+		r.lost = true // given up after the failure verdict: see lostTenures
+	}
+	if !slices.ContainsFunc(r.data, func(d []byte) bool { return bytes.Equal(d, data) }) {
+		r.data = append(r.data, slices.Clone(data))
+	}
+	s.logf("n%d releases p%d of tenure v%d", n.id, k.page, k.version)
+}
+
+// engineReleases takes Config.Released: node n's engine begins the
+// release of tenure version of page p. When the cache holds the page
+// Modified (or is about to: a write miss completed, not yet taken), it
+// gives its data up next (recordRelease); otherwise the release carries
+// the engine's copy (the cache's last data, or the state machine's copy
+// when the cache never took the tenure: a write miss failed with
+// ErrConflict by a recall), which engineCopyReleased records as the
+// release's page write is posted.
+func (s *engineSim) engineReleases(n *simNode, p ids.PageNo, version uint16) {
+	n.engineCopy[p] = 0
+	if n.pages[p].state == localcache.Modified || version == 0 {
+		return
+	}
+	if slices.ContainsFunc(n.calls, func(c *simCall) bool { return c != nil && c.page == p && c.missed && len(c.w.ch) > 0 }) {
+		return
+	}
+	n.engineCopy[p] = version
+}
+
+// engineCopyReleased takes a write of page p's copy that node n posts (a
+// release, to the home or a backup): while n's engine releases its own
+// copy in the tenure engineReleases named, data is that tenure's release.
+func (s *engineSim) engineCopyReleased(n *simNode, p ids.PageNo, data []byte) {
+	if v := n.engineCopy[p]; v != 0 && n.e.sm.Page(p).Version == v {
+		s.addRelease(n, simTenure{p, v}, data)
+	}
+}
+
+// lostTenures marks the tenures node n holds or is releasing, as it
+// crashes or is declared failed, as lost: their ends may be repairs by
+// the home, which revert the pages to the home copy under their versions.
+func (s *engineSim) lostTenures(n *simNode) {
+	for p := range s.cfg.pages {
+		info := n.e.sm.Page(ids.PageNo(p))
+		if !info.Tenure {
+			continue
+		}
+		k := simTenure{ids.PageNo(p), info.Version}
+		if s.tenures[k] == nil {
+			s.tenures[k] = &simReleased{}
+		}
+		s.tenures[k].lost = true
+		s.logf("n%d's tenure v%d of p%d may be lost", n.id, info.Version, p)
+	}
+}
+
+// simWords is page data as words.
+func simWords(d []byte) []uint64 {
+	w := make([]uint64, len(d)/8)
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint64(d[8*i:])
+	}
+	return w
+}
+
+// checkInstall checks data, the copy read miss c installs Shared: it must
+// be, whole, the data the tenure the node's copy is of released (or the
+// zero page of the initial tenure, version 0), as recorded by
+// recordRelease. The copy's version is the state machine's now, as c's
+// completion is taken: nothing steps the engine about the page between
+// the completion and now (c holds the page's lock, and the driver takes
+// completions first thing in a step); the check is made only when the copy
+// the engine would hand out now is still data, and Shared (over every
+// configuration's CI seeds, it always is when Shared).
+//
+// That is what the protocol promises a reader: a copy is installed only
+// once its tenure has been released, dated by the words read before and
+// after it, and a tenure's data is fixed at its release. A stale copy (of
+// an older tenure, its invalidation in flight) is still its tenure's data.
+// Not checked: a copy the engine hands out while it holds the page
+// Modified (a tenure reclaimed after a move, not released yet), and the
+// copies of tenures whose holder crashed or was declared failed (lost:
+// the home's repair ends such a tenure with the home copy, an older
+// tenure's data) or that released nothing the driver saw.
+func (s *engineSim) checkInstall(c *simCall, data []byte) {
+	s.installs++
+	e := c.node.e
+	info := e.sm.Page(c.page)
+	now := info.Data
+	if d := e.wb[c.page]; d != nil {
+		now = d
+	}
+	if info.State != coherence.Shared || !bytes.Equal(now, data) {
+		s.logf("n%d installs p%d: not checked (%s v%d)", c.node.id, c.page, info.State, info.Version)
+		return
+	}
+	want := s.tenures[simTenure{c.page, info.Version}]
+	if want == nil && info.Version == 0 {
+		want = &simReleased{data: [][]byte{make([]byte, s.cfg.pageSize)}}
+	}
+	if want == nil || want.lost {
+		s.logf("n%d installs p%d v%d: not checked (lost or unknown tenure)", c.node.id, c.page, info.Version)
+		return
+	}
+	s.checked++
+	if !slices.ContainsFunc(want.data, func(d []byte) bool { return bytes.Equal(d, data) }) {
+		var rel [][]uint64
+		for _, d := range want.data {
+			rel = append(rel, simWords(d))
+		}
+		s.fail("n%d installs p%d Shared at v%d: words %#x; tenure v%d released %#x", c.node.id, c.page, info.Version, simWords(data), info.Version, rel)
 	}
 }
 
@@ -1877,6 +2078,7 @@ func (s *engineSim) result(c *simCall, r result) {
 		s.finish(c)
 		return
 	case simRead:
+		s.checkInstall(c, r.data)
 		pg.state, pg.data = localcache.Shared, r.data
 		c.value = binary.LittleEndian.Uint64(pg.data)
 		s.checkCounter(c)
