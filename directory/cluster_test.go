@@ -96,7 +96,12 @@ func (c *cluster) start(cfg directory.Config) *directory.Directory {
 }
 
 // startN starts nodes 1..n, the first `expect` of them bootstrapping.
-func (c *cluster) startN(n, expect, maxVoters int) {
+func (c *cluster) startN(n, expect, maxVoters int) { c.startNWith(n, expect, maxVoters, nil) }
+
+// startNWith is startN with mod applied to every node's configuration
+// first (when not nil); later calls of config return the modified one, so
+// a restart keeps it.
+func (c *cluster) startNWith(n, expect, maxVoters int, mod func(*directory.Config)) {
 	c.t.Helper()
 	seed := c.config(1, expect, maxVoters, nil).GossipAddr
 	for i := 1; i <= n; i++ {
@@ -108,7 +113,14 @@ func (c *cluster) startN(n, expect, maxVoters int) {
 		if i > 1 {
 			join = []string{seed}
 		}
-		c.start(c.config(ids.NodeID(i), e, maxVoters, join))
+		cfg := c.config(ids.NodeID(i), e, maxVoters, join)
+		if mod != nil {
+			mod(&cfg)
+			c.mu.Lock()
+			c.cfgs[cfg.NodeID] = cfg
+			c.mu.Unlock()
+		}
+		c.start(cfg)
 	}
 }
 

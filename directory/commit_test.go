@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
@@ -16,19 +17,7 @@ import (
 // took: waitFor's deadline only catches a replica that never learns.
 func TestFollowersLearnCommitsWithoutIdleAppends(t *testing.T) {
 	c := newCluster(t)
-	seed := c.config(1, 3, 3, nil).GossipAddr
-	for i := 1; i <= 3; i++ {
-		var join []string
-		if i > 1 {
-			join = []string{seed}
-		}
-		cfg := c.config(ids.NodeID(i), 3, 3, join) // as startN makes them
-		cfg.Timing.RaftCommit = time.Hour
-		c.mu.Lock()
-		c.cfgs[cfg.NodeID] = cfg
-		c.mu.Unlock()
-	}
-	c.startN(3, 3, 3)
+	c.startNWith(3, 3, 3, func(cfg *directory.Config) { cfg.Timing.RaftCommit = time.Hour })
 	l := c.leader()
 	c.waitMembers(1, 2, 3)
 

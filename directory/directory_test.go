@@ -707,24 +707,14 @@ func TestCatchUpAfterOutage(t *testing.T) {
 	}
 	measure := func(t *testing.T, patience time.Duration) time.Duration {
 		c := newCluster(t)
-		seed := c.config(1, 3, 3, nil).GossipAddr
-		for i := 1; i <= 3; i++ {
-			var join []string
-			if i > 1 {
-				join = []string{seed}
-			}
-			cfg := c.config(ids.NodeID(i), 3, 3, join)
-			cfg.Timing.RaftAppendPatience = patience
-			c.start(cfg)
-		}
+		c.startNWith(3, 3, 3, func(cfg *directory.Config) { cfg.Timing.RaftAppendPatience = patience })
 		l := c.leader()
 		c.waitMembers(1, 2, 3)
 		f := ids.NodeID(1)
 		for f == l.NodeID() {
 			f++
 		}
-		cfg := c.config(f, 3, 3, nil)
-		cfg.Timing.RaftAppendPatience = patience
+		cfg := c.config(f, 3, 3, nil) // with the patience: startNWith keeps it
 		c.stop(f)
 		if _, err := l.CreateRegion(ctxT(t), spec("while-down")); err != nil {
 			t.Fatal(err)

@@ -1680,13 +1680,7 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 			return
 		}
 	}
-	if d.Kind == mem.BatchDelivery {
-		s.stats.Batches++
-		if d.Continues != 0 {
-			s.stats.Rests++
-		}
-		s.tracef("execute %v", d)
-	}
+	s.noteBatch(d, "")
 	_ = s.net.Deliver(d)
 	if s.Opts.SplitReads {
 		s.traceRest(d)
@@ -1696,15 +1690,22 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 // deliverSplit delivers d, a batch stopping in the middle of its first
 // READ of more than 8 bytes (mem.Network.DeliverSplit).
 func (s *Sim) deliverSplit(d *mem.Delivery) {
-	if d.Kind == mem.BatchDelivery {
-		s.stats.Batches++
-		if d.Continues != 0 {
-			s.stats.Rests++
-		}
-		s.tracef("execute %v, split", d)
-	}
+	s.noteBatch(d, ", split")
 	_ = s.net.DeliverSplit(d)
 	s.traceRest(d)
+}
+
+// noteBatch counts and traces the execution of d when it is a batch (or
+// the rest of one); how is appended to the trace line.
+func (s *Sim) noteBatch(d *mem.Delivery, how string) {
+	if d.Kind != mem.BatchDelivery {
+		return
+	}
+	s.stats.Batches++
+	if d.Continues != 0 {
+		s.stats.Rests++
+	}
+	s.tracef("execute %v%s", d, how)
 }
 
 // traceRest traces the rest of d that its delivery left queued, if any.

@@ -14,9 +14,9 @@ import (
 	"github.com/dsmkit/dsm/rdma/mem"
 )
 
-func manual(t *testing.T, n int) (*mem.Network, []*mem.Endpoint) {
+func manual(t *testing.T, n int, opts ...mem.Option) (*mem.Network, []*mem.Endpoint) {
 	t.Helper()
-	net := mem.NewNetwork(mem.Manual())
+	net := mem.NewNetwork(append([]mem.Option{mem.Manual()}, opts...)...)
 	eps := make([]*mem.Endpoint, n)
 	for i := range eps {
 		ep, err := net.Endpoint(ids.NodeID(i + 1))
@@ -161,17 +161,7 @@ func TestManualPostContext(t *testing.T) {
 
 func splitNet(t *testing.T, n int) (*mem.Network, []*mem.Endpoint) {
 	t.Helper()
-	net := mem.NewNetwork(mem.Manual(), mem.SplitReads())
-	eps := make([]*mem.Endpoint, n)
-	for i := range eps {
-		ep, err := net.Endpoint(ids.NodeID(i + 1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps[i] = ep
-		t.Cleanup(func() { ep.Close() })
-	}
-	return net, eps
+	return manual(t, n, mem.SplitReads())
 }
 
 func fill(b []byte, v byte) []byte {
