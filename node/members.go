@@ -64,6 +64,9 @@ type protoMap struct {
 	proms map[ids.RegionID][]directory.PromoteRecord
 	// dirEpoch is the directory epoch of the view (0 in tests).
 	dirEpoch ids.Epoch
+	// comeBack: an incarnation that is a member again after a failure
+	// verdict (recorded by a version before verdicts were final).
+	comeBack bool
 }
 
 // incarnations implements eventsOf: the set of incarnations is a
@@ -75,6 +78,24 @@ func (pm *protoMap) fillRecords(r ids.RegionID) []directory.FillRecord { return 
 
 // promoteRecords implements eventsOf.
 func (pm *protoMap) promoteRecords(r ids.RegionID) []directory.PromoteRecord { return pm.proms[r] }
+
+// known implements eventsOf: the directory epoch of the view, or 0 (walks
+// do not resume) for a view that has an incarnation declared failed and
+// alive again, which versions before final verdicts recorded:
+// failedBetween keeps only its first and last verdicts, so a later one
+// could change what it said of an epoch before.
+func (pm *protoMap) known() ids.Epoch {
+	if pm.comeBack {
+		return 0
+	}
+	return pm.dirEpoch
+}
+
+// incarnation implements eventsOf.
+func (pm *protoMap) incarnation(p ids.NodeID) (protoInc, bool) {
+	in, ok := pm.byProto[p]
+	return protoInc{proto: p, node: in.node, inc: in.inc, joined: in.joinedAt}, ok
+}
 
 // departedAt implements eventsOf.
 func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
@@ -154,6 +175,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			departed++
 		default:
 			pm.members = append(pm.members, m.Proto)
+			pm.comeBack = pm.comeBack || m.Failures > 0
 		}
 		pm.byProto[m.Proto] = in
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"sync"
 
@@ -140,35 +141,7 @@ func (rc *regionChains) chain(s placement.Shard, ev eventsOf) (c []ids.NodeID, b
 	}
 	c = rc.baseChain(s)
 	base = min(rc.length, len(c))
-	type cand struct {
-		joined ids.Epoch
-		score  uint64
-		in     protoInc
-	}
-	var later []cand
-	for _, in := range ins {
-		if slices.Contains(c, in.proto) {
-			continue
-		}
-		if d := ev.departedAt(in.proto); d != 0 && d <= rc.r.Epoch {
-			continue // gone before the region existed
-		}
-		later = append(later, cand{in.joined, placement.Score(s, in.node), in})
-	}
-	slices.SortFunc(later, func(a, b cand) int {
-		switch {
-		case a.joined != b.joined:
-			return cmp.Compare(a.joined, b.joined)
-		case a.score != b.score:
-			return -cmp.Compare(a.score, b.score)
-		case a.in.node != b.in.node:
-			return cmp.Compare(a.in.node, b.in.node)
-		}
-		return cmp.Compare(a.in.inc, b.in.inc)
-	})
-	for _, x := range later {
-		c = append(c, x.in.proto)
-	}
+	c = append(c, rc.joiners(s, ins, ev, func(in protoInc) bool { return !slices.Contains(c, in.proto) })...)
 	if gen != 0 {
 		rc.mu.Lock()
 		if len(rc.chains) < maxCachedChains || ok {
@@ -191,9 +164,14 @@ type protoInc struct {
 // directory epochs: when each departed (0: never), whether it was
 // declared failed in an epoch after `after` and up to upTo (when unsure,
 // it says yes), every incarnation given out (gen names that set: equal
-// gens, equal sets, and equal promotion records; 0 for none), and the
-// completeness and promotion records of a region.
+// gens, equal sets, and equal promotion records; 0 for none) and each one
+// by protocol id, and the completeness and promotion records of a region; known is the epoch up to
+// which the view holds every one of those events (its directory epoch: an
+// event is recorded in an epoch of its own, a completeness record counts
+// only for events after the one it was committed in), 0 when unknown.
 type eventsOf interface {
+	known() ids.Epoch
+	incarnation(p ids.NodeID) (protoInc, bool)
 	departedAt(p ids.NodeID) ids.Epoch
 	failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool
 	incarnations() (gen ids.Epoch, ins []protoInc)
@@ -238,6 +216,11 @@ type shardPlace struct {
 	reset bool
 	// region is the region's id (for its records).
 	region ids.RegionID
+	// last is the epoch of the latest event the walk took (the region's
+	// creation: none), known that of the view it walked, up to which it
+	// took every event (eventsOf.known; 0: unknown, resume cannot go on
+	// from it).
+	last, known ids.Epoch
 }
 
 // placeEntry is one shard's placement for the view generation gen.
@@ -467,61 +450,147 @@ func noCopiesLeft(sp *shardPlace, s placement.Shard, created, a ids.Epoch, ev ev
 	return true
 }
 
-// walk places shard s under ev: it starts from the shard's chain with its
-// home first and the creation prefix in the set, and takes, in epoch order,
-// every event that changes the set or the home: departures (a departed
-// home's shard moves to the first member after it that was complete then;
-// with none, the shard stays at the departed home: it is lost), promotions
-// (promote), and every change of a member's usability (a join, a
-// departure, a failure verdict), after each of which the set is the home
-// and the first Backups members after it usable then. A failure verdict
-// before the region's creation does not count: the node was alive again
-// when the region was created (its chain holds only the members alive
-// then), and has had every release of it.
+// walk places shard s under ev: it starts from the shard's chain at the
+// region's creation (its homes then, in rendezvous order, and any member
+// of that time that was no home: the part of chain that had joined by
+// then) with its home first and the creation prefix in the set, and takes
+// every event since (advance).
 func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
+	created := rc.r.Epoch
 	c, base := rc.chain(s, ev)
-	sp := &shardPlace{c: c, since: make(map[ids.NodeID]ids.Epoch, base), region: rc.r.ID}
+	sp := &shardPlace{since: make(map[ids.NodeID]ids.Epoch, base), region: rc.r.ID, last: created}
 	if len(c) == 0 {
 		return sp
 	}
-	created := rc.r.Epoch
 	for _, b := range c[:base] {
 		sp.since[b] = created
 	}
+	cut := base
+	for ; cut < len(c); cut++ {
+		if in, ok := ev.incarnation(c[cut]); ok && in.joined > created {
+			break // chain orders the later members by the epoch they joined in
+		}
+	}
+	sp.c = slices.Clone(c[:cut])
+	rc.advance(sp, s, ev, created)
+	return sp
+}
+
+// joiners are the incarnations of ins that keep, in the order in which
+// chains take them: by the epoch they joined in, then by their rendezvous
+// score for the shard. Incarnations that departed before the region's
+// creation are none of its chains.
+func (rc *regionChains) joiners(s placement.Shard, ins []protoInc, ev eventsOf, keep func(protoInc) bool) []ids.NodeID {
+	type cand struct {
+		score uint64
+		in    protoInc
+	}
+	var js []cand
+	for _, in := range ins {
+		if !keep(in) {
+			continue
+		}
+		if d := ev.departedAt(in.proto); d != 0 && d <= rc.r.Epoch {
+			continue
+		}
+		js = append(js, cand{placement.Score(s, in.node), in})
+	}
+	slices.SortFunc(js, func(a, b cand) int {
+		switch {
+		case a.in.joined != b.in.joined:
+			return cmp.Compare(a.in.joined, b.in.joined)
+		case a.score != b.score:
+			return -cmp.Compare(a.score, b.score)
+		case a.in.node != b.in.node:
+			return cmp.Compare(a.in.node, b.in.node)
+		}
+		return cmp.Compare(a.in.inc, b.in.inc)
+	})
+	out := make([]ids.NodeID, len(js))
+	for i, x := range js {
+		out[i] = x.in.proto
+	}
+	return out
+}
+
+// resume is walk from from, the placement of shard s under an earlier
+// view of the same directory that held every event up to from.known: it
+// takes only the events after that (advance), so the result is walk's
+// (TestResumeIsWalk) at the cost of the new events and of the members
+// alive, not of the history.
+func (rc *regionChains) resume(from *shardPlace, s placement.Shard, ev eventsOf) *shardPlace {
+	sp := from.clone()
+	if len(sp.c) > 0 {
+		rc.advance(sp, s, ev, from.known)
+	}
+	return sp
+}
+
+// clone is a copy of sp that advance may change.
+func (sp *shardPlace) clone() *shardPlace {
+	n := *sp
+	n.c = slices.Clone(sp.c)
+	n.set = slices.Clone(sp.set)
+	n.cands = slices.Clone(sp.cands)
+	n.since = maps.Clone(sp.since)
+	n.loaded = maps.Clone(sp.loaded)
+	if n.since == nil {
+		n.since = map[ids.NodeID]ids.Epoch{}
+	}
+	return &n
+}
+
+// advance takes into sp, the placement of shard s after every event up to
+// epoch `after`, every later event of ev in epoch order: joins (a member
+// that joins goes to the end of the chain, after everyone who joined
+// before it), departures (a departed home's shard moves to the first
+// member after it that was complete then; with none, the shard stays at
+// the departed home: it is lost), promotions (promote), and every change
+// of a member's usability (a join, a departure, a failure verdict), after
+// each of which the set is the home and the first Backups members after
+// it usable then. A failure verdict before the region's creation does not
+// count: the node was alive again when the region was created (its chain
+// holds only the members alive then), and has had every release of it.
+//
+// After each event it forgets the departed members other than the home:
+// no later step reads them (a departed member is never complete, usable,
+// preferred or promoted again, and a loss lists only the members that
+// depart with the home, in the same epoch). So the chain holds the members
+// alive (and a lost shard's home), and a walk costs its events times the
+// members alive, not times every incarnation of the history. The walk of
+// the whole chain at once, with departed members and joiners to come in
+// it, gives the same placement (TestWalkIsReference).
+func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, after ids.Epoch) {
+	created := rc.r.Epoch
 	var proms []directory.PromoteRecord
 	for _, p := range ev.promoteRecords(rc.r.ID) {
-		if p.Covers(s.Index) {
+		if p.At > after && p.Covers(s.Index) {
 			proms = append(proms, p)
 		}
 	}
 	_, ins := ev.incarnations()
-	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(c)), score: make(map[ids.NodeID]uint64, len(c)),
-		recs: map[ids.NodeID][]directory.FillRecord{}, node: make(map[ids.NodeID]ids.NodeID, len(c))}
-	for _, f := range ev.fillRecords(rc.r.ID) {
-		if f.Covers(s.Index) {
-			w.recs[f.Proto] = append(w.recs[f.Proto], f)
+	pending := rc.joiners(s, ins, ev, func(in protoInc) bool { return in.joined > after && !slices.Contains(sp.c, in.proto) })
+	members := append(slices.Clip(sp.c), pending...)
+	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(members)), score: make(map[ids.NodeID]uint64, len(members)),
+		recs: map[ids.NodeID][]directory.FillRecord{}, node: make(map[ids.NodeID]ids.NodeID, len(members)),
+		span: make(map[ids.NodeID][2]ids.Epoch, len(members))}
+	var es []ids.Epoch
+	for _, b := range members {
+		// Only the chain's members are looked up: a chain holds the
+		// members alive, far fewer than the incarnations of a long
+		// history.
+		n := b
+		if in, ok := ev.incarnation(b); ok {
+			n = in.node
+			w.joined[b] = in.joined
 		}
-	}
-	node := make(map[ids.NodeID]ids.NodeID, len(ins))
-	for _, in := range ins {
-		w.joined[in.proto] = in.joined
-		node[in.proto] = in.node
-	}
-	for n, p := range rc.protos {
-		node[p] = n
-	}
-	for _, b := range c {
-		n, ok := node[b]
-		if !ok {
-			n = b
+		for hn, p := range rc.protos {
+			if p == b {
+				n = hn
+			}
 		}
 		w.node[b] = n
 		w.score[b] = placement.Score(s, n)
-	}
-	last := created
-	var es []ids.Epoch
-	w.span = make(map[ids.NodeID][2]ids.Epoch, len(c))
-	for _, b := range c {
 		dep, joined, failed := ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)
 		until := failed
 		if dep != 0 {
@@ -529,9 +598,14 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		}
 		w.span[b] = [2]ids.Epoch{joined, until}
 		for _, e := range []ids.Epoch{dep, joined, failed} {
-			if e > created && e != never {
+			if e > created && e > after && e != never {
 				es = append(es, e)
 			}
+		}
+	}
+	for _, f := range ev.fillRecords(rc.r.ID) {
+		if _, ok := w.node[f.Proto]; ok && f.Covers(s.Index) {
+			w.recs[f.Proto] = append(w.recs[f.Proto], f)
 		}
 	}
 	for _, p := range proms {
@@ -539,7 +613,12 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 	}
 	slices.Sort(es)
 	es = slices.Compact(es)
+	last := sp.last
 	for _, e := range es {
+		for len(pending) > 0 && w.joined[pending[0]] <= e {
+			sp.c = append(sp.c, pending[0])
+			pending = pending[1:]
+		}
 		if ev.departedAt(sp.c[sp.hi]) == e {
 			moved := false
 			for j := sp.hi + 1; j < len(sp.c); j++ {
@@ -559,9 +638,23 @@ func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
 		}
 		rc.resetSet(sp, e, ev, w)
 		last = e
+		sp.forgetDeparted(ev, e)
 	}
-	rc.resetSet(sp, last, ev, w) // the set now (without events: the creation set)
-	return sp
+	sp.c = append(sp.c, pending...) // none: each joined in an epoch of es
+	rc.resetSet(sp, last, ev, w)    // the set now (without events: the set before them)
+	sp.last, sp.known = last, ev.known()
+}
+
+// forgetDeparted drops the members that departed by epoch e, other than
+// the home, from the chain (advance).
+func (sp *shardPlace) forgetDeparted(ev eventsOf, e ids.Epoch) {
+	h := sp.c[sp.hi]
+	gone := func(b ids.NodeID) bool {
+		d := ev.departedAt(b)
+		return b != h && d != 0 && d <= e
+	}
+	sp.c = slices.DeleteFunc(sp.c, gone) // advance owns sp.c
+	sp.hi = slices.Index(sp.c, h)
 }
 
 // walkCtx is what a walk knows of the chain's members: the epochs in which
@@ -703,9 +796,12 @@ func (rc *regionChains) firstFailure(b ids.NodeID, ev eventsOf) ids.Epoch {
 }
 
 // place returns the placement of shard s under ev (its chain is empty for
-// a region without homes), from the cache when ev's generation has it.
+// a region without homes), from the cache when ev's generation has it, and
+// otherwise resumed from the cached placement when ev is a later view
+// (resume), so that a view change costs each shard its new events only.
 func (rc *regionChains) place(s placement.Shard, ev eventsOf) *shardPlace {
 	gen, _ := ev.incarnations()
+	var from *shardPlace
 	if gen != 0 {
 		rc.mu.Lock()
 		e, ok := rc.places[s.Index]
@@ -713,8 +809,16 @@ func (rc *regionChains) place(s placement.Shard, ev eventsOf) *shardPlace {
 		if ok && e.gen == gen {
 			return e.sp
 		}
+		if ok && e.sp.known != 0 && ev.known() > e.sp.known {
+			from = e.sp
+		}
 	}
-	sp := rc.walk(s, ev)
+	var sp *shardPlace
+	if from != nil {
+		sp = rc.resume(from, s, ev)
+	} else {
+		sp = rc.walk(s, ev)
+	}
 	if gen != 0 {
 		rc.mu.Lock()
 		if _, ok := rc.places[s.Index]; ok || len(rc.places) < maxCachedChains {
@@ -897,6 +1001,8 @@ func (rc *regionChains) anyDeparted(ev eventsOf) bool {
 // joined: every shard at the first of its chain.
 type noEvents struct{}
 
+func (noEvents) known() ids.Epoch                                    { return 0 }
+func (noEvents) incarnation(ids.NodeID) (protoInc, bool)             { return protoInc{}, false }
 func (noEvents) departedAt(ids.NodeID) ids.Epoch                     { return 0 }
 func (noEvents) failedBetween(ids.NodeID, ids.Epoch, ids.Epoch) bool { return false }
 func (noEvents) incarnations() (ids.Epoch, []protoInc)               { return 0, nil }

@@ -1,6 +1,10 @@
 package node
 
 import (
+	"fmt"
+	"maps"
+	"math/rand"
+	"os"
 	"slices"
 	"testing"
 
@@ -118,15 +122,67 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 }
 
 // BenchmarkWalk places one shard, without the cache, after a history of
-// 40 restarts, each followed by the fills and the promotions it calls for,
-// recorded as the daemon records them (one completeness record per backup
-// and fill round, one promotion record per node and round, over ranges of
-// shards): the cost of a view change per shard, and of every homeOf call
-// of a region too large for the cache (maxCachedChains shards).
+// 40 and of 160 restarts, each followed by the fills and the promotions it
+// calls for, recorded as the daemon records them (one completeness record
+// per backup and fill round, one promotion record per node and round, over
+// ranges of shards): the cost of a view change per shard when nothing is
+// cached (a new dsmd), and of every homeOf call of a region too large for
+// the cache (maxCachedChains shards).
 func BenchmarkWalk(b *testing.B) {
+	benchHistories(b, func(rc *regionChains, s placement.Shard, pm *protoMap) { rc.walk(s, pm) })
+}
+
+// BenchmarkWalkReference is BenchmarkWalk with the reference walk (the
+// whole chain at once, departed members kept), for the ratio.
+func BenchmarkWalkReference(b *testing.B) {
+	benchHistories(b, func(rc *regionChains, s placement.Shard, pm *protoMap) { rc.walkReference(s, pm) })
+}
+
+// benchHistories runs walk on every shard in turn after the histories of
+// BenchmarkWalk.
+func benchHistories(b *testing.B, walk func(*regionChains, placement.Shard, *protoMap)) {
+	for _, rounds := range []int{40, 160} {
+		d, rc := restartHistory(rounds)
+		pm := d.pm()
+		b.Run(fmt.Sprintf("restarts=%d", rounds), func(b *testing.B) {
+			for i := range b.N {
+				walk(rc, placement.Shard{Region: 1, Index: uint64(i) % rc.r.Shards()}, pm)
+			}
+			b.ReportMetric(float64(len(d.fills)), "fill-records")
+			b.ReportMetric(float64(len(d.proms)), "promotions")
+		})
+	}
+}
+
+// BenchmarkResume is the cost of one more restart per shard after the
+// histories of BenchmarkWalk, when every shard's placement under the view
+// before it is cached (resume): what a running dsmd pays per view change.
+func BenchmarkResume(b *testing.B) {
+	for _, rounds := range []int{40, 160} {
+		d, rc := restartHistory(rounds)
+		pm := d.pm()
+		before := make([]*shardPlace, rc.r.Shards())
+		for i := range before {
+			before[i] = rc.walk(placement.Shard{Region: 1, Index: uint64(i)}, pm)
+		}
+		d.restart(2)
+		pm = d.pm()
+		b.Run(fmt.Sprintf("restarts=%d", rounds), func(b *testing.B) {
+			for i := range b.N {
+				s := uint64(i) % rc.r.Shards()
+				rc.resume(before[s], placement.Shard{Region: 1, Index: s}, pm)
+			}
+		})
+	}
+}
+
+// restartHistory is a region of 64 shards on four nodes after `rounds`
+// restarts, each followed by the fills and the promotions it calls for,
+// recorded as the daemon records them.
+func restartHistory(rounds int) (*dirModel, *regionChains) {
 	d := newDirModel(1, 2, 3, 4)
 	rc := d.region(1)
-	for i := range 40 {
+	for i := range rounds {
 		d.restart(ids.NodeID(1 + i%4))
 		pm := d.pm()
 		fills := map[ids.NodeID][]directory.ShardRange{}
@@ -157,11 +213,123 @@ func BenchmarkWalk(b *testing.B) {
 			d.proms = append(d.proms, directory.PromoteRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, At: d.epoch, Shards: rs})
 		}
 	}
-	pm := d.pm()
-	b.ResetTimer()
-	for i := range b.N {
-		rc.walk(placement.Shard{Region: 1, Index: uint64(i) % rc.r.Shards()}, pm)
+	return d, rc
+}
+
+// A walk resumed from the placement under an earlier view is the walk
+// under the later one: after every step of seeded random histories, of
+// memory and durable regions, each shard's placement as the daemon gets
+// it (place: resumed from the last step's), resumed from the placement of
+// a random earlier step (several steps of events at once), and walked
+// from the region's creation are the same, departed members forgotten
+// alike. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+func TestResumeIsWalk(t *testing.T) {
+	seeds := int64(4)
+	if os.Getenv("DSM_LONG_TESTS") != "" {
+		seeds = 200
 	}
-	b.ReportMetric(float64(len(d.fills)), "fill-records")
-	b.ReportMetric(float64(len(d.proms)), "promotions")
+	resumed, events := 0, 0
+	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
+		var past [][]*shardPlace // by step, by shard
+		lastSeed := int64(-1)
+		randomHistoriesOf(seeds, dur, func(seed int64, step int, rc *regionChains, _, pm *protoMap, log []string) {
+			if seed != lastSeed {
+				lastSeed, past = seed, nil
+			}
+			rng := rand.New(rand.NewSource(seed*1000 + int64(step)))
+			now := make([]*shardPlace, rc.r.Shards())
+			for i := range rc.r.Shards() {
+				s := placement.Shard{Region: 1, Index: i}
+				want := rc.walk(s, pm)
+				now[i] = want
+				if diff := placeDiff(rc.place(s, pm), want); diff != "" {
+					t.Fatalf("%v seed %d step %d shard %d: the cached and resumed placement differs from the walk: %s; after %v", dur, seed, step, i, diff, log)
+				}
+				if len(past) == 0 {
+					continue
+				}
+				from := past[rng.Intn(len(past))][i]
+				if from.known == want.known {
+					continue
+				}
+				got := rc.resume(from, s, pm)
+				resumed++
+				if got.last != from.last {
+					events++
+				}
+				if got.known != pm.known() {
+					t.Fatalf("resumed to epoch %d, want %d", got.known, pm.known())
+				}
+				if diff := placeDiff(got, want); diff != "" {
+					t.Fatalf("%v seed %d step %d shard %d: resumed from epoch %d: %s; after %v", dur, seed, step, i, from.known, diff, log)
+				}
+			}
+			past = append(past, now)
+		})
+	}
+	if resumed == 0 || events == 0 {
+		t.Fatalf("%d placements resumed, %d of them over events: the test checks nothing", resumed, events)
+	}
+	t.Logf("%d placements resumed, %d of them over events", resumed, events)
+}
+
+// placeDiff says how two placements differ ("": they do not), but for the
+// views they came from (a view that moves no protocol epoch places every
+// shard as the one before: place keeps the one it has).
+func placeDiff(a, b *shardPlace) string {
+	switch {
+	case !slices.Equal(a.c, b.c) || a.hi != b.hi:
+		return fmt.Sprintf("chain %v home %d, want %v home %d", a.c, a.hi, b.c, b.hi)
+	case !slices.Equal(a.set, b.set) || a.preferred != b.preferred:
+		return fmt.Sprintf("set %v preferred %v, want %v preferred %v", a.set, a.preferred, b.set, b.preferred)
+	case !maps.Equal(a.since, b.since) || !maps.Equal(a.loaded, b.loaded):
+		return fmt.Sprintf("since %v loaded %v, want %v loaded %v", a.since, a.loaded, b.since, b.loaded)
+	case a.lostAt != b.lostAt || !slices.Equal(a.cands, b.cands) || a.reset != b.reset:
+		return fmt.Sprintf("lost at %d candidates %v reset %v, want %d %v %v", a.lostAt, a.cands, a.reset, b.lostAt, b.cands, b.reset)
+	case a.last != b.last:
+		return fmt.Sprintf("last event %d, want %d", a.last, b.last)
+	}
+	return ""
+}
+
+// The walk places every shard as the reference walk (the whole chain at
+// once, departed members kept) in seeded random histories of memory and
+// durable regions, after every step: the same home, replica set,
+// preferred member, entry epochs, loss and revival, and the same chain
+// once the reference's departed members other than the home are dropped.
+// 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+func TestWalkIsReference(t *testing.T) {
+	seeds := int64(4)
+	if os.Getenv("DSM_LONG_TESTS") != "" {
+		seeds = 200
+	}
+	moved, lost := 0, 0
+	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
+		randomHistoriesOf(seeds, dur, func(seed int64, step int, rc *regionChains, _, pm *protoMap, log []string) {
+			for i := range rc.r.Shards() {
+				s := placement.Shard{Region: 1, Index: i}
+				ref := rc.walkReference(s, pm)
+				ref.last = 0
+				if len(ref.c) > 0 {
+					if ref.hi != 0 {
+						moved++
+					}
+					ref.c = slices.Clone(ref.c) // the cached chain
+					ref.forgetDeparted(pm, never)
+				}
+				if ref.lostAt != 0 {
+					lost++
+				}
+				got := *rc.walk(s, pm)
+				got.last = 0
+				if diff := placeDiff(&got, ref); diff != "" {
+					t.Fatalf("%v seed %d step %d shard %d: %s; after %v", dur, seed, step, i, diff, log)
+				}
+			}
+		})
+	}
+	if moved == 0 || lost == 0 {
+		t.Fatalf("%d placements with a moved home, %d lost: the histories check too little", moved, lost)
+	}
+	t.Logf("%d placements with a moved home, %d lost", moved, lost)
 }

@@ -22,6 +22,14 @@ type events struct {
 	proms        []directory.PromoteRecord
 }
 
+func (e events) known() ids.Epoch { return 0 }
+func (e events) incarnation(p ids.NodeID) (protoInc, bool) {
+	i := slices.IndexFunc(e.ins, func(in protoInc) bool { return in.proto == p })
+	if i < 0 {
+		return protoInc{}, false
+	}
+	return e.ins[i], true
+}
 func (e events) departedAt(p ids.NodeID) ids.Epoch               { return e.left[p] }
 func (e events) incarnations() (ids.Epoch, []protoInc)           { return e.gen, e.ins }
 func (e events) fillRecords(ids.RegionID) []directory.FillRecord { return e.recs }
@@ -41,7 +49,8 @@ func walk(c []ids.NodeID, created ids.Epoch, ev eventsOf) int {
 		chains: map[uint64]chainEntry{0: {gen: 1, c: c}}, places: map[uint64]placeEntry{}}
 	e := ev.(events)
 	e.gen = 1 // the chain above
-	return rc.place(placement.Shard{Region: 1}, e).hi
+	sp := rc.place(placement.Shard{Region: 1}, e)
+	return slices.Index(c, sp.c[sp.hi])
 }
 
 func TestHomeIndexWalksCompleteBackups(t *testing.T) {
@@ -265,6 +274,7 @@ func (d *dirModel) pm() *protoMap {
 	pm.fills = map[ids.RegionID][]directory.FillRecord{1: slices.Clone(d.fills)}
 	pm.proms = map[ids.RegionID][]directory.PromoteRecord{1: slices.Clone(d.proms)}
 	pm.epoch += ids.Epoch(len(d.proms)) // as newProtoMap: each promotion moves it
+	pm.dirEpoch = d.epoch
 	return pm
 }
 
@@ -457,10 +467,15 @@ func TestJoinerGoesLast(t *testing.T) {
 // views before and after it and the steps so far (a promotion's is
 // "promote <proto> shard <i>").
 func randomHistories(seeds int64, check func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string)) {
+	randomHistoriesOf(seeds, directory.DurabilityMemory, check)
+}
+
+// randomHistoriesOf is randomHistories of a region of durability dur.
+func randomHistoriesOf(seeds int64, dur directory.Durability, check func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string)) {
 	for seed := int64(1); seed <= seeds; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		d := newDirModel(1, 2, 3, 4)
-		rc := d.region(1 + rng.Intn(2))
+		rc := regionOf(d, 1+rng.Intn(2), dur)
 		prev := d.pm()
 		next := ids.NodeID(5)
 		var log []string
