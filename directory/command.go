@@ -21,13 +21,20 @@ const (
 	cmdSetDraining
 	cmdFilled
 	cmdPromote
+	cmdCheckpoint
 )
 
 // commandVersion is the first byte of every encoded command.
 const commandVersion = 1
 
 // maxCommandSize bounds a command; larger input is refused before decoding.
-const maxCommandSize = 256 << 10
+// The largest is a checkpoint (MaxCheckpointSize, in base64), which also
+// fits in an rpc frame (maxFrame) once more in base64.
+const maxCommandSize = 600 << 10
+
+// MaxCheckpointSize bounds an encoded placement checkpoint
+// (RecordCheckpoint).
+const MaxCheckpointSize = 384 << 10
 
 // command is one entry of the Raft log. Every command is idempotent, so a
 // proposer may retry one whose outcome it did not learn.
@@ -57,6 +64,8 @@ type command struct {
 	Region ids.RegionID `json:"region,omitempty"`
 	Since  ids.Epoch    `json:"since,omitempty"`
 	Shards []ShardRange `json:"shards,omitempty"`
+	// cmdCheckpoint (with Region): placement.Checkpoint, encoded.
+	Checkpoint []byte `json:"checkpoint,omitempty"`
 }
 
 func encodeCommand(c command) []byte {
@@ -139,11 +148,18 @@ func decodeCommand(b []byte) (command, error) {
 		if c.Type == cmdPromote && (c.Since != 0 || len(c.Shards) == 0) {
 			return command{}, fmt.Errorf("%w: a promotion names shards and no fill epoch", ErrBadCommand)
 		}
+	case cmdCheckpoint:
+		if c.Region == 0 || len(c.Checkpoint) == 0 || len(c.Checkpoint) > MaxCheckpointSize || c.ID != ids.None || c.Since != 0 || c.Shards != nil {
+			return command{}, fmt.Errorf("%w: a checkpoint names a region and carries up to %d bytes", ErrBadCommand, MaxCheckpointSize)
+		}
 	default:
 		return command{}, fmt.Errorf("%w: type %d", ErrBadCommand, c.Type)
 	}
-	if c.Type != cmdFilled && c.Type != cmdPromote && (c.Region != 0 || c.Since != 0 || c.Shards != nil) {
+	if c.Type != cmdFilled && c.Type != cmdPromote && c.Type != cmdCheckpoint && (c.Region != 0 || c.Since != 0 || c.Shards != nil) {
 		return command{}, fmt.Errorf("%w: fill fields in a command of type %d", ErrBadCommand, c.Type)
+	}
+	if c.Type != cmdCheckpoint && c.Checkpoint != nil {
+		return command{}, fmt.Errorf("%w: a checkpoint in a command of type %d", ErrBadCommand, c.Type)
 	}
 	return c, nil
 }

@@ -452,6 +452,24 @@ func (d *Directory) Promote(ctx context.Context, region ids.RegionID, node ids.N
 	return res.Err
 }
 
+// RecordCheckpoint commits a placement checkpoint of region
+// (placement.Checkpoint, encoded, at most 384 KiB): the placement of every
+// shard after every event up to its epoch, which must lie between the
+// region's creation and the current epoch and after the region's current
+// checkpoint (ErrStaleCheckpoint otherwise). It drops the records that a
+// walk from it does not read (Region.Checkpoint) and does not move the
+// epoch; retrying one that was committed is harmless.
+func (d *Directory) RecordCheckpoint(ctx context.Context, region ids.RegionID, checkpoint []byte) error {
+	if len(checkpoint) > MaxCheckpointSize {
+		return fmt.Errorf("%w: a checkpoint of %d bytes, more than %d", ErrBadCommand, len(checkpoint), MaxCheckpointSize)
+	}
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdCheckpoint, Region: region, Checkpoint: checkpoint}))
+	if err != nil {
+		return err
+	}
+	return res.Err
+}
+
 // LinearizableView returns a view that includes every change committed
 // before the call: the leader confirms its leadership with a barrier and a
 // heartbeat round, and this replica waits until it has applied as much.

@@ -1,6 +1,7 @@
 package directory
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
@@ -173,6 +175,8 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		return applyFilled(v, c)
 	case cmdPromote:
 		return applyPromote(v, c)
+	case cmdCheckpoint:
+		return applyCheckpoint(v, c)
 	case cmdSetMemberState:
 		old, ok := v.Member(c.ID)
 		if !ok || old.State == c.State {
@@ -279,6 +283,64 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 	rs[i] = r
 	next.setRegions(rs)
 	return &next, applyResult{Region: r, changed: true}
+}
+
+// applyCheckpoint applies cmdCheckpoint: region c.Region's placement
+// checkpoint (placement.Checkpoint, which must decode for the region's
+// shards) replaces an older one, and the records a walk from it does not
+// read are dropped: the fill records of the incarnations that had departed
+// by its epoch (a member record's departure, or a quarantined id's LeftAt,
+// the epochs the data plane counts), and the promotion records up to it.
+// A checkpoint of an epoch before the region's creation, after the view's,
+// or not after the region's current one is refused; the same one again is
+// a retry. It does not move the epoch: the placement does not change.
+func applyCheckpoint(v *View, c command) (*View, applyResult) {
+	next := *v
+	i, ok := v.byID[c.Region]
+	if !ok {
+		return &next, applyResult{Err: fmt.Errorf("%w: %v", ErrNoRegion, c.Region)}
+	}
+	r := v.regions[i]
+	cp, err := placement.DecodeCheckpoint(c.Checkpoint, r.Shards())
+	switch {
+	case err != nil:
+		return &next, applyResult{Err: fmt.Errorf("%w: region %q: %v", ErrBadCommand, r.Name, err)}
+	case cp.At == r.CheckpointAt && bytes.Equal(c.Checkpoint, r.Checkpoint):
+		return &next, applyResult{Region: r} // a retry
+	case cp.At <= r.CheckpointAt:
+		return &next, applyResult{Region: r, Err: fmt.Errorf("%w: region %q: a checkpoint of epoch %v, not after the one of %v", ErrStaleCheckpoint, r.Name, cp.At, r.CheckpointAt)}
+	case cp.At < r.Epoch || cp.At > v.Epoch:
+		return &next, applyResult{Err: fmt.Errorf("%w: region %q: a checkpoint of epoch %v, outside [%v, %v]", ErrBadCommand, r.Name, cp.At, r.Epoch, v.Epoch)}
+	}
+	departed := func(p ids.NodeID) bool {
+		d := v.departedAt(p)
+		return d != 0 && d <= cp.At
+	}
+	r.Filled = slices.DeleteFunc(slices.Clone(r.Filled), func(f FillRecord) bool { return departed(f.Proto) })
+	r.Promoted = slices.DeleteFunc(slices.Clone(r.Promoted), func(p PromoteRecord) bool { return p.At <= cp.At })
+	r.Checkpoint, r.CheckpointAt = slices.Clone(c.Checkpoint), cp.At
+	rs := slices.Clone(v.regions)
+	rs[i] = r
+	next.setRegions(rs)
+	return &next, applyResult{Region: r, changed: true}
+}
+
+// departedAt is the epoch in which protocol id p departed, as the data
+// plane counts it (node/members.go): a member record's departure (left or
+// declared failed), or a quarantined id's LeftAt; 0 for a member alive or
+// an unknown id.
+func (v *View) departedAt(p ids.NodeID) ids.Epoch {
+	for _, m := range v.members {
+		if m.Proto == p {
+			return m.DepartedAt()
+		}
+	}
+	for _, q := range v.quarantine {
+		if q.Proto == p {
+			return max(q.LeftAt, 1)
+		}
+	}
+	return 0
 }
 
 // promotedOthers reports whether one of recs promotes another member than
@@ -674,6 +736,12 @@ func decodeSnapshot(b []byte) (*View, error) {
 		for _, p := range r.Promoted {
 			if err := validShardRanges(p.Shards, r.Shards()); err != nil || len(p.Shards) == 0 || p.Proto == ids.None || p.At == 0 || p.At > s.Epoch {
 				return nil, fmt.Errorf("%w: region %q: a bad promotion record", ErrBadSnapshot, r.Name)
+			}
+		}
+		if r.Checkpoint != nil || r.CheckpointAt != 0 {
+			cp, err := placement.DecodeCheckpoint(r.Checkpoint, r.Shards())
+			if err != nil || cp.At != r.CheckpointAt || cp.At > s.Epoch {
+				return nil, fmt.Errorf("%w: region %q: a bad placement checkpoint (%v)", ErrBadSnapshot, r.Name, err)
 			}
 		}
 		promoted += uint64(len(r.Promoted))

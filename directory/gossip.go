@@ -35,7 +35,9 @@ import (
 // complete member brings it back (node/placement.go, revive: a durable
 // region's from a page store, a memory region's empty), which version 5
 // ignores, and Region.contents_lost in the gRPC messages.
-const ProtoVersion = 6
+// Version 7: placement checkpoints (a Raft command that version 6 does not
+// decode, and records it drops that version 6 would still walk).
+const ProtoVersion = 7
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

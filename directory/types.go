@@ -40,6 +40,9 @@ var (
 	// ErrNoProtoIDs: every protocol id is taken or quarantined; a new
 	// incarnation cannot be admitted.
 	ErrNoProtoIDs = errors.New("directory: protocol ids exhausted")
+	// ErrStaleCheckpoint refuses a placement checkpoint that is not after
+	// the region's current one (RecordCheckpoint).
+	ErrStaleCheckpoint = errors.New("directory: stale placement checkpoint")
 	// ErrNotFailed refuses to remove a member the directory does not hold
 	// failed (RemoveMember).
 	ErrNotFailed = errors.New("directory: member is not failed")
@@ -242,16 +245,27 @@ type Region struct {
 	// that an incarnation holds a complete copy of some shards. The data
 	// plane counts one only for departures after it was recorded, and
 	// only while the incarnation has not failed, departed or been pushed
-	// out of the shard's backups since (node/placement.go). Records are
-	// never removed: the placement of every past epoch depends on them.
+	// out of the shard's backups since (node/placement.go). A checkpoint
+	// drops the records of the incarnations that had departed by its epoch
+	// (Checkpoint); no other record is removed.
 	Filled []FillRecord `json:",omitempty"`
 	// Promoted are the promotion records of the region, in the order they
 	// were committed (Promote): each says that an incarnation, complete
 	// for some shards by its fill records, was promoted to take them over
 	// in epoch At. The data plane decides which of those shards it homes
 	// from then on (docs/failover.md §6, "Promotion in the daemon"); the
-	// daemon does not use them yet. Records are never removed.
+	// daemon does not use them yet. A checkpoint drops the records up to
+	// its epoch (Checkpoint).
 	Promoted []PromoteRecord `json:",omitempty"`
+	// Checkpoint is the placement of every shard of the region after every
+	// event up to epoch CheckpointAt, as the data plane's walk left it
+	// (placement.Checkpoint, encoded; nil: none). The data plane walks
+	// from it instead of from the region's creation, and reads no record
+	// of an incarnation that had departed by then, nor any promotion up
+	// to it: committing one drops those (RecordCheckpoint), so that the
+	// records of a long-lived region do not grow with its history.
+	Checkpoint   []byte    `json:",omitempty"`
+	CheckpointAt ids.Epoch `json:",omitempty"`
 }
 
 // PromoteRecord records the promotion of incarnation Incarnation of Node

@@ -134,8 +134,8 @@ func (n *Node) regionPBIn(v *directory.View, r directory.Region) *dsmpb.Region {
 // copy of it had departed. A durable region comes back from its stores
 // and never says so.
 func (n *Node) contentsLost(v *directory.View, r directory.Region) bool {
-	if r.Durability == directory.DurabilitySynced || len(r.Homes) == 0 || len(r.Promoted) == 0 {
-		return false // a shard starts over only by a promotion record
+	if r.Durability == directory.DurabilitySynced || len(r.Homes) == 0 || len(r.Promoted) == 0 && r.CheckpointAt == 0 {
+		return false // a shard starts over only by a promotion record (a checkpoint may have dropped it)
 	}
 	pm := newProtoMap(v)
 	var rc *regionChains

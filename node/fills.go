@@ -96,17 +96,21 @@ type regionFills struct {
 	outstanding map[fillKey]int
 	inflight    int
 	// proposing: a promotion is being proposed. sent are the shards of
-	// the last one committed, and sentAt the region's promotion records
-	// then: a view that does not list more records yet is older than the
-	// commit, and those shards are not proposed again from it. All three
-	// under mu.
+	// the last one committed, and sentAt the count of promotions then
+	// (View.Promotions): a view that does not count more yet is older
+	// than the commit, and those shards are not proposed again from it.
+	// All three under mu.
 	proposing bool
 	sent      map[uint64]bool
-	sentAt    int
+	sentAt    uint64
 	// reviving: a revival of lost shards is under way (revive); loaded
 	// are the shards this engine loaded from the page store. Under mu.
 	reviving bool
 	loaded   map[uint64]bool
+	// checkpointing: a placement checkpoint is being recorded; tooLarge:
+	// the last one computed did not fit in a command (logged once). Under
+	// mu.
+	checkpointing, tooLarge bool
 }
 
 func newRegionFills(es *engines, re *regionEngine) *regionFills {
@@ -157,6 +161,7 @@ func (rf *regionFills) loop() {
 		rf.count(res)
 		if promo != nil {
 			rf.revive(promo)
+			rf.checkpoint(promo)
 		}
 		if promo != nil && !rf.propose(promo) {
 			// A proposal is in flight: this view is considered when it
@@ -203,7 +208,7 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 	recs := pm.fillRecords(r.ID)
 	rf.mu.Lock()
 	sentBefore := rf.sent
-	stale := len(pm.promoteRecords(r.ID)) <= rf.sentAt
+	stale := pm.promotions <= rf.sentAt
 	rf.mu.Unlock()
 	var shards []uint64
 	for i := range r.Shards() {
@@ -229,7 +234,7 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 	rf.proposing = true
 	rf.mu.Unlock()
 	ranges := shardRanges(shards)
-	sent, sentAt := map[uint64]bool{}, len(pm.promoteRecords(r.ID))
+	sent, sentAt := map[uint64]bool{}, pm.promotions
 	for _, i := range shards {
 		sent[i] = true
 	}
@@ -262,6 +267,82 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 		rf.wake() // a view deferred meanwhile, or the retry
 	}()
 	return true
+}
+
+// checkpointAfter is how many records a placement checkpoint must let the
+// directory drop before one is proposed (tests lower it).
+var checkpointAfter atomic.Int64
+
+func init() { checkpointAfter.Store(64) }
+
+// checkpoint proposes a placement checkpoint of the region under pm
+// (directory.RecordCheckpoint, placement.go walkFrom) when it lets the
+// directory drop at least checkpointAfter records: completeness records of
+// incarnations departed by pm's epoch, and promotion records. Each
+// checkpoint is the placement every member computes for pm, so any member
+// could propose it; the member with the lowest protocol id does, one at a
+// time. A region of more than maxCachedChains shards, whose placements
+// are not kept, or whose checkpoint does not fit in a command, is not
+// checkpointed: its records stay.
+func (rf *regionFills) checkpoint(pm *protoMap) {
+	self := ids.NodeID(rf.es.self.Load())
+	r, rc := rf.re.region, rf.re.chains
+	if len(pm.members) == 0 || pm.members[0] != self || pm.known() == 0 || r.Shards() > maxCachedChains {
+		return
+	}
+	if at, _ := pm.checkpoint(r.ID); at >= pm.dirEpoch {
+		return
+	}
+	drop := 0
+	for _, f := range pm.fillRecords(r.ID) {
+		if d := pm.departedAt(f.Proto); d != 0 && d <= pm.dirEpoch {
+			drop++
+		}
+	}
+	for _, p := range pm.promoteRecords(r.ID) {
+		if p.At <= pm.dirEpoch {
+			drop++
+		}
+	}
+	rf.mu.Lock()
+	busy := rf.checkpointing
+	if drop < int(checkpointAfter.Load()) || busy {
+		rf.mu.Unlock()
+		return
+	}
+	rf.checkpointing = true
+	rf.mu.Unlock()
+	b := rc.checkpoint(pm).Encode()
+	if len(b) > directory.MaxCheckpointSize {
+		rf.mu.Lock()
+		logged := rf.tooLarge
+		rf.tooLarge, rf.checkpointing = true, false
+		rf.mu.Unlock()
+		if !logged {
+			rf.es.log.Warn("placement checkpoint too large to record: the region's records are kept", "region", r.Name,
+				"bytes", len(b), "max", directory.MaxCheckpointSize)
+		}
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(rf.es.n.ctx, 10*time.Second)
+		err := rf.es.n.dir.RecordCheckpoint(ctx, r.ID, b)
+		cancel()
+		switch {
+		case err == nil:
+			rf.es.log.Info("placement checkpoint recorded", "region", r.Name, "epoch", pm.dirEpoch, "bytes", len(b), "records_dropped", drop)
+		case errors.Is(err, directory.ErrStaleCheckpoint):
+		default:
+			rf.es.log.Warn("placement checkpoint not recorded: proposed again with a later view", "region", r.Name, "err", err)
+			select { // not at once: the directory may be electing a leader
+			case <-time.After(time.Second):
+			case <-rf.stop:
+			}
+		}
+		rf.mu.Lock()
+		rf.checkpointing = false
+		rf.mu.Unlock()
+	}()
 }
 
 // revive takes the lost shards of the region that this incarnation should

@@ -62,6 +62,11 @@ type protoMap struct {
 	fills map[ids.RegionID][]directory.FillRecord
 	// proms are the regions' promotion records.
 	proms map[ids.RegionID][]directory.PromoteRecord
+	// cps are the regions' placement checkpoints (directory.Region.Checkpoint).
+	cps map[ids.RegionID]regionCheckpoint
+	// promotions counts the promotions ever committed (View.Promotions):
+	// unlike the records, which a checkpoint drops, it only grows.
+	promotions uint64
 	// dirEpoch is the directory epoch of the view (0 in tests).
 	dirEpoch ids.Epoch
 	// comeBack: an incarnation that is a member again after a failure
@@ -78,6 +83,25 @@ func (pm *protoMap) fillRecords(r ids.RegionID) []directory.FillRecord { return 
 
 // promoteRecords implements eventsOf.
 func (pm *protoMap) promoteRecords(r ids.RegionID) []directory.PromoteRecord { return pm.proms[r] }
+
+// regionCheckpoint is a region's placement checkpoint, encoded.
+type regionCheckpoint struct {
+	at   ids.Epoch
+	data []byte
+}
+
+// checkpoint implements eventsOf.
+func (pm *protoMap) checkpoint(r ids.RegionID) (ids.Epoch, []byte) {
+	cp := pm.cps[r]
+	return cp.at, cp.data
+}
+
+// promoted reports whether a promotion was ever recorded for region r: it
+// has promotion records, or a checkpoint, which may have dropped some
+// (the other moves leave the checkpointed history alone).
+func (pm *protoMap) promoted(r ids.RegionID) bool {
+	return len(pm.proms[r]) > 0 || pm.cps[r].at != 0
+}
 
 // known implements eventsOf: the directory epoch of the view, or 0 (walks
 // do not resume) for a view that has an incarnation declared failed and
@@ -122,7 +146,14 @@ func newProtoMap(v *directory.View) *protoMap {
 	// Every promotion moves the protocol epoch too: the shards it hands
 	// over move in an epoch of their own (the count only grows).
 	pm.epoch += ids.Epoch(v.Promotions())
+	pm.promotions = v.Promotions()
 	for _, r := range v.Regions() {
+		if r.CheckpointAt != 0 {
+			if pm.cps == nil {
+				pm.cps = map[ids.RegionID]regionCheckpoint{}
+			}
+			pm.cps[r.ID] = regionCheckpoint{r.CheckpointAt, r.Checkpoint}
+		}
 		if len(r.Filled) > 0 {
 			if pm.fills == nil {
 				pm.fills = map[ids.RegionID][]directory.FillRecord{}

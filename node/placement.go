@@ -91,6 +91,7 @@ type regionChains struct {
 	mu     sync.Mutex
 	chains map[uint64]chainEntry // by shard index, up to maxCachedChains
 	places map[uint64]placeEntry // likewise
+	cp     *placement.Checkpoint // the last checkpoint decoded (checkpointIn)
 }
 
 // chainEntry is one shard's chain for the incarnations of gen.
@@ -171,6 +172,10 @@ type protoInc struct {
 // only for events after the one it was committed in), 0 when unknown.
 type eventsOf interface {
 	known() ids.Epoch
+	// checkpoint is the region's placement checkpoint, encoded, and its
+	// epoch (0: none): the view may lack the records a walk from it does
+	// not read (directory.Region.Checkpoint).
+	checkpoint(r ids.RegionID) (at ids.Epoch, data []byte)
 	incarnation(p ids.NodeID) (protoInc, bool)
 	departedAt(p ids.NodeID) ids.Epoch
 	failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool
@@ -456,6 +461,9 @@ func noCopiesLeft(sp *shardPlace, s placement.Shard, created, a ids.Epoch, ev ev
 // then) with its home first and the creation prefix in the set, and takes
 // every event since (advance).
 func (rc *regionChains) walk(s placement.Shard, ev eventsOf) *shardPlace {
+	if cp := rc.checkpointIn(ev); cp != nil {
+		return rc.walkFrom(cp, s, ev)
+	}
 	created := rc.r.Epoch
 	c, base := rc.chain(s, ev)
 	sp := &shardPlace{since: make(map[ids.NodeID]ids.Epoch, base), region: rc.r.ID, last: created}
@@ -519,6 +527,10 @@ func (rc *regionChains) joiners(s placement.Shard, ins []protoInc, ev eventsOf, 
 // (TestResumeIsWalk) at the cost of the new events and of the members
 // alive, not of the history.
 func (rc *regionChains) resume(from *shardPlace, s placement.Shard, ev eventsOf) *shardPlace {
+	if cp := rc.checkpointIn(ev); cp != nil && cp.At > from.known {
+		// The view may lack records of the events between the two.
+		return rc.walkFrom(cp, s, ev)
+	}
 	sp := from.clone()
 	if len(sp.c) > 0 {
 		rc.advance(sp, s, ev, from.known)
@@ -924,7 +936,7 @@ func (rc *regionChains) targets(last, now eventsOf) []ids.NodeID {
 	// that home's count (the simulator's promote-crash seed 5). Every
 	// member still there is named then.
 	n := rc.r.Shards()
-	if n > maxExactTargets || len(now.promoteRecords(rc.r.ID)) > 0 {
+	if n > maxExactTargets || rc.promoted(now) {
 		_, ins := now.incarnations()
 		for _, in := range ins {
 			if now.departedAt(in.proto) == 0 {
@@ -971,7 +983,7 @@ func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
 // failed since, or a promotion was recorded, under ev (otherwise every
 // shard is at the first of its chain, with all its backups).
 func (rc *regionChains) anyEvent(ev eventsOf) bool {
-	if len(ev.promoteRecords(rc.r.ID)) > 0 {
+	if rc.promoted(ev) {
 		return true
 	}
 	for _, p := range rc.protos {
@@ -986,7 +998,7 @@ func (rc *regionChains) anyEvent(ev eventsOf) bool {
 // or a promotion was recorded, under ev (otherwise every shard is at the
 // first of its chain).
 func (rc *regionChains) anyDeparted(ev eventsOf) bool {
-	if len(ev.promoteRecords(rc.r.ID)) > 0 {
+	if rc.promoted(ev) {
 		return true
 	}
 	for _, p := range rc.protos {
@@ -997,11 +1009,19 @@ func (rc *regionChains) anyDeparted(ev eventsOf) bool {
 	return false
 }
 
+// promoted reports whether ev records a promotion of the region, or a
+// checkpoint, which may have dropped promotion records.
+func (rc *regionChains) promoted(ev eventsOf) bool {
+	at, _ := ev.checkpoint(rc.r.ID)
+	return at != 0 || len(ev.promoteRecords(rc.r.ID)) > 0
+}
+
 // noEvents is a view in which nothing departed or failed and nobody
 // joined: every shard at the first of its chain.
 type noEvents struct{}
 
 func (noEvents) known() ids.Epoch                                    { return 0 }
+func (noEvents) checkpoint(ids.RegionID) (ids.Epoch, []byte)         { return 0, nil }
 func (noEvents) incarnation(ids.NodeID) (protoInc, bool)             { return protoInc{}, false }
 func (noEvents) departedAt(ids.NodeID) ids.Epoch                     { return 0 }
 func (noEvents) failedBetween(ids.NodeID, ids.Epoch, ids.Epoch) bool { return false }
@@ -1009,4 +1029,73 @@ func (noEvents) incarnations() (ids.Epoch, []protoInc)               { return 0,
 func (noEvents) fillRecords(ids.RegionID) []directory.FillRecord     { return nil }
 func (noEvents) promoteRecords(ids.RegionID) []directory.PromoteRecord {
 	return nil
+}
+
+// checkpointIn is the region's placement checkpoint in ev, decoded (nil:
+// none). The directory commits only checkpoints that decode for the
+// region (directory.RecordCheckpoint), so one that does not cannot come;
+// it would be ignored.
+func (rc *regionChains) checkpointIn(ev eventsOf) *placement.Checkpoint {
+	at, data := ev.checkpoint(rc.r.ID)
+	if at == 0 {
+		return nil
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.cp != nil && rc.cp.At == at {
+		return rc.cp
+	}
+	cp, err := placement.DecodeCheckpoint(data, rc.r.Shards())
+	if err != nil || cp.At != at {
+		return nil
+	}
+	if rc.cp == nil || at > rc.cp.At {
+		rc.cp = cp
+	}
+	return cp
+}
+
+// checkpointState is sp as a checkpoint keeps it (placement.ShardState).
+func checkpointState(sp *shardPlace) placement.ShardState {
+	entered := func(m map[ids.NodeID]ids.Epoch) []placement.Entered {
+		var es []placement.Entered
+		for p, e := range m {
+			es = append(es, placement.Entered{Proto: p, At: e})
+		}
+		slices.SortFunc(es, func(a, b placement.Entered) int { return cmp.Compare(a.Proto, b.Proto) })
+		return es
+	}
+	return placement.ShardState{Chain: slices.Clone(sp.c), Home: sp.hi, Since: entered(sp.since), Loaded: entered(sp.loaded),
+		LostAt: sp.lostAt, Candidates: slices.Clone(sp.cands), Reset: sp.reset, Last: sp.last}
+}
+
+// checkpoint is the placement of every shard of the region under ev, a
+// view whose every event is known (ev.known), as a checkpoint.
+func (rc *regionChains) checkpoint(ev eventsOf) *placement.Checkpoint {
+	cp := &placement.Checkpoint{At: ev.known()}
+	seen := map[string]uint32{}
+	for i := range rc.r.Shards() {
+		cp.Add(checkpointState(rc.place(placement.Shard{Region: rc.r.ID, Index: i}, ev)), seen)
+	}
+	return cp
+}
+
+// walkFrom is walk from checkpoint cp (taken in a view of the same
+// directory, before ev's): shard s's state there, and every event after
+// cp.At. Records of incarnations that had departed by cp.At are not read.
+func (rc *regionChains) walkFrom(cp *placement.Checkpoint, s placement.Shard, ev eventsOf) *shardPlace {
+	st := cp.State(s.Index)
+	sp := &shardPlace{c: slices.Clone(st.Chain), hi: st.Home, since: make(map[ids.NodeID]ids.Epoch, len(st.Since)),
+		lostAt: st.LostAt, cands: slices.Clone(st.Candidates), reset: st.Reset, region: rc.r.ID, last: st.Last, known: cp.At}
+	for _, e := range st.Since {
+		sp.since[e.Proto] = e.At
+	}
+	if len(st.Loaded) > 0 {
+		sp.loaded = make(map[ids.NodeID]ids.Epoch, len(st.Loaded))
+		for _, e := range st.Loaded {
+			sp.loaded[e.Proto] = e.At
+		}
+	}
+	rc.advance(sp, s, ev, cp.At)
+	return sp
 }

@@ -333,3 +333,99 @@ func TestWalkIsReference(t *testing.T) {
 	}
 	t.Logf("%d placements with a moved home, %d lost", moved, lost)
 }
+
+// A walk from a checkpoint of an earlier view, in the view with the
+// records the checkpoint lets the directory drop (completeness records of
+// the incarnations departed by its epoch, promotion records up to it),
+// places every shard as the walk from the region's creation in the whole
+// view: after every step of seeded random histories of memory and durable
+// regions, from a checkpoint taken (encoded and decoded) at a random
+// earlier step. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+func TestCheckpointIsWalk(t *testing.T) {
+	seeds := int64(4)
+	if os.Getenv("DSM_LONG_TESTS") != "" {
+		seeds = 200
+	}
+	checked, dropped, across := 0, 0, 0
+	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
+		var cps []*placement.Checkpoint
+		var past [][]*shardPlace // by step, by shard
+		lastSeed := int64(-1)
+		randomHistoriesOf(seeds, dur, func(seed int64, step int, rc *regionChains, _, pm *protoMap, log []string) {
+			if seed != lastSeed {
+				lastSeed, cps, past = seed, nil, nil
+			}
+			rng := rand.New(rand.NewSource(seed*1000 + int64(step)))
+			now := make([]*shardPlace, rc.r.Shards())
+			if len(cps) > 0 {
+				cp := cps[rng.Intn(len(cps))]
+				pruned, n := prunedView(pm, cp)
+				dropped += n
+				// A dsmd that starts now: no placement cached.
+				protos := make([]ids.NodeID, len(rc.r.Homes))
+				for i, h := range rc.r.Homes {
+					protos[i] = rc.protos[h]
+				}
+				fresh := newRegionChains(rc.r, protos)
+				from := past[rng.Intn(len(past))]
+				for i := range rc.r.Shards() {
+					s := placement.Shard{Region: 1, Index: i}
+					want := rc.walk(s, pm)
+					now[i] = want
+					if diff := placeDiff(rc.walkFrom(cp, s, pruned), want); diff != "" {
+						t.Fatalf("%v seed %d step %d shard %d: from the checkpoint of epoch %d: %s; after %v", dur, seed, step, i, cp.At, diff, log)
+					}
+					if diff := placeDiff(fresh.place(s, pruned), want); diff != "" {
+						t.Fatalf("%v seed %d step %d shard %d: placed in the view with the checkpoint of epoch %d: %s; after %v", dur, seed, step, i, cp.At, diff, log)
+					}
+					// A running dsmd: its placement under an earlier view,
+					// before or after the checkpoint's epoch.
+					if from[i].known < cp.At {
+						across++
+					}
+					if diff := placeDiff(rc.resume(from[i], s, pruned), want); diff != "" {
+						t.Fatalf("%v seed %d step %d shard %d: resumed from epoch %d in the view with the checkpoint of epoch %d: %s; after %v",
+							dur, seed, step, i, from[i].known, cp.At, diff, log)
+					}
+					checked++
+				}
+			} else {
+				for i := range now {
+					now[i] = rc.walk(placement.Shard{Region: 1, Index: uint64(i)}, pm)
+				}
+			}
+			past = append(past, now)
+			b := rc.checkpoint(pm).Encode()
+			cp, err := placement.DecodeCheckpoint(b, rc.r.Shards())
+			if err != nil {
+				t.Fatalf("seed %d step %d: the checkpoint does not decode: %v", seed, step, err)
+			}
+			cps = append(cps, cp)
+		})
+	}
+	if dropped == 0 || across == 0 {
+		t.Fatalf("%d records dropped, %d placements resumed across a checkpoint: the test checks too little", dropped, across)
+	}
+	t.Logf("%d placements from checkpoints (%d resumed across one), %d records dropped", checked, across, dropped)
+}
+
+// prunedView is pm with checkpoint cp and without the records it lets the
+// directory drop (directory.Region.Checkpoint), and how many it dropped.
+func prunedView(pm *protoMap, cp *placement.Checkpoint) (*protoMap, int) {
+	p := *pm
+	p.fills, p.proms = map[ids.RegionID][]directory.FillRecord{}, map[ids.RegionID][]directory.PromoteRecord{}
+	p.cps = map[ids.RegionID]regionCheckpoint{1: {cp.At, cp.Encode()}}
+	n := 0
+	for r, fs := range pm.fills {
+		p.fills[r] = slices.DeleteFunc(slices.Clone(fs), func(f directory.FillRecord) bool {
+			d := pm.departedAt(f.Proto)
+			return d != 0 && d <= cp.At
+		})
+		n += len(fs) - len(p.fills[r])
+	}
+	for r, ps := range pm.proms {
+		p.proms[r] = slices.DeleteFunc(slices.Clone(ps), func(x directory.PromoteRecord) bool { return x.At <= cp.At })
+		n += len(ps) - len(p.proms[r])
+	}
+	return &p, n
+}

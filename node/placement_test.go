@@ -22,7 +22,8 @@ type events struct {
 	proms        []directory.PromoteRecord
 }
 
-func (e events) known() ids.Epoch { return 0 }
+func (e events) known() ids.Epoch                            { return 0 }
+func (e events) checkpoint(ids.RegionID) (ids.Epoch, []byte) { return 0, nil }
 func (e events) incarnation(p ids.NodeID) (protoInc, bool) {
 	i := slices.IndexFunc(e.ins, func(in protoInc) bool { return in.proto == p })
 	if i < 0 {
