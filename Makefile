@@ -140,10 +140,10 @@ fuzz: ## run every fuzz target of the tree, one after another, for FUZZTIME each
 soak: ## region life cycles on a real cluster for DURATION; fails when goroutines, descriptors or RSS grow per cycle (samples in .soak/)
 	$(GO) test ./tests -run '^TestSoak$$$$' -count=1 -soak $(DURATION) -soak-out $(CURDIR)/.soak/samples.csv -timeout 0 -v
 
-sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000), then ENGINE_SEEDS seeds per configuration of the engine simulation, then 400 random placement histories (walks against the reference walk, resumed walks against walks)
+sim: ## run SEEDS simulator seeds of the coherence protocol across all configurations (make sim SEEDS=1000000), then ENGINE_SEEDS seeds per configuration of the engine simulation, then 400 random placement histories (walks against the reference walk, resumed walks and walks from checkpoints against walks)
 	$(GO) test ./coherence/sim -run '^TestSimSeeds$$' -seeds=$(SEEDS) -workers=$$(nproc) -timeout 0 -v
 	$(GO) test ./node/engine -run '^TestEngineSim$$' -engine-seeds=$(ENGINE_SEEDS) -timeout 0 -v
-	DSM_LONG_TESTS=1 $(GO) test ./node -run '^(TestWalkIsReference|TestResumeIsWalk)$$' -count=1 -timeout 0 -v
+	DSM_LONG_TESTS=1 $(GO) test ./node -run '^(TestWalkIsReference|TestResumeIsWalk|TestCheckpointIsWalk)$$' -count=1 -timeout 0 -v
 
 chaos: SEEDS = 1
 chaos: DURATION = 60s

@@ -176,6 +176,25 @@ func BenchmarkResume(b *testing.B) {
 	}
 }
 
+// BenchmarkWalkFromCheckpoint is BenchmarkResume for a dsmd that caches
+// nothing: each shard walked from a checkpoint of the view before the
+// restart, in the view without the records it drops.
+func BenchmarkWalkFromCheckpoint(b *testing.B) {
+	for _, rounds := range []int{40, 160} {
+		d, rc := restartHistory(rounds)
+		cp := rc.checkpoint(d.pm())
+		d.restart(2)
+		pm, _ := prunedView(d.pm(), cp)
+		b.Run(fmt.Sprintf("restarts=%d", rounds), func(b *testing.B) {
+			for i := range b.N {
+				rc.walkFrom(cp, placement.Shard{Region: 1, Index: uint64(i) % rc.r.Shards()}, pm)
+			}
+			b.ReportMetric(float64(len(cp.Encode())), "checkpoint-bytes")
+			b.ReportMetric(float64(len(cp.States)), "states")
+		})
+	}
+}
+
 // restartHistory is a region of 64 shards on four nodes after `rounds`
 // restarts, each followed by the fills and the promotions it calls for,
 // recorded as the daemon records them.
