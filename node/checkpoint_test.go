@@ -18,7 +18,7 @@ func joinNode(t *testing.T, ms []testMember, id uint32) testMember {
 	cfg := Default()
 	cfg.ID, cfg.DataDir = id, t.TempDir()
 	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.CacheSize = 8 << 20
+	cfg.CacheSize, cfg.CheckpointAfter = 8<<20, 1
 	cfg.Join = []string{ms[0].n.Addrs().Gossip}
 	n, err := New(cfg, Options{})
 	if err != nil {
@@ -47,9 +47,10 @@ func joinNode(t *testing.T, ms []testMember, id uint32) testMember {
 // and resume them, and a node that joins afterwards and walks from the
 // checkpoint), and every value reads back at every member.
 func TestCheckpointDropsRecords(t *testing.T) {
-	checkpointAfter.Store(1)
-	t.Cleanup(func() { checkpointAfter.Store(64) })
-	ms := startCluster(t, 3)
+	ms := startClusterOpts(t, 3, func(_ int, cfg *Config) Options {
+		cfg.CheckpointAfter = 1
+		return Options{}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const name, size = "cp", 64 << 20

@@ -31,6 +31,8 @@ const (
 	DefaultSocket = "/run/dsm/dsmd.sock"
 	// DefaultCacheSize bounds the page cache.
 	DefaultCacheSize = Size(1 << 30)
+	// DefaultCheckpointAfter is Config.CheckpointAfter's default.
+	DefaultCheckpointAfter = 64
 )
 
 // Sentinel errors of the configuration.
@@ -109,6 +111,11 @@ type Config struct {
 	GossipKeyringFile string `json:"gossip_keyring_file"`
 	// CacheSize bounds the page cache, in bytes.
 	CacheSize Size `json:"cache_size"`
+	// CheckpointAfter is how many records of a region a placement
+	// checkpoint must let the directory drop before this node proposes
+	// one (docs/failover.md, "Forgetting departed incarnations"); 0 never
+	// proposes. Only the member with the lowest protocol id proposes.
+	CheckpointAfter int `json:"checkpoint_after"`
 	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
 	MetricsAddr string `json:"metrics_addr"`
 	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/
@@ -139,11 +146,12 @@ type Config struct {
 // Default returns the configuration before any flag or file.
 func Default() Config {
 	return Config{
-		Bind:      "127.0.0.1",
-		PortBase:  DefaultPortBase,
-		Transport: TransportTCP,
-		CacheSize: DefaultCacheSize,
-		LogLevel:  "info",
+		Bind:            "127.0.0.1",
+		PortBase:        DefaultPortBase,
+		Transport:       TransportTCP,
+		CacheSize:       DefaultCacheSize,
+		CheckpointAfter: DefaultCheckpointAfter,
+		LogLevel:        "info",
 	}
 }
 
@@ -268,6 +276,7 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "encrypt gossip with this `key` (base64 of 16, 24 or 32 bytes; dsmctl keygen makes one); every member needs it. Once started, the data directory keeps the keyring and dsmctl keyring changes it")
 	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
+	fs.IntVar(&c.CheckpointAfter, "checkpoint-after", c.CheckpointAfter, "propose a region's placement checkpoint once it lets the directory drop this many `records` of departed incarnations and promotions (0: never; the member with the lowest protocol id proposes)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics and the web console at http://ADDR/ (plain HTTP, read-only; default off)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve the Go profiler at http://METRICS_ADDR/debug/pprof/ (needs --metrics-addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -384,6 +393,9 @@ func Usage(out io.Writer) {
 func (c Config) Validate() error {
 	if c.ID == 0 {
 		return &ConfigError{"id", "required: a node id from 1"}
+	}
+	if c.CheckpointAfter < 0 {
+		return &ConfigError{"checkpoint-after", fmt.Sprintf("%d records: a count from 0 (never)", c.CheckpointAfter)}
 	}
 	if c.DataDir == "" {
 		return &ConfigError{"data-dir", "required"}

@@ -269,15 +269,9 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 	return true
 }
 
-// checkpointAfter is how many records a placement checkpoint must let the
-// directory drop before one is proposed (tests lower it).
-var checkpointAfter atomic.Int64
-
-func init() { checkpointAfter.Store(64) }
-
 // checkpoint proposes a placement checkpoint of the region under pm
 // (directory.RecordCheckpoint, placement.go walkFrom) when it lets the
-// directory drop at least checkpointAfter records: completeness records of
+// directory drop at least Config.CheckpointAfter records: completeness records of
 // incarnations departed by pm's epoch, and promotion records. Each
 // checkpoint is the placement every member computes for pm, so any member
 // could propose it; the member with the lowest protocol id does, one at a
@@ -287,7 +281,8 @@ func init() { checkpointAfter.Store(64) }
 func (rf *regionFills) checkpoint(pm *protoMap) {
 	self := ids.NodeID(rf.es.self.Load())
 	r, rc := rf.re.region, rf.re.chains
-	if len(pm.members) == 0 || pm.members[0] != self || pm.known() == 0 || r.Shards() > maxCachedChains {
+	after := rf.es.n.cfg.CheckpointAfter
+	if after == 0 || len(pm.members) == 0 || pm.members[0] != self || pm.known() == 0 || r.Shards() > maxCachedChains {
 		return
 	}
 	if at, _ := pm.checkpoint(r.ID); at >= pm.dirEpoch {
@@ -306,7 +301,7 @@ func (rf *regionFills) checkpoint(pm *protoMap) {
 	}
 	rf.mu.Lock()
 	busy := rf.checkpointing
-	if drop < int(checkpointAfter.Load()) || busy {
+	if drop < after || busy {
 		rf.mu.Unlock()
 		return
 	}

@@ -16,7 +16,14 @@ import (
 // region and returns it with the first page of a shard homed at each node.
 func threeNodesWithRegion(t *testing.T, region string) (*dsmCluster, map[uint32]uint64) {
 	t.Helper()
-	c := startClusterWith(t, 3, nil)
+	return threeNodesWithRegionArgs(t, region, nil)
+}
+
+// threeNodesWithRegionArgs is threeNodesWithRegion with extra dsmd flags
+// by node (1..3).
+func threeNodesWithRegionArgs(t *testing.T, region string, extra map[int][]string) (*dsmCluster, map[uint32]uint64) {
+	t.Helper()
+	c := startClusterWith(t, 3, extra)
 	for i := 1; i <= 3; i++ {
 		c.waitHealthy(i)
 	}
@@ -688,11 +695,22 @@ func TestFailoverTime(t *testing.T) {
 // until dsmctl status is healthy again (no shard with fewer complete
 // backups than asked: the homes have filled the replacement backups);
 // every page synced before, on shards homed at every node, is then read
-// with its data on every node.
+// with its data on every node. The nodes checkpoint the placement after
+// every record they can drop (--checkpoint-after 1), so the walks start
+// from checkpoints and the departed incarnations' records are dropped as
+// the restarts go: at least one checkpoint must be recorded.
 func TestRollingRestartLosesNothing(t *testing.T) {
 	longTest(t)
 	const region = "roll"
-	c, homes := threeNodesWithRegion(t, region)
+	// Every node proposes placement checkpoints as soon as one drops a
+	// record: the restarts' records are dropped as they go, and the
+	// walks start from checkpoints.
+	every := []string{"--checkpoint-after", "1"}
+	c, homes := threeNodesWithRegionArgs(t, region, map[int][]string{1: every, 2: every, 3: every})
+	checkpoints := 0
+	countCheckpoints := func(n *proc) {
+		checkpoints += strings.Count(n.logString(), "placement checkpoint recorded")
+	}
 	type page struct{ off, data string }
 	var pages []page
 	for h := uint32(1); h <= 3; h++ {
@@ -740,6 +758,7 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-n.done
+			countCheckpoints(n)
 			n.log.Reset()
 			n.start(t)
 			// Every node's directory has the new incarnation (so the old
@@ -763,4 +782,11 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 		}
 		readAll(fmt.Sprintf("round %d", round))
 	}
+	for _, n := range c.nodes {
+		countCheckpoints(n)
+	}
+	if checkpoints == 0 {
+		t.Fatal("no placement checkpoint was recorded in six restarts")
+	}
+	t.Logf("%d placement checkpoints recorded", checkpoints)
 }
