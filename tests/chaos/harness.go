@@ -38,12 +38,13 @@ type Config struct {
 	// OpDeadline is the longest an operation may take before it counts as
 	// unavailable; operations that take a context get it as theirs.
 	OpDeadline time.Duration
-	Rate       float64 // scale of the clients' operation rates
-	Durable    bool    // create the region durable
-	Race       bool    // build dsmd with the race detector
-	DiskSize   int64   // bytes of each node's tmpfs, with the disk fault
-	PortBase   int     // first port in loopback mode
-	KeepData   bool    // keep the nodes' data directories
+	Rate       float64  // scale of the clients' operation rates
+	Durable    bool     // create the region durable
+	Race       bool     // build dsmd with the race detector
+	DiskSize   int64    // bytes of each node's tmpfs, with the disk fault
+	PortBase   int      // first port in loopback mode
+	KeepData   bool     // keep the nodes' data directories
+	DsmdArgs   []string // more flags for every dsmd
 }
 
 // harness runs one schedule.
@@ -146,6 +147,7 @@ func (h *harness) startDsmd(i int) error {
 	}
 	args := append([]string{"--id", strconv.Itoa(i), "--data-dir", n.data, "--log-level", "info",
 		"--bootstrap-expect", expect, "--join", h.joinAddrs()}, h.net.DsmdArgs(i)...)
+	args = append(args, h.cfg.DsmdArgs...)
 	cmd := h.net.Command(i, h.dsmdBin, args...)
 	if _, ok := h.net.(*loopbackNet); ok {
 		uid := uint32(loopbackUID + i)

@@ -47,6 +47,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.PortBase, "port-base", 29000, "first port of the nodes in loopback mode (node i from base+10i)")
 	fs.BoolVar(&cfg.KeepData, "keep-data", false, "keep the nodes' data directories in the run directory")
 	dsmdBin := fs.String("dsmd", "", "a dsmd binary to use instead of building ./cmd/dsmd")
+	fs.Func("dsmd-arg", "a flag for every dsmd, e.g. -dsmd-arg=--checkpoint-after=1 (repeat for more)", func(v string) error {
+		cfg.DsmdArgs = append(cfg.DsmdArgs, v)
+		return nil
+	})
 	checkDir := fs.String("check", "", "run the checkers again on the run directory DIR (no cluster, no root) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `chaos runs real dsmd clusters under a seeded nemesis and checks what clients saw.
@@ -177,8 +181,12 @@ func run(ctx context.Context, cfg Config, dsmdBin string, stdout, stderr io.Writ
 		logf("%v", err)
 		return 3
 	}
-	logf("mode %s%s; faults %s for %s-%s each; %d schedules of %s on %d nodes, seeds %d..%d", mode, why, strings.Join(cfg.Faults, ","),
-		cfg.Span[0], cfg.Span[1], cfg.Seeds, cfg.Duration, cfg.Nodes, cfg.FirstSeed, cfg.FirstSeed+uint64(cfg.Seeds)-1)
+	extra := ""
+	if len(cfg.DsmdArgs) > 0 {
+		extra = "; dsmd " + strings.Join(cfg.DsmdArgs, " ")
+	}
+	logf("mode %s%s; faults %s for %s-%s each; %d schedules of %s on %d nodes, seeds %d..%d%s", mode, why, strings.Join(cfg.Faults, ","),
+		cfg.Span[0], cfg.Span[1], cfg.Seeds, cfg.Duration, cfg.Nodes, cfg.FirstSeed, cfg.FirstSeed+uint64(cfg.Seeds)-1, extra)
 	var tot totals
 	status := 0
 	for s := 0; s < cfg.Seeds && ctx.Err() == nil; s++ {
