@@ -162,7 +162,9 @@ func regionPB(r directory.Region) *dsmpb.Region {
 	// created_epoch is 0 for a region recorded before the directory kept
 	// it.
 	return &dsmpb.Region{Name: r.Name, Id: uint32(r.ID), Size: r.Size, PageSize: r.PageSize, CreatedEpoch: uint64(r.Epoch),
-		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0)))), Access: accessPB(r.Access)}
+		Durability: d, Shards: uint32(min(r.Shards(), uint64(^uint32(0)))), Access: accessPB(r.Access),
+		FillRecords: uint32(len(r.Filled)), PromotionRecords: uint32(len(r.Promoted)),
+		CheckpointEpoch: uint64(r.CheckpointAt), CheckpointBytes: uint32(len(r.Checkpoint))}
 }
 
 func (n *Node) createRegion(ctx context.Context, req *dsmpb.CreateRegionRequest) (*dsmpb.CreateRegionResponse, error) {

@@ -70,7 +70,8 @@ func newFakeAdmin() *fakeAdmin {
 		maps:    map[string]map[uint32][]int32{},
 		mapErr:  map[uint32]string{},
 	}
-	f.addRegion("feat", 1<<30, 4096, dsmpb.Durability_DURABILITY_DURABLE)
+	feat := f.addRegion("feat", 1<<30, 4096, dsmpb.Durability_DURABILITY_DURABLE)
+	feat.FillRecords, feat.PromotionRecords, feat.CheckpointEpoch, feat.CheckpointBytes = 5, 1, 11, 132
 	f.addRegion("small", 100*4096, 4096, dsmpb.Durability_DURABILITY_MEMORY)
 	return f
 }

@@ -28,12 +28,20 @@ type regionJSON struct {
 	// ContentsLost: a Memory region brought back empty after a restart
 	// of the whole cluster.
 	ContentsLost bool `json:"contents_lost,omitempty"`
+	// The placement's records: completeness and promotion records, and
+	// the placement checkpoint's epoch (0: none) and size.
+	FillRecords      uint32 `json:"fill_records"`
+	PromotionRecords uint32 `json:"promotion_records"`
+	CheckpointEpoch  uint64 `json:"checkpoint_epoch,omitempty"`
+	CheckpointBytes  uint32 `json:"checkpoint_bytes,omitempty"`
 }
 
 func regionView(r *dsmpb.Region) regionJSON {
 	v := regionJSON{Name: r.GetName(), ID: r.GetId(), Size: r.GetSize(), PageSize: r.GetPageSize(),
 		Durability: durability(r.GetDurability()), Shards: r.GetShards(), CreatedEpoch: r.GetCreatedEpoch(),
-		Access: accessView(r.GetAccess()), ContentsLost: r.GetContentsLost()}
+		Access: accessView(r.GetAccess()), ContentsLost: r.GetContentsLost(),
+		FillRecords: r.GetFillRecords(), PromotionRecords: r.GetPromotionRecords(),
+		CheckpointEpoch: r.GetCheckpointEpoch(), CheckpointBytes: r.GetCheckpointBytes()}
 	if v.PageSize != 0 {
 		v.Pages = (v.Size + uint64(v.PageSize) - 1) / uint64(v.PageSize)
 	}
@@ -484,6 +492,12 @@ func (a *app) renderRegionInfo(v regionInfoJSON, first uint64) error {
 	if r.ContentsLost {
 		fmt.Fprintf(&w, "contents lost at restart: every copy of some of its pages was in processes that all departed; they read as zeros\n\n")
 	}
+	checkpoint := "no placement checkpoint"
+	if r.CheckpointEpoch != 0 {
+		checkpoint = fmt.Sprintf("placement checkpoint of epoch %d (%s)", r.CheckpointEpoch, FormatSize(uint64(r.CheckpointBytes)))
+	}
+	fmt.Fprintf(&w, "placement records: %d completeness, %d promotion%s; %s\n\n", r.FillRecords, r.PromotionRecords,
+		plural(int(min(r.PromotionRecords, 2))), checkpoint)
 	if !v.HomesComplete && len(v.Shards) > 0 {
 		fmt.Fprintf(&w, "placement of the listed shards %d-%d only (of %d):\n", first, v.NextShard-1, v.ShardCount)
 	}

@@ -262,9 +262,17 @@ type Region struct {
 	// Memory region whose every copy of some shard was in processes that all
 	// departed, brought back empty (reads return zeros). Never set for a
 	// Durable region, which comes back from its page stores.
-	ContentsLost  bool `protobuf:"varint,9,opt,name=contents_lost,json=contentsLost,proto3" json:"contents_lost,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ContentsLost bool `protobuf:"varint,9,opt,name=contents_lost,json=contentsLost,proto3" json:"contents_lost,omitempty"`
+	// The records that place its shards (docs/failover.md): completeness
+	// records of backups, promotion records, and the directory epoch of its
+	// placement checkpoint (0: none) with its size in bytes. A checkpoint
+	// drops the records of incarnations departed by its epoch.
+	FillRecords      uint32 `protobuf:"varint,10,opt,name=fill_records,json=fillRecords,proto3" json:"fill_records,omitempty"`
+	PromotionRecords uint32 `protobuf:"varint,11,opt,name=promotion_records,json=promotionRecords,proto3" json:"promotion_records,omitempty"`
+	CheckpointEpoch  uint64 `protobuf:"varint,12,opt,name=checkpoint_epoch,json=checkpointEpoch,proto3" json:"checkpoint_epoch,omitempty"`
+	CheckpointBytes  uint32 `protobuf:"varint,13,opt,name=checkpoint_bytes,json=checkpointBytes,proto3" json:"checkpoint_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Region) Reset() {
@@ -360,6 +368,34 @@ func (x *Region) GetContentsLost() bool {
 	return false
 }
 
+func (x *Region) GetFillRecords() uint32 {
+	if x != nil {
+		return x.FillRecords
+	}
+	return 0
+}
+
+func (x *Region) GetPromotionRecords() uint32 {
+	if x != nil {
+		return x.PromotionRecords
+	}
+	return 0
+}
+
+func (x *Region) GetCheckpointEpoch() uint64 {
+	if x != nil {
+		return x.CheckpointEpoch
+	}
+	return 0
+}
+
+func (x *Region) GetCheckpointBytes() uint32 {
+	if x != nil {
+		return x.CheckpointBytes
+	}
+	return 0
+}
+
 // RegionAccess lists the local users (uids) and groups (gids) that may use
 // a region's memory through dsmd. dsmd checks the credentials of the
 // process on its Unix socket (SO_PEERCRED) on every Map and memory call:
@@ -440,7 +476,7 @@ var File_types_proto protoreflect.FileDescriptor
 
 const file_types_proto_rawDesc = "" +
 	"\n" +
-	"\vtypes.proto\x12\x06dsm.v1\"\xa1\x02\n" +
+	"\vtypes.proto\x12\x06dsm.v1\"\xc7\x03\n" +
 	"\x06Region\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\rR\x02id\x12\x12\n" +
@@ -452,7 +488,12 @@ const file_types_proto_rawDesc = "" +
 	"\rcreated_epoch\x18\x06 \x01(\x04R\fcreatedEpoch\x12\x16\n" +
 	"\x06shards\x18\a \x01(\rR\x06shards\x12,\n" +
 	"\x06access\x18\b \x01(\v2\x14.dsm.v1.RegionAccessR\x06access\x12#\n" +
-	"\rcontents_lost\x18\t \x01(\bR\fcontentsLost\"\x82\x01\n" +
+	"\rcontents_lost\x18\t \x01(\bR\fcontentsLost\x12!\n" +
+	"\ffill_records\x18\n" +
+	" \x01(\rR\vfillRecords\x12+\n" +
+	"\x11promotion_records\x18\v \x01(\rR\x10promotionRecords\x12)\n" +
+	"\x10checkpoint_epoch\x18\f \x01(\x04R\x0fcheckpointEpoch\x12)\n" +
+	"\x10checkpoint_bytes\x18\r \x01(\rR\x0fcheckpointBytes\"\x82\x01\n" +
 	"\fRegionAccess\x12\x12\n" +
 	"\x04uids\x18\x01 \x03(\rR\x04uids\x12\x12\n" +
 	"\x04gids\x18\x02 \x03(\rR\x04gids\x12$\n" +
