@@ -91,7 +91,9 @@ type regionChains struct {
 	mu     sync.Mutex
 	chains map[uint64]chainEntry // by shard index, up to maxCachedChains
 	places map[uint64]placeEntry // likewise
-	cp     *placement.Checkpoint // the last checkpoint decoded (checkpointIn)
+	// cps are the two latest checkpoints decoded (checkpointIn): a view
+	// and the one before it, which the daemon compares.
+	cps [2]*placement.Checkpoint
 }
 
 // chainEntry is one shard's chain for the incarnations of gen.
@@ -1042,15 +1044,20 @@ func (rc *regionChains) checkpointIn(ev eventsOf) *placement.Checkpoint {
 	}
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	if rc.cp != nil && rc.cp.At == at {
-		return rc.cp
+	for _, cp := range rc.cps {
+		if cp != nil && cp.At == at {
+			return cp
+		}
 	}
 	cp, err := placement.DecodeCheckpoint(data, rc.r.Shards())
 	if err != nil || cp.At != at {
 		return nil
 	}
-	if rc.cp == nil || at > rc.cp.At {
-		rc.cp = cp
+	switch {
+	case rc.cps[0] == nil || at > rc.cps[0].At:
+		rc.cps[0], rc.cps[1] = cp, rc.cps[0]
+	case rc.cps[1] == nil || at > rc.cps[1].At:
+		rc.cps[1] = cp
 	}
 	return cp
 }
