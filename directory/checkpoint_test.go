@@ -87,14 +87,7 @@ func TestFSMCheckpoint(t *testing.T) {
 	if r.CheckpointAt != 5 || !reflect.DeepEqual(r.Checkpoint, checkpointOf(5, 32)) {
 		t.Fatalf("the region's checkpoint: epoch %v, %d bytes", r.CheckpointAt, len(r.Checkpoint))
 	}
-	b, err := encodeSnapshot(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v2, err := decodeSnapshot(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v2 := snapshotRoundTrip(t, v)
 	if r2, _ := v2.Region("r"); r2.CheckpointAt != 5 || !reflect.DeepEqual(r2.Checkpoint, r.Checkpoint) || !reflect.DeepEqual(r2.Filled, wantFilled) {
 		t.Fatalf("after a snapshot: %+v", r2)
 	}

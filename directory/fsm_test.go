@@ -128,14 +128,7 @@ func TestFSMFilled(t *testing.T) {
 		}
 	}
 	// A snapshot keeps the records and the join epochs.
-	b, err := encodeSnapshot(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v2, err := decodeSnapshot(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	v2 := snapshotRoundTrip(t, v)
 	r2, _ := v2.Region("r")
 	if m, _ := v2.Member(2); !reflect.DeepEqual(r2.Filled, want) || m.JoinedAt != 4 {
 		t.Fatalf("after a snapshot: records %+v, member %+v", r2.Filled, m)
@@ -195,6 +188,15 @@ func TestFSMPromote(t *testing.T) {
 		t.Fatal(res[0].Err)
 	}
 	v, _ = f.current()
+	v2 := snapshotRoundTrip(t, v)
+	if v2.Promotions() != 2 {
+		t.Fatalf("after the deletion and a snapshot, %d promotions counted, want 2", v2.Promotions())
+	}
+}
+
+// snapshotRoundTrip is v encoded as a snapshot and decoded.
+func snapshotRoundTrip(t *testing.T, v *View) *View {
+	t.Helper()
 	b, err := encodeSnapshot(v)
 	if err != nil {
 		t.Fatal(err)
@@ -203,9 +205,7 @@ func TestFSMPromote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v2.Promotions() != 2 {
-		t.Fatalf("after the deletion and a snapshot, %d promotions counted, want 2", v2.Promotions())
-	}
+	return v2
 }
 
 func withAccess(c command, a *Access) command {

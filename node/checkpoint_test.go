@@ -5,40 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/dsmkit/dsm/directory/placement"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 )
-
-// joinNode starts node id joining ms, and returns it with a client.
-func joinNode(t *testing.T, ms []testMember, id uint32) testMember {
-	t.Helper()
-	cfg := Default()
-	cfg.ID, cfg.DataDir = id, t.TempDir()
-	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.CacheSize, cfg.CheckpointAfter = 8<<20, 1
-	cfg.Join = []string{ms[0].n.Addrs().Gossip}
-	n, err := New(cfg, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.Start(); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient("unix://"+n.Addrs().Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		if err := n.Close(); err != nil {
-			t.Errorf("n%d Close: %v", id, err)
-		}
-	})
-	return testMember{n: n, cli: dsmpb.NewClientClient(conn), adm: dsmpb.NewAdminClient(conn)}
-}
 
 // TestCheckpointDropsRecords: once a join's promotions are recorded, a
 // member proposes a placement checkpoint and the directory drops the
@@ -47,10 +16,11 @@ func joinNode(t *testing.T, ms []testMember, id uint32) testMember {
 // and resume them, and a node that joins afterwards and walks from the
 // checkpoint), and every value reads back at every member.
 func TestCheckpointDropsRecords(t *testing.T) {
-	ms := startClusterOpts(t, 3, func(_ int, cfg *Config) Options {
+	every := func(_ int, cfg *Config) Options {
 		cfg.CheckpointAfter = 1
 		return Options{}
-	})
+	}
+	ms := startClusterOpts(t, 3, every)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const name, size = "cp", 64 << 20
@@ -64,12 +34,13 @@ func TestCheckpointDropsRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ms = append(ms, joinNode(t, ms, 4))
+	join := []string{ms[0].n.Addrs().Gossip}
+	ms = append(ms, startMember(t, 4, 0, join, every))
 	waitFor(ctx, t, "a placement checkpoint after the joiner's promotions", func() bool {
 		r, ok := ms[0].n.dir.View().Region(name)
 		return ok && r.CheckpointAt != 0
 	})
-	ms = append(ms, joinNode(t, ms, 5))
+	ms = append(ms, startMember(t, 5, 0, join, every))
 	check := func() {
 		t.Helper()
 		for j, m := range ms {

@@ -35,38 +35,47 @@ func startClusterOpts(t testing.TB, k int, opts func(i int, cfg *Config) Options
 	var ms []testMember
 	var join []string
 	for i := 1; i <= k; i++ {
-		cfg := Default()
-		cfg.ID, cfg.DataDir, cfg.BootstrapExpect = uint32(i), t.TempDir(), k
-		cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-		cfg.CacheSize = 8 << 20
-		cfg.Join = join
-		o := opts(i, &cfg)
-		n, err := New(cfg, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := n.Start(); err != nil {
-			t.Fatal(err)
-		}
+		m := startMember(t, uint32(i), k, join, opts)
 		if i == 1 {
-			join = []string{n.Addrs().Gossip}
+			join = []string{m.n.Addrs().Gossip}
 		}
-		conn, err := grpc.NewClient("unix://"+n.Addrs().Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			conn.Close()
-			if err := n.Close(); err != nil {
-				t.Errorf("n%d Close: %v", i, err)
-			}
-		})
-		ms = append(ms, testMember{n: n, cli: dsmpb.NewClientClient(conn), adm: dsmpb.NewAdminClient(conn)})
+		ms = append(ms, m)
 	}
 	for _, m := range ms {
 		waitHealthy(t, m.adm)
 	}
 	return ms
+}
+
+// startMember starts in-process node id on loopback, joining join (none:
+// it bootstraps a cluster of expect), with the Options of opts, which may
+// also change its configuration; it is closed when t ends.
+func startMember(t testing.TB, id uint32, expect int, join []string, opts func(i int, cfg *Config) Options) testMember {
+	t.Helper()
+	cfg := Default()
+	cfg.ID, cfg.DataDir, cfg.BootstrapExpect = id, t.TempDir(), expect
+	cfg.GossipAddr, cfg.RaftAddr, cfg.RPCAddr, cfg.VerbsAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.CacheSize = 8 << 20
+	cfg.Join = join
+	o := opts(int(id), &cfg)
+	n, err := New(cfg, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("unix://"+n.Addrs().Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		if err := n.Close(); err != nil {
+			t.Errorf("n%d Close: %v", id, err)
+		}
+	})
+	return testMember{n: n, cli: dsmpb.NewClientClient(conn), adm: dsmpb.NewAdminClient(conn)}
 }
 
 // TestClusterCoherence runs the coherence engines of three nodes: memory

@@ -141,6 +141,15 @@ func (rf *regionFills) wake() {
 	}
 }
 
+// backOff waits a second before a proposal is tried again (not at once:
+// the directory may be electing a leader), or until the loop stops.
+func (rf *regionFills) backOff() {
+	select {
+	case <-time.After(time.Second):
+	case <-rf.stop:
+	}
+}
+
 // close stops the loop (the engine is closed or closing).
 func (rf *regionFills) close() { close(rf.stop) }
 
@@ -249,10 +258,7 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 				"ranges", len(ranges))
 		}
 		if err != nil {
-			select { // not at once: the directory may be electing a leader
-			case <-time.After(time.Second):
-			case <-rf.stop:
-			}
+			rf.backOff()
 		}
 		rf.mu.Lock()
 		rf.proposing = false
@@ -329,10 +335,7 @@ func (rf *regionFills) checkpoint(pm *protoMap) {
 		case errors.Is(err, directory.ErrStaleCheckpoint):
 		default:
 			rf.es.log.Warn("placement checkpoint not recorded: proposed again with a later view", "region", r.Name, "err", err)
-			select { // not at once: the directory may be electing a leader
-			case <-time.After(time.Second):
-			case <-rf.stop:
-			}
+			rf.backOff()
 		}
 		rf.mu.Lock()
 		rf.checkpointing = false
@@ -411,10 +414,7 @@ func (rf *regionFills) revive(pm *protoMap) {
 		err := rf.reviveShards(me, pm.dirEpoch, load, record, promote)
 		if err != nil {
 			rf.es.log.Warn("lost shards not revived: tried again", "region", r.Name, "err", err)
-			select { // not at once: the directory may be electing a leader
-			case <-time.After(time.Second):
-			case <-rf.stop:
-			}
+			rf.backOff()
 		}
 		rf.mu.Lock()
 		rf.reviving = false

@@ -243,10 +243,7 @@ func restartHistory(rounds int) (*dirModel, *regionChains) {
 // from the region's creation are the same, departed members forgotten
 // alike. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestResumeIsWalk(t *testing.T) {
-	seeds := int64(4)
-	if os.Getenv("DSM_LONG_TESTS") != "" {
-		seeds = 200
-	}
+	seeds := historySeeds()
 	resumed, events := 0, 0
 	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
 		var past [][]*shardPlace // by step, by shard
@@ -318,10 +315,7 @@ func placeDiff(a, b *shardPlace) string {
 // once the reference's departed members other than the home are dropped.
 // 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestWalkIsReference(t *testing.T) {
-	seeds := int64(4)
-	if os.Getenv("DSM_LONG_TESTS") != "" {
-		seeds = 200
-	}
+	seeds := historySeeds()
 	moved, lost := 0, 0
 	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
 		randomHistoriesOf(seeds, dur, func(seed int64, step int, rc *regionChains, _, pm *protoMap, log []string) {
@@ -361,10 +355,7 @@ func TestWalkIsReference(t *testing.T) {
 // regions, from a checkpoint taken (encoded and decoded) at a random
 // earlier step. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestCheckpointIsWalk(t *testing.T) {
-	seeds := int64(4)
-	if os.Getenv("DSM_LONG_TESTS") != "" {
-		seeds = 200
-	}
+	seeds := historySeeds()
 	checked, dropped, across := 0, 0, 0
 	for _, dur := range []directory.Durability{directory.DurabilityMemory, directory.DurabilitySynced} {
 		var cps []*placement.Checkpoint
@@ -447,4 +438,13 @@ func prunedView(pm *protoMap, cp *placement.Checkpoint) (*protoMap, int) {
 		n += len(ps) - len(p.proms[r])
 	}
 	return &p, n
+}
+
+// historySeeds is how many random histories of each durability the
+// placement property tests run: 4, or 200 under DSM_LONG_TESTS=1 (make sim).
+func historySeeds() int64 {
+	if os.Getenv("DSM_LONG_TESTS") != "" {
+		return 200
+	}
+	return 4
 }
