@@ -87,9 +87,21 @@ func TestFSMCheckpoint(t *testing.T) {
 	if r.CheckpointAt != 5 || !reflect.DeepEqual(r.Checkpoint, checkpointOf(5, 32)) {
 		t.Fatalf("the region's checkpoint: epoch %v, %d bytes", r.CheckpointAt, len(r.Checkpoint))
 	}
+	if st := stateOf(v); st.Version != snapshotVersionCheckpoints {
+		t.Fatalf("a snapshot with a checkpoint is version %d", st.Version)
+	}
 	v2 := snapshotRoundTrip(t, v)
 	if r2, _ := v2.Region("r"); r2.CheckpointAt != 5 || !reflect.DeepEqual(r2.Checkpoint, r.Checkpoint) || !reflect.DeepEqual(r2.Filled, wantFilled) {
 		t.Fatalf("after a snapshot: %+v", r2)
+	}
+	// A checkpoint in a version 2 snapshot (which a version before
+	// checkpoints would read) is refused.
+	st := stateOf(v)
+	st.Version = snapshotVersion
+	if b, err := json.Marshal(st); err != nil {
+		t.Fatal(err)
+	} else if _, err := decodeSnapshot(b); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("a version 2 snapshot with a checkpoint: %v", err)
 	}
 	// A snapshot whose checkpoint does not decode is refused.
 	bad := *v

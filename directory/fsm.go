@@ -602,12 +602,26 @@ type snapshotState struct {
 // history. Version 1 still decodes (upgradeV1).
 const snapshotVersion = 2
 
+// snapshotVersionCheckpoints is the version of a snapshot in which a
+// region has a placement checkpoint (Region.Checkpoint): the records it
+// dropped are gone from it, so a dsmd of a version before checkpoints,
+// which would walk the placement from the regions' creation without them,
+// must refuse it rather than read it as version 2. Without checkpoints a
+// snapshot stays version 2.
+const snapshotVersionCheckpoints = 3
+
 // maxSnapshotSize bounds what Restore reads.
 const maxSnapshotSize = 1 << 30
 
 func stateOf(v *View) snapshotState {
+	version := snapshotVersion
+	for _, r := range v.regions {
+		if r.CheckpointAt != 0 {
+			version = snapshotVersionCheckpoints
+		}
+	}
 	return snapshotState{
-		Version: snapshotVersion, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
+		Version: version, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
 		Members: v.members, Regions: v.regions, Quarantine: v.quarantine, History: v.history,
 		Promotions: v.promotions,
 	}
@@ -665,7 +679,7 @@ func decodeSnapshot(b []byte) (*View, error) {
 			return nil, fmt.Errorf("%w: version 1 with a quarantine or a history", ErrBadSnapshot)
 		}
 		upgradeV1(&s)
-	case snapshotVersion:
+	case snapshotVersion, snapshotVersionCheckpoints:
 	default:
 		return nil, fmt.Errorf("%w: version %d", ErrBadSnapshot, s.Version)
 	}
@@ -740,7 +754,7 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if r.Checkpoint != nil || r.CheckpointAt != 0 {
 			cp, err := placement.DecodeCheckpoint(r.Checkpoint, r.Shards())
-			if err != nil || cp.At != r.CheckpointAt || cp.At > s.Epoch {
+			if err != nil || cp.At != r.CheckpointAt || cp.At > s.Epoch || s.Version != snapshotVersionCheckpoints {
 				return nil, fmt.Errorf("%w: region %q: a bad placement checkpoint (%v)", ErrBadSnapshot, r.Name, err)
 			}
 		}
