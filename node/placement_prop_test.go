@@ -241,7 +241,7 @@ func restartHistory(rounds int) (*dirModel, *regionChains) {
 // it (place: resumed from the last step's), resumed from the placement of
 // a random earlier step (several steps of events at once), and walked
 // from the region's creation are the same, departed members forgotten
-// alike. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+// alike. 3 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestResumeIsWalk(t *testing.T) {
 	seeds := historySeeds()
 	resumed, events := 0, 0
@@ -313,7 +313,7 @@ func placeDiff(a, b *shardPlace) string {
 // durable regions, after every step: the same home, replica set,
 // preferred member, entry epochs, loss and revival, and the same chain
 // once the reference's departed members other than the home are dropped.
-// 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+// 3 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestWalkIsReference(t *testing.T) {
 	seeds := historySeeds()
 	moved, lost := 0, 0
@@ -353,7 +353,7 @@ func TestWalkIsReference(t *testing.T) {
 // places every shard as the walk from the region's creation in the whole
 // view: after every step of seeded random histories of memory and durable
 // regions, from a checkpoint taken (encoded and decoded) at a random
-// earlier step. 4 histories of each (DSM_LONG_TESTS=1, make sim: 200).
+// earlier step. 3 histories of each (DSM_LONG_TESTS=1, make sim: 200).
 func TestCheckpointIsWalk(t *testing.T) {
 	seeds := historySeeds()
 	checked, dropped, across := 0, 0, 0
@@ -441,10 +441,10 @@ func prunedView(pm *protoMap, cp *placement.Checkpoint) (*protoMap, int) {
 }
 
 // historySeeds is how many random histories of each durability the
-// placement property tests run: 4, or 200 under DSM_LONG_TESTS=1 (make sim).
+// placement property tests run: 3, or 200 under DSM_LONG_TESTS=1 (make sim).
 func historySeeds() int64 {
 	if os.Getenv("DSM_LONG_TESTS") != "" {
 		return 200
 	}
-	return 4
+	return 3
 }
