@@ -102,8 +102,18 @@ type chainEntry struct {
 	c   []ids.NodeID
 }
 
-// maxCachedChains bounds the chains a region keeps computed.
+// maxCachedChains bounds the chains and placements a region keeps
+// computed; past it, a new one takes the place of an arbitrary one
+// (evictOne), so that the shards in use in a larger region stay cached.
 const maxCachedChains = 1 << 16
+
+// evictOne deletes one entry of m, the first Go's map iteration yields.
+func evictOne[V any](m map[uint64]V) {
+	for k := range m {
+		delete(m, k)
+		return
+	}
+}
 
 func newRegionChains(r directory.Region, homeProtos []ids.NodeID) *regionChains {
 	rc := &regionChains{r: r, nodes: slices.Clone(r.Homes), protos: make(map[ids.NodeID]ids.NodeID, len(r.Homes)),
@@ -147,9 +157,10 @@ func (rc *regionChains) chain(s placement.Shard, ev eventsOf) (c []ids.NodeID, b
 	c = append(c, rc.joiners(s, ins, ev, func(in protoInc) bool { return !slices.Contains(c, in.proto) })...)
 	if gen != 0 {
 		rc.mu.Lock()
-		if len(rc.chains) < maxCachedChains || ok {
-			rc.chains[s.Index] = chainEntry{gen, c}
+		if !ok && len(rc.chains) >= maxCachedChains {
+			evictOne(rc.chains)
 		}
+		rc.chains[s.Index] = chainEntry{gen, c}
 		rc.mu.Unlock()
 	}
 	return c, base
@@ -835,9 +846,10 @@ func (rc *regionChains) place(s placement.Shard, ev eventsOf) *shardPlace {
 	}
 	if gen != 0 {
 		rc.mu.Lock()
-		if _, ok := rc.places[s.Index]; ok || len(rc.places) < maxCachedChains {
-			rc.places[s.Index] = placeEntry{gen, sp}
+		if _, ok := rc.places[s.Index]; !ok && len(rc.places) >= maxCachedChains {
+			evictOne(rc.places)
 		}
+		rc.places[s.Index] = placeEntry{gen, sp}
 		rc.mu.Unlock()
 	}
 	return sp

@@ -677,3 +677,30 @@ func TestPromotionOfIncompleteMemberIgnored(t *testing.T) {
 		t.Fatal("no promotion of a complete backup took effect")
 	}
 }
+
+// A region of more shards than the cache holds keeps the bound, and the
+// shard placed last is cached: a new placement takes the place of an
+// older one.
+func TestPlacementCacheEvicts(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	r := directory.Region{ID: 1, RegionSpec: directory.RegionSpec{Name: "big", Size: (maxCachedChains + 8) * (2 << 20), PageSize: 4096,
+		ShardSize: 2 << 20, Backups: 1}, Epoch: d.epoch}
+	var protos []ids.NodeID
+	for n := ids.NodeID(1); n <= 3; n++ {
+		r.Homes, r.HomeIncarnations = append(r.Homes, n), append(r.HomeIncarnations, 1)
+		protos = append(protos, d.members[n].Proto)
+	}
+	rc := newRegionChains(r, protos)
+	d.restart(2) // something to walk
+	pm := d.pm()
+	for i := range r.Shards() {
+		rc.place(placement.Shard{Region: 1, Index: i}, pm)
+	}
+	last := placement.Shard{Region: 1, Index: r.Shards() - 1}
+	if len(rc.places) != maxCachedChains || len(rc.chains) != maxCachedChains {
+		t.Fatalf("%d placements and %d chains cached, want %d", len(rc.places), len(rc.chains), maxCachedChains)
+	}
+	if rc.place(last, pm) != rc.place(last, pm) {
+		t.Fatal("the shard placed last is not cached")
+	}
+}
