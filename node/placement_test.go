@@ -700,7 +700,8 @@ func TestPlacementCacheEvicts(t *testing.T) {
 	if len(rc.places) != maxCachedChains || len(rc.chains) != maxCachedChains {
 		t.Fatalf("%d placements and %d chains cached, want %d", len(rc.places), len(rc.chains), maxCachedChains)
 	}
-	if rc.place(last, pm) != rc.place(last, pm) {
+	first := rc.place(last, pm)
+	if again := rc.place(last, pm); again != first {
 		t.Fatal("the shard placed last is not cached")
 	}
 }
