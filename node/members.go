@@ -96,13 +96,6 @@ func (pm *protoMap) checkpoint(r ids.RegionID) (ids.Epoch, []byte) {
 	return cp.at, cp.data
 }
 
-// promoted reports whether a promotion was ever recorded for region r: it
-// has promotion records, or a checkpoint, which may have dropped some
-// (the other moves leave the checkpointed history alone).
-func (pm *protoMap) promoted(r ids.RegionID) bool {
-	return len(pm.proms[r]) > 0 || pm.cps[r].at != 0
-}
-
 // known implements eventsOf: the directory epoch of the view, or 0 (walks
 // do not resume) for a view that has an incarnation declared failed and
 // alive again, which versions before final verdicts recorded:

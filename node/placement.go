@@ -665,8 +665,8 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 		last = e
 		sp.forgetDeparted(ev, e)
 	}
-	sp.c = append(sp.c, pending...) // none: each joined in an epoch of es
-	rc.resetSet(sp, last, ev, w)    // the set now (without events: the set before them)
+	// pending is empty: each joiner joined in an epoch of es.
+	rc.resetSet(sp, last, ev, w) // the set now (without events: the set before them)
 	sp.last, sp.known = last, ev.known()
 }
 

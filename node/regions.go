@@ -414,7 +414,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 // shard back, so a region without one has nothing to clear.
 func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
 	r := re.region
-	if !pm.promoted(r.ID) || pm.departedAt(self) != 0 || !re.chains.anyDeparted(last) {
+	if !re.chains.promoted(pm) || pm.departedAt(self) != 0 || !re.chains.anyDeparted(last) {
 		return
 	}
 	cleared, shards := 0, 0
@@ -451,7 +451,7 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 // has nothing to stamp.
 func (es *engines) stampLeftBehind(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
 	r := re.region
-	if !pm.promoted(r.ID) || pm.departedAt(self) != 0 {
+	if !re.chains.promoted(pm) || pm.departedAt(self) != 0 {
 		return
 	}
 	stamped, shards := 0, 0
