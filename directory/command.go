@@ -59,6 +59,10 @@ type command struct {
 	// Nonce, if not 0, names the incarnation the new state is for: the
 	// command changes nothing if another incarnation holds the node id.
 	Nonce uint64 `json:"nonce,omitempty"`
+	// HandOver (cmdSetDraining): the mark is one the data plane places by
+	// (Member.DrainingAt); false in the commands of versions before
+	// hand-overs, which replay as they applied then.
+	HandOver bool `json:"handover,omitempty"`
 	// cmdFilled (with ID and Nonce: the incarnation filled), cmdPromote
 	// (Region and Shards, with ID and Nonce: the incarnation promoted)
 	Region ids.RegionID `json:"region,omitempty"`

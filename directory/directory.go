@@ -411,12 +411,14 @@ func (d *Directory) SetLocalMeta(ctx context.Context, descriptors []byte) error 
 	return res.Err
 }
 
-// SetDraining records that this incarnation is leaving gracefully: it
-// stays alive in every respect, and status shows it draining until it
-// has left. The node calls it when a graceful leave begins, before it
-// writes back what its clients wrote.
+// SetDraining records that this incarnation is leaving gracefully, in an
+// epoch of its own (Member.DrainingAt): it stays alive, and status shows
+// it draining until it has left, but the data plane hands its shards to
+// other members and places no new backup copy at it. The node calls it
+// when a graceful leave begins, before it writes back what its clients
+// wrote. Retrying it is harmless.
 func (d *Directory) SetDraining(ctx context.Context) error {
-	res, err := d.apply(ctx, encodeCommand(command{Type: cmdSetDraining, ID: d.cfg.NodeID, Nonce: d.cfg.Nonce}))
+	res, err := d.apply(ctx, encodeCommand(command{Type: cmdSetDraining, ID: d.cfg.NodeID, Nonce: d.cfg.Nonce, HandOver: true}))
 	if err != nil {
 		return err
 	}
@@ -439,7 +441,8 @@ func (d *Directory) RecordFilled(ctx context.Context, region ids.RegionID, node 
 
 // Promote records the promotion of incarnation nonce of node for region's
 // shards in shards (sorted, apart): every one must be covered by a fill
-// record of that incarnation (RecordFilled). It is refused (ErrNoRegion,
+// record of that incarnation (RecordFilled), or held by it since the
+// region's creation (one of its first 1+Backups homes for the shard). It is refused (ErrNoRegion,
 // ErrStaleIncarnation, ErrInvalidMember) when the region is gone, the
 // incarnation is no longer the node's, is not alive or is draining, or a
 // shard is not covered. It moves the epoch; retrying a promotion that was

@@ -169,6 +169,10 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		next.Epoch++
 		old.Draining = true
 		old.Epoch = next.Epoch
+		if c.HandOver {
+			old.DrainingAt = next.Epoch
+			next.drains++
+		}
 		next.setMember(old)
 		return &next, applyResult{changed: true}
 	case cmdFilled:
@@ -243,7 +247,8 @@ func applyFilled(v *View, c command) (*View, applyResult) {
 
 // applyPromote applies cmdPromote: a promotion record for the current,
 // alive, not draining incarnation of c.ID, if a fill record of that
-// incarnation covers every shard it names. It moves the epoch (and the
+// incarnation covers every shard it names, or it held the shard from the
+// region's creation (createdHolding). It moves the epoch (and the
 // count of promotions, which the data plane's protocol epoch counts): the
 // shards the data plane hands to it move in a protocol epoch of their own.
 // A retry of a committed promotion (same incarnation, same shards) changes
@@ -264,7 +269,7 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 		for s := sr.First; s < sr.End; s++ {
 			if !slices.ContainsFunc(r.Filled, func(f FillRecord) bool {
 				return f.Proto == m.Proto && f.Incarnation == m.Incarnation && f.Covers(s)
-			}) {
+			}) && !r.createdHolding(m, s) {
 				return &next, applyResult{Err: fmt.Errorf("%w: %v incarnation %d holds no complete copy of shard %d of %q", ErrInvalidMember, c.ID, m.Incarnation, s, r.Name)}
 			}
 		}
@@ -283,6 +288,25 @@ func applyPromote(v *View, c command) (*View, applyResult) {
 	rs[i] = r
 	next.setRegions(rs)
 	return &next, applyResult{Region: r, changed: true}
+}
+
+// createdHolding reports whether incarnation m was one of the region's
+// homes at its creation and among the first 1+Backups of shard s's
+// rendezvous order then: it held the shard complete from the start, with
+// no completeness record (a shard's backup promoted in a drain's
+// hand-over, docs/failover.md §11). The data plane's walk decides whether
+// it still is (a failure verdict or a demotion since ends it).
+func (r Region) createdHolding(m Member, s uint64) bool {
+	if inc, ok := r.HomeIncarnation(m.ID); !ok || inc != m.Incarnation {
+		return false
+	}
+	k := r.Backups
+	if k == 0 {
+		k = DefaultBackups
+	}
+	rank := placement.Rank(placement.Shard{Region: r.ID, Index: s}, r.Homes, len(r.Homes))
+	i := slices.Index(rank, m.ID)
+	return i >= 0 && i <= k
 }
 
 // applyCheckpoint applies cmdCheckpoint: region c.Region's placement
@@ -413,6 +437,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 	next := *v
 	m := c.Member.clone()
 	m.Incarnation, m.Proto, m.PastNonces, m.FailedAt, m.LastFailedAt, m.Failures, m.Draining = 0, 0, nil, 0, 0, 0, false
+	m.DrainingAt = 0
 	m.JoinedAt = 0
 	old, ok := v.Member(m.ID)
 	switch {
@@ -444,6 +469,7 @@ func putMember(v *View, c command) (*View, applyResult) {
 		m.FailedAt, m.LastFailedAt, m.Failures = old.FailedAt, old.LastFailedAt, old.Failures
 		m.JoinedAt = old.JoinedAt
 		m.Draining = old.Draining && m.State == StateAlive
+		m.DrainingAt = old.DrainingAt
 		if m.Proto == ids.None && m.Nonce != 0 {
 			m.Proto = v.freeProto(ids.None)
 			if m.Proto == ids.None {
@@ -469,7 +495,8 @@ func putMember(v *View, c command) (*View, applyResult) {
 		}
 		next.quarantine = append(slices.Clone(v.quarantine), Quarantined{
 			Proto: old.Proto, LeftAt: leftAt, Node: old.ID, Incarnation: old.Incarnation,
-			FailedAt: old.FailedAt, LastFailedAt: old.LastFailedAt, Failures: old.Failures, JoinedAt: old.JoinedAt})
+			FailedAt: old.FailedAt, LastFailedAt: old.LastFailedAt, Failures: old.Failures, JoinedAt: old.JoinedAt,
+			DrainingAt: old.DrainingAt})
 		m.Proto = next.freeProto(old.Proto)
 		if m.Proto == ids.None {
 			// Nobody can take the node's place: the old incarnation still
@@ -595,6 +622,7 @@ type snapshotState struct {
 	Quarantine []Quarantined `json:"quarantine,omitempty"` // version 2
 	History    []EpochRecord `json:"history,omitempty"`    // version 2
 	Promotions uint64        `json:"promotions,omitempty"` // version 2, written once promotions exist
+	Drains     uint64        `json:"drains,omitempty"`     // version 4
 }
 
 // snapshotVersion 2 added incarnations: Member.Incarnation, Nonce, Proto
@@ -610,6 +638,12 @@ const snapshotVersion = 2
 // snapshot stays version 2.
 const snapshotVersionCheckpoints = 3
 
+// snapshotVersionDrains is the version of a snapshot with a drain mark
+// (Member.DrainingAt, View.Drains): a dsmd of a version before hand-overs
+// would place the marked incarnation's shards as if it were not leaving.
+// It may hold placement checkpoints too.
+const snapshotVersionDrains = 4
+
 // maxSnapshotSize bounds what Restore reads.
 const maxSnapshotSize = 1 << 30
 
@@ -620,10 +654,13 @@ func stateOf(v *View) snapshotState {
 			version = snapshotVersionCheckpoints
 		}
 	}
+	if v.drains > 0 {
+		version = snapshotVersionDrains
+	}
 	return snapshotState{
 		Version: version, Epoch: v.Epoch, Index: v.Index, NextRegion: v.nextRegion,
 		Members: v.members, Regions: v.regions, Quarantine: v.quarantine, History: v.history,
-		Promotions: v.promotions,
+		Promotions: v.promotions, Drains: v.drains,
 	}
 }
 
@@ -679,9 +716,22 @@ func decodeSnapshot(b []byte) (*View, error) {
 			return nil, fmt.Errorf("%w: version 1 with a quarantine or a history", ErrBadSnapshot)
 		}
 		upgradeV1(&s)
-	case snapshotVersion, snapshotVersionCheckpoints:
+	case snapshotVersion, snapshotVersionCheckpoints, snapshotVersionDrains:
 	default:
 		return nil, fmt.Errorf("%w: version %d", ErrBadSnapshot, s.Version)
+	}
+	if s.Drains > 0 && s.Version < snapshotVersionDrains {
+		return nil, fmt.Errorf("%w: version %d with drain marks", ErrBadSnapshot, s.Version)
+	}
+	var marks uint64
+	mark := func(at ids.Epoch) error {
+		if at > s.Epoch {
+			return fmt.Errorf("%w: a drain mark of epoch %v, after the snapshot's %v", ErrBadSnapshot, at, s.Epoch)
+		}
+		if at != 0 {
+			marks++
+		}
+		return nil
 	}
 	protos := map[ids.NodeID]bool{}
 	takeProto := func(p ids.NodeID) error {
@@ -703,6 +753,9 @@ func decodeSnapshot(b []byte) (*View, error) {
 		if m.Incarnation == 0 {
 			return nil, fmt.Errorf("%w: member %v without incarnation", ErrBadSnapshot, m.ID)
 		}
+		if err := mark(m.DrainingAt); err != nil {
+			return nil, err
+		}
 		if m.Proto == ids.None && m.Nonce == 0 {
 			continue // from before incarnations; an id comes with its first nonce
 		}
@@ -716,6 +769,9 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if q.LeftAt > s.Epoch {
 			return nil, fmt.Errorf("%w: protocol id %v left in epoch %v, after the snapshot's %v", ErrBadSnapshot, q.Proto, q.LeftAt, s.Epoch)
+		}
+		if err := mark(q.DrainingAt); err != nil {
+			return nil, err
 		}
 	}
 	if len(s.History) > historyLen {
@@ -754,7 +810,7 @@ func decodeSnapshot(b []byte) (*View, error) {
 		}
 		if r.Checkpoint != nil || r.CheckpointAt != 0 {
 			cp, err := placement.DecodeCheckpoint(r.Checkpoint, r.Shards())
-			if err != nil || cp.At != r.CheckpointAt || cp.At > s.Epoch || s.Version != snapshotVersionCheckpoints {
+			if err != nil || cp.At != r.CheckpointAt || cp.At > s.Epoch || s.Version < snapshotVersionCheckpoints {
 				return nil, fmt.Errorf("%w: region %q: a bad placement checkpoint (%v)", ErrBadSnapshot, r.Name, err)
 			}
 		}
@@ -767,8 +823,11 @@ func decodeSnapshot(b []byte) (*View, error) {
 	if promoted > s.Promotions {
 		return nil, fmt.Errorf("%w: %d promotion records, a count of %d", ErrBadSnapshot, promoted, s.Promotions)
 	}
+	if marks > s.Drains {
+		return nil, fmt.Errorf("%w: %d drain marks, a count of %d", ErrBadSnapshot, marks, s.Drains)
+	}
 	v := &View{Epoch: s.Epoch, Index: s.Index, nextRegion: s.NextRegion, members: s.Members, alive: aliveOf(s.Members),
-		quarantine: s.Quarantine, history: s.History, promotions: s.Promotions}
+		quarantine: s.Quarantine, history: s.History, promotions: s.Promotions, drains: s.Drains}
 	v.setRegions(s.Regions)
 	return v, nil
 }

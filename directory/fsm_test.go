@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/dsmkit/dsm/directory/placement"
 	"github.com/dsmkit/dsm/internal/ids"
 )
 
@@ -66,6 +67,79 @@ func TestFSMDraining(t *testing.T) {
 	applyAll(t, f, []command{{Type: cmdSetMemberState, ID: 1, State: StateFailed}})
 	if r := applyAll(t, f, []command{{Type: cmdSetDraining, ID: 1, Nonce: restartOf(1, 2).Nonce}}); !errors.Is(r[0].Err, ErrInvalidMember) {
 		t.Fatalf("draining a failed member: %v", r[0].Err)
+	}
+}
+
+// TestFSMDrainMark: a hand-over mark (SetDraining of this version)
+// records its epoch and counts it; a mark replayed from a version before
+// hand-overs does neither; a retry changes nothing; the epoch goes with
+// the incarnation into the quarantine at its restart, and a snapshot with
+// marks is version 4 and keeps them and the count. A promotion without a
+// completeness record is kept for an incarnation that held the shard since
+// the region's creation (one of its first 1+Backups homes) and refused
+// for one that did not (the third home) and for a draining member.
+func TestFSMDrainMark(t *testing.T) {
+	f := newFSM(newNotifier())
+	one, two, three := member(1), member(2), member(3)
+	res := applyAll(t, f, []command{
+		{Type: cmdPutMember, Member: one},   // epoch 1
+		{Type: cmdPutMember, Member: two},   // 2
+		{Type: cmdPutMember, Member: three}, // 3
+		createRegionCmd(RegionSpec{Name: "r", Size: 64 << 20, Backups: 1}, time.Unix(1, 0)),
+		{Type: cmdSetDraining, ID: 3, Nonce: three.Nonce},               // 4: an old command: no mark
+		{Type: cmdSetDraining, ID: 1, Nonce: one.Nonce, HandOver: true}, // 5: marked
+		{Type: cmdSetDraining, ID: 1, Nonce: one.Nonce, HandOver: true}, // a retry
+		{Type: cmdPutMember, Member: member(1), KeepDescriptors: true},  // the same incarnation's gossip
+	})
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("command %d: %v", i, r.Err)
+		}
+	}
+	v, _ := f.current()
+	m1, _ := v.Member(1)
+	m3, _ := v.Member(3)
+	if m1.DrainingAt != 5 || !m1.Draining || m3.DrainingAt != 0 || !m3.Draining || v.Drains() != 1 || v.Epoch != 5 {
+		t.Fatalf("marks: n1 %+v, n3 %+v, count %d, epoch %v", m1, m3, v.Drains(), v.Epoch)
+	}
+	if b, _ := encodeSnapshot(v); !bytes.Contains(b, []byte(`"version":4`)) {
+		t.Fatalf("a snapshot with a mark: %s", b)
+	}
+	v2 := snapshotRoundTrip(t, v)
+	if m, _ := v2.Member(1); m.DrainingAt != 5 || v2.Drains() != 1 {
+		t.Fatalf("after a snapshot: %+v, count %d", m, v2.Drains())
+	}
+	// Promotions without records: n2 (the first home or backup of the
+	// shards where it ranks first or second) is kept; where it ranks third
+	// it held nothing from the start, and the draining n1 is refused.
+	r, _ := v.Region("r")
+	var held, notHeld uint64 = 1 << 62, 1 << 62
+	for s := range r.Shards() {
+		rank := placement.Rank(placement.Shard{Region: r.ID, Index: s}, r.Homes, 3)
+		if rank[2] == 2 && notHeld > s {
+			notHeld = s
+		}
+		if rank[2] != 2 && held > s {
+			held = s
+		}
+	}
+	promote := func(m *Member, s uint64) command {
+		return command{Type: cmdPromote, Region: r.ID, ID: m.ID, Nonce: m.Nonce, Shards: []ShardRange{{s, s + 1}}}
+	}
+	res = applyAll(t, f, []command{promote(two, held), promote(two, notHeld), promote(one, held)})
+	if res[0].Err != nil || !errors.Is(res[1].Err, ErrInvalidMember) || !errors.Is(res[2].Err, ErrInvalidMember) {
+		t.Fatalf("promotions: %v, %v, %v", res[0].Err, res[1].Err, res[2].Err)
+	}
+	// A restart takes the mark into the quarantine; the new incarnation
+	// has none, and the count stays.
+	applyAll(t, f, []command{{Type: cmdPutMember, Member: restartOf(1, 2)}})
+	v, _ = f.current()
+	q := v.Quarantine()
+	if m, _ := v.Member(1); m.DrainingAt != 0 || m.Draining || len(q) != 1 || q[0].DrainingAt != 5 || v.Drains() != 1 {
+		t.Fatalf("after the restart: %+v, quarantine %+v, count %d", m, q, v.Drains())
+	}
+	if v2 := snapshotRoundTrip(t, v); v2.Quarantine()[0].DrainingAt != 5 {
+		t.Fatalf("the quarantine's mark after a snapshot: %+v", v2.Quarantine())
 	}
 }
 
@@ -155,12 +229,12 @@ func TestFSMPromote(t *testing.T) {
 		promote(2, two.Nonce, ShardRange{0, 2}),                                                       // 6: a retry
 		promote(2, two.Nonce, ShardRange{3, 5}),                                                       // 7: shard 4 not covered
 		promote(2, two.Nonce+1, ShardRange{2, 3}),                                                     // 8: another incarnation
-		promote(1, one.Nonce, ShardRange{0, 1}),                                                       // 9: n1 has no record
+		promote(1, one.Nonce, ShardRange{0, 1}),                                                       // 9: no record, held since the creation: kept, epoch 4
 		{Type: cmdPromote, Region: 9, ID: 2, Nonce: two.Nonce, Shards: []ShardRange{{0, 1}}},          // 10: no region
 		promote(2, two.Nonce, ShardRange{2, 4}),                                                       // 11: kept, epoch 4
 	})
 	for i, want := range []error{3: ErrInvalidMember, 5: nil, 6: nil, 7: ErrInvalidMember, 8: ErrStaleIncarnation,
-		9: ErrInvalidMember, 10: ErrNoRegion, 11: nil} {
+		9: nil, 10: ErrNoRegion, 11: nil} {
 		if i < 3 || i == 4 {
 			continue
 		}
@@ -168,16 +242,17 @@ func TestFSMPromote(t *testing.T) {
 			t.Errorf("command %d: %v, want %v", i, res[i].Err, want)
 		}
 	}
-	if res[5].Epoch != 3 || res[6].Epoch != 3 || res[11].Epoch != 4 {
-		t.Errorf("epochs after the promotions: %v %v %v, want 3 3 4", res[5].Epoch, res[6].Epoch, res[11].Epoch)
+	if res[5].Epoch != 3 || res[6].Epoch != 3 || res[9].Epoch != 4 || res[11].Epoch != 5 {
+		t.Errorf("epochs after the promotions: %v %v %v %v, want 3 3 4 5", res[5].Epoch, res[6].Epoch, res[9].Epoch, res[11].Epoch)
 	}
 	v, _ := f.current()
 	r, _ := v.Region("r")
 	want := []PromoteRecord{
 		{Node: 2, Incarnation: 1, Proto: 2, At: 3, Shards: []ShardRange{{0, 2}}},
-		{Node: 2, Incarnation: 1, Proto: 2, At: 4, Shards: []ShardRange{{2, 4}}},
+		{Node: 1, Incarnation: 1, Proto: 1, At: 4, Shards: []ShardRange{{0, 1}}},
+		{Node: 2, Incarnation: 1, Proto: 2, At: 5, Shards: []ShardRange{{2, 4}}},
 	}
-	if !reflect.DeepEqual(r.Promoted, want) || v.Promotions() != 2 {
+	if !reflect.DeepEqual(r.Promoted, want) || v.Promotions() != 3 {
 		t.Fatalf("records %+v (count %d), want %+v", r.Promoted, v.Promotions(), want)
 	}
 	if !r.Promoted[0].Covers(1) || r.Promoted[0].Covers(2) {
@@ -189,8 +264,8 @@ func TestFSMPromote(t *testing.T) {
 	}
 	v, _ = f.current()
 	v2 := snapshotRoundTrip(t, v)
-	if v2.Promotions() != 2 {
-		t.Fatalf("after the deletion and a snapshot, %d promotions counted, want 2", v2.Promotions())
+	if v2.Promotions() != 3 {
+		t.Fatalf("after the deletion and a snapshot, %d promotions counted, want 3", v2.Promotions())
 	}
 }
 

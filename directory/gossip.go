@@ -37,7 +37,10 @@ import (
 // ignores, and Region.contents_lost in the gRPC messages.
 // Version 7: placement checkpoints (a Raft command that version 6 does not
 // decode, and records it drops that version 6 would still walk).
-const ProtoVersion = 7
+// Version 8: drain marks (Member.DrainingAt, counted in the protocol
+// epoch): a draining member's shards are handed over before it leaves,
+// and promotions of a shard's creation backups without a fill record.
+const ProtoVersion = 8
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

@@ -391,7 +391,10 @@ func TestSnapshotV1Decode(t *testing.T) {
 		"history out of order": `{"version":2,"epoch":3,"history":[{"Epoch":2},{"Epoch":2}]}`,
 		"history ahead":        `{"version":2,"epoch":3,"history":[{"Epoch":4}]}`,
 		"homes mismatch":       `{"version":2,"epoch":1,"next_region":2,"regions":[{"ID":1,"Name":"a","Size":4096,"PageSize":4096,"ShardSize":2097152,"Backups":1,"Durability":1,"Homes":[1]}]}`,
-		"version 4":            `{"version":4}`,
+		"version 5":            `{"version":5}`,
+		"marks in version 3":   `{"version":3,"epoch":4,"drains":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Proto":1,"DrainingAt":2}]}`,
+		"marks over the count": `{"version":4,"epoch":4,"drains":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Proto":1,"DrainingAt":2}],"quarantine":[{"Proto":2,"LeftAt":3,"DrainingAt":3}]}`,
+		"mark ahead":           `{"version":4,"epoch":4,"drains":1,"members":[{"ID":1,"State":1,"Incarnation":1,"Proto":1,"DrainingAt":5}]}`,
 	} {
 		if _, err := decodeSnapshot([]byte(s)); !errors.Is(err, ErrBadSnapshot) {
 			t.Errorf("%s: %v, want ErrBadSnapshot", name, err)

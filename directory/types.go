@@ -458,6 +458,15 @@ type Member struct {
 	// in every respect. Set by the member with SetDraining; ignored in a
 	// put.
 	Draining bool `json:",omitempty"`
+	// DrainingAt is the epoch in which the incarnation was marked draining
+	// for a hand-over (SetDraining of this version; 0: never, or marked
+	// by a version before hand-overs): from then on the data plane places
+	// no shard and no new backup copy at it, its shards are promoted to
+	// other members, and it stays in the replica sets it is in until it
+	// departs (node/placement.go, docs/failover.md §11). Kept when it
+	// departs, and into the quarantine. Assigned by the directory;
+	// ignored in a put.
+	DrainingAt ids.Epoch `json:",omitempty"`
 	// JoinedAt is the epoch in which this incarnation was first recorded
 	// (0: before it was kept). A join can push a replacement backup out
 	// of a shard's backups (node/placement.go). Assigned by the
@@ -521,12 +530,13 @@ type Quarantined struct {
 	// Node and Incarnation say whose id it was.
 	Node        ids.NodeID
 	Incarnation uint64
-	// FailedAt, LastFailedAt, Failures and JoinedAt are the
+	// FailedAt, LastFailedAt, Failures, JoinedAt and DrainingAt are the
 	// incarnation's when it departed.
 	FailedAt     ids.Epoch `json:",omitempty"`
 	LastFailedAt ids.Epoch `json:",omitempty"`
 	Failures     uint32    `json:",omitempty"`
 	JoinedAt     ids.Epoch `json:",omitempty"`
+	DrainingAt   ids.Epoch `json:",omitempty"`
 }
 
 // ProtoMember is one coherence member of an epoch: an incarnation and its
@@ -575,12 +585,18 @@ type View struct {
 	quarantine []Quarantined // in the order the ids were retired
 	history    []EpochRecord // the last historyLen epochs, oldest first; the last is Epoch's
 	promotions uint64        // promotion records ever committed (deleted regions' too)
+	drains     uint64        // drain marks ever made (Member.DrainingAt)
 }
 
 // Promotions is the number of promotion records ever committed, those of
 // regions deleted since included: it only grows, so the data plane can
 // count it in its protocol epoch.
 func (v *View) Promotions() uint64 { return v.promotions }
+
+// Drains is the number of drain marks ever made (Member.DrainingAt): it
+// only grows, so the data plane can count it in its protocol epoch (a mark
+// changes the placement).
+func (v *View) Drains() uint64 { return v.drains }
 
 // setRegions installs rs (sorted by name) and its id index.
 func (v *View) setRegions(rs []Region) {

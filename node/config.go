@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/localsock"
@@ -33,6 +34,8 @@ const (
 	DefaultCacheSize = Size(1 << 30)
 	// DefaultCheckpointAfter is Config.CheckpointAfter's default.
 	DefaultCheckpointAfter = 64
+	// DefaultLeaveTimeout is Config.LeaveTimeout's default.
+	DefaultLeaveTimeout = Duration(20 * time.Second)
 )
 
 // Sentinel errors of the configuration.
@@ -116,6 +119,12 @@ type Config struct {
 	// one (docs/failover.md, "Forgetting departed incarnations"); 0 never
 	// proposes. Only the member with the lowest protocol id proposes.
 	CheckpointAfter int `json:"checkpoint_after"`
+	// LeaveTimeout bounds a graceful leave (SIGTERM): the write-back of
+	// the pages this node's clients wrote, the hand-over of its shards to
+	// other members, and its departure from the directory
+	// (docs/failover.md §11). What is not handed over by then moves at the
+	// departure, as after a crash; what is not written back is lost.
+	LeaveTimeout Duration `json:"leave_timeout"`
 	// MetricsAddr serves Prometheus metrics on /metrics; empty: off.
 	MetricsAddr string `json:"metrics_addr"`
 	// Pprof serves the Go profiler (net/http/pprof) under /debug/pprof/
@@ -151,6 +160,7 @@ func Default() Config {
 		Transport:       TransportTCP,
 		CacheSize:       DefaultCacheSize,
 		CheckpointAfter: DefaultCheckpointAfter,
+		LeaveTimeout:    DefaultLeaveTimeout,
 		LogLevel:        "info",
 	}
 }
@@ -219,6 +229,36 @@ func (s *Size) Set(v string) error {
 	return nil
 }
 
+// Duration is a time.Duration that reads Go's duration strings (20s,
+// 1m30s); in JSON such a string, or a number of seconds.
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// Set implements flag.Value.
+func (d *Duration) Set(v string) error {
+	t, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("node: %q is no duration (write 20s, 1m30s)", v)
+	}
+	*d = Duration(t)
+	return nil
+}
+
+// UnmarshalJSON takes a number of seconds or a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var n float64
+	if err := json.Unmarshal(b, &n); err == nil {
+		*d = Duration(n * float64(time.Second))
+		return nil
+	}
+	var str string
+	if err := json.Unmarshal(b, &str); err != nil {
+		return fmt.Errorf("node: a duration must be a number of seconds or a string like \"20s\"")
+	}
+	return d.Set(str)
+}
+
 // UnmarshalJSON takes a number or a string with a unit.
 func (s *Size) UnmarshalJSON(b []byte) error {
 	var n uint64
@@ -277,6 +317,7 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.IntVar(&c.CheckpointAfter, "checkpoint-after", c.CheckpointAfter, "propose a region's placement checkpoint once it lets the directory drop this many `records` of departed incarnations and promotions (0: never; the member with the lowest protocol id proposes)")
+	fs.Var(&c.LeaveTimeout, "leave-timeout", "bound of a graceful leave (SIGTERM): write back what local clients wrote, hand this node's shards to other members, leave; what is not handed over by then moves as after a crash (keep systemd's TimeoutStopSec or Kubernetes' terminationGracePeriodSeconds above it)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics and the web console at http://ADDR/ (plain HTTP, read-only; default off)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve the Go profiler at http://METRICS_ADDR/debug/pprof/ (needs --metrics-addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
@@ -396,6 +437,9 @@ func (c Config) Validate() error {
 	}
 	if c.CheckpointAfter < 0 {
 		return &ConfigError{"checkpoint-after", fmt.Sprintf("%d records: a count from 0 (never)", c.CheckpointAfter)}
+	}
+	if c.LeaveTimeout < Duration(time.Second) {
+		return &ConfigError{"leave-timeout", fmt.Sprintf("%v: at least 1s (the departure itself needs it)", c.LeaveTimeout)}
 	}
 	if c.DataDir == "" {
 		return &ConfigError{"data-dir", "required"}

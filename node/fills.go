@@ -196,16 +196,17 @@ func (rf *regionFills) considerPromotion(pm *protoMap) {
 // propose proposes this incarnation's promotion to home of the shards it
 // is the preferred member of (placement.go: the rendezvous winner among
 // the usable members) when it is not their home and holds them complete
-// by a completeness record of its own (the directory applies a promotion
-// only for shards such a record covers): docs/failover.md §6, step 5. One
+// by a completeness record of its own or since the region's creation (the
+// directory applies a promotion only for such shards): docs/failover.md
+// §6, step 5, and §11 (a draining home's shards). One
 // proposal is in flight at a time: propose returns false, doing nothing,
 // while one is, and the view is considered when it ends; a refused or
 // failed proposal is tried again a second later, with the latest view.
 func (rf *regionFills) propose(pm *protoMap) bool {
 	self := ids.NodeID(rf.es.self.Load())
 	me, ok := pm.byProto[self]
-	if !ok || me.departed {
-		return true
+	if !ok || me.departed || me.drainedAt != 0 {
+		return true // a draining member is never promoted
 	}
 	rf.mu.Lock()
 	busy := rf.proposing
@@ -229,7 +230,10 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 		if len(sp.c) == 0 || sp.preferred != self || sp.c[sp.hi] == self || pm.departedAt(sp.c[sp.hi]) != 0 {
 			continue
 		}
-		if !rc.completeAt(sp, self, s, never, pm) || !slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
+		// Complete by a record of its own, or since the region's creation
+		// (a creation backup preferred over a draining home: the directory
+		// takes it without a record, directory.Region.createdHolding).
+		if !rc.completeAt(sp, self, s, never, pm) || sp.since[self] != r.Epoch && !slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
 			return f.Proto == self && f.Covers(i)
 		}) {
 			continue

@@ -33,8 +33,10 @@ type incarnation struct {
 	// declared failed, failures how often (0: never).
 	leftAt, failedAt, lastFailed ids.Epoch
 	failures                     uint32
-	// joinedAt is the directory epoch in which it joined (0: unknown).
-	joinedAt ids.Epoch
+	// joinedAt is the directory epoch in which it joined (0: unknown);
+	// drainedAt that of its drain mark (0: none), from which it hands its
+	// shards over (placement.go).
+	joinedAt, drainedAt ids.Epoch
 	// nonce is a member's process nonce (0 for a departed one).
 	nonce uint64
 }
@@ -50,7 +52,8 @@ type protoMap struct {
 	// number of ids ever given out, plus the number departed, plus the
 	// failure verdicts ever given (each a departure; before verdicts were
 	// final, each dropped a member from the backups), plus the promotion
-	// records ever committed (directory.View.Promotions).
+	// records ever committed (directory.View.Promotions), plus the drain
+	// marks ever made (directory.View.Drains).
 	// Ids are given out and depart once each, verdicts only add up, and
 	// every node computes this from the same table, so one epoch names
 	// one member set and one placement on every node, whichever views it
@@ -117,6 +120,9 @@ func (pm *protoMap) incarnation(p ids.NodeID) (protoInc, bool) {
 // departedAt implements eventsOf.
 func (pm *protoMap) departedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].leftAt }
 
+// drainedAt implements eventsOf.
+func (pm *protoMap) drainedAt(p ids.NodeID) ids.Epoch { return pm.byProto[p].drainedAt }
+
 // failedBetween implements eventsOf. Only the first and the last verdict
 // are recorded: when a verdict in the range cannot be ruled out, it says
 // there was one.
@@ -140,6 +146,9 @@ func newProtoMap(v *directory.View) *protoMap {
 	// over move in an epoch of their own (the count only grows).
 	pm.epoch += ids.Epoch(v.Promotions())
 	pm.promotions = v.Promotions()
+	// So does every drain mark: the marked member leaves the backups it
+	// was not in yet, and is nobody's preferred member.
+	pm.epoch += ids.Epoch(v.Drains())
 	for _, r := range v.Regions() {
 		if r.CheckpointAt != 0 {
 			if pm.cps == nil {
@@ -174,7 +183,7 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			continue
 		}
 		in := incarnation{node: m.ID, inc: m.Incarnation, failedAt: m.FailedAt, lastFailed: m.LastFailedAt, failures: m.Failures,
-			joinedAt: m.JoinedAt, nonce: m.Nonce}
+			joinedAt: m.JoinedAt, drainedAt: m.DrainingAt, nonce: m.Nonce}
 		switch m.State {
 		case directory.StateLeft:
 			in.departed, in.why = true, fmt.Sprintf("left the cluster in epoch %d", m.DepartedAt())
@@ -211,7 +220,8 @@ func buildProtoMap(members []directory.Member, quarantine []directory.Quarantine
 			why = event + ": the pages it was home of and nobody backed up were lost with its previous process"
 		}
 		pm.byProto[q.Proto] = incarnation{node: q.Node, inc: q.Incarnation, departed: true, why: why, event: event,
-			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures, joinedAt: q.JoinedAt}
+			leftAt: max(q.LeftAt, 1), failedAt: q.FailedAt, lastFailed: q.LastFailedAt, failures: q.Failures, joinedAt: q.JoinedAt,
+			drainedAt: q.DrainingAt}
 		departed++
 	}
 	for p, in := range pm.byProto {

@@ -587,7 +587,8 @@ const leaveReserve = 3 * time.Second
 // drain ends every client's mapping (no store lands after it) and writes
 // back every page this node holds Modified, so that a graceful leave loses
 // none of what this node's clients wrote. The shards this node is home of
-// move to their backups when it has left (every release wrote them there).
+// are handed over afterwards (handOver); those that are not move to their
+// backups when it has left (every release wrote them there).
 //
 // The page cache's write-back sees only the pages it holds Modified: a page
 // it gave up to a recall a moment before (a drop or a downgrade) has its
@@ -616,6 +617,56 @@ func (n *Node) drain(ctx context.Context) {
 		return
 	}
 	n.log.Info("drained: dirty pages written back", "pages", w+more, "took", time.Since(start).Round(time.Millisecond))
+}
+
+// handOver waits, after the drain's write-backs, until no shard needs
+// this incarnation any more in the latest view, and every engine has
+// taken that view: the shards it was home of promoted to their preferred
+// members, and the replacements of its backup copies filled
+// (regionChains.handOver; docs/failover.md §11). Its departure then moves
+// no shard, and accesses to its shards waited only for the promotions'
+// freezes. Meanwhile it serves as any member: its engines answer the
+// moves, and its fills fill the new homes' backups. It gives up at ctx's
+// end (less leaveReserve), saying what is left: those shards move at the
+// departure, as after a crash, with their data written back.
+func (n *Node) handOver(ctx context.Context) {
+	if n.eng == nil {
+		return
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl.Add(-leaveReserve))
+		defer cancel()
+	}
+	start := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	logged := time.Now()
+	for {
+		pm := n.eng.pv.p.Load()
+		left, uncounted := -1, 0
+		if pm != nil {
+			left, uncounted = n.eng.handOverLeft(pm)
+		}
+		if left == 0 && n.eng.applied.Load() >= uint64(pm.epoch) {
+			if uncounted > 0 {
+				n.log.Warn("hand-over: regions with more shards than are placed one by one move at the departure", "regions", uncounted)
+			}
+			n.log.Info("handed over: no shard needs this node", "took", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		if time.Since(logged) > 2*time.Second {
+			n.log.Info("hand-over under way", "shards", left, "waited", time.Since(start).Round(time.Millisecond))
+			logged = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("hand-over not finished: those shards move to their backups at the departure (their data written back)", "shards", left,
+				"waited", time.Since(start).Round(time.Millisecond))
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // awaitAllWriteBacks is awaitWriteBacks over every page of every region
@@ -656,12 +707,16 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 	}
 	n.closeOnce.Do(func() {
 		var errs []error
+		marked := false
 		if leave && n.dir != nil {
 			// Others' status shows this node draining while it writes
-			// back and leaves.
+			// back, hands its shards over and leaves; the mark starts the
+			// hand-over (handOver).
 			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			if err := n.dir.SetDraining(dctx); err != nil {
-				n.log.Warn("leave: could not record this node as draining", "err", err)
+				n.log.Warn("leave: could not record this node as draining; its shards move at its departure", "err", err)
+			} else {
+				marked = true
 			}
 			cancel()
 		}
@@ -689,6 +744,9 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 		}
 		if leave && n.cache != nil {
 			n.drain(ctx)
+			if marked {
+				n.handOver(ctx)
+			}
 		}
 		if n.stop != nil {
 			n.stop()

@@ -191,6 +191,10 @@ type eventsOf interface {
 	checkpoint(r ids.RegionID) (at ids.Epoch, data []byte)
 	incarnation(p ids.NodeID) (protoInc, bool)
 	departedAt(p ids.NodeID) ids.Epoch
+	// drainedAt is the epoch of p's drain mark (0: none): from then on it
+	// is usable no more, but stays in the replica sets it is in until it
+	// departs (resetSet).
+	drainedAt(p ids.NodeID) ids.Epoch
 	failedBetween(p ids.NodeID, after, upTo ids.Epoch) bool
 	incarnations() (gen ids.Epoch, ins []protoInc)
 	fillRecords(r ids.RegionID) []directory.FillRecord
@@ -586,7 +590,6 @@ func (sp *shardPlace) clone() *shardPlace {
 // the whole chain at once, with departed members and joiners to come in
 // it, gives the same placement (TestWalkIsReference).
 func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, after ids.Epoch) {
-	created := rc.r.Epoch
 	var proms []directory.PromoteRecord
 	for _, p := range ev.promoteRecords(rc.r.ID) {
 		if p.At > after && p.Covers(s.Index) {
@@ -598,7 +601,7 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 	members := append(slices.Clip(sp.c), pending...)
 	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(members)), score: make(map[ids.NodeID]uint64, len(members)),
 		recs: map[ids.NodeID][]directory.FillRecord{}, node: make(map[ids.NodeID]ids.NodeID, len(members)),
-		span: make(map[ids.NodeID][2]ids.Epoch, len(members))}
+		span: make(map[ids.NodeID]memberSpan, len(members))}
 	var es []ids.Epoch
 	for _, b := range members {
 		// Only the chain's members are looked up: a chain holds the
@@ -616,17 +619,7 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 		}
 		w.node[b] = n
 		w.score[b] = placement.Score(s, n)
-		dep, joined, failed := ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)
-		until := failed
-		if dep != 0 {
-			until = min(until, dep)
-		}
-		w.span[b] = [2]ids.Epoch{joined, until}
-		for _, e := range []ids.Epoch{dep, joined, failed} {
-			if e > created && e > after && e != never {
-				es = append(es, e)
-			}
-		}
+		w.span[b], es = rc.spanOf(b, w.joined[b], ev, after, es)
 	}
 	for _, f := range ev.fillRecords(rc.r.ID) {
 		if _, ok := w.node[f.Proto]; ok && f.Covers(s.Index) {
@@ -645,16 +638,7 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 			pending = pending[1:]
 		}
 		if ev.departedAt(sp.c[sp.hi]) == e {
-			moved := false
-			for j := sp.hi + 1; j < len(sp.c); j++ {
-				if rc.completeWith(sp, sp.c[j], s, e, ev, w.recs[sp.c[j]]) {
-					sp.hi, moved = j, true
-					break
-				}
-			}
-			if !moved {
-				rc.lose(sp, s, e, ev, w)
-			}
+			rc.moveHome(sp, s, e, ev, w)
 		}
 		for _, p := range proms {
 			if p.At == e {
@@ -668,6 +652,53 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 	// pending is empty: each joiner joined in an epoch of es.
 	rc.resetSet(sp, last, ev, w) // the set now (without events: the set before them)
 	sp.last, sp.known = last, ev.known()
+}
+
+// moveHome moves shard s, whose home departed in epoch e, to the first
+// member after it that was complete then and is not draining, or else to
+// the first complete one that is (it hands the shard over again); with
+// none, the shard stays at the departed home: it is lost.
+func (rc *regionChains) moveHome(sp *shardPlace, s placement.Shard, e ids.Epoch, ev eventsOf, w *walkCtx) {
+	first := -1
+	for j := sp.hi + 1; j < len(sp.c); j++ {
+		b := sp.c[j]
+		if !rc.completeWith(sp, b, s, e, ev, w.recs[b]) {
+			continue
+		}
+		if rc.usableAt(b, e, w) {
+			sp.hi = j
+			return
+		}
+		if first < 0 {
+			first = j
+		}
+	}
+	if first >= 0 {
+		sp.hi = first
+		return
+	}
+	rc.lose(sp, s, e, ev, w)
+}
+
+// spanOf is b's memberSpan under ev (it joined in epoch joined), and es
+// with the epochs of its events after `after` and the region's creation:
+// its join, departure, first failure verdict and drain mark.
+func (rc *regionChains) spanOf(b ids.NodeID, joined ids.Epoch, ev eventsOf, after ids.Epoch, es []ids.Epoch) (memberSpan, []ids.Epoch) {
+	dep, failed := ev.departedAt(b), rc.firstFailure(b, ev)
+	until := failed
+	if dep != 0 {
+		until = min(until, dep)
+	}
+	drained := never
+	if d := ev.drainedAt(b); d != 0 {
+		drained = d
+	}
+	for _, e := range []ids.Epoch{dep, joined, failed, drained} {
+		if e > rc.r.Epoch && e > after && e != never {
+			es = append(es, e)
+		}
+	}
+	return memberSpan{joined: joined, until: until, drained: drained}, es
 }
 
 // forgetDeparted drops the members that departed by epoch e, other than
@@ -688,12 +719,18 @@ type walkCtx struct {
 	joined map[ids.NodeID]ids.Epoch
 	score  map[ids.NodeID]uint64
 	recs   map[ids.NodeID][]directory.FillRecord // the completeness records that cover the shard, by member
-	// span is, by member, the epoch it joined in and the first in which
-	// it is usable no more (departed, or declared failed since the
-	// region's creation): usableAt in one lookup.
-	span map[ids.NodeID][2]ids.Epoch
+	// span is, by member, when it is usable (usableAt in one lookup).
+	span map[ids.NodeID]memberSpan
 	// node is, by member, its node.
 	node map[ids.NodeID]ids.NodeID
+}
+
+// memberSpan is when a member of a chain can be in a replica set: from
+// the epoch it joined in until the first in which it departed or was
+// declared failed since the region's creation, and when it can enter one
+// or be preferred (usable): until then, and before its drain mark.
+type memberSpan struct {
+	joined, until, drained ids.Epoch
 }
 
 // promote applies a promotion record of member p for shard s committed in
@@ -715,8 +752,8 @@ func (rc *regionChains) promote(sp *shardPlace, p ids.NodeID, s placement.Shard,
 		rc.revive(sp, p, s, a, ev, w)
 		return
 	}
-	if !rc.completeWith(sp, p, s, a, ev, w.recs[p]) {
-		return
+	if !rc.usableAt(p, a, w) || !rc.completeWith(sp, p, s, a, ev, w.recs[p]) {
+		return // a draining member is never promoted (the directory refuses it too)
 	}
 	var backups []ids.NodeID
 	for j := sp.hi + 1; j < len(sp.c) && len(backups) < rc.k; j++ {
@@ -775,6 +812,13 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *wa
 	if h := sp.c[sp.hi]; sp.preferred != ids.None && !slices.Contains(set, sp.preferred) && (ev.departedAt(h) == 0 || ev.departedAt(h) > e) {
 		set = append(set, sp.preferred)
 	}
+	// A draining member stays in the set it is in until it departs: its
+	// copy counts, and releases reach it, while its replacement fills.
+	for _, b := range sp.c[sp.hi+1:] {
+		if _, in := sp.since[b]; in && !slices.Contains(set, b) && rc.drainingAt(b, e, w) {
+			set = append(set, b)
+		}
+	}
 	sp.set = set
 	for b := range sp.since {
 		if !slices.Contains(set, b) {
@@ -789,11 +833,20 @@ func (rc *regionChains) resetSet(sp *shardPlace, e ids.Epoch, ev eventsOf, w *wa
 	}
 }
 
-// usableAt reports whether b could be a backup at epoch e: it had joined,
-// not departed, and not been declared failed since the region's creation.
+// usableAt reports whether b could enter a replica set, or be preferred,
+// at epoch e: it had joined, not departed, not been declared failed since
+// the region's creation, and not been marked draining.
 func (rc *regionChains) usableAt(b ids.NodeID, e ids.Epoch, w *walkCtx) bool {
 	sp := w.span[b]
-	return sp[0] <= e && e < sp[1]
+	return sp.joined <= e && e < sp.until && e < sp.drained
+}
+
+// drainingAt reports whether b is marked draining at epoch e and has not
+// departed or been declared failed since the region's creation: it stays
+// in a replica set it is in.
+func (rc *regionChains) drainingAt(b ids.NodeID, e ids.Epoch, w *walkCtx) bool {
+	sp := w.span[b]
+	return sp.joined <= e && e < sp.until && e >= sp.drained
 }
 
 // firstFailure is the first epoch e after the region's creation for which
@@ -901,7 +954,7 @@ func (rc *regionChains) completeBackups(s placement.Shard, ev eventsOf) (complet
 // (it may have missed releases, and the protocol epoch does not move when
 // it comes back: it stays out until it restarts, as a new incarnation).
 func (rc *regionChains) usable(b ids.NodeID, ev eventsOf) bool {
-	return ev.departedAt(b) == 0 && !ev.failedBetween(b, rc.r.Epoch, never)
+	return ev.departedAt(b) == 0 && ev.drainedAt(b) == 0 && !ev.failedBetween(b, rc.r.Epoch, never)
 }
 
 // complete reports whether member b of a creation chain still holds every
@@ -993,6 +1046,40 @@ func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
 	return c
 }
 
+// handOver counts the shards of the region that still need member p,
+// marked draining, before it can leave without moving any
+// (docs/failover.md §11): those it is home of while another member is
+// usable (the shard's preferred member, which proposes its promotion once
+// complete), and those whose replica set holds p and an incomplete backup
+// (a replacement its home fills). It returns -1 for a region of more than
+// maxExactTargets shards (too many to place one by one).
+func (rc *regionChains) handOver(p ids.NodeID, ev eventsOf) int {
+	n := rc.r.Shards()
+	if n > maxExactTargets {
+		return -1
+	}
+	c := 0
+	for i := range n {
+		s := placement.Shard{Region: rc.r.ID, Index: i}
+		sp := rc.place(s, ev)
+		switch {
+		case len(sp.c) == 0 || ev.departedAt(sp.c[sp.hi]) != 0:
+		case sp.c[sp.hi] == p:
+			if sp.preferred != ids.None {
+				c++
+			}
+		case slices.Contains(sp.set, p):
+			for _, b := range sp.backups() {
+				if b != p && !rc.completeAt(sp, b, s, never, ev) {
+					c++
+					break
+				}
+			}
+		}
+	}
+	return c
+}
+
 // anyEvent reports whether a home at the region's creation departed, or
 // failed since, or a promotion was recorded, under ev (otherwise every
 // shard is at the first of its chain, with all its backups).
@@ -1038,6 +1125,7 @@ func (noEvents) known() ids.Epoch                                    { return 0 
 func (noEvents) checkpoint(ids.RegionID) (ids.Epoch, []byte)         { return 0, nil }
 func (noEvents) incarnation(ids.NodeID) (protoInc, bool)             { return protoInc{}, false }
 func (noEvents) departedAt(ids.NodeID) ids.Epoch                     { return 0 }
+func (noEvents) drainedAt(ids.NodeID) ids.Epoch                      { return 0 }
 func (noEvents) failedBetween(ids.NodeID, ids.Epoch, ids.Epoch) bool { return false }
 func (noEvents) incarnations() (ids.Epoch, []protoInc)               { return 0, nil }
 func (noEvents) fillRecords(ids.RegionID) []directory.FillRecord     { return nil }

@@ -17,10 +17,11 @@ import (
 // It places shard s under ev: it starts from the shard's chain with its
 // home first and the creation prefix in the set, and takes, in epoch order,
 // every event that changes the set or the home: departures (a departed
-// home's shard moves to the first member after it that was complete then;
-// with none, the shard stays at the departed home: it is lost), promotions
-// (promote), and every change of a member's usability (a join, a
-// departure, a failure verdict), after each of which the set is the home
+// home's shard moves to the first member after it that was complete then,
+// not draining if there is one: moveHome; with none, the shard stays at
+// the departed home: it is lost), promotions (promote), and every change
+// of a member's usability (a join, a departure, a failure verdict, a drain
+// mark), after each of which the set is the home
 // and the first Backups members after it usable then. A failure verdict
 // before the region's creation does not count: the node was alive again
 // when the region was created (its chain holds only the members alive
@@ -67,19 +68,9 @@ func (rc *regionChains) walkReference(s placement.Shard, ev eventsOf) *shardPlac
 	}
 	last := created
 	var es []ids.Epoch
-	w.span = make(map[ids.NodeID][2]ids.Epoch, len(c))
+	w.span = make(map[ids.NodeID]memberSpan, len(c))
 	for _, b := range c {
-		dep, joined, failed := ev.departedAt(b), w.joined[b], rc.firstFailure(b, ev)
-		until := failed
-		if dep != 0 {
-			until = min(until, dep)
-		}
-		w.span[b] = [2]ids.Epoch{joined, until}
-		for _, e := range []ids.Epoch{dep, joined, failed} {
-			if e > created && e != never {
-				es = append(es, e)
-			}
-		}
+		w.span[b], es = rc.spanOf(b, w.joined[b], ev, 0, es)
 	}
 	for _, p := range proms {
 		es = append(es, p.At)
@@ -88,16 +79,7 @@ func (rc *regionChains) walkReference(s placement.Shard, ev eventsOf) *shardPlac
 	es = slices.Compact(es)
 	for _, e := range es {
 		if ev.departedAt(sp.c[sp.hi]) == e {
-			moved := false
-			for j := sp.hi + 1; j < len(sp.c); j++ {
-				if rc.completeWith(sp, sp.c[j], s, e, ev, w.recs[sp.c[j]]) {
-					sp.hi, moved = j, true
-					break
-				}
-			}
-			if !moved {
-				rc.lose(sp, s, e, ev, w)
-			}
+			rc.moveHome(sp, s, e, ev, w)
 		}
 		for _, p := range proms {
 			if p.At == e {

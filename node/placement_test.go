@@ -16,6 +16,7 @@ import (
 // records.
 type events struct {
 	left, failed map[ids.NodeID]ids.Epoch
+	drained      map[ids.NodeID]ids.Epoch
 	gen          ids.Epoch
 	ins          []protoInc
 	recs         []directory.FillRecord
@@ -32,6 +33,7 @@ func (e events) incarnation(p ids.NodeID) (protoInc, bool) {
 	return e.ins[i], true
 }
 func (e events) departedAt(p ids.NodeID) ids.Epoch               { return e.left[p] }
+func (e events) drainedAt(p ids.NodeID) ids.Epoch                { return e.drained[p] }
 func (e events) incarnations() (ids.Epoch, []protoInc)           { return e.gen, e.ins }
 func (e events) fillRecords(ids.RegionID) []directory.FillRecord { return e.recs }
 func (e events) promoteRecords(ids.RegionID) []directory.PromoteRecord {
@@ -208,6 +210,7 @@ type dirModel struct {
 	nextProto  ids.NodeID
 	fills      []directory.FillRecord
 	proms      []directory.PromoteRecord
+	drains     int
 }
 
 func newDirModel(nodes ...ids.NodeID) *dirModel {
@@ -232,7 +235,7 @@ func (d *dirModel) restart(n ids.NodeID) {
 		left = dep // left, or declared failed: as the directory's FSM
 	}
 	d.quarantine = append(d.quarantine, directory.Quarantined{Proto: m.Proto, LeftAt: left, Node: n, Incarnation: m.Incarnation,
-		FailedAt: m.FailedAt, LastFailedAt: m.LastFailedAt, Failures: m.Failures, JoinedAt: m.JoinedAt})
+		FailedAt: m.FailedAt, LastFailedAt: m.LastFailedAt, Failures: m.Failures, JoinedAt: m.JoinedAt, DrainingAt: m.DrainingAt})
 	d.members[n] = &directory.Member{ID: n, Incarnation: m.Incarnation + 1, Proto: d.nextProto, State: directory.StateAlive,
 		Epoch: d.epoch, JoinedAt: d.epoch}
 	d.nextProto++
@@ -257,6 +260,20 @@ func (d *dirModel) setState(n ids.NodeID, st directory.MemberState) {
 	}
 }
 
+// drain marks n's incarnation draining for a hand-over, as the
+// directory's FSM does (SetDraining): an alive incarnation, once, in an
+// epoch of its own.
+func (d *dirModel) drain(n ids.NodeID) bool {
+	m := d.members[n]
+	if m.State != directory.StateAlive || m.DrainingAt != 0 {
+		return false
+	}
+	d.epoch++
+	m.Epoch, m.Draining, m.DrainingAt = d.epoch, true, d.epoch
+	d.drains++
+	return true
+}
+
 // fill records that n's incarnation holds shards [first, end) of region
 // 1, its fills begun in epoch since.
 func (d *dirModel) fill(n ids.NodeID, since ids.Epoch, first, end uint64) {
@@ -274,16 +291,20 @@ func (d *dirModel) pm() *protoMap {
 	pm := buildProtoMap(ms, slices.Clone(d.quarantine))
 	pm.fills = map[ids.RegionID][]directory.FillRecord{1: slices.Clone(d.fills)}
 	pm.proms = map[ids.RegionID][]directory.PromoteRecord{1: slices.Clone(d.proms)}
-	pm.epoch += ids.Epoch(len(d.proms)) // as newProtoMap: each promotion moves it
+	pm.epoch += ids.Epoch(len(d.proms) + d.drains) // as newProtoMap: each promotion and drain mark moves it
 	pm.dirEpoch = d.epoch
 	return pm
 }
 
 // promote records, in an epoch of its own, the promotion of n's
-// incarnation to home of shards [first, end) of region 1.
+// incarnation to home of shards [first, end) of region 1 (the directory
+// refuses it for a draining member: nothing is recorded).
 func (d *dirModel) promote(n ids.NodeID, first, end uint64) {
-	d.epoch++
 	m := d.members[n]
+	if m.DrainingAt != 0 {
+		return
+	}
+	d.epoch++
 	d.proms = append(d.proms, directory.PromoteRecord{Node: n, Incarnation: m.Incarnation, Proto: m.Proto, At: d.epoch,
 		Shards: []directory.ShardRange{{First: first, End: end}}})
 }
@@ -483,7 +504,7 @@ func randomHistoriesOf(seeds int64, dur directory.Durability, check func(seed in
 		for step := 0; step < 60; step++ {
 			n := ids.NodeID(1 + rng.Intn(int(next)-1))
 			m := d.members[n]
-			switch op := rng.Intn(10); {
+			switch op := rng.Intn(11); {
 			case op < 3:
 				d.restart(n)
 				log = append(log, fmt.Sprintf("restart %v", n))
@@ -502,17 +523,23 @@ func randomHistoriesOf(seeds int64, dur directory.Durability, check func(seed in
 				next++
 			case op < 8:
 				i := uint64(rng.Intn(int(rc.r.Shards())))
-				bs := rc.shardBackups(placement.Shard{Region: 1, Index: i}, d.pm())
+				sp := rc.place(placement.Shard{Region: 1, Index: i}, d.pm())
+				bs := sp.backups()
 				if len(bs) == 0 {
 					continue
 				}
 				b := bs[rng.Intn(len(bs))]
+				if sp.preferred != ids.None && rng.Intn(2) == 0 {
+					b = sp.preferred // as the proposer does, a drain's hand-over among them
+				}
 				bn, _ := d.pm().nodeOf(b)
 				if d.members[bn].Proto != b {
 					continue
 				}
 				d.promote(bn, i, i+1)
 				log = append(log, fmt.Sprintf("promote %v shard %d", b, i))
+			case op == 10 && d.drain(n):
+				log = append(log, fmt.Sprintf("drain %v", n))
 			default:
 				fillAll(d, rc)
 				log = append(log, "fill")
@@ -703,5 +730,83 @@ func TestPlacementCacheEvicts(t *testing.T) {
 	first := rc.place(last, pm)
 	if again := rc.place(last, pm); again != first {
 		t.Fatal("the shard placed last is not cached")
+	}
+}
+
+// A drain mark hands a member's shards over before it leaves
+// (docs/failover.md §11): at the mark it is nobody's preferred member and
+// enters no replica set, but stays home of its shards and in the sets it
+// is in, and a replacement enters them; each shard it is home of has a
+// complete preferred member (a creation backup, with no completeness
+// record), whose promotion makes it the home and takes the drained member
+// out of the set. Once the replacements are filled nothing needs it
+// (handOver), and its leave moves no shard and loses none.
+func TestDrainHandsOver(t *testing.T) {
+	for _, k := range []int{1, 2} {
+		d := newDirModel(1, 2, 3, 4)
+		rc := d.region(k)
+		before := d.pm()
+		p1 := d.members[1].Proto
+		homed := rc.homedAt(p1, before)
+		if homed == 0 || rc.handOver(p1, before) != homed {
+			t.Fatalf("k=%d: n1 homes %d shards, %d to hand over before its mark", k, homed, rc.handOver(p1, before))
+		}
+		d.drain(1)
+		marked := d.pm()
+		if marked.epoch == before.epoch {
+			t.Fatal("a drain mark did not move the protocol epoch")
+		}
+		var promote []uint64
+		for i := range rc.r.Shards() {
+			s := placement.Shard{Region: 1, Index: i}
+			sp0, sp := rc.place(s, before), rc.place(s, marked)
+			h := sp.c[sp.hi]
+			switch {
+			case h != sp0.c[sp0.hi]:
+				t.Fatalf("k=%d shard %d: the mark moved its home from %v to %v", k, i, sp0.c[sp0.hi], h)
+			case sp.preferred == p1:
+				t.Fatalf("k=%d shard %d: the draining member is preferred", k, i)
+			case slices.Contains(sp0.set, p1) && !slices.Contains(sp.set, p1):
+				t.Fatalf("k=%d shard %d: the draining member left set %v (now %v) before its departure", k, i, sp0.set, sp.set)
+			case !slices.Contains(sp0.set, p1) && slices.Contains(sp.set, p1):
+				t.Fatalf("k=%d shard %d: the draining member entered set %v", k, i, sp.set)
+			}
+			if h == p1 {
+				if !rc.completeAt(sp, sp.preferred, s, never, marked) {
+					t.Fatalf("k=%d shard %d: preferred %v is not complete", k, i, sp.preferred)
+				}
+				promote = append(promote, i)
+			} else if slices.Contains(sp.set, p1) {
+				if c, inc := rc.completeBackups(s, marked); len(inc) == 0 || c < k {
+					t.Fatalf("k=%d shard %d: set %v, %d complete backups, incomplete %v: want the drained one complete and a replacement", k, i, sp.set, c, inc)
+				}
+			}
+		}
+		for _, i := range promote {
+			pn, _ := marked.nodeOf(rc.place(placement.Shard{Region: 1, Index: i}, marked).preferred)
+			d.promote(pn, i, i+1)
+		}
+		fillAll(d, rc)
+		done := d.pm()
+		if n := rc.handOver(p1, done); n != 0 || rc.homedAt(p1, done) != 0 {
+			t.Fatalf("k=%d: after the promotions and fills, %d shards to hand over, %d homed", k, n, rc.homedAt(p1, done))
+		}
+		for _, i := range promote {
+			s := placement.Shard{Region: 1, Index: i}
+			if sp := rc.place(s, done); slices.Contains(sp.set, p1) {
+				t.Fatalf("k=%d shard %d: the drained home stays in set %v after its promotion", k, i, sp.set)
+			}
+		}
+		d.setState(1, directory.StateLeft)
+		left := d.pm()
+		for i := range rc.r.Shards() {
+			s := placement.Shard{Region: 1, Index: i}
+			if rc.shardHome(s, left) != rc.shardHome(s, done) {
+				t.Fatalf("k=%d shard %d moved at the departure", k, i)
+			}
+			if c, _ := rc.completeBackups(s, left); c < k {
+				t.Fatalf("k=%d shard %d: %d complete backups after the departure", k, i, c)
+			}
+		}
 	}
 }

@@ -46,6 +46,9 @@ type engines struct {
 	// self is this incarnation's protocol id once the directory has
 	// recorded this process (0 before).
 	self atomic.Uint32
+	// applied is the protocol epoch of the last view follow has applied
+	// to every engine (Reconfigure, and the slots left behind stamped).
+	applied atomic.Uint64
 
 	missLat *histogram
 }
@@ -333,6 +336,9 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 		for _, f := range avail {
 			f()
 		}
+		if uint64(pm.epoch) > es.applied.Load() {
+			es.applied.Store(uint64(pm.epoch))
+		}
 	}()
 	_, member := slices.BinarySearch(pm.members, self)
 	for _, re := range es.byID {
@@ -440,6 +446,24 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 	if shards > 0 {
 		es.log.Info("lost shards brought back at another home: this node's slots of them cleared", "region", r.Name, "shards", shards, "slots", cleared)
 	}
+}
+
+// handOverLeft counts, over every region, the shards that still need
+// this incarnation (regionChains.handOver) in pm, and the regions too
+// large to count.
+func (es *engines) handOverLeft(pm *protoMap) (shards, uncounted int) {
+	self := ids.NodeID(es.self.Load())
+	es.mu.RLock()
+	defer es.mu.RUnlock()
+	for _, re := range es.byID {
+		switch c := re.chains.handOver(self, pm); {
+		case c < 0:
+			uncounted++
+		default:
+			shards += c
+		}
+	}
+	return shards, uncounted
 }
 
 // stampLeftBehind stamps the home slots of the shards whose home was this

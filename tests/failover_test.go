@@ -369,6 +369,18 @@ func TestSigtermWritesBack(t *testing.T) {
 	if !strings.Contains(victim.logString(), "drained: dirty pages written back") {
 		t.Errorf("n3's log does not say it drained:\n%s", tail(victim.logString(), 2000))
 	}
+	// Its shards were handed over before it left (promoted to their
+	// preferred members, its backup copies replaced): the departure moved
+	// none of them (docs/failover.md §11).
+	if i := strings.Index(victim.logString(), "handed over: no shard needs this node"); i < 0 {
+		t.Errorf("n3's log does not say it handed its shards over:\n%s", tail(victim.logString(), 3000))
+	} else {
+		line, _, _ := strings.Cut(victim.logString()[i:], "\n")
+		t.Logf("n3: %s", line)
+	}
+	if !strings.Contains(c.nodes[0].logString()+c.nodes[1].logString(), "promoted to home of the shards this node is preferred for") {
+		t.Errorf("neither n1's nor n2's log shows a promotion of n3's shards:\n%s", tail(c.nodes[0].logString(), 3000))
+	}
 	// Every page n3 wrote is read on the survivors, those homed at n3
 	// too (its shards moved to their backups), and so are the pages homed
 	// at n3 that n1 held Modified.

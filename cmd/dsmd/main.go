@@ -47,7 +47,7 @@ func main() {
 			log.Warn("telling the service manager failed", "states", states, "err", err)
 		}
 	}
-	if err := node.Run(ctx, cfg, node.Options{Logger: log, Reload: hup, Notify: notify}, 10*time.Second); err != nil {
+	if err := node.Run(ctx, cfg, node.Options{Logger: log, Reload: hup, Notify: notify}, time.Duration(cfg.LeaveTimeout)); err != nil {
 		log.Error("dsmd failed", "err", err)
 		os.Exit(1)
 	}
