@@ -317,7 +317,7 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
 	fs.IntVar(&c.CheckpointAfter, "checkpoint-after", c.CheckpointAfter, "propose a region's placement checkpoint once it lets the directory drop this many `records` of departed incarnations and promotions (0: never; the member with the lowest protocol id proposes)")
-	fs.Var(&c.LeaveTimeout, "leave-timeout", "bound of a graceful leave (SIGTERM): write back what local clients wrote, hand this node's shards to other members, leave; what is not handed over by then moves as after a crash (keep systemd's TimeoutStopSec or Kubernetes' terminationGracePeriodSeconds above it)")
+	fs.Var(&c.LeaveTimeout, "leave-timeout", "at most this `duration` for a graceful leave (SIGTERM): write back what local clients wrote, hand this node's shards to other members, leave; what is not handed over by then moves as after a crash (keep systemd's TimeoutStopSec or Kubernetes' terminationGracePeriodSeconds above it)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics and the web console at http://ADDR/ (plain HTTP, read-only; default off)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve the Go profiler at http://METRICS_ADDR/debug/pprof/ (needs --metrics-addr)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")

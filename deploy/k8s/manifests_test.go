@@ -211,9 +211,10 @@ func TestStatefulSet(t *testing.T) {
 	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Error("the PodDisruptionBudget must allow at most one pod away")
 	}
-	// dsmd's leave (drain and Raft removal) is bounded by 10 s.
-	if g := spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g < 20 {
-		t.Error("terminationGracePeriodSeconds must leave dsmd its 10 s leave and a margin")
+	// dsmd's leave (drain, hand-over and Raft removal) is bounded by
+	// --leave-timeout, 20 s by default.
+	if g := spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g < 30 {
+		t.Error("terminationGracePeriodSeconds must leave dsmd its 20 s leave and a margin")
 	}
 
 	if len(spec.Template.Spec.Containers) != 1 {

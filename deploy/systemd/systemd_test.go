@@ -60,9 +60,9 @@ func TestUnit(t *testing.T) {
 			t.Errorf("dsmd.service: %s=%s, want %s", key, got, want)
 		}
 	}
-	// dsmd's leave is bounded by 10 s.
-	if s, err := strconv.Atoi(one(t, u, "TimeoutStopSec")); err != nil || s < 20 {
-		t.Errorf("TimeoutStopSec=%s: leave dsmd its 10 s leave and a margin", one(t, u, "TimeoutStopSec"))
+	// dsmd's leave is bounded by --leave-timeout, 20 s by default.
+	if s, err := strconv.Atoi(one(t, u, "TimeoutStopSec")); err != nil || s < 30 {
+		t.Errorf("TimeoutStopSec=%s: leave dsmd its 20 s leave and a margin", one(t, u, "TimeoutStopSec"))
 	}
 	b, err := os.ReadFile("dsm.tmpfiles")
 	if err != nil {

@@ -472,8 +472,12 @@ func (h *harness) teardown() {
 	}
 }
 
+// leaveWait is how long a dsmd may take to leave after SIGTERM before it
+// is killed: its --leave-timeout (20 s by default) and a margin.
+const leaveWait = 30 * time.Second
+
 // stopAll ends the cluster at the end of a run: SIGTERM to every dsmd,
-// SIGKILL to those still there 20 s later.
+// SIGKILL to those still there leaveWait later.
 func (h *harness) stopAll() {
 	var ps []*proc
 	for _, n := range h.nodes {
@@ -485,8 +489,8 @@ func (h *harness) stopAll() {
 		}
 	}
 	for _, p := range ps {
-		if !p.wait(20 * time.Second) {
-			h.event("dsmd-stuck", 0, p.name+" did not exit 20 s after SIGTERM at the end; killed")
+		if !p.wait(leaveWait) {
+			h.event("dsmd-stuck", 0, fmt.Sprintf("%s did not exit %v after SIGTERM at the end; killed", p.name, leaveWait))
 			p.kill()
 		}
 	}
@@ -684,8 +688,8 @@ func (h *harness) heal(f *Fault) error {
 		return os.Remove(filepath.Join(n.data, fillerName))
 	case faultLeave:
 		var err error
-		if n.dsmd != nil && !n.dsmd.wait(20*time.Second) {
-			err = errors.New("did not exit 20 s after SIGTERM; killed")
+		if n.dsmd != nil && !n.dsmd.wait(leaveWait) {
+			err = fmt.Errorf("did not exit %v after SIGTERM; killed", leaveWait)
 			n.dsmd.kill()
 		}
 		if n.dsmd != nil {
@@ -699,8 +703,8 @@ func (h *harness) heal(f *Fault) error {
 		if n.dsmd != nil && n.dsmd.running() {
 			n.dsmd.expect.Store(true)
 			_ = n.dsmd.signal(syscall.SIGTERM)
-			if !n.dsmd.wait(20 * time.Second) {
-				err = errors.New("the joined node did not leave 20 s after SIGTERM; killed")
+			if !n.dsmd.wait(leaveWait) {
+				err = fmt.Errorf("the joined node did not leave %v after SIGTERM; killed", leaveWait)
 				n.dsmd.kill()
 			}
 		}
