@@ -150,6 +150,15 @@ type simConfig struct {
 	// machine joins (at the end of every chain), as a node restarted by
 	// its service manager does.
 	leaveRejoin bool
+	// handOver (with promotions): a leave begins with the leaver's drain
+	// mark, as dsmd's SetDraining (docs/failover.md §11): a new epoch in
+	// which it enters no replica set and is nobody's preferred member,
+	// but stays in the sets it is in, complete, while replacements are
+	// filled. After its drain, the proposer promotes the pages it is home
+	// of to their preferred members (node.handOver waits for that), and
+	// it departs once it homes no page, every fill is done and its engine
+	// is in the latest epoch: a departure that moves nothing.
+	handOver bool
 	// failAlive: the leaves are failure verdicts on live nodes instead
 	// (cut off, stalled: a departure made safe by the lease fence), with
 	// no drain: the node's clients stop (its calls in flight finish
@@ -203,6 +212,8 @@ var simConfigs = []simConfig{
 	{name: "leave-promote", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 1, promotions: true, promote: 4, leave: 1, leaveLag: true},
 	{name: "leave-rejoin", nodes: 3, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 1, promotions: true, leave: 3, leaveRejoin: true},
 	{name: "leave-join", nodes: 4, pages: 6, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 2, promotions: true, promote: 2, joins: 1, leave: 2, leaveRejoin: true, leaveLag: true},
+	{name: "leave-handover", nodes: 4, pages: 4, threads: 2, ops: 400, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 1, promotions: true, leave: 1, leaveLag: true, handOver: true},
+	{name: "leave-handover-2", nodes: 4, pages: 6, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 2, promotions: true, promote: 2, joins: 1, leave: 2, leaveRejoin: true, leaveLag: true, handOver: true},
 	{name: "fail-alive", nodes: 4, pages: 4, threads: 2, ops: 300, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 1, leave: 1, failAlive: true, leaveLag: true},
 	{name: "fail-alive-promote", nodes: 3, pages: 4, threads: 2, ops: 500, drop: 0.03, dup: 0.02, unknown: 0.05, evict: 0.15, ciSeeds: 40, pageSize: 64, backups: 1, promotions: true, leave: 3, leaveRejoin: true, failAlive: true, leaveLag: true},
 }
@@ -392,6 +403,7 @@ type simNode struct {
 	// batches and messages this node's transport refuses.
 	leaving, departed, knowsLeft bool
 	failed                       bool // departed by a failure verdict, alive (failAlive)
+	marked                       bool // marked draining (handOver)
 	leftAt                       ids.Epoch
 	closeAt                      int64
 	fenced                       map[ids.NodeID]bool
@@ -1132,12 +1144,23 @@ func (s *engineSim) depart(n *simNode) {
 			if s.home[p] != n.id {
 				continue
 			}
+			// The first complete live member after it, one not marked
+			// draining if there is one (regionChains.moveHome).
+			to := ids.None
 			for _, b := range c[slices.Index(c, n.id)+1:] {
 				if !s.nodes[b-1].out() && (!s.placed() || slices.Contains(s.complete[p], b)) {
-					s.home[p], s.homeAt[p] = b, s.epoch
-					s.logf("p%d moves to n%d", p, b)
-					break
+					if !s.nodes[b-1].marked {
+						to = b
+						break
+					}
+					if to == ids.None {
+						to = b
+					}
 				}
+			}
+			if to != ids.None {
+				s.home[p], s.homeAt[p] = to, s.epoch
+				s.logf("p%d moves to n%d", p, to)
 			}
 		}
 		for _, f := range s.fills {
@@ -1183,6 +1206,41 @@ func (s *engineSim) startLeave() {
 		return
 	}
 	s.logf("n%d leaves: its clients stop, it drains", n.id)
+	if s.cfg.handOver {
+		s.markDrain(n)
+	}
+}
+
+// markDrain records n's drain mark in a new epoch that every live node
+// learns at a moment of its own: its homes stay, it leaves no set but
+// enters none, and the fills of its replacements are planned.
+func (s *engineSim) markDrain(n *simNode) {
+	s.epoch++
+	n.marked = true
+	s.resetSets()
+	s.planFills()
+	var members []ids.NodeID
+	for _, m := range s.live() {
+		members = append(members, m.id)
+	}
+	s.logf("epoch %v: n%d marked draining; members %v", s.epoch, n.id, members)
+	rc := coherence.Reconfigure{Epoch: s.epoch, Members: members, HomeOf: s.placement(), Backups: s.backupsNow()}
+	for _, m := range s.live() {
+		rc := rc
+		s.jobs = append(s.jobs, simJob{node: m, rc: &rc, home: slices.Clone(s.home), all: true})
+	}
+}
+
+// handedOver plays node.handOver for leaver n: the proposer promotes the
+// pages n is home of (forced: dsmd's proposer acts on every view), and it
+// reports whether n homes no page any more, every fill is done, and n's
+// engine is in the latest epoch.
+func (s *engineSim) handedOver(n *simNode) bool {
+	if slices.Contains(s.home, n.id) {
+		s.propose(true)
+		return false
+	}
+	return s.fillsDone() && n.e.sm.Epoch() >= s.epoch
 }
 
 // leaveSafe reports whether every page homed at n can move when it
@@ -1235,6 +1293,9 @@ func (s *engineSim) driveLeave() {
 			return
 		}
 		if !simDrainNoWait && !n.failed && !s.releasesDone(n) {
+			return
+		}
+		if s.cfg.handOver && !n.failed && !s.handedOver(n) {
 			return
 		}
 		if !s.leaveSafe(n) {
@@ -1450,12 +1511,18 @@ func (s *engineSim) liveID(b ids.NodeID) bool {
 	return int(b) > len(s.nodes) || !s.nodes[b-1].out()
 }
 
-// preferred is page p's preferred member: the live member of its chain
+// usableID: node b is alive (or joining) and not marked draining: it may
+// enter a replica set and be preferred (regionChains.usableAt).
+func (s *engineSim) usableID(b ids.NodeID) bool {
+	return s.liveID(b) && (int(b) > len(s.nodes) || !s.nodes[b-1].marked)
+}
+
+// preferred is page p's preferred member: the usable member of its chain
 // whose machine has the highest score (ids.None: none).
 func (s *engineSim) preferred(p ids.PageNo) ids.NodeID {
 	best := ids.None
 	for _, b := range s.chains[p] {
-		if !s.liveID(b) {
+		if !s.usableID(b) {
 			continue
 		}
 		if best == ids.None || s.score(p, s.machineOf[b-1]) > s.score(p, s.machineOf[best-1]) {
@@ -1466,8 +1533,11 @@ func (s *engineSim) preferred(p ids.PageNo) ids.NodeID {
 }
 
 // setOf is page p's replica set, as regionChains.resetSet makes it: its
-// home, the first backups live members after it in its chain, and its
-// preferred member when it is neither and the home is alive.
+// home, the first backups usable members after it in its chain, its
+// preferred member when it is neither and the home is alive, and the
+// members marked draining that are complete members of the set (they stay
+// until they depart; the driver has no entry epochs, so one still being
+// filled leaves, where dsmd keeps it).
 func (s *engineSim) setOf(p ids.PageNo) []ids.NodeID {
 	c, h := s.chains[p], s.home[p]
 	set := []ids.NodeID{h}
@@ -1475,12 +1545,17 @@ func (s *engineSim) setOf(p ids.PageNo) []ids.NodeID {
 		if len(set) > s.cfg.backups {
 			break
 		}
-		if s.liveID(b) {
+		if s.usableID(b) {
 			set = append(set, b)
 		}
 	}
 	if pr := s.preferred(p); pr != ids.None && !slices.Contains(set, pr) && s.liveID(h) {
 		set = append(set, pr)
+	}
+	for _, b := range c[slices.Index(c, h)+1:] {
+		if s.liveID(b) && !s.usableID(b) && slices.Contains(s.complete[p], b) && !slices.Contains(set, b) {
+			set = append(set, b)
+		}
 	}
 	return set
 }
@@ -1506,7 +1581,7 @@ func (s *engineSim) promoteTo(m ids.NodeID, pages []ids.PageNo, why string) {
 	var moved []ids.NodeID
 	for _, p := range pages {
 		c, h := s.chains[p], s.home[p]
-		if m == h || !slices.Contains(s.complete[p], m) || !s.liveID(h) {
+		if m == h || !s.usableID(m) || !slices.Contains(s.complete[p], m) || !s.liveID(h) {
 			continue // ignored by every node alike
 		}
 		hi := slices.Index(c, h)
@@ -1515,7 +1590,7 @@ func (s *engineSim) promoteTo(m ids.NodeID, pages []ids.PageNo, why string) {
 			if len(backups) == s.cfg.backups {
 				break
 			}
-			if s.liveID(b) {
+			if s.usableID(b) {
 				backups = append(backups, b)
 			}
 		}
@@ -1609,7 +1684,7 @@ func (s *engineSim) drivePromotions(started int) {
 		p := ids.PageNo(s.rng.IntN(cfg.pages))
 		var cands []ids.NodeID
 		for _, b := range s.complete[p] {
-			if b != s.home[p] && s.liveID(b) {
+			if b != s.home[p] && s.usableID(b) {
 				cands = append(cands, b)
 			}
 		}
