@@ -581,8 +581,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 }
 
 // leaveReserve is the share of the leave's deadline kept for leaving the
-// directory after the drain.
+// directory after the drain and the hand-over.
 const leaveReserve = 3 * time.Second
+
+// departMax bounds the departure from the directory (directory.Leave) at
+// the end of a graceful leave.
+const departMax = 10 * time.Second
 
 // drain ends every client's mapping (no store lands after it) and writes
 // back every page this node holds Modified, so that a graceful leave loses
@@ -753,7 +757,13 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 		}
 		if n.dir != nil {
 			if leave {
-				errs = append(errs, n.dir.Leave(ctx))
+				// The departure itself gets at most departMax of what is
+				// left: a cluster that lost its quorum (every node stopped
+				// at once) never completes it, and its failure detector
+				// ends this incarnation anyway.
+				dctx, cancel := context.WithTimeout(ctx, departMax)
+				errs = append(errs, n.dir.Leave(dctx))
+				cancel()
 			} else {
 				errs = append(errs, n.dir.Close())
 			}

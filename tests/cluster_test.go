@@ -170,11 +170,15 @@ func launchBins(t testing.TB, n int, more func(i int) []string, bin func(i int) 
 		for _, p := range c.nodes {
 			p.cmd.Process.Signal(syscall.SIGTERM)
 		}
+		// dsmd's leave is bounded by --leave-timeout (20 s by default):
+		// in a cluster that lost its quorum (every node stopped at once,
+		// some killed before) the departure waits for all of it.
+		deadline := time.Now().Add(30 * time.Second)
 		for _, p := range c.nodes {
 			select {
 			case <-p.done:
-			case <-time.After(20 * time.Second):
-				t.Errorf("n%d did not exit 20 s after SIGTERM", p.id)
+			case <-time.After(time.Until(deadline)):
+				t.Errorf("n%d did not exit 30 s after SIGTERM", p.id)
 				p.cmd.Process.Kill()
 				<-p.done
 			}
