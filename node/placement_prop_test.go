@@ -57,7 +57,7 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 	}
 	var has map[key]bool
 	var lastSeed int64 = -1
-	promoted, resets := 0, 0
+	promoted, resets, handedOver := 0, 0, 0
 	randomHistories(30, func(seed int64, step int, rc *regionChains, prev, pm *protoMap, log []string) {
 		if seed != lastSeed {
 			lastSeed, has = seed, map[key]bool{}
@@ -107,6 +107,9 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 				// turns them back): incomplete until refilled.
 				delete(has, key{i, h0})
 				promoted++
+				if pm.drainedAt(h0) != 0 {
+					handedOver++
+				}
 			}
 			if log[len(log)-1] == "fill" {
 				for _, b := range rc.shardBackups(s, pm) {
@@ -115,10 +118,10 @@ func TestHomesHoldEveryRelease(t *testing.T) {
 			}
 		}
 	})
-	if promoted == 0 {
-		t.Fatal("no promotion took effect in the histories: the test checks nothing about them")
+	if promoted == 0 || handedOver == 0 {
+		t.Fatalf("%d promotions took effect, %d of a draining home's shard: the test checks too little about them", promoted, handedOver)
 	}
-	t.Logf("%d promotions took effect, %d lost shards started over", promoted, resets)
+	t.Logf("%d promotions took effect (%d of a draining home's shard), %d lost shards started over", promoted, handedOver, resets)
 }
 
 // BenchmarkWalk places one shard, without the cache, after a history of
