@@ -115,7 +115,7 @@ func applyCommandTable(v *View, c command) (*View, applyResult) {
 		if err != nil {
 			return &next, applyResult{Err: err}
 		}
-		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: slices.Clone(v.alive), Access: access,
+		r := Region{ID: v.nextRegion, RegionSpec: spec, CreatedAt: time.Unix(0, c.CreatedAt).UTC(), Homes: v.homesForNew(), Access: access,
 			Epoch: v.Epoch}
 		for _, h := range r.Homes {
 			m, _ := v.Member(h)
@@ -599,6 +599,22 @@ func (v *View) setMember(m Member) {
 	}
 	v.members = ms
 	v.alive = aliveOf(ms)
+}
+
+// homesForNew are the homes of a region created in v: the alive members
+// not marked draining (they are handing their shards over and leaving),
+// or every alive member when all of them are.
+func (v *View) homesForNew() []ids.NodeID {
+	var out []ids.NodeID
+	for _, id := range v.alive {
+		if m, _ := v.Member(id); m.DrainingAt == 0 {
+			out = append(out, id)
+		}
+	}
+	if len(out) == 0 {
+		return slices.Clone(v.alive)
+	}
+	return out
 }
 
 func aliveOf(ms []Member) []ids.NodeID {

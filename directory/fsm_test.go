@@ -77,7 +77,8 @@ func TestFSMDraining(t *testing.T) {
 // marks is version 4 and keeps them and the count. A promotion without a
 // completeness record is kept for an incarnation that held the shard since
 // the region's creation (one of its first 1+Backups homes) and refused
-// for one that did not (the third home) and for a draining member.
+// for one that did not (the third home) and for a draining member. A
+// region created meanwhile has no home at the draining member.
 func TestFSMDrainMark(t *testing.T) {
 	f := newFSM(newNotifier())
 	one, two, three := member(1), member(2), member(3)
@@ -129,6 +130,11 @@ func TestFSMDrainMark(t *testing.T) {
 	res = applyAll(t, f, []command{promote(two, held), promote(two, notHeld), promote(one, held)})
 	if res[0].Err != nil || !errors.Is(res[1].Err, ErrInvalidMember) || !errors.Is(res[2].Err, ErrInvalidMember) {
 		t.Fatalf("promotions: %v, %v, %v", res[0].Err, res[1].Err, res[2].Err)
+	}
+	// A region created now has no home at the draining n1.
+	res = applyAll(t, f, []command{createRegionCmd(RegionSpec{Name: "later", Size: 64 << 20}, time.Unix(2, 0))})
+	if res[0].Err != nil || !slices.Equal(res[0].Region.Homes, []ids.NodeID{2, 3}) {
+		t.Fatalf("a region created while n1 drains: %+v, %v", res[0].Region.Homes, res[0].Err)
 	}
 	// A restart takes the mark into the quarantine; the new incarnation
 	// has none, and the count stays.

@@ -626,8 +626,9 @@ func (n *Node) drain(ctx context.Context) {
 // handOver waits, after the drain's write-backs, until no shard needs
 // this incarnation any more in the latest view, and every engine has
 // taken that view: the shards it was home of promoted to their preferred
-// members, and the replacements of its backup copies filled
-// (regionChains.handOver; docs/failover.md §11). Its departure then moves
+// members, and every backup of those shards and of those it backed up,
+// other than itself, complete (regionChains.handOver; docs/failover.md
+// §11). Its departure then moves
 // no shard, and accesses to its shards waited only for the promotions'
 // freezes. Meanwhile it serves as any member: its engines answer the
 // moves, and its fills fill the new homes' backups. It gives up at ctx's
@@ -643,19 +644,23 @@ func (n *Node) handOver(ctx context.Context) {
 		defer cancel()
 	}
 	start := time.Now()
+	pm := n.eng.pv.p.Load()
+	if pm == nil {
+		return
+	}
+	// The shards that need this node now: those it is home of, and those
+	// whose replica sets hold it. Its mark changes neither.
+	watch, uncounted := n.eng.handOverWatch(pm)
+	if uncounted > 0 {
+		n.log.Warn("hand-over: regions with more shards than are placed one by one move at the departure", "regions", uncounted)
+	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	logged := time.Now()
 	for {
-		pm := n.eng.pv.p.Load()
-		left, uncounted := -1, 0
-		if pm != nil {
-			left, uncounted = n.eng.handOverLeft(pm)
-		}
+		pm = n.eng.pv.p.Load()
+		left := n.eng.handOverLeft(pm, watch)
 		if left == 0 && n.eng.applied.Load() >= uint64(pm.epoch) {
-			if uncounted > 0 {
-				n.log.Warn("hand-over: regions with more shards than are placed one by one move at the departure", "regions", uncounted)
-			}
 			n.log.Info("handed over: no shard needs this node", "took", time.Since(start).Round(time.Millisecond))
 			return
 		}

@@ -1046,20 +1046,34 @@ func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
 	return c
 }
 
-// handOver counts the shards of the region that still need member p,
-// marked draining, before it can leave without moving any
-// (docs/failover.md §11): those it is home of while another member is
-// usable (the shard's preferred member, which proposes its promotion once
-// complete), and those whose replica set holds p and an incomplete backup
-// (a replacement its home fills). It returns -1 for a region of more than
-// maxExactTargets shards (too many to place one by one).
-func (rc *regionChains) handOver(p ids.NodeID, ev eventsOf) int {
+// needing returns the shards of the region that need member p: those it
+// is home of, and those whose replica set holds it (nil for a region of
+// more than maxExactTargets shards, too many to place one by one).
+func (rc *regionChains) needing(p ids.NodeID, ev eventsOf) []uint64 {
 	n := rc.r.Shards()
 	if n > maxExactTargets {
-		return -1
+		return nil
 	}
-	c := 0
+	var out []uint64
 	for i := range n {
+		sp := rc.place(placement.Shard{Region: rc.r.ID, Index: i}, ev)
+		if len(sp.c) > 0 && (sp.c[sp.hi] == p || slices.Contains(sp.set, p)) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// handOver counts, of shards (needing's, when member p was marked
+// draining), those that still need p before it can leave without moving
+// any and without thinning any replica set (docs/failover.md §11): p is
+// still their home while another member is usable (the shard's preferred
+// member, which proposes its promotion once complete), or a backup of
+// theirs other than p is incomplete (a replacement of p, or the backup a
+// promotion gave the new home, which its home fills).
+func (rc *regionChains) handOver(p ids.NodeID, ev eventsOf, shards []uint64) int {
+	c := 0
+	for _, i := range shards {
 		s := placement.Shard{Region: rc.r.ID, Index: i}
 		sp := rc.place(s, ev)
 		switch {
@@ -1068,7 +1082,7 @@ func (rc *regionChains) handOver(p ids.NodeID, ev eventsOf) int {
 			if sp.preferred != ids.None {
 				c++
 			}
-		case slices.Contains(sp.set, p):
+		default:
 			for _, b := range sp.backups() {
 				if b != p && !rc.completeAt(sp, b, s, never, ev) {
 					c++

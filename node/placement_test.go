@@ -748,8 +748,9 @@ func TestDrainHandsOver(t *testing.T) {
 		before := d.pm()
 		p1 := d.members[1].Proto
 		homed := rc.homedAt(p1, before)
-		if homed == 0 || rc.handOver(p1, before) != homed {
-			t.Fatalf("k=%d: n1 homes %d shards, %d to hand over before its mark", k, homed, rc.handOver(p1, before))
+		watch := rc.needing(p1, before)
+		if homed == 0 || rc.handOver(p1, before, watch) != homed || len(watch) <= homed {
+			t.Fatalf("k=%d: n1 homes %d shards, is needed by %d, %d to hand over before its mark", k, homed, len(watch), rc.handOver(p1, before, watch))
 		}
 		d.drain(1)
 		marked := d.pm()
@@ -786,9 +787,12 @@ func TestDrainHandsOver(t *testing.T) {
 			pn, _ := marked.nodeOf(rc.place(placement.Shard{Region: 1, Index: i}, marked).preferred)
 			d.promote(pn, i, i+1)
 		}
+		if n := rc.handOver(p1, d.pm(), watch); n == 0 {
+			t.Fatalf("k=%d: after the promotions, before the fills, nothing to hand over", k)
+		}
 		fillAll(d, rc)
 		done := d.pm()
-		if n := rc.handOver(p1, done); n != 0 || rc.homedAt(p1, done) != 0 {
+		if n := rc.handOver(p1, done, watch); n != 0 || rc.homedAt(p1, done) != 0 {
 			t.Fatalf("k=%d: after the promotions and fills, %d shards to hand over, %d homed", k, n, rc.homedAt(p1, done))
 		}
 		for _, i := range promote {

@@ -448,22 +448,37 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 	}
 }
 
-// handOverLeft counts, over every region, the shards that still need
-// this incarnation (regionChains.handOver) in pm, and the regions too
-// large to count.
-func (es *engines) handOverLeft(pm *protoMap) (shards, uncounted int) {
+// handOverWatch are, by region, the shards that need this incarnation
+// (regionChains.needing) in pm, and the regions too large to tell.
+func (es *engines) handOverWatch(pm *protoMap) (watch map[ids.RegionID][]uint64, uncounted int) {
 	self := ids.NodeID(es.self.Load())
 	es.mu.RLock()
 	defer es.mu.RUnlock()
-	for _, re := range es.byID {
-		switch c := re.chains.handOver(self, pm); {
-		case c < 0:
+	watch = make(map[ids.RegionID][]uint64, len(es.byID))
+	for id, re := range es.byID {
+		if re.region.Shards() > maxExactTargets {
 			uncounted++
-		default:
-			shards += c
+			continue
+		}
+		watch[id] = re.chains.needing(self, pm)
+	}
+	return watch, uncounted
+}
+
+// handOverLeft counts the shards of watch that still need this
+// incarnation in pm (regionChains.handOver). A region deleted since needs
+// nothing.
+func (es *engines) handOverLeft(pm *protoMap, watch map[ids.RegionID][]uint64) int {
+	self := ids.NodeID(es.self.Load())
+	es.mu.RLock()
+	defer es.mu.RUnlock()
+	left := 0
+	for id, shards := range watch {
+		if re, ok := es.byID[id]; ok {
+			left += re.chains.handOver(self, pm, shards)
 		}
 	}
-	return shards, uncounted
+	return left
 }
 
 // stampLeftBehind stamps the home slots of the shards whose home was this
