@@ -604,11 +604,24 @@ const departMax = 10 * time.Second
 // engine simulation".)
 func (n *Node) drain(ctx context.Context) {
 	n.cache.Drain(fmt.Sprintf("dsmd on n%d is leaving the cluster", n.cfg.ID))
+	n.writeBackAll(ctx, "drained: dirty pages written back")
+}
+
+// leaveCtx is ctx less leaveReserve, kept for the departure (when ctx
+// leaves more than twice that).
+func leaveCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl.Add(-leaveReserve))
-		defer cancel()
+		return context.WithDeadline(ctx, dl.Add(-leaveReserve))
 	}
+	return context.WithCancel(ctx)
+}
+
+// writeBackAll writes back every page this node's cache holds Modified
+// and waits for every release of every region (awaitAllWriteBacks),
+// logging done when all of it is written back.
+func (n *Node) writeBackAll(ctx context.Context, done string) {
+	ctx, cancel := leaveCtx(ctx)
+	defer cancel()
 	start := time.Now()
 	w, err := n.cache.FlushAll(ctx)
 	if err != nil {
@@ -620,7 +633,7 @@ func (n *Node) drain(ctx context.Context) {
 		n.log.Warn("drain: not every release under way reached its home; those are lost", "written", w+more, "err", err)
 		return
 	}
-	n.log.Info("drained: dirty pages written back", "pages", w+more, "took", time.Since(start).Round(time.Millisecond))
+	n.log.Info(done, "pages", w+more, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // handOver waits, after the drain's write-backs, until no shard needs
@@ -638,11 +651,8 @@ func (n *Node) handOver(ctx context.Context) {
 	if n.eng == nil {
 		return
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > 2*leaveReserve {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, dl.Add(-leaveReserve))
-		defer cancel()
-	}
+	ctx, cancel := leaveCtx(ctx)
+	defer cancel()
 	start := time.Now()
 	pm := n.eng.pv.p.Load()
 	if pm == nil {
@@ -755,6 +765,11 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 			n.drain(ctx)
 			if marked {
 				n.handOver(ctx)
+				// The moves of the hand-over may have given back a tenure
+				// whose release they interrupted (a reclaimed grant), and
+				// calls in flight may have ended since the drain: write
+				// back once more before the departure.
+				n.writeBackAll(ctx, "written back after the hand-over")
 			}
 		}
 		if n.stop != nil {

@@ -34,9 +34,12 @@ type releaseResult struct {
 //
 // It returns the pages of the range whose release a move interrupted and
 // whose new home gave the tenure back to this node (coherence's reclaimed
-// grant) while the cache holds no Modified copy of them: their data is in
-// the engine only, and the caller writes them back (localcache's
-// WriteBack). It fails with an *UnavailableError when a page waits for a
+// grant) while the cache holds no Modified copy of them, whether the grant
+// came during the wait or before it: their data is in the engine only, and
+// the caller writes them back (localcache's WriteBack). (A grant that came
+// before the call was missed before: a leaving node waiting for its
+// hand-over departed holding one, and the tenure's write was lost, in the
+// engine simulation's leave-handover-2 seed 1286.) It fails with an *UnavailableError when a page waits for a
 // node that is down, as a miss does (Config.UnavailableAfter), and with
 // ctx's error.
 func (e *Engine) WaitReleases(ctx context.Context, first, end ids.PageNo) ([]ids.PageNo, error) {
@@ -79,12 +82,15 @@ func (e *Engine) checkReleaseWaits() {
 			keep = append(keep, w)
 			continue
 		}
+		// Every reclaimed page of the range, also one whose grant came
+		// before the call: nothing else writes it back until a recall.
 		var reclaimed []ids.PageNo
-		for _, p := range w.pages {
-			if e.reclaimed[p] {
+		for p := range e.reclaimed {
+			if p >= w.first && p < w.end {
 				reclaimed = append(reclaimed, p)
 			}
 		}
+		slices.Sort(reclaimed)
 		w.ch <- releaseResult{reclaimed: reclaimed}
 	}
 	clear(e.relWaits[len(keep):])

@@ -298,6 +298,12 @@ func TestEngineSimRegressions(t *testing.T) {
 		// outcome, claimed at the rebuild (coherence: rebuiltWord takes
 		// the slot's word as evidence that the claim is over).
 		{"leave-rejoin", 5},
+		// A leaver's release, interrupted by the promotion of its page,
+		// came back to its engine as a reclaimed grant while it waited for
+		// its hand-over, before the drain's last WaitReleases, which
+		// reported only grants that came during it: it departed holding
+		// the tenure, and its write was lost.
+		{"leave-handover-2", 1286},
 	} {
 		i := slices.IndexFunc(simConfigs, func(c simConfig) bool { return c.name == r.config })
 		if err := runEngineSim(simConfigs[i], r.seed, nil); err != nil {
