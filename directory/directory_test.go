@@ -687,6 +687,60 @@ func TestFenceOnlyFromTheLeader(t *testing.T) {
 	})
 }
 
+// A leader that a voter fenced, for a departure that was never committed,
+// holds no lease while the other voters are away, and nobody but a leader
+// judges it: it hands its leadership over once it has held no lease for
+// the expiry, and the next leader declares it failed (chaos schedule
+// 670082: an unleased leader, serving nothing, for 76 s). The fence here
+// is asked for by the leader itself, as a leader's reconcile fences a
+// member before the command that removes it.
+func TestUnleasedLeaderStepsDown(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	var followers []*directory.Directory
+	for _, d := range c.live() {
+		if d != l {
+			followers = append(followers, d)
+		}
+	}
+	voter, away := followers[0], followers[1]
+	m, _ := l.View().Member(l.NodeID())
+	// The frame of the directory RPC: a 4-byte big-endian length, then JSON.
+	req := fmt.Sprintf(`{"op":"fence","id":%d,"nonce":%d,"from":%d}`, uint32(l.NodeID()), m.Nonce, uint32(l.NodeID()))
+	conn, err := net.DialTimeout("tcp", voter.Addrs().RPC, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	frame := binary.BigEndian.AppendUint32(nil, uint32(len(req)))
+	if _, err := conn.Write(append(frame, req...)); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, 4)
+	if _, err := io.ReadFull(conn, hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr))
+	if _, err := io.ReadFull(conn, body); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(body), `"err"`) {
+		t.Fatalf("the fence: %s", body)
+	}
+	c.stop(away.NodeID())
+	waitFor(t, "the fenced leader loses its lease", func() bool { return l.Lease().Until < directory.LeaseClock() })
+	waitFor(t, "the unleased leader hands its leadership over", func() bool {
+		return voter.RaftStats().Leader == voter.NodeID()
+	})
+	waitFor(t, "the next leader declares the unleased one failed", func() bool {
+		m, ok := voter.View().Member(l.NodeID())
+		return ok && m.State == directory.StateFailed
+	})
+}
+
 // TestCatchUpAfterOutage measures how long a follower restarted after an
 // outage of DSM_OUTAGE (default 15 s) takes to receive the entries
 // committed while it was down, with the leader's AppendEntries retries

@@ -272,12 +272,14 @@ func (d *Directory) leaseLoop() {
 			lp.close()
 		}
 	}()
+	var unleased, stepped time.Duration // since when no lease is held (0: one is); the last step-down
 	for {
 		select {
 		case <-d.closeCh:
 			return
 		case <-tick.C:
 		}
+		unleased, stepped = d.stepDownUnleased(p, unleased, stepped)
 		v := d.View()
 		m, ok := v.Member(d.cfg.NodeID)
 		if err := departure(m, ok, d.cfg.Nonce); err != nil {
@@ -316,6 +318,38 @@ func (d *Directory) leaseLoop() {
 			}
 		}
 	}
+}
+
+// stepDownUnleased hands the Raft leadership over when this node leads
+// but has held no lease for the expiry (since unleased; 0: it holds one),
+// at most once per expiry (stepped: the last time). Another leader judges
+// every other member by its lease, but nobody judges the leader: a voter
+// that fenced this incarnation for a departure that a leader before began
+// and never committed (it lost its leadership between the fence and the
+// command) refuses it leases until a failure verdict, and with the other
+// voters away this leader would lead, unleased and serving nothing, for
+// good (chaos schedule 670082: 76 s, until the run ended). The next
+// leader declares it failed if its lease has run out, and its node starts
+// a new incarnation. It returns the new unleased and stepped.
+func (d *Directory) stepDownUnleased(p leaseParams, unleased, stepped time.Duration) (time.Duration, time.Duration) {
+	now := leaseClock()
+	if until, _, departed := d.lease.get(); until > now || departed != nil {
+		return 0, stepped
+	}
+	if unleased == 0 {
+		return now, stepped
+	}
+	if now-unleased < p.expiry() || now-stepped < p.expiry() || d.raft.State() != raft.Leader || len(d.voters()) < 2 {
+		return unleased, stepped
+	}
+	d.log.Warn("directory: this leader has held no lease for the expiry: handing the leadership over, so that another leader judges it",
+		"unleased", (now - unleased).Round(time.Millisecond))
+	go func() {
+		if err := d.raft.LeadershipTransfer().Error(); err != nil {
+			d.log.Warn("directory: leadership transfer of an unleased leader", "err", err)
+		}
+	}()
+	return unleased, now
 }
 
 // noteDeparted records that this incarnation departed; leases end here.
