@@ -636,39 +636,27 @@ func (n *Node) writeBackAll(ctx context.Context, done string) {
 	n.log.Info(done, "pages", w+more, "took", time.Since(start).Round(time.Millisecond))
 }
 
-// handOver waits, after the drain's write-backs, until no shard needs
-// this incarnation any more in the latest view, and every engine has
-// taken that view: the shards it was home of promoted to their preferred
-// members, and every backup of those shards and of those it backed up,
-// other than itself, complete (regionChains.handOver; docs/failover.md
-// §11). Its departure then moves
+// handOver waits, after the drain's write-backs, until none of the
+// shards of watch (those that needed this incarnation when it was marked
+// draining: engines.handOverWatch) needs it any more in the latest view,
+// and every engine has taken that view: the shards it was home of
+// promoted to their preferred members, and every backup of those shards
+// and of those it backed up, other than itself, complete
+// (regionChains.handOver; docs/failover.md §11). Its departure then moves
 // no shard, and accesses to its shards waited only for the promotions'
 // freezes. Meanwhile it serves as any member: its engines answer the
 // moves, and its fills fill the new homes' backups. It gives up at ctx's
 // end (less leaveReserve), saying what is left: those shards move at the
 // departure, as after a crash, with their data written back.
-func (n *Node) handOver(ctx context.Context) {
-	if n.eng == nil {
-		return
-	}
+func (n *Node) handOver(ctx context.Context, watch map[ids.RegionID][]uint64) {
 	ctx, cancel := leaveCtx(ctx)
 	defer cancel()
 	start := time.Now()
-	pm := n.eng.pv.p.Load()
-	if pm == nil {
-		return
-	}
-	// The shards that need this node now: those it is home of, and those
-	// whose replica sets hold it. Its mark changes neither.
-	watch, uncounted := n.eng.handOverWatch(pm)
-	if uncounted > 0 {
-		n.log.Warn("hand-over: regions with more shards than are placed one by one move at the departure", "regions", uncounted)
-	}
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	logged := time.Now()
 	for {
-		pm = n.eng.pv.p.Load()
+		pm := n.eng.pv.p.Load()
 		left := n.eng.handOverLeft(pm, watch)
 		if left == 0 && n.eng.applied.Load() >= uint64(pm.epoch) {
 			n.log.Info("handed over: no shard needs this node", "took", time.Since(start).Round(time.Millisecond))
@@ -686,6 +674,15 @@ func (n *Node) handOver(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// protoView is the protocol view the engines follow (nil: none yet, or no
+// engines).
+func (n *Node) protoView() *protoMap {
+	if n.eng == nil {
+		return nil
+	}
+	return n.eng.pv.p.Load()
 }
 
 // awaitAllWriteBacks is awaitWriteBacks over every page of every region
@@ -726,7 +723,7 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 	}
 	n.closeOnce.Do(func() {
 		var errs []error
-		marked := false
+		var watch map[ids.RegionID][]uint64 // the shards to hand over (nil: none)
 		if leave && n.dir != nil {
 			// Others' status shows this node draining while it writes
 			// back, hands its shards over and leaves; the mark starts the
@@ -734,8 +731,15 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 			dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			if err := n.dir.SetDraining(dctx); err != nil {
 				n.log.Warn("leave: could not record this node as draining; its shards move at its departure", "err", err)
-			} else {
-				marked = true
+			} else if pm := n.protoView(); pm != nil {
+				// The shards that need this node now: those it is home
+				// of, and those whose replica sets hold it (its mark
+				// changes neither).
+				var uncounted int
+				watch, uncounted = n.eng.handOverWatch(pm)
+				if uncounted > 0 {
+					n.log.Warn("hand-over: regions with more shards than are placed one by one move at the departure", "regions", uncounted)
+				}
 			}
 			cancel()
 		}
@@ -763,8 +767,8 @@ func (n *Node) close(ctx context.Context, leave bool) error {
 		}
 		if leave && n.cache != nil {
 			n.drain(ctx)
-			if marked {
-				n.handOver(ctx)
+			if watch != nil {
+				n.handOver(ctx, watch)
 				// The moves of the hand-over may have given back a tenure
 				// whose release they interrupted (a reclaimed grant), and
 				// calls in flight may have ended since the drain: write
