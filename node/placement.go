@@ -23,7 +23,10 @@ import (
 // once its home has filled it.
 //
 // The backups of a shard are the first Backups usable members after its
-// home: not departed, never declared failed since the region's creation.
+// home: not departed, never declared failed since the region's creation,
+// not marked draining (a member marked draining stays in the sets it is
+// in until it departs, and its shards are promoted to other members:
+// docs/failover.md §11).
 // A release writes every page's data and stamp to them before it releases
 // the tenure at the home, so a replacement that enters the backups is
 // written by every release from then on, and its home fills it with the
@@ -573,11 +576,12 @@ func (sp *shardPlace) clone() *shardPlace {
 // epoch `after`, every later event of ev in epoch order: joins (a member
 // that joins goes to the end of the chain, after everyone who joined
 // before it), departures (a departed home's shard moves to the first
-// member after it that was complete then; with none, the shard stays at
-// the departed home: it is lost), promotions (promote), and every change
-// of a member's usability (a join, a departure, a failure verdict), after
-// each of which the set is the home and the first Backups members after
-// it usable then. A failure verdict before the region's creation does not
+// member after it that was complete then, one not draining if there is
+// one: moveHome; with none, the shard stays at the departed home: it is
+// lost), promotions (promote), and every change of a member's usability
+// (a join, a departure, a failure verdict, a drain mark), after each of
+// which the set is the home and the first Backups members after it usable
+// then, and the draining members already in it (resetSet). A failure verdict before the region's creation does not
 // count: the node was alive again when the region was created (its chain
 // holds only the members alive then), and has had every release of it.
 //
