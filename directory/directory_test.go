@@ -654,27 +654,8 @@ func TestFenceOnlyFromTheLeader(t *testing.T) {
 	}
 	voter, stale := followers[0], followers[1]
 	m, _ := l.View().Member(l.NodeID())
-	// The frame of the directory RPC: a 4-byte big-endian length, then JSON.
-	req := fmt.Sprintf(`{"op":"fence","id":%d,"nonce":%d,"from":%d}`, uint32(l.NodeID()), m.Nonce, uint32(stale.NodeID()))
-	conn, err := net.DialTimeout("tcp", voter.Addrs().RPC, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	frame := binary.BigEndian.AppendUint32(nil, uint32(len(req)))
-	if _, err := conn.Write(append(frame, req...)); err != nil {
-		t.Fatal(err)
-	}
-	hdr := make([]byte, 4)
-	if _, err := io.ReadFull(conn, hdr); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, binary.BigEndian.Uint32(hdr))
-	if _, err := io.ReadFull(conn, body); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(body), directory.ErrNotLeader.Error()) {
+	body := askFence(t, voter, l.NodeID(), m.Nonce, stale.NodeID())
+	if !strings.Contains(body, directory.ErrNotLeader.Error()) {
 		t.Fatalf("a fence asked for by follower %v: %s; want it refused", stale.NodeID(), body)
 	}
 	// The leader, named in the refused fence, is still granted leases by
@@ -707,8 +688,26 @@ func TestUnleasedLeaderStepsDown(t *testing.T) {
 	}
 	voter, away := followers[0], followers[1]
 	m, _ := l.View().Member(l.NodeID())
+	if body := askFence(t, voter, l.NodeID(), m.Nonce, l.NodeID()); strings.Contains(body, `"err"`) {
+		t.Fatalf("the fence: %s", body)
+	}
+	c.stop(away.NodeID())
+	waitFor(t, "the fenced leader loses its lease", func() bool { return l.Lease().Until < directory.LeaseClock() })
+	waitFor(t, "the unleased leader hands its leadership over", func() bool {
+		return voter.RaftStats().Leader == voter.NodeID()
+	})
+	waitFor(t, "the next leader declares the unleased one failed", func() bool {
+		m, ok := voter.View().Member(l.NodeID())
+		return ok && m.State == directory.StateFailed
+	})
+}
+
+// askFence sends voter a fence of (id, nonce) asked for by from, as a
+// leader's directory RPC does, and returns the answer's JSON.
+func askFence(t *testing.T, voter *directory.Directory, id ids.NodeID, nonce uint64, from ids.NodeID) string {
+	t.Helper()
 	// The frame of the directory RPC: a 4-byte big-endian length, then JSON.
-	req := fmt.Sprintf(`{"op":"fence","id":%d,"nonce":%d,"from":%d}`, uint32(l.NodeID()), m.Nonce, uint32(l.NodeID()))
+	req := fmt.Sprintf(`{"op":"fence","id":%d,"nonce":%d,"from":%d}`, uint32(id), nonce, uint32(from))
 	conn, err := net.DialTimeout("tcp", voter.Addrs().RPC, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -727,18 +726,7 @@ func TestUnleasedLeaderStepsDown(t *testing.T) {
 	if _, err := io.ReadFull(conn, body); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(body), `"err"`) {
-		t.Fatalf("the fence: %s", body)
-	}
-	c.stop(away.NodeID())
-	waitFor(t, "the fenced leader loses its lease", func() bool { return l.Lease().Until < directory.LeaseClock() })
-	waitFor(t, "the unleased leader hands its leadership over", func() bool {
-		return voter.RaftStats().Leader == voter.NodeID()
-	})
-	waitFor(t, "the next leader declares the unleased one failed", func() bool {
-		m, ok := voter.View().Member(l.NodeID())
-		return ok && m.State == directory.StateFailed
-	})
+	return string(body)
 }
 
 // TestCatchUpAfterOutage measures how long a follower restarted after an
