@@ -642,17 +642,7 @@ func TestLeases(t *testing.T) {
 // asked for by another member (a deposed leader that resumed still
 // believing it leads) is refused, and the member it named keeps its lease.
 func TestFenceOnlyFromTheLeader(t *testing.T) {
-	c := newCluster(t)
-	c.startN(3, 3, 3)
-	l := c.leader()
-	c.waitMembers(1, 2, 3)
-	var followers []*directory.Directory
-	for _, d := range c.live() {
-		if d != l {
-			followers = append(followers, d)
-		}
-	}
-	voter, stale := followers[0], followers[1]
+	c, l, voter, stale := threeVoters(t)
 	m, _ := l.View().Member(l.NodeID())
 	body := askFence(t, voter, l.NodeID(), m.Nonce, stale.NodeID())
 	if !strings.Contains(body, directory.ErrNotLeader.Error()) {
@@ -676,17 +666,7 @@ func TestFenceOnlyFromTheLeader(t *testing.T) {
 // is asked for by the leader itself, as a leader's reconcile fences a
 // member before the command that removes it.
 func TestUnleasedLeaderStepsDown(t *testing.T) {
-	c := newCluster(t)
-	c.startN(3, 3, 3)
-	l := c.leader()
-	c.waitMembers(1, 2, 3)
-	var followers []*directory.Directory
-	for _, d := range c.live() {
-		if d != l {
-			followers = append(followers, d)
-		}
-	}
-	voter, away := followers[0], followers[1]
+	c, l, voter, away := threeVoters(t)
 	m, _ := l.View().Member(l.NodeID())
 	if body := askFence(t, voter, l.NodeID(), m.Nonce, l.NodeID()); strings.Contains(body, `"err"`) {
 		t.Fatalf("the fence: %s", body)
@@ -700,6 +680,23 @@ func TestUnleasedLeaderStepsDown(t *testing.T) {
 		m, ok := voter.View().Member(l.NodeID())
 		return ok && m.State == directory.StateFailed
 	})
+}
+
+// threeVoters starts a cluster of three voters and returns it, its leader
+// and its two followers.
+func threeVoters(t *testing.T) (c *cluster, l, f1, f2 *directory.Directory) {
+	t.Helper()
+	c = newCluster(t)
+	c.startN(3, 3, 3)
+	l = c.leader()
+	c.waitMembers(1, 2, 3)
+	var followers []*directory.Directory
+	for _, d := range c.live() {
+		if d != l {
+			followers = append(followers, d)
+		}
+	}
+	return c, l, followers[0], followers[1]
 }
 
 // askFence sends voter a fence of (id, nonce) asked for by from, as a
