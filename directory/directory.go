@@ -442,10 +442,10 @@ func (d *Directory) RecordFilled(ctx context.Context, region ids.RegionID, node 
 // Promote records the promotion of incarnation nonce of node for region's
 // shards in shards (sorted, apart): every one must be covered by a fill
 // record of that incarnation (RecordFilled), or held by it since the
-// region's creation (one of its first 1+Backups homes for the shard). It is refused (ErrNoRegion,
-// ErrStaleIncarnation, ErrInvalidMember) when the region is gone, the
-// incarnation is no longer the node's, is not alive or is draining, or a
-// shard is not covered. It moves the epoch; retrying a promotion that was
+// region's creation (one of its first 1+Backups homes for the shard). It
+// is refused (ErrNoRegion, ErrStaleIncarnation, ErrInvalidMember) when the
+// region is gone, the incarnation is no longer the node's, is not alive or
+// is draining, or a shard is neither. It moves the epoch; retrying a promotion that was
 // committed is harmless.
 func (d *Directory) Promote(ctx context.Context, region ids.RegionID, node ids.NodeID, nonce uint64, shards []ShardRange) error {
 	res, err := d.apply(ctx, encodeCommand(command{Type: cmdPromote, Region: region, ID: node, Nonce: nonce, Shards: shards}))
