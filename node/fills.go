@@ -233,9 +233,9 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 		// Complete by a record of its own, or since the region's creation
 		// (a creation backup preferred over a draining home: the directory
 		// takes it without a record, directory.Region.createdHolding).
-		if !rc.completeAt(sp, self, s, never, pm) || sp.since[self] != r.Epoch && !slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
+		if !rc.completeAt(sp, self, s, never, pm) || (sp.since[self] != r.Epoch && !slices.ContainsFunc(recs, func(f directory.FillRecord) bool {
 			return f.Proto == self && f.Covers(i)
-		}) {
+		})) {
 			continue
 		}
 		shards = append(shards, i)

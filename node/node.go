@@ -656,7 +656,7 @@ func (n *Node) handOver(ctx context.Context, watch map[ids.RegionID][]uint64) {
 	defer tick.Stop()
 	logged := time.Now()
 	for {
-		pm := n.eng.pv.p.Load()
+		pm := n.protoView()
 		left := n.eng.handOverLeft(pm, watch)
 		if left == 0 && n.eng.applied.Load() >= uint64(pm.epoch) {
 			n.log.Info("handed over: no shard needs this node", "took", time.Since(start).Round(time.Millisecond))

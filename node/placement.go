@@ -1051,15 +1051,11 @@ func (rc *regionChains) homedAt(p ids.NodeID, ev eventsOf) int {
 }
 
 // needing returns the shards of the region that need member p: those it
-// is home of, and those whose replica set holds it (nil for a region of
-// more than maxExactTargets shards, too many to place one by one).
+// is home of, and those whose replica set holds it. It places every shard:
+// the caller leaves out regions of more than maxExactTargets shards.
 func (rc *regionChains) needing(p ids.NodeID, ev eventsOf) []uint64 {
-	n := rc.r.Shards()
-	if n > maxExactTargets {
-		return nil
-	}
 	var out []uint64
-	for i := range n {
+	for i := range rc.r.Shards() {
 		sp := rc.place(placement.Shard{Region: rc.r.ID, Index: i}, ev)
 		if len(sp.c) > 0 && (sp.c[sp.hi] == p || slices.Contains(sp.set, p)) {
 			out = append(out, i)
