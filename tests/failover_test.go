@@ -123,7 +123,9 @@ func (c *dsmCluster) incarnationOf(t *testing.T, on, node int) uint64 {
 // page and "unavailable", and never return other data. Once it is
 // declared failed (a departure: its leases were fenced first), the shards
 // it was home of move to their backups, which serve every page written
-// back before the kill on every survivor; the page it held Modified
+// back before the kill on every survivor (a mapped ReadAt issued right
+// after the kill waits through the failover and returns them: the no-hang
+// bound, design §10); the page it held Modified
 // without Sync is served as last written back (its store died with it);
 // the survivors' own pages are served throughout. It then restarts from
 // its data directory as a new incarnation that reads and writes
@@ -156,12 +158,30 @@ func TestKilledHomeFailsOver(t *testing.T) {
 	synced := strconv.FormatUint((homes[3]+3)*4096, 10)
 	c.mustCtl(t, 3, "put", region, synced, "synced-by-n3", "--sync")
 
+	// A client of n1 with a mapping of the region (the default fault
+	// timeout, 30 s), started before the kill.
+	reader := c.startClient(t, 1, region, "repl")
+
 	victim := c.nodes[2]
 	if err := victim.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	<-victim.done
+
+	// The no-hang bound across a real failover (must-hold 5): the client's
+	// ReadAt of the synced page, which n1 never held, issued while its home
+	// is dead, waits through the failover (its misses fail as unavailable
+	// until the failure verdict moves the shard to its backup) and then
+	// returns the synced data: neither an error nor a wait past the fault
+	// timeout. Nothing reads that page through n1 before it.
+	asked := time.Now()
+	if got, want := reader.try(t, "read-at "+synced+" 12"), hex.EncodeToString([]byte("synced-by-n3")); got != want {
+		t.Fatalf("n1's mapped ReadAt of the page synced at the dead n3, issued %v after the kill: %q; want %s (synced-by-n3)",
+			asked.Sub(killed).Round(time.Millisecond), got, want)
+	}
+	t.Logf("n1's mapped ReadAt, issued %v after the kill, returned the synced data %v after the kill",
+		asked.Sub(killed).Round(time.Millisecond), time.Since(killed).Round(100*time.Millisecond))
 
 	// Through the failover, a read of the synced page returns its data or
 	// fails as unavailable in one line; once n3 is declared failed, it is
