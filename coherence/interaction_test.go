@@ -48,6 +48,8 @@ import (
 //	                                lost unexecuted (the oldest in the network)
 //	tick [n=K]                      advance every clock
 //	crash nX                        kill a node
+//	leave nX                        a drained node departs (graceful leave): it must hold no
+//	                                tenure and home no page, and nothing reverts
 //	reconfigure [async]             next epoch without the crashed nodes
 //	                                (async: nobody learns it until learn nX)
 //	learn nX                        hand the pending epoch to a node
@@ -204,6 +206,10 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 		}
 	case "crash":
 		if err := s.Crash(node(t, d)); err != nil {
+			return fmt.Sprintf("error: %v\n", err)
+		}
+	case "leave":
+		if err := s.Leave(node(t, d)); err != nil {
 			return fmt.Sprintf("error: %v\n", err)
 		}
 	case "reconfigure":

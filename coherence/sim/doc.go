@@ -40,7 +40,10 @@
 // promoted, and a crash comes only while every page keeps a complete live
 // copy without the victim (with MidFillCrashes, while fills are under
 // way too; EarlyPromote breaks the rule on purpose, for the checks to
-// catch). With SplitReads, a READ of more than one word (8 bytes: a page,
+// catch). With Drains, a live node is marked draining, writes back what
+// it holds Modified, its pages move to complete backups, and it departs
+// holding and homing nothing: a leave that reverts nothing (LeaveHolding
+// breaks it on purpose). With SplitReads, a READ of more than one word (8 bytes: a page,
 // a slot) reads its last bytes when its batch is delivered
 // and the rest at a later step (mem.SplitReads), with other deliveries in
 // between, as a NIC or Go's copy may: a copy installed from such a READ

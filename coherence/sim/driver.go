@@ -187,6 +187,16 @@ func (s *Sim) Promote(p ids.PageNo, to ids.NodeID, async bool) error {
 	return s.err
 }
 
+// Leave takes node id out as a graceful leave does once its hand-over is
+// over: it must hold no page's tenure and home no page, and the departure
+// reverts nothing (a crash reverts the pages it held to their home
+// copies). The reconfiguration that removes it is the driver's next
+// Reconfigure.
+func (s *Sim) Leave(id ids.NodeID) error {
+	s.step++
+	return s.leave(id)
+}
+
 // Persist gives node id a Persist of page p (docs/durability.md §2), as one
 // step.
 func (s *Sim) Persist(id ids.NodeID, p ids.PageNo) error {

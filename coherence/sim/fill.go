@@ -38,7 +38,7 @@ func (s *Sim) refill(members []ids.NodeID) {
 		for len(bs) < k {
 			var free []ids.NodeID
 			for _, c := range cand {
-				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] {
+				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] && !s.draining[c] {
 					free = append(free, c)
 				}
 			}
@@ -95,6 +95,20 @@ func (s *Sim) filling() bool {
 	for p, bs := range s.bset {
 		for _, b := range bs {
 			if !s.gone[b] && !s.complete[p][b] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fillingBut reports whether a live backup of some page other than node x
+// is not complete yet (a leave waits for those, not for its own fills:
+// dsmd's hand-over).
+func (s *Sim) fillingBut(x ids.NodeID) bool {
+	for p, bs := range s.bset {
+		for _, b := range bs {
+			if b != x && !s.gone[b] && !s.complete[p][b] {
 				return true
 			}
 		}
@@ -304,11 +318,11 @@ func (s *Sim) choosePromotion() (ids.PageNo, ids.NodeID, bool) {
 	return p, s.promotable(p), true
 }
 
-// promotable is page p's first complete live backup that is not tainted,
-// or None.
+// promotable is page p's first complete live backup that is neither
+// tainted nor draining, or None.
 func (s *Sim) promotable(p ids.PageNo) ids.NodeID {
 	for _, b := range s.bset[p] {
-		if !s.gone[b] && !s.tainted[b] && s.complete[p][b] {
+		if !s.gone[b] && !s.tainted[b] && !s.draining[b] && s.complete[p][b] {
 			if _, ok := s.bslots[p][b]; ok {
 				return b
 			}

@@ -149,6 +149,17 @@ type Options struct {
 	// four) or to another live node (which must give it up). Every copy
 	// reported must be the page's latest data and its home word's version.
 	Persists int
+	// Drains (with Fills) is the number of graceful leaves during the
+	// workload (docs/failover.md §11): a live node is marked draining in
+	// an epoch of its own; from then on its client issues nothing new,
+	// it is never made a backup or promoted (unless it is a page's only
+	// complete copy left), and the driver, playing dsmd's hand-over,
+	// evicts every page it holds Modified and moves every page it homes
+	// to a complete backup (a move away from a live home). Once it holds
+	// and homes nothing, every member has learnt the latest epoch and
+	// every backup but itself is complete, it departs. Its departure must revert nothing:
+	// a leave that loses a write fails the run.
+	Drains int
 	// SplitReads makes every READ of more than 8 bytes (a page, a whole
 	// slot) execute at two moments (mem.SplitReads): its last bytes when
 	// its batch is delivered, the rest of the batch when a later step
@@ -162,6 +173,11 @@ type Options struct {
 	// home's pages move to the first live backup, complete or not. The
 	// checks must catch it (TestSimCatchesEarlyPromotion).
 	EarlyPromote bool
+	// LeaveHolding (with Drains) breaks the rule on purpose: a draining
+	// node departs without writing back what it holds Modified, and the
+	// driver's own check at its departure is off. The data checks must
+	// catch the writes it takes with it (TestSimCatchesLeaveHolding).
+	LeaveHolding bool
 	// SettleSteps bounds the steps after the workload and the faults stop
 	// in which every request must complete (default 200000).
 	SettleSteps int
@@ -209,6 +225,10 @@ func (o *Options) norm() error {
 	if o.Promotions > 0 && !o.Fills {
 		return fmt.Errorf("sim: promotions need Fills")
 	}
+	if o.Drains > 0 && (!o.Fills || o.Mutex) {
+		return fmt.Errorf("sim: drains need Fills and no Mutex")
+	}
+	o.Drains = max(0, min(o.Drains, o.Nodes-2))
 	return nil
 }
 
@@ -260,6 +280,12 @@ func (o Options) String() string {
 	}
 	if o.Persists > 0 {
 		s += fmt.Sprintf(" persists=%d", o.Persists)
+	}
+	if o.Drains > 0 {
+		s += fmt.Sprintf(" drains=%d", o.Drains)
+	}
+	if o.LeaveHolding {
+		s += " leave-holding=true"
 	}
 	if o.SplitReads {
 		s += " split-reads=true"
@@ -313,6 +339,10 @@ type Stats struct {
 	// Rests counts the rests of split batches delivered (SplitReads,
 	// DeliverSplit): READs that saw the memory at two moments.
 	Rests int
+	// Drains counts the graceful leaves completed (Options.Drains),
+	// DrainEvictions the evictions of pages the leaving nodes held
+	// Modified, DrainPromotions the moves away from their homes.
+	Drains, DrainEvictions, DrainPromotions int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -504,6 +534,12 @@ type Sim struct {
 	promotions int
 	persists   int
 
+	// With Drains: draining the nodes marked (for good), drainer the
+	// one under way (None: none), drains the drains started.
+	draining map[ids.NodeID]bool
+	drainer  ids.NodeID
+	drains   int
+
 	trace []string
 	err   error
 }
@@ -536,6 +572,7 @@ func New(seed int64, o Options) (*Sim, error) {
 		fillOut:    map[fillDue]bool{},
 		promote:    map[ids.PageNo]ids.NodeID{},
 		former:     map[ids.PageNo]map[ids.NodeID]bool{},
+		draining:   map[ids.NodeID]bool{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -1061,7 +1098,12 @@ func (s *Sim) Crash(id ids.NodeID) error {
 	return s.crash(id)
 }
 
-func (s *Sim) crash(id ids.NodeID) error {
+func (s *Sim) crash(id ids.NodeID) error { return s.depart(id, false) }
+
+// depart takes node id out: a crash, or (graceful) a drained node's leave,
+// after which the reference keeps every page as it is (a leave loses
+// nothing).
+func (s *Sim) depart(id ids.NodeID, graceful bool) error {
 	if int(id) <= 0 || int(id) >= len(s.nodes) {
 		return fmt.Errorf("sim: no node %v", id)
 	}
@@ -1086,7 +1128,7 @@ func (s *Sim) crash(id ids.NodeID) error {
 		// for a rebuild, or moved to a home the node has not learnt of
 		// (SkipMoves: it lags behind the move): then the node's own
 		// claim counts.
-		if info := n.sm.Page(p); w.Holder() == id || info.Tenure && (info.Frozen || n.placed[p] != sl.home) {
+		if info := n.sm.Page(p); !graceful && (w.Holder() == id || info.Tenure && (info.Frozen || n.placed[p] != sl.home)) {
 			copy(s.ref[p], sl.reg.Bytes()[sl.off+8:sl.off+8+uint64(s.Opts.PageSize)])
 			s.tracef("%v held %v: it reverts to the home copy", id, p)
 		}
@@ -1241,9 +1283,11 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 		// Only a complete backup (I9), unless the run breaks the rule
 		// on purpose.
 		for _, b := range s.bset[p] {
-			if !s.gone[b] && !s.tainted[b] && (s.complete[p][b] || s.Opts.EarlyPromote) {
+			if !s.gone[b] && !s.tainted[b] && (s.complete[p][b] || s.Opts.EarlyPromote) && (home == ids.None || s.draining[home]) {
+				// The first, unless it drains and another does not
+				// (dsmd's placement: a draining member is usable no
+				// more, and is promoted only as the last copy).
 				home = b
-				break
 			}
 		}
 		if home != ids.None {
@@ -1659,7 +1703,7 @@ func (s *Sim) busy() bool {
 			return true
 		}
 	}
-	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0
+	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0 || s.drainer != ids.None
 }
 
 // deliverOne delivers (or, with faults, drops or duplicates, or executes
@@ -1823,6 +1867,13 @@ func (s *Sim) randomStep(workload bool) {
 	if workload && s.persists < s.Opts.Persists && s.rng.Intn(40) == 0 && s.persistOne() {
 		return
 	}
+	if s.drainer != ids.None && s.rng.Intn(4) == 0 && s.driveDrain() {
+		return
+	}
+	if workload && s.drains < s.Opts.Drains && s.drainer == ids.None && s.reconf < 0 && len(s.lagging) == 0 &&
+		s.drains*s.Opts.Ops < s.Opts.Drains*(s.issued+1) && s.rng.Intn(20) == 0 && s.startDrain() {
+		return
+	}
 	pending := s.net.Pending()
 	x := s.rng.Intn(100)
 	if !workload && s.Opts.Mutex && x < 20 {
@@ -1847,7 +1898,7 @@ func (s *Sim) randomStep(workload bool) {
 	case workload && x < 20 && s.issued < s.Opts.Ops:
 		var idle []*simNode
 		for _, n := range s.nodes[1:] {
-			if n.alive && n.client == nil {
+			if n.alive && n.client == nil && !s.draining[n.id] {
 				idle = append(idle, n)
 			}
 		}
@@ -1865,7 +1916,7 @@ func (s *Sim) randomStep(workload bool) {
 			from = 1
 		}
 		for _, n := range s.nodes[from:] {
-			if n.alive && (!s.Opts.Fills || s.mayLose(n.id)) {
+			if n.alive && !s.draining[n.id] && (!s.Opts.Fills || s.mayLose(n.id)) {
 				cand = append(cand, n)
 			}
 		}
@@ -1908,7 +1959,7 @@ func (s *Sim) randomStep(workload bool) {
 		// this epoch on, and is never promoted.
 		var cand []ids.NodeID
 		for _, n := range s.nodes[1 : s.Opts.Nodes+1] {
-			if n.alive && !s.tainted[n.id] {
+			if n.alive && !s.tainted[n.id] && !s.draining[n.id] {
 				cand = append(cand, n.id)
 			}
 		}

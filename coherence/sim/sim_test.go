@@ -130,6 +130,14 @@ var configs = []struct {
 	// pages under writes, crashes, fills and moves; every copy is the
 	// page's latest data at its home word's version.
 	{"persist", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 2, Restarts: 2, Backups: 2, Fills: true, Promotions: 3, Persists: 30, AsyncReconfig: true, LazyHomes: true, LearnOdds: 16}, 100},
+	// Graceful leaves (docs/failover.md §11): a node marked draining
+	// writes back what it holds Modified and its pages move to complete
+	// backups while members learn each epoch slowly; it departs once it
+	// holds and homes nothing, and its departure must revert nothing.
+	// drain-crash adds crashes (of homes too, while a node drains),
+	// restarts, a join, two backups, unknown outcomes and skipped epochs.
+	{"drain", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, Evict: true, Backups: 1, Fills: true, Drains: 2, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32, Linearizability: true}, 100},
+	{"drain-crash", Options{Nodes: 7, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 2, HomeCrashes: 2, Restarts: 1, Joins: 1, Backups: 2, Fills: true, Promotions: 2, Drains: 2, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 100},
 	{"promote-mutex", Options{Nodes: 4, Pages: 1, Ops: 60, Mutex: true, Faults: true, Backups: 1, Fills: true, Promotions: 4, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 50},
 	// READs that are not atomic (mem.SplitReads): every READ of a slot or
 	// a page (32 bytes) reads its last half when its batch is delivered
@@ -225,6 +233,9 @@ func TestSimSeeds(t *testing.T) {
 						worst.Persisted += st.Persisted
 						worst.PersistsAbandoned += st.PersistsAbandoned
 						worst.Rests += st.Rests
+						worst.Drains += st.Drains
+						worst.DrainEvictions += st.DrainEvictions
+						worst.DrainPromotions += st.DrainPromotions
 						mu.Unlock()
 					}
 				}()
@@ -259,6 +270,12 @@ func TestSimSeeds(t *testing.T) {
 			}
 			if n >= 20 && c.opts.Persists > 0 && (worst.Persisted == 0 || worst.PersistsAbandoned == 0) {
 				t.Fatalf("%d seeds with persists: %d stable copies, %d given up", n, worst.Persisted, worst.PersistsAbandoned)
+			}
+			if n >= 20 && c.opts.Drains > 0 && (worst.Drains == 0 || worst.DrainEvictions == 0 || worst.DrainPromotions == 0) {
+				t.Fatalf("%d seeds with drains: %d leaves, %d evictions of Modified pages, %d moves away from a draining home", n, worst.Drains, worst.DrainEvictions, worst.DrainPromotions)
+			}
+			if c.opts.Drains > 0 {
+				t.Logf("drains: %d leaves, %d evictions of Modified pages, %d moves away from a draining home", worst.Drains, worst.DrainEvictions, worst.DrainPromotions)
 			}
 			if n >= 20 && c.opts.SplitReads && worst.Rests == 0 {
 				t.Fatalf("no READ was split in %d seeds of a configuration with SplitReads", n)
@@ -337,6 +354,28 @@ func TestSimRegressions(t *testing.T) {
 // TestSimCatchesEarlyPromotion proves the checks of fills: with
 // EarlyPromote the driver moves a crashed home's pages to a backup whose
 // fill is not done (I9 broken on purpose), and some seed must fail.
+// TestSimCatchesLeaveHolding checks that the drain configuration can fail:
+// with LeaveHolding a draining node departs without writing back its
+// Modified pages and the driver does not check it at the departure, and
+// the data checks must see the writes it took with it.
+func TestSimCatchesLeaveHolding(t *testing.T) {
+	var opts Options
+	for _, c := range configs {
+		if c.name == "drain" {
+			opts = c.opts
+		}
+	}
+	opts.LeaveHolding = true
+	const seeds = 400
+	for seed := int64(1); seed <= seeds; seed++ {
+		if _, err := runOnce(seed, opts); err != nil {
+			t.Logf("caught at seed %d: %.300s", seed, err)
+			return
+		}
+	}
+	t.Fatalf("%d seeds had draining nodes leave with their Modified pages and no check failed", seeds)
+}
+
 func TestSimCatchesEarlyPromotion(t *testing.T) {
 	var opts Options
 	for _, c := range configs {
