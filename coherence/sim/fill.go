@@ -38,7 +38,7 @@ func (s *Sim) refill(members []ids.NodeID) {
 		for len(bs) < k {
 			var free []ids.NodeID
 			for _, c := range cand {
-				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] && !s.draining[c] {
+				if c != home && !slices.Contains(bs, c) && !s.gone[c] && !s.tainted[c] && !s.draining[c] && c != s.suspendee {
 					free = append(free, c)
 				}
 			}
@@ -322,7 +322,7 @@ func (s *Sim) choosePromotion() (ids.PageNo, ids.NodeID, bool) {
 // tainted nor draining, or None.
 func (s *Sim) promotable(p ids.PageNo) ids.NodeID {
 	for _, b := range s.bset[p] {
-		if !s.gone[b] && !s.tainted[b] && !s.draining[b] && s.complete[p][b] {
+		if !s.gone[b] && !s.tainted[b] && !s.draining[b] && b != s.suspendee && s.complete[p][b] {
 			if _, ok := s.bslots[p][b]; ok {
 				return b
 			}

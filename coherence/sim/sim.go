@@ -160,6 +160,20 @@ type Options struct {
 	// every backup but itself is complete, it departs. Its departure must revert nothing:
 	// a leave that loses a write fails the run.
 	Drains int
+	// Partitions is the number of partitions under leases
+	// (docs/failover.md §9): a live node that homes no page is suspended
+	// (its lease ended: its client issues nothing more, its engine runs
+	// on), removed some steps later while it lives (a zombie: departed
+	// for every member that learnt the epoch, its verbs executed by
+	// those that have not, refused by those that have), and closed later
+	// still, when a new incarnation joins. The pages it held are decided
+	// when their homes' words stop naming it: its last write or the home
+	// copy, nothing else.
+	Partitions int
+	// UnsafeLease (with Partitions) breaks the lease on purpose: the
+	// partitioned node's client goes on after its removal. The checks
+	// must catch it (TestSimCatchesUnsafeLease).
+	UnsafeLease bool
 	// SplitReads makes every READ of more than 8 bytes (a page, a whole
 	// slot) execute at two moments (mem.SplitReads): its last bytes when
 	// its batch is delivered, the rest of the batch when a later step
@@ -186,7 +200,7 @@ type Options struct {
 }
 
 func (o *Options) norm() error {
-	if o.Nodes < 2 || o.Nodes+o.Joins+o.Restarts > coherence.MaxNodeID {
+	if o.Nodes < 2 || o.Nodes+o.Joins+o.Restarts+o.Partitions > coherence.MaxNodeID {
 		return fmt.Errorf("sim: %d nodes, %d joins, %d restarts", o.Nodes, o.Joins, o.Restarts)
 	}
 	if o.Pages < 1 || o.Pages > o.Nodes {
@@ -229,6 +243,9 @@ func (o *Options) norm() error {
 		return fmt.Errorf("sim: drains need Fills and no Mutex")
 	}
 	o.Drains = max(0, min(o.Drains, o.Nodes-2))
+	if o.Partitions > 0 && (o.Mutex || o.UnknownOutcomes || o.SplitReads) {
+		return fmt.Errorf("sim: partitions need no Mutex, UnknownOutcomes or SplitReads")
+	}
 	return nil
 }
 
@@ -287,6 +304,12 @@ func (o Options) String() string {
 	if o.LeaveHolding {
 		s += " leave-holding=true"
 	}
+	if o.Partitions > 0 {
+		s += fmt.Sprintf(" partitions=%d", o.Partitions)
+	}
+	if o.UnsafeLease {
+		s += " unsafe-lease=true"
+	}
 	if o.SplitReads {
 		s += " split-reads=true"
 	}
@@ -343,6 +366,12 @@ type Stats struct {
 	// DrainEvictions the evictions of pages the leaving nodes held
 	// Modified, DrainPromotions the moves away from their homes.
 	Drains, DrainEvictions, DrainPromotions int
+	// Partitions counts the partitions healed (Options.Partitions),
+	// ZombieVerbs the batches of removed nodes executed by members that
+	// had not learnt the removal, ZombieFenced those refused, and
+	// ZombieReleases the pages whose data a removed node's write-back
+	// decided.
+	Partitions, ZombieVerbs, ZombieFenced, ZombieReleases int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
@@ -421,6 +450,10 @@ type simNode struct {
 	placed []ids.NodeID
 	// learnt is the last epoch the node learnt (or was created in).
 	learnt ids.Epoch
+	// suspended: its lease ended (Options.Partitions), its client issues
+	// nothing; zombie: removed while alive, its engine runs on (alive is
+	// false: it is no member and no check looks at its copies).
+	suspended, zombie bool
 	// mutex client
 	mstate int // 0 idle, 1 locking, 2 to load the counter, 3 to store it, 4 to unlock
 	mval   uint64
@@ -540,6 +573,16 @@ type Sim struct {
 	drainer  ids.NodeID
 	drains   int
 
+	// With Partitions: suspendee the node partitioned (None: none),
+	// partIn the steps until its removal or heal, partitions those
+	// started, zombieAt the epoch that removed each zombie, zundecided
+	// the pages the zombies held.
+	suspendee  ids.NodeID
+	partIn     int
+	partitions int
+	zombieAt   map[ids.NodeID]ids.Epoch
+	zundecided map[ids.PageNo]zombieCands
+
 	trace []string
 	err   error
 }
@@ -573,6 +616,8 @@ func New(seed int64, o Options) (*Sim, error) {
 		promote:    map[ids.PageNo]ids.NodeID{},
 		former:     map[ids.PageNo]map[ids.NodeID]bool{},
 		draining:   map[ids.NodeID]bool{},
+		zombieAt:   map[ids.NodeID]ids.Epoch{},
+		zundecided: map[ids.PageNo]zombieCands{},
 	}
 	members := make([]ids.NodeID, o.Nodes)
 	for i := range members {
@@ -842,7 +887,7 @@ func (s *Sim) postBatch(n *simNode, b coherence.Batch) {
 }
 
 func (s *Sim) receive(n *simNode, from ids.NodeID, b []byte) {
-	if !n.alive {
+	if !n.alive && !n.zombie {
 		return
 	}
 	s.stats.Messages++
@@ -868,7 +913,7 @@ func (s *Sim) completeBatch(i int) {
 	d := s.done[i]
 	s.done = slices.Delete(s.done, i, i+1)
 	n := s.nodes[d.node]
-	if !n.alive {
+	if !n.alive && !n.zombie {
 		return
 	}
 	ev := coherence.VerbsDone{ID: d.batch.ID, Err: d.err, Unknown: errors.Is(d.err, rdma.ErrOutcomeUnknown)}
@@ -935,6 +980,7 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 	if r.Op == coherence.OpEvict {
 		return
 	}
+	s.settleZombie(r.Page)
 	if s.undecided[r.Page] != nil {
 		// Served before the new home made its slot's data the page's:
 		// through the old home, which lagged behind the move and
@@ -988,7 +1034,7 @@ func (s *Sim) request(id ids.NodeID, r coherence.Request) error {
 		return fmt.Errorf("sim: no node %v", id)
 	}
 	n := s.nodes[id]
-	if !n.alive {
+	if !n.alive && !(n.zombie && s.Opts.UnsafeLease) {
 		return fmt.Errorf("sim: %v is down", id)
 	}
 	if n.client != nil {
@@ -1283,7 +1329,7 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 		// Only a complete backup (I9), unless the run breaks the rule
 		// on purpose.
 		for _, b := range s.bset[p] {
-			if !s.gone[b] && !s.tainted[b] && (s.complete[p][b] || s.Opts.EarlyPromote) && (home == ids.None || s.draining[home]) {
+			if !s.gone[b] && !s.tainted[b] && b != s.suspendee && (s.complete[p][b] || s.Opts.EarlyPromote) && (home == ids.None || s.draining[home]) {
 				// The first, unless it drains and another does not
 				// (dsmd's placement: a draining member is usable no
 				// more, and is promoted only as the last copy).
@@ -1546,7 +1592,22 @@ func (s *Sim) slotsReady() bool {
 // movedTo is the homes of the pages that moved so far: a joiner waits for
 // their moves. A page that moved back to its first home counts too (a
 // promotion, then a crash of the new home): its move may not be done.
+// Once a page has moved away from a live home, every member: a home can
+// gain a page in an epoch and lose it in a later one, and wait for the
+// counts of that epoch's members while its new members learn nothing of
+// it (dsmd's regionChains.targets names every member then too; found by
+// partition-crash seed 1092, a joiner that never reported to such a
+// home).
 func (s *Sim) movedTo() []ids.NodeID {
+	if s.stats.Promotions > 0 {
+		var out []ids.NodeID
+		for _, n := range s.nodes[1:] {
+			if n.alive {
+				out = append(out, n.id)
+			}
+		}
+		return out
+	}
 	var out []ids.NodeID
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
 		if h := s.slots[p].home; s.pageMoves[p] > 0 && !slices.Contains(out, h) {
@@ -1578,6 +1639,7 @@ func (s *Sim) addJoiner(id ids.NodeID, members []ids.NodeID) error {
 	}
 	n := &simNode{id: id, sm: sm, ep: ep, alive: true, joining: sm.Joining(), placed: slices.Clone(s.rcHomes), learnt: s.epoch}
 	ep.SetHandler(func(from ids.NodeID, b []byte) { s.receive(n, from, b) })
+	s.fenceZombies(n)
 	s.nodes = append(s.nodes, n)
 	s.tracef("%v joins in %v", id, s.epoch)
 	s.apply(n)
@@ -1638,6 +1700,7 @@ func (s *Sim) reconfigureOne(i int) {
 		// epoch it learns.
 		s.slotsDue[n.id] = rc.Epoch
 	}
+	s.fenceZombies(n)
 	if err := n.sm.Step(rc); err != nil {
 		s.fail("%v refused reconfiguration: %v", n.id, err)
 	}
@@ -1685,7 +1748,7 @@ func (s *Sim) Tick() {
 func (s *Sim) tick() {
 	s.tracef("tick")
 	for _, n := range s.nodes[1:] {
-		if n.alive {
+		if n.alive || n.zombie {
 			_ = n.sm.Step(coherence.Tick{})
 			s.apply(n)
 		}
@@ -1703,7 +1766,7 @@ func (s *Sim) busy() bool {
 			return true
 		}
 	}
-	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0 || s.drainer != ids.None
+	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0 || s.drainer != ids.None || s.suspendee != ids.None
 }
 
 // deliverOne delivers (or, with faults, drops or duplicates, or executes
@@ -1725,6 +1788,7 @@ func (s *Sim) deliverOne(d *mem.Delivery, faults bool) {
 		}
 	}
 	s.noteBatch(d, "")
+	s.noteZombieBatch(d)
 	_ = s.net.Deliver(d)
 	if s.Opts.SplitReads {
 		s.traceRest(d)
@@ -1870,6 +1934,13 @@ func (s *Sim) randomStep(workload bool) {
 	if s.drainer != ids.None && s.rng.Intn(4) == 0 && s.driveDrain() {
 		return
 	}
+	if s.suspendee != ids.None && s.drivePartition() {
+		return
+	}
+	if workload && s.partitions < s.Opts.Partitions && s.suspendee == ids.None && s.drainer == ids.None && s.reconf < 0 && len(s.lagging) == 0 &&
+		s.partitions*s.Opts.Ops < s.Opts.Partitions*(s.issued+1) && s.rng.Intn(20) == 0 && s.startPartition() {
+		return
+	}
 	if workload && s.drains < s.Opts.Drains && s.drainer == ids.None && s.reconf < 0 && len(s.lagging) == 0 &&
 		s.drains*s.Opts.Ops < s.Opts.Drains*(s.issued+1) && s.rng.Intn(20) == 0 && s.startDrain() {
 		return
@@ -1898,7 +1969,7 @@ func (s *Sim) randomStep(workload bool) {
 	case workload && x < 20 && s.issued < s.Opts.Ops:
 		var idle []*simNode
 		for _, n := range s.nodes[1:] {
-			if n.alive && n.client == nil && !s.draining[n.id] {
+			if (n.alive && !n.suspended || n.zombie && s.Opts.UnsafeLease) && n.client == nil && !s.draining[n.id] {
 				idle = append(idle, n)
 			}
 		}
@@ -1916,7 +1987,7 @@ func (s *Sim) randomStep(workload bool) {
 			from = 1
 		}
 		for _, n := range s.nodes[from:] {
-			if n.alive && !s.draining[n.id] && (!s.Opts.Fills || s.mayLose(n.id)) {
+			if n.alive && !s.draining[n.id] && n.id != s.suspendee && (!s.Opts.Fills || s.mayLose(n.id)) {
 				cand = append(cand, n)
 			}
 		}
@@ -1959,7 +2030,7 @@ func (s *Sim) randomStep(workload bool) {
 		// this epoch on, and is never promoted.
 		var cand []ids.NodeID
 		for _, n := range s.nodes[1 : s.Opts.Nodes+1] {
-			if n.alive && !s.tainted[n.id] && !s.draining[n.id] {
+			if n.alive && !s.tainted[n.id] && !s.draining[n.id] && n.id != s.suspendee {
 				cand = append(cand, n.id)
 			}
 		}
@@ -2067,6 +2138,7 @@ func (s *Sim) check(quiescent bool) {
 	}
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
 		s.settle(p)
+		s.settleZombie(p)
 		var holder ids.NodeID
 		valid := 0
 		for _, n := range s.nodes[1:] {

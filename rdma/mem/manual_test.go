@@ -132,6 +132,44 @@ func TestManualDropDuplicateCrash(t *testing.T) {
 	}
 }
 
+// A fenced peer's batches fail unexecuted and its messages are dropped,
+// those queued before the fence included; other peers are served.
+func TestManualFence(t *testing.T) {
+	net, eps := manual(t, 3)
+	reg := registerWords(t, eps[1])
+	rk := reg.Descriptor().RKey
+	var got []string
+	eps[1].SetHandler(func(from ids.NodeID, msg []byte) { got = append(got, from.String()+":"+string(msg)) })
+	var before, after, other error
+	eps[0].PostAsync(2, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 1}}, func(err error) { before = err })
+	if err := net.Deliver(net.Pending()[0]); err != nil || before != nil {
+		t.Fatalf("before the fence: %v, %v", err, before)
+	}
+	eps[0].PostAsync(2, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 10}}, func(err error) { after = err })
+	if err := eps[0].Send(context.Background(), 2, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	eps[2].PostAsync(2, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Operand: 100}}, func(err error) { other = err })
+	eps[1].Fence(1)
+	if !eps[1].Fences(1) || eps[1].Fences(3) {
+		t.Fatalf("Fences(1)=%t Fences(3)=%t", eps[1].Fences(1), eps[1].Fences(3))
+	}
+	for _, d := range net.Pending() {
+		if err := net.Deliver(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !errors.Is(after, rdma.ErrPeerUnreachable) || other != nil {
+		t.Errorf("after the fence: fenced peer's batch %v, other peer's %v", after, other)
+	}
+	if w := rdma.LoadWord(reg.Bytes(), 0); w != 101 {
+		t.Errorf("word %d, want 101 (the fenced batch unexecuted)", w)
+	}
+	if len(got) != 0 {
+		t.Errorf("the fenced peer's message was handled: %v", got)
+	}
+}
+
 // A blocking Post in manual mode waits for delivery and honours its
 // context; a cancelled batch is never executed.
 func TestManualPostContext(t *testing.T) {

@@ -221,10 +221,11 @@ func (n *Network) deliver(d *Delivery, split bool) error {
 	to := n.eps[d.To]
 	n.mu.Unlock()
 	alive := to != nil && !to.isClosed()
+	fenced := alive && to.Fences(d.From)
 	switch d.Kind {
 	case BatchDelivery:
 		switch {
-		case !alive:
+		case !alive || fenced:
 			d.fail(&rdma.PeerError{Peer: d.To, Err: rdma.ErrPeerUnreachable})
 		case split || d.rest != nil:
 			n.executeSplit(d, to, split)
@@ -232,7 +233,7 @@ func (n *Network) deliver(d *Delivery, split bool) error {
 			d.done(to.table.ExecuteBatch(d.Ops))
 		}
 	case MessageDelivery:
-		if alive {
+		if alive && !fenced {
 			to.handle(d.From, d.Msg)
 		}
 	}
@@ -408,6 +409,7 @@ type Endpoint struct {
 
 	mu      sync.Mutex
 	removed map[ids.NodeID]bool // peers forgotten with RemovePeer
+	fenced  map[ids.NodeID]bool // peers whose batches and messages are refused (Fence)
 	inbox   []inboxMsg          // immediate mode
 
 	inboxReady chan struct{}
@@ -423,6 +425,26 @@ type inboxMsg struct {
 var _ rdma.Transport = (*Endpoint)(nil)
 
 func (e *Endpoint) isClosed() bool { return e.closed.Load() }
+
+// Fence refuses, from now on, every batch and message from peer at this
+// endpoint, as the tcp transport's Fence does for a departed incarnation:
+// a batch delivered later fails unexecuted (rdma.ErrPeerUnreachable at its
+// poster), a message is dropped. Deliveries executed before stay.
+func (e *Endpoint) Fence(peer ids.NodeID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fenced == nil {
+		e.fenced = map[ids.NodeID]bool{}
+	}
+	e.fenced[peer] = true
+}
+
+// Fences reports whether this endpoint refuses peer (Fence).
+func (e *Endpoint) Fences(peer ids.NodeID) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fenced[peer]
+}
 
 // LocalID implements rdma.Transport.
 func (e *Endpoint) LocalID() ids.NodeID { return e.id }
