@@ -28,7 +28,7 @@ func (s *Sim) refill(members []ids.NodeID) {
 	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
 		home := s.slots[p].home
 		bs := slices.DeleteFunc(s.bset[p], func(b ids.NodeID) bool {
-			if s.gone[b] || s.tainted[b] {
+			if s.gone[b] || s.tainted[b] || int(b) < len(s.nodes) && s.nodes[b].zombie {
 				delete(s.complete[p], b)
 				delete(s.filled[p], b)
 				return true
@@ -320,9 +320,12 @@ func (s *Sim) choosePromotion() (ids.PageNo, ids.NodeID, bool) {
 
 // promotable is page p's first complete live backup that is neither
 // tainted nor draining, or None.
-func (s *Sim) promotable(p ids.PageNo) ids.NodeID {
+func (s *Sim) promotable(p ids.PageNo) ids.NodeID { return s.promotableBut(p, s.suspendee) }
+
+// promotableBut is promotable, leaving node x out (the node partitioned).
+func (s *Sim) promotableBut(p ids.PageNo, x ids.NodeID) ids.NodeID {
 	for _, b := range s.bset[p] {
-		if !s.gone[b] && !s.tainted[b] && !s.draining[b] && b != s.suspendee && s.complete[p][b] {
+		if !s.gone[b] && !s.tainted[b] && !s.draining[b] && b != x && s.complete[p][b] {
 			if _, ok := s.bslots[p][b]; ok {
 				return b
 			}

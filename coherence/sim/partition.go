@@ -22,7 +22,9 @@ import (
 // it learns the epoch (tcp.Transport.Fence; mem.Endpoint.Fence here), and
 // from then on refuses its batches and messages. At last the partition
 // heals: the zombie learns it was removed, closes, and a new incarnation
-// joins under a new id.
+// joins under a new id. The pages it homes move at the removal to
+// complete backups, as from a live home that never stamps the slot it
+// leaves: it goes on acting as their home for the members that lag.
 //
 // The pages it held when it was removed are undecided between their home
 // copy and its last write: its release may still land at a home that has
@@ -37,9 +39,9 @@ type zombieCands struct {
 	at    slot // the page's home slot at the removal
 }
 
-// startPartition suspends a live node that homes no page and has no
-// request under way (with UnsafeLease its client goes on). It reports
-// whether it started one.
+// startPartition suspends a live node that has no request under way and
+// whose pages have complete backups elsewhere (with UnsafeLease its
+// client goes on). It reports whether it started one.
 func (s *Sim) startPartition() bool {
 	var cand []ids.NodeID
 	alive := 0
@@ -48,7 +50,7 @@ func (s *Sim) startPartition() bool {
 			continue
 		}
 		alive++
-		if n.client != nil || n.mstate != 0 || s.draining[n.id] || s.tainted[n.id] || s.homesAny(n.id) || s.Opts.Fills && !s.mayLose(n.id) {
+		if n.client != nil || n.mstate != 0 || s.draining[n.id] || s.tainted[n.id] || !s.movable(n.id) {
 			continue
 		}
 		cand = append(cand, n.id)
@@ -69,14 +71,26 @@ func (s *Sim) startPartition() bool {
 	return true
 }
 
-// homesAny reports whether node id is the home of a page.
-func (s *Sim) homesAny(id ids.NodeID) bool {
-	for _, sl := range s.slots {
-		if sl.home == id {
+// tenureBut reports whether a live node other than x holds page p in M
+// or claims its tenure.
+func (s *Sim) tenureBut(p ids.PageNo, x ids.NodeID) bool {
+	for _, n := range s.nodes[1:] {
+		if n.alive && n.id != x && n.sm.Page(p).Tenure {
 			return true
 		}
 	}
 	return false
+}
+
+// movable reports whether every page node id homes has a complete backup
+// to move to (its removal moves them there, as a failure verdict does).
+func (s *Sim) movable(id ids.NodeID) bool {
+	for p, sl := range s.slots {
+		if sl.home == id && s.promotableBut(p, id) == ids.None {
+			return false
+		}
+	}
+	return true
 }
 
 // drivePartition counts the partition under way down: the removal, then
@@ -89,8 +103,8 @@ func (s *Sim) drivePartition() bool {
 	z := s.suspendee
 	n := s.nodes[z]
 	if !n.zombie {
-		if s.reconf >= 0 {
-			return false // one reconfiguration at a time
+		if s.reconf >= 0 || len(s.promote) > 0 || !s.movable(z) {
+			return false // one reconfiguration at a time; fills first
 		}
 		s.removeZombie(z)
 		s.partIn = 30 + s.rng.Intn(300)
@@ -100,11 +114,31 @@ func (s *Sim) drivePartition() bool {
 	return true
 }
 
-// removeZombie takes node z out of the members while it lives on.
+// removeZombie takes node z out of the members while it lives on. The
+// pages it homes move to a complete backup, as from a live home whose
+// node layer never stamps the slot it leaves (it learns nothing): lagging
+// members' verbs of every kind may land there until they learn the epoch.
 func (s *Sim) removeZombie(z ids.NodeID) {
 	n := s.nodes[z]
+	// Pages it homes and holds: undecided between their home copy and its
+	// last write until the new home rebuilds them (settle): its release
+	// writes the backups first, the new home's slot among them, unless
+	// that home has fenced it.
+	held := map[ids.PageNo][][]byte{}
 	for _, p := range slices.Sorted(maps.Keys(s.slots)) {
 		sl := s.slots[p]
+		if sl.home == z {
+			s.promote[p] = s.promotableBut(p, z)
+			s.stats.ZombieHomes++
+			// Its own word names it, or it claims the tenure and no
+			// other live node does (a word it has not rebuilt yet: a
+			// stamp). A release of its own whose CAS landed while
+			// another node took the page since does not count.
+			if home := sl.data(s.Opts.PageSize); (sl.word().Holder() == z || n.sm.Page(p).Tenure && !s.tenureBut(p, z)) && !bytes.Equal(home, s.ref[p]) {
+				held[p] = [][]byte{slices.Clone(home), slices.Clone(s.ref[p])}
+			}
+			continue
+		}
 		// As for a crash: the word names it, or it claims the tenure of
 		// a page frozen or moved to a home it has not learnt of.
 		if info := n.sm.Page(p); sl.word().Holder() == z || info.Tenure && (info.Frozen || n.placed[p] != sl.home) {
@@ -118,7 +152,6 @@ func (s *Sim) removeZombie(z ids.NodeID) {
 	n.alive = false
 	n.zombie = true
 	n.suspended = false
-	s.gone[z] = true
 	s.lagging = slices.DeleteFunc(s.lagging, func(x ids.NodeID) bool { return x == z })
 	if s.csOwner == z {
 		s.csOwner = ids.None
@@ -126,6 +159,18 @@ func (s *Sim) removeZombie(z ids.NodeID) {
 	s.zombieAt[z] = s.epoch + 1
 	s.tracef("remove %v: departed for the members, alive behind the partition", z)
 	s.reconfigure(s.Opts.AsyncReconfig)
+	// Gone only now: the moves above are from a home that lives on. It
+	// owes no stamp (it learns nothing of the move) and is nobody's
+	// backup (refill dropped it).
+	s.gone[z] = true
+	for _, p := range slices.Sorted(maps.Keys(held)) {
+		for _, c := range held[p] {
+			if !slices.ContainsFunc(s.undecided[p], func(u []byte) bool { return bytes.Equal(u, c) }) {
+				s.undecided[p] = append(s.undecided[p], c)
+			}
+		}
+		s.tracef("%v homed and held %v: its data is decided when its new home rebuilds it: one of %v", z, p, s.undecided[p])
+	}
 }
 
 // heal ends the zombie: it learns it was removed and closes (its batches

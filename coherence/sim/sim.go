@@ -161,14 +161,15 @@ type Options struct {
 	// a leave that loses a write fails the run.
 	Drains int
 	// Partitions is the number of partitions under leases
-	// (docs/failover.md §9): a live node that homes no page is suspended
-	// (its lease ended: its client issues nothing more, its engine runs
-	// on), removed some steps later while it lives (a zombie: departed
-	// for every member that learnt the epoch, its verbs executed by
-	// those that have not, refused by those that have), and closed later
-	// still, when a new incarnation joins. The pages it held are decided
-	// when their homes' words stop naming it: its last write or the home
-	// copy, nothing else.
+	// (docs/failover.md §9): a live node is suspended (its lease ended:
+	// its client issues nothing more, its engine runs on), removed some
+	// steps later while it lives (a zombie: departed for every member
+	// that learnt the epoch, its verbs executed by those that have not,
+	// refused by those that have; the pages it homes move to complete
+	// backups), and closed later still, when a new incarnation joins. The
+	// pages it held are decided when their homes' words stop naming it,
+	// or when their new homes rebuild them: its last write or the home
+	// copy, nothing else. Needs Fills.
 	Partitions int
 	// UnsafeLease (with Partitions) breaks the lease on purpose: the
 	// partitioned node's client goes on after its removal. The checks
@@ -243,8 +244,8 @@ func (o *Options) norm() error {
 		return fmt.Errorf("sim: drains need Fills and no Mutex")
 	}
 	o.Drains = max(0, min(o.Drains, o.Nodes-2))
-	if o.Partitions > 0 && (o.Mutex || o.UnknownOutcomes || o.SplitReads) {
-		return fmt.Errorf("sim: partitions need no Mutex, UnknownOutcomes or SplitReads")
+	if o.Partitions > 0 && (!o.Fills || o.Mutex || o.UnknownOutcomes || o.SplitReads) {
+		return fmt.Errorf("sim: partitions need Fills, and no Mutex, UnknownOutcomes or SplitReads")
 	}
 	return nil
 }
@@ -372,6 +373,9 @@ type Stats struct {
 	// ZombieReleases the pages whose data a removed node's write-back
 	// decided.
 	Partitions, ZombieVerbs, ZombieFenced, ZombieReleases int
+	// ZombieHomes counts the pages moved away from a node at its
+	// removal while it lived on.
+	ZombieHomes int
 }
 
 // Violation is a broken invariant: the seed, the configuration, what broke
