@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"encoding/binary"
 	"maps"
 	"slices"
 
@@ -71,11 +72,11 @@ func (s *Sim) startPartition() bool {
 	return true
 }
 
-// tenureBut reports whether a live node other than x holds page p in M
-// or claims its tenure.
-func (s *Sim) tenureBut(p ids.PageNo, x ids.NodeID) bool {
+// laterTenure reports whether a live node other than x holds page p in M
+// or claims its tenure at a version after v.
+func (s *Sim) laterTenure(p ids.PageNo, x ids.NodeID, v uint16) bool {
 	for _, n := range s.nodes[1:] {
-		if n.alive && n.id != x && n.sm.Page(p).Tenure {
+		if info := n.sm.Page(p); n.alive && n.id != x && info.Tenure && int16(info.Version-v) > 0 {
 			return true
 		}
 	}
@@ -131,10 +132,13 @@ func (s *Sim) removeZombie(z ids.NodeID) {
 			s.promote[p] = s.promotableBut(p, z)
 			s.stats.ZombieHomes++
 			// Its own word names it, or it claims the tenure and no
-			// other live node does (a word it has not rebuilt yet: a
-			// stamp). A release of its own whose CAS landed while
-			// another node took the page since does not count.
-			if home := sl.data(s.Opts.PageSize); (sl.word().Holder() == z || n.sm.Page(p).Tenure && !s.tenureBut(p, z)) && !bytes.Equal(home, s.ref[p]) {
+			// other live node claims a later one (a word it has not
+			// rebuilt yet: a stamp). A release of its own whose CAS
+			// landed before another node took the page does not count;
+			// a stale claim of another node, whose release a move
+			// interrupted, does not hide its own.
+			info := n.sm.Page(p)
+			if home := sl.data(s.Opts.PageSize); (sl.word().Holder() == z || info.Tenure && !s.laterTenure(p, z, info.Version)) && !bytes.Equal(home, s.ref[p]) {
 				held[p] = [][]byte{slices.Clone(home), slices.Clone(s.ref[p])}
 			}
 			continue
@@ -144,7 +148,15 @@ func (s *Sim) removeZombie(z ids.NodeID) {
 		if info := n.sm.Page(p); sl.word().Holder() == z || info.Tenure && (info.Frozen || n.placed[p] != sl.home) {
 			home := slices.Clone(sl.data(s.Opts.PageSize))
 			if !bytes.Equal(home, s.ref[p]) {
-				s.zundecided[p] = zombieCands{z: z, cands: [][]byte{home, slices.Clone(s.ref[p])}, at: sl}
+				// Its release goes to the home it knows: the slot a
+				// move from a live home left behind, if it lags.
+				at := sl
+				if bh := n.placed[p]; bh != sl.home && s.former[p][bh] {
+					if fs, ok := s.bslots[p][bh]; ok {
+						at = fs
+					}
+				}
+				s.zundecided[p] = zombieCands{z: z, cands: [][]byte{home, slices.Clone(s.ref[p])}, at: at}
 				s.tracef("%v held %v: its data is its home copy %v or the zombie's %v", z, p, home, s.ref[p])
 			}
 		}
@@ -235,6 +247,31 @@ func (s *Sim) settleZombie(p ids.PageNo) {
 	if s.gone[sl.home] || w == 0 || w.Holder() == zc.z || w.Holder() == coherence.NotHome {
 		return
 	}
+	if h := w.Holder(); h != ids.None {
+		// Another node holds the page: its copy, not the slot, is the
+		// data. A copy equal to a candidate decides (a tenure given
+		// back by a rebuild, no request needed); one that a request
+		// already wrote is decided by that request (decideByAccess).
+		if int(h) >= len(s.nodes) || !s.nodes[h].alive {
+			return
+		}
+		state, data := s.nodes[h].sm.Copy(p)
+		if state != coherence.Modified {
+			return
+		}
+		for i, c := range zc.cands {
+			if bytes.Equal(c, data) {
+				delete(s.zundecided, p)
+				copy(s.ref[p], c)
+				if i == 1 {
+					s.stats.ZombieReleases++
+				}
+				s.tracef("%v: its data is decided at its holder %v: %v (%s)", p, h, c, []string{"the home copy", "the zombie's write"}[i])
+				return
+			}
+		}
+		return
+	}
 	delete(s.zundecided, p)
 	data := sl.data(s.Opts.PageSize)
 	for i, c := range zc.cands {
@@ -248,4 +285,50 @@ func (s *Sim) settleZombie(p ids.PageNo) {
 		}
 	}
 	s.fail("partition: the home %v made %v the data of %v, neither its copy nor the zombie %v's write: %v", sl.home, data, p, zc.z, zc.cands)
+}
+
+// decideByAccess decides page r.Page, still undecided since a zombie held
+// it, by the copy that node n's completed request c used: an access
+// served before the word the zombie releases to stopped naming it
+// (through a home that moved away and lags, for one).
+func (s *Sim) decideByAccess(n *simNode, r coherence.Request, c coherence.Completion) {
+	zc, ok := s.zundecided[r.Page]
+	if !ok {
+		return
+	}
+	i, ok := s.usedCandidate(n, r, c, zc.cands)
+	if !ok {
+		return
+	}
+	delete(s.zundecided, r.Page)
+	if i < 0 {
+		_, data := n.sm.Copy(r.Page)
+		s.fail("partition: %v's %v of %v used %v, neither the home copy nor the zombie %v's write: %v", n.id, r.Op, r.Page, data, zc.z, zc.cands)
+		return
+	}
+	copy(s.ref[r.Page], zc.cands[i])
+	if i == 1 {
+		s.stats.ZombieReleases++
+	}
+	s.tracef("%v: its data is decided by %v's %v: %v (%s)", r.Page, n.id, r.Op, zc.cands[i], []string{"the home copy", "the zombie's write"}[i])
+}
+
+// usedCandidate finds which of cands the copy of node n's completed
+// request c was, before the request: but for the word the request wrote,
+// the copy must equal it, and the word's old value (a load's, an add's,
+// a CAS's) chooses between candidates that differ only there. It reports
+// false when n holds no copy to judge by, and -1 when none matches.
+func (s *Sim) usedCandidate(n *simNode, r coherence.Request, c coherence.Completion, cands [][]byte) (int, bool) {
+	state, data := n.sm.Copy(r.Page)
+	if state == coherence.Invalid {
+		return 0, false
+	}
+	word := func(b []byte) uint64 { return binary.LittleEndian.Uint64(b[r.Offset:]) }
+	for i, cand := range cands {
+		same := bytes.Equal(cand[:r.Offset], data[:r.Offset]) && bytes.Equal(cand[r.Offset+8:], data[r.Offset+8:])
+		if same && (r.Op == coherence.OpStore || word(cand) == c.Value) {
+			return i, true
+		}
+	}
+	return -1, true
 }

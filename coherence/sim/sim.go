@@ -985,12 +985,18 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 		return
 	}
 	s.settleZombie(r.Page)
-	if s.undecided[r.Page] != nil {
+	s.decideByAccess(n, r, c)
+	if cands := s.undecided[r.Page]; cands != nil {
 		// Served before the new home made its slot's data the page's:
 		// through the old home, which lagged behind the move and
 		// repaired the word, refreshing every backup (the new home's
-		// slot too) with its copy first. The reverted data stands.
+		// slot too) with its copy first. The data the access used
+		// stands: the reverted data, or (a page a removed home held,
+		// Options.Partitions) its last write.
 		delete(s.undecided, r.Page)
+		if i, ok := s.usedCandidate(n, r, c, cands); ok && i >= 0 {
+			copy(s.ref[r.Page], cands[i])
+		}
 		s.tracef("%v: its data is decided by an access through the old home", r.Page)
 	}
 	cur := s.refWord(r.Page, r.Offset)

@@ -141,13 +141,12 @@ var configs = []struct {
 	// Partitions under leases (docs/failover.md §9): a node's lease ends
 	// (its client stops, its engine runs on), the members remove it while
 	// it lives and fence it one by one as they learn the epoch, and it
-	// closes later, a new incarnation joining. partition-crash adds
-	// crashes (of homes too), a restart, a join, two backups, skipped
-	// epochs and slow slots. Not modelled: a move away from a live home
-	// while a zombie lags behind it (its release goes to the old home's
-	// slot, which settleZombie does not watch).
+	// closes later, a new incarnation joining; the pages it homes move
+	// at its removal. partition-crash adds crashes (of homes too), a
+	// restart, a join, promotions, two backups, skipped epochs and slow
+	// slots.
 	{"partition", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, Evict: true, Backups: 1, Fills: true, Partitions: 2, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 100},
-	{"partition-crash", Options{Nodes: 7, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2, Restarts: 1, Joins: 1, Backups: 2, Fills: true, Partitions: 2, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 100},
+	{"partition-crash", Options{Nodes: 7, Pages: 4, Ops: 150, Faults: true, Evict: true, Crashes: 2, HomeCrashes: 2, Restarts: 1, Joins: 1, Backups: 2, Fills: true, Promotions: 2, Partitions: 2, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 100},
 	{"promote-mutex", Options{Nodes: 4, Pages: 1, Ops: 60, Mutex: true, Faults: true, Backups: 1, Fills: true, Promotions: 4, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32}, 50},
 	// READs that are not atomic (mem.SplitReads): every READ of a slot or
 	// a page (32 bytes) reads its last half when its batch is delivered
