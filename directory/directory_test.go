@@ -682,6 +682,33 @@ func TestUnleasedLeaderStepsDown(t *testing.T) {
 	})
 }
 
+// TestUnleasedFollowerGivesUp: a follower fenced at itself and at another
+// voter for a departure that never commits (chaos schedule 670099) gets
+// grants from the leader alone, which therefore never judges it. Once it
+// has asked in vain for twice the expiry while the leader reaches it, it
+// gives itself up (its node then starts a new incarnation), and the
+// leader, which the fences do not concern, keeps its lease.
+func TestUnleasedFollowerGivesUp(t *testing.T) {
+	_, l, f, other := threeVoters(t)
+	m, _ := f.View().Member(f.NodeID())
+	for _, v := range []*directory.Directory{f, other} {
+		if body := askFence(t, v, f.NodeID(), m.Nonce, l.NodeID()); strings.Contains(body, `"err"`) {
+			t.Fatalf("the fence at n%d: %s", v.NodeID(), body)
+		}
+	}
+	waitFor(t, "the fenced follower loses its lease", func() bool { return f.Lease().Until < directory.LeaseClock() })
+	waitFor(t, "the fenced follower gives itself up", func() bool {
+		return errors.Is(f.Lease().Departed, directory.ErrDeclaredFailed)
+	})
+	t.Logf("it gave itself up: %v", f.Lease().Departed)
+	if l.Lease().Until < directory.LeaseClock() || l.RaftStats().Leader != l.NodeID() {
+		t.Errorf("the leader lost its lease or its leadership")
+	}
+	if other.Lease().Departed != nil {
+		t.Errorf("the other follower gave itself up: %v", other.Lease().Departed)
+	}
+}
+
 // threeVoters starts a cluster of three voters and returns it, its leader
 // and its two followers.
 func threeVoters(t *testing.T) (c *cluster, l, f1, f2 *directory.Directory) {

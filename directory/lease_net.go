@@ -273,6 +273,7 @@ func (d *Directory) leaseLoop() {
 		}
 	}()
 	var unleased, stepped time.Duration // since when no lease is held (0: one is); the last step-down
+	var asking time.Duration            // since when this incarnation, a member, has asked in vain (0: it holds a lease)
 	for {
 		select {
 		case <-d.closeCh:
@@ -280,6 +281,9 @@ func (d *Directory) leaseLoop() {
 		case <-tick.C:
 		}
 		unleased, stepped = d.stepDownUnleased(p, unleased, stepped)
+		if unleased == 0 {
+			asking = 0
+		}
 		v := d.View()
 		m, ok := v.Member(d.cfg.NodeID)
 		if err := departure(m, ok, d.cfg.Nonce); err != nil {
@@ -288,6 +292,14 @@ func (d *Directory) leaseLoop() {
 		}
 		if !ok || m.State != StateAlive || m.Nonce != d.cfg.Nonce {
 			continue // not a member (yet, or any more): nothing to ask for
+		}
+		if asking == 0 && unleased != 0 {
+			asking = leaseClock()
+		}
+		if err := d.giveUpUnleased(p, asking); err != nil {
+			d.log.Warn("directory: this incarnation has held no lease for twice the expiry while a leader replicates to it: it gives itself up, and its node starts a new incarnation", "err", err)
+			d.noteDeparted(err)
+			return
 		}
 		conf, err := d.configuration()
 		if err != nil {
@@ -350,6 +362,38 @@ func (d *Directory) stepDownUnleased(p leaseParams, unleased, stepped time.Durat
 		}
 	}()
 	return unleased, now
+}
+
+// giveUpUnleased returns the reason this incarnation gives itself up, or
+// nil: it has asked for a lease in vain, as a member, for twice the expiry
+// (since asking; 0: it holds one) while it follows a leader that reaches
+// it. Such a leader
+// grants it, so it never judges it, but the other voters may not: a fence
+// for a departure that an earlier leader began and never committed (it
+// lost its leadership between the fence and the command) stays at each
+// voter it reached, this node's own included, and they refuse this
+// incarnation leases until a verdict that never comes. In chaos schedule
+// 670099 n2 was fenced so at itself and at n1 by n1, briefly the leader,
+// and held no lease for the last 41 s of the run, serving nothing, while
+// n3 led and granted it. A new incarnation has a new nonce, which no
+// fence names; its join fences this one at a majority and moves its
+// shards, as after a restart of the process. A node cut off from the
+// majority has no leader that reaches it and keeps waiting (the majority
+// judges it).
+func (d *Directory) giveUpUnleased(p leaseParams, asking time.Duration) error {
+	if asking == 0 || leaseClock()-asking < 2*p.expiry() || d.raft.State() != raft.Follower {
+		return nil
+	}
+	addr, lid := d.raft.LeaderWithID()
+	if addr == "" || lid == serverID(d.cfg.NodeID) || time.Since(d.raft.LastContact()) > p.Length {
+		return nil
+	}
+	leader := string(lid)
+	if id, ok := parseServerID(lid); ok {
+		leader = id.String()
+	}
+	return fmt.Errorf("%w: by itself: no lease for %v while following leader %s, which reached it %v ago",
+		ErrDeclaredFailed, (leaseClock() - asking).Round(time.Millisecond), leader, time.Since(d.raft.LastContact()).Round(time.Millisecond))
 }
 
 // noteDeparted records that this incarnation departed; leases end here.
