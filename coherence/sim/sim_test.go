@@ -371,21 +371,18 @@ func TestSimRegressions(t *testing.T) {
 	}
 }
 
-// TestSimCatchesEarlyPromotion proves the checks of fills: with
-// EarlyPromote the driver moves a crashed home's pages to a backup whose
-// fill is not done (I9 broken on purpose), and some seed must fail.
-// TestSimCatchesLeaveHolding checks that the drain configuration can fail:
-// with LeaveHolding a draining node departs without writing back its
-// Modified pages and the driver does not check it at the departure, and
-// the data checks must see the writes it took with it.
-func TestSimCatchesLeaveHolding(t *testing.T) {
+// mustCatch runs up to 400 seeds of configuration config broken by
+// breakIt, and fails t unless some seed breaks an invariant: the proof
+// that the configuration's checks can fail.
+func mustCatch(t *testing.T, config string, breakIt func(*Options), what string) {
+	t.Helper()
 	var opts Options
 	for _, c := range configs {
-		if c.name == "drain" {
+		if c.name == config {
 			opts = c.opts
 		}
 	}
-	opts.LeaveHolding = true
+	breakIt(&opts)
 	const seeds = 400
 	for seed := int64(1); seed <= seeds; seed++ {
 		if _, err := runOnce(seed, opts); err != nil {
@@ -393,7 +390,24 @@ func TestSimCatchesLeaveHolding(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("%d seeds had draining nodes leave with their Modified pages and no check failed", seeds)
+	t.Fatalf("%d seeds %s and no check failed", seeds, what)
+}
+
+// TestSimCatchesEarlyPromotion proves the checks of fills: with
+// EarlyPromote the driver moves a crashed home's pages to a backup whose
+// fill is not done (I9 broken on purpose), and some seed must fail.
+func TestSimCatchesEarlyPromotion(t *testing.T) {
+	mustCatch(t, "fill", func(o *Options) { o.EarlyPromote, o.MidFillCrashes = true, true },
+		"promoted backups before their fills")
+}
+
+// TestSimCatchesLeaveHolding checks that the drain configuration can fail:
+// with LeaveHolding a draining node departs without writing back its
+// Modified pages and the driver does not check it at the departure, and
+// the data checks must see the writes it took with it.
+func TestSimCatchesLeaveHolding(t *testing.T) {
+	mustCatch(t, "drain", func(o *Options) { o.LeaveHolding = true },
+		"had draining nodes leave with their Modified pages")
 }
 
 // TestSimCatchesUnsafeLease checks that the partition configuration can
@@ -401,37 +415,6 @@ func TestSimCatchesLeaveHolding(t *testing.T) {
 // removal (its lease is not honoured), and the checks must see its stores
 // beside the majority's.
 func TestSimCatchesUnsafeLease(t *testing.T) {
-	var opts Options
-	for _, c := range configs {
-		if c.name == "partition" {
-			opts = c.opts
-		}
-	}
-	opts.UnsafeLease = true
-	const seeds = 400
-	for seed := int64(1); seed <= seeds; seed++ {
-		if _, err := runOnce(seed, opts); err != nil {
-			t.Logf("caught at seed %d: %.300s", seed, err)
-			return
-		}
-	}
-	t.Fatalf("%d seeds let a removed node's client go on and no check failed", seeds)
-}
-
-func TestSimCatchesEarlyPromotion(t *testing.T) {
-	var opts Options
-	for _, c := range configs {
-		if c.name == "fill" {
-			opts = c.opts
-		}
-	}
-	opts.EarlyPromote, opts.MidFillCrashes = true, true
-	const seeds = 400
-	for seed := int64(1); seed <= seeds; seed++ {
-		if _, err := runOnce(seed, opts); err != nil {
-			t.Logf("caught at seed %d: %.300s", seed, err)
-			return
-		}
-	}
-	t.Fatalf("%d seeds promoted backups before their fills and no check failed", seeds)
+	mustCatch(t, "partition", func(o *Options) { o.UnsafeLease = true },
+		"let a removed node's client go on")
 }
