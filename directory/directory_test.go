@@ -698,7 +698,7 @@ func TestUnleasedFollowerGivesUp(t *testing.T) {
 	}
 	waitFor(t, "the fenced follower loses its lease", func() bool { return f.Lease().Until < directory.LeaseClock() })
 	waitFor(t, "the fenced follower gives itself up", func() bool {
-		return errors.Is(f.Lease().Departed, directory.ErrDeclaredFailed)
+		return errors.Is(f.Lease().Departed, directory.ErrGaveUp) && errors.Is(f.Lease().Departed, directory.ErrDeclaredFailed)
 	})
 	t.Logf("it gave itself up: %v", f.Lease().Departed)
 	if l.Lease().Until < directory.LeaseClock() || l.RaftStats().Leader != l.NodeID() {

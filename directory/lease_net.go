@@ -392,8 +392,8 @@ func (d *Directory) giveUpUnleased(p leaseParams, asking time.Duration) error {
 	if id, ok := parseServerID(lid); ok {
 		leader = id.String()
 	}
-	return fmt.Errorf("%w: by itself: no lease for %v while following leader %s, which reached it %v ago",
-		ErrDeclaredFailed, (leaseClock() - asking).Round(time.Millisecond), leader, time.Since(d.raft.LastContact()).Round(time.Millisecond))
+	return fmt.Errorf("%w: no lease for %v while following leader %s, which reached it %v ago",
+		ErrGaveUp, (leaseClock() - asking).Round(time.Millisecond), leader, time.Since(d.raft.LastContact()).Round(time.Millisecond))
 }
 
 // noteDeparted records that this incarnation departed; leases end here.

@@ -57,6 +57,11 @@ var (
 	// (dsmctl members remove), or another process of the node id took its
 	// place; a voter refuses it a lease with it.
 	ErrDeparted = errors.New("directory: this incarnation departed from the cluster")
+	// ErrGaveUp: the incarnation gave itself up, having asked in vain for
+	// a lease for twice the expiry while a leader reached it (a fence at a
+	// majority that no departure followed). It matches ErrDeclaredFailed:
+	// the incarnation is over, and its process starts a new one.
+	ErrGaveUp = fmt.Errorf("%w by itself", ErrDeclaredFailed)
 )
 
 // SpecError says which field of a RegionSpec is wrong and why. It matches

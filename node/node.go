@@ -523,6 +523,12 @@ func (n *Node) departed(why error) {
 	if n.leaving.Load() {
 		return // a graceful leave ends in a departure
 	}
+	if errors.Is(why, directory.ErrGaveUp) {
+		if n.fail(fmt.Errorf("%w: %w", errDeclaredFailed, why)) {
+			n.log.Error("this incarnation gave itself up: no majority of the voters would grant it a lease while the leader reached it; it serves nothing more, what it held Modified is lost, and a new incarnation rejoins", "err", why)
+		}
+		return
+	}
 	if errors.Is(why, directory.ErrDeclaredFailed) {
 		if n.fail(fmt.Errorf("%w: %w", errDeclaredFailed, why)) {
 			n.log.Error("declared failed by the cluster: this incarnation serves nothing more; its pages moved on, and what it held Modified is lost", "err", why)
