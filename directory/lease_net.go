@@ -367,8 +367,8 @@ func (d *Directory) stepDownUnleased(p leaseParams, unleased, stepped time.Durat
 // giveUpUnleased returns the reason this incarnation gives itself up, or
 // nil: it has asked for a lease in vain, as a member, for twice the expiry
 // (since asking; 0: it holds one) while it follows a leader that reaches
-// it. Such a leader
-// grants it, so it never judges it, but the other voters may not: a fence
+// it. Such a leader grants it, so it never judges it, but the other
+// voters may not: a fence
 // for a departure that an earlier leader began and never committed (it
 // lost its leadership between the fence and the command) stays at each
 // voter it reached, this node's own included, and they refuse this

@@ -170,6 +170,54 @@ func TestManualFence(t *testing.T) {
 	}
 }
 
+// In immediate mode too, a fenced peer's batches fail unexecuted and its
+// messages are dropped.
+func TestImmediateFence(t *testing.T) {
+	net := mem.NewNetwork()
+	var eps []*mem.Endpoint
+	for id := ids.NodeID(1); id <= 3; id++ {
+		ep, err := net.Endpoint(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ep.Close() })
+		eps = append(eps, ep)
+	}
+	reg := registerWords(t, eps[1])
+	got := make(chan string, 4)
+	eps[1].SetHandler(func(from ids.NodeID, msg []byte) { got <- string(msg) })
+	ctx := context.Background()
+	faa := func() error {
+		return eps[0].Post(ctx, 2, []rdma.Op{{Kind: rdma.OpFAA, RKey: reg.Descriptor().RKey, Operand: 1}})
+	}
+	if err := faa(); err != nil {
+		t.Fatal(err)
+	}
+	if err := eps[0].Send(ctx, 2, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-got; m != "before" {
+		t.Fatalf("got %q", m)
+	}
+	eps[1].Fence(1)
+	if err := faa(); !errors.Is(err, rdma.ErrPeerUnreachable) {
+		t.Errorf("a fenced peer's batch: %v, want ErrPeerUnreachable", err)
+	}
+	if err := eps[0].Send(ctx, 2, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	// A message of another peer, handled in order after it.
+	if err := eps[2].Send(ctx, 2, []byte("mark")); err != nil {
+		t.Fatal(err)
+	}
+	if m := <-got; m != "mark" {
+		t.Errorf("the fenced peer's message %q was handled", m)
+	}
+	if w := rdma.LoadWord(reg.Bytes(), 0); w != 1 {
+		t.Errorf("word %d, want 1 (the fenced batch unexecuted)", w)
+	}
+}
+
 // A blocking Post in manual mode waits for delivery and honours its
 // context; a cancelled batch is never executed.
 func TestManualPostContext(t *testing.T) {

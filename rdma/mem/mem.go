@@ -542,6 +542,9 @@ func (e *Endpoint) postNow(peer ids.NodeID, ops []rdma.Op) error {
 		return err
 	}
 	p, err := e.peer(peer)
+	if err == nil && p.Fences(e.id) {
+		err = &rdma.PeerError{Peer: peer, Err: rdma.ErrPeerUnreachable}
+	}
 	if err != nil {
 		rdma.FailAll(ops, err)
 		return err
@@ -635,7 +638,9 @@ func (e *Endpoint) deliverLoop() {
 				if e.isClosed() {
 					return
 				}
-				e.handle(m.from, m.msg)
+				if !e.Fences(m.from) {
+					e.handle(m.from, m.msg)
+				}
 			}
 		}
 	}
