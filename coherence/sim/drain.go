@@ -55,14 +55,10 @@ func (s *Sim) driveDrain() bool {
 		s.fail("drain: %v died while draining", x)
 		return false
 	}
-	pages := make([]ids.PageNo, 0, s.Opts.Pages)
-	for p := ids.PageNo(0); int(p) < s.Opts.Pages; p++ {
-		pages = append(pages, p)
-	}
 	if n.client != nil {
 		return false // its last request first (a write-back under way)
 	}
-	for _, p := range pages {
+	for p := range ids.PageNo(s.Opts.Pages) {
 		if info := n.sm.Page(p); (info.Tenure || info.State == coherence.Modified) && !s.Opts.LeaveHolding {
 			s.stats.DrainEvictions++
 			if err := s.request(x, coherence.Request{Op: coherence.OpEvict, Page: p}); err != nil {
@@ -74,7 +70,7 @@ func (s *Sim) driveDrain() bool {
 	if s.reconf >= 0 || len(s.promote) > 0 || len(s.lagging) > 0 && !s.Opts.SkipMoves {
 		return false
 	}
-	for _, p := range pages {
+	for p := range ids.PageNo(s.Opts.Pages) {
 		if s.slots[p].home != x {
 			continue
 		}

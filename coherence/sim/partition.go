@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -259,31 +260,17 @@ func (s *Sim) settleZombie(p ids.PageNo) {
 		if state != coherence.Modified {
 			return
 		}
-		for i, c := range zc.cands {
-			if bytes.Equal(c, data) {
-				delete(s.zundecided, p)
-				copy(s.ref[p], c)
-				if i == 1 {
-					s.stats.ZombieReleases++
-				}
-				s.tracef("%v: its data is decided at its holder %v: %v (%s)", p, h, c, []string{"the home copy", "the zombie's write"}[i])
-				return
-			}
+		if i := slices.IndexFunc(zc.cands, func(c []byte) bool { return bytes.Equal(c, data) }); i >= 0 {
+			s.decideZombie(p, i, fmt.Sprintf("at its holder %v", h))
 		}
 		return
 	}
-	delete(s.zundecided, p)
 	data := sl.data(s.Opts.PageSize)
-	for i, c := range zc.cands {
-		if bytes.Equal(c, data) {
-			copy(s.ref[p], data)
-			if i == 1 {
-				s.stats.ZombieReleases++
-			}
-			s.tracef("%v: its data is decided at %v: %v (%s)", p, sl.home, data, []string{"the home copy", "the zombie's write"}[i])
-			return
-		}
+	if i := slices.IndexFunc(zc.cands, func(c []byte) bool { return bytes.Equal(c, data) }); i >= 0 {
+		s.decideZombie(p, i, fmt.Sprintf("at %v", sl.home))
+		return
 	}
+	delete(s.zundecided, p)
 	s.fail("partition: the home %v made %v the data of %v, neither its copy nor the zombie %v's write: %v", sl.home, data, p, zc.z, zc.cands)
 }
 
@@ -300,17 +287,25 @@ func (s *Sim) decideByAccess(n *simNode, r coherence.Request, c coherence.Comple
 	if !ok {
 		return
 	}
-	delete(s.zundecided, r.Page)
 	if i < 0 {
+		delete(s.zundecided, r.Page)
 		_, data := n.sm.Copy(r.Page)
 		s.fail("partition: %v's %v of %v used %v, neither the home copy nor the zombie %v's write: %v", n.id, r.Op, r.Page, data, zc.z, zc.cands)
 		return
 	}
-	copy(s.ref[r.Page], zc.cands[i])
+	s.decideZombie(r.Page, i, fmt.Sprintf("by %v's %v", n.id, r.Op))
+}
+
+// decideZombie makes candidate i of page p, undecided since a zombie held
+// it, the page's data; how says what decided it.
+func (s *Sim) decideZombie(p ids.PageNo, i int, how string) {
+	c := s.zundecided[p].cands[i]
+	delete(s.zundecided, p)
+	copy(s.ref[p], c)
 	if i == 1 {
 		s.stats.ZombieReleases++
 	}
-	s.tracef("%v: its data is decided by %v's %v: %v (%s)", r.Page, n.id, r.Op, zc.cands[i], []string{"the home copy", "the zombie's write"}[i])
+	s.tracef("%v: its data is decided %s: %v (%s)", p, how, c, []string{"the home copy", "the zombie's write"}[i])
 }
 
 // usedCandidate finds which of cands the copy of node n's completed
