@@ -23,6 +23,7 @@ const (
 // dsmd processes on loopback, each subtest on a region of its own and
 // dsmclient processes as the applications.
 func TestCoherentMemory(t *testing.T) {
+	t.Parallel() // its own cluster, and nothing in it depends on timing
 	c := startClusterWith(t, 3, map[int][]string{smallCacheNode: {"--cache-size", fmt.Sprint(smallCache)}})
 	c.waitHealthy(1)
 	c.waitHealthy(3)
