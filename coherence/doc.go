@@ -149,7 +149,10 @@
 // needs no list of its pages (Config.HomedPages) and no sweep after a
 // departure: untouched words (zero, from any epoch) are used as they are
 // and stamped by their first CAS, and words naming departed nodes are
-// repaired when a node finds them. The argument: only a repair removes a
+// repaired when a node finds them. One exception: an untouched word beside
+// data that is not all zero (a backup slot that a release wrote in part,
+// made home by a crash) is read only after the home's repair, which first
+// writes that data to the other backups (Word.Unwritten). The argument: only a repair removes a
 // departed holder or reserver from a word, and a repair happens only when
 // every member has the epoch and has dropped what the departure made
 // untrustworthy; every other change of a word is a CAS or FAA by a member

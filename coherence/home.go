@@ -460,7 +460,11 @@ func (n *Node) driveHome(h *homeDuty) {
 			if n.refreshBackups(h) {
 				return
 			}
-			n.homeCAS(h, hRepair, n.repaired(h.guess))
+			next := n.repaired(h.guess)
+			if h.known && h.guess.Unwritten() && h.bkData != nil && !allZero(h.bkData) {
+				next = writtenOver(n.tag())
+			}
+			n.homeCAS(h, hRepair, next)
 			return
 		}
 		if n.driveFill(h) {
@@ -534,12 +538,23 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 	// part (its data, not its stamp: a batch of unknown outcome) still has
 	// the zero word of a slot never written (fill-crash seed 8287).
 	departed := w.Holder() != ids.None && !n.isMember(w.Holder())
-	if !departed && !(h.rebuilding && w.Holder() == ids.None) {
+	// An unwritten word repaired (a reader found data beside it) hands
+	// that data out: the other backups get it first, with the stamp of
+	// the version the repair writes.
+	unwritten := h.pending && h.known && w.Unwritten()
+	if !departed && !unwritten && !(h.rebuilding && w.Holder() == ids.None) {
 		return false
 	}
 	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
 	if h.bkFor != key || h.bkAcked == nil {
 		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
+	}
+	stamp := Stamp(w.Version())
+	if unwritten && h.bkData != nil {
+		if allZero(h.bkData) {
+			return false // nothing to hand out: the repair tags the word
+		}
+		stamp = Stamp(writtenOver(0).Version())
 	}
 	for _, b := range n.backupsFn(h.no) {
 		if b == n.cfg.ID || h.bkAcked[b] || !n.isMember(b) {
@@ -557,7 +572,7 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		id := n.nextID
 		verbs := []Verb{
 			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData), HomeCopy: true},
-			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
+			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(stamp))},
 		}
 		n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: b, epoch: n.epoch}
 		n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: b, Verbs: verbs})

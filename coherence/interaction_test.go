@@ -46,6 +46,10 @@ import (
 //	                                outcome: executed (an executed one, else
 //	                                the oldest in the network runs first) or
 //	                                lost unexecuted (the oldest in the network)
+//	complete nX outcome=unknown ops=K
+//	                                nX's oldest batch in the network executes
+//	                                its first K ops only, and is reported as
+//	                                of unknown outcome
 //	tick [n=K]                      advance every clock
 //	crash nX                        kill a node
 //	leave nX                        a drained node departs (graceful leave): it must hold no
@@ -188,12 +192,18 @@ func run(t *testing.T, d *datadriven.TestData, sp **sim.Sim) string {
 	case "complete":
 		if d.HasArg("outcome") {
 			var outcome string
-			var executed bool
 			d.ScanArgs(t, "outcome", &outcome)
-			d.ScanArgs(t, "executed", &executed)
 			if outcome != "unknown" {
 				d.Fatalf(t, "outcome %q", outcome)
 			}
+			if d.HasArg("ops") {
+				if _, err := s.CompleteUnknownPart(node(t, d), intArg(t, d, "ops", 0)); err != nil {
+					return fmt.Sprintf("error: %v\n", err)
+				}
+				return ""
+			}
+			var executed bool
+			d.ScanArgs(t, "executed", &executed)
 			if _, err := s.CompleteUnknown(node(t, d), executed); err != nil {
 				return fmt.Sprintf("error: %v\n", err)
 			}

@@ -91,6 +91,14 @@ func (n *Node) readDone(p *page, verbs []Verb, res []Result) {
 	// The trust rule: no holder validates the data whatever the tag (the
 	// unit rule and the version make the data current, not the tag), but
 	// only from a READ that the node posted knowing every departure.
+	if p.unitCounted && w.Holder() == ids.None && whole && !p.readStale && w.Unwritten() && !allZero(data) {
+		// Data beside a word nothing wrote: a release that died after
+		// the data and before the stamp, in a backup slot that became
+		// the home. The other backups may not have it; the home's
+		// repair writes it to them first (refreshBackups).
+		n.notHome(p)
+		return
+	}
 	if p.unitCounted && w.Holder() == ids.None && whole && !p.readStale {
 		p.state = Shared
 		p.data = slices.Clone(data)

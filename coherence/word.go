@@ -72,6 +72,21 @@ func StampOf(w Word) Word {
 	return Stamp(v)
 }
 
+// Unwritten reports whether w is a word that nothing but readers' units
+// ever changed: no holder, no reservation, version 0, tag 0. Beside data
+// that is not all zero it is the word of a backup slot that a release
+// wrote in part (its data, not its stamp) and that became a home slot
+// (docs/failover.md §7, "Backups that a dead releaser left apart"); or,
+// very rarely, a home word whose version wrapped around in an epoch of tag
+// 0. Either way the data is handed out only after a repair of the word.
+func (w Word) Unwritten() bool { return w.withoutSharers() == 0 }
+
+// writtenOver is the word that repairs an unwritten word beside data:
+// version 1 (a tenure counter that moved, so that every unit counted at
+// version 0 is added again, and the word is never unwritten again), no
+// sharers, tag t.
+func writtenOver(t uint8) Word { return Word(0).withVersion(1).withTag(t) }
+
 // WithVersion returns w with the version set to v. A home may start a
 // page's word at any version (the simulator starts some near the wrap).
 func (w Word) WithVersion(v uint16) Word { return w.withVersion(v) }

@@ -128,6 +128,32 @@ func (s *Sim) CompleteUnknown(id ids.NodeID, executed bool) (uint64, error) {
 	return 0, fmt.Errorf("sim: %v has no batch to complete", id)
 }
 
+// CompleteUnknownPart executes the first k ops of node id's oldest batch
+// in the network (0 < k < its length), drops the rest, and reports the
+// batch to id as of unknown outcome (a connection that broke in the middle
+// of it); it says which batch.
+func (s *Sim) CompleteUnknownPart(id ids.NodeID, k int) (uint64, error) {
+	s.step++
+	defer s.check(false)
+	for _, d := range s.net.Pending() {
+		if d.Kind != mem.BatchDelivery || d.From != id {
+			continue
+		}
+		if k <= 0 || k >= len(d.Ops) {
+			return 0, fmt.Errorf("sim: %d of the %d ops of %v's oldest batch is no part of it", k, len(d.Ops), id)
+		}
+		s.unknownOutcome(d, k)
+		i := len(s.done) - 1
+		if i < 0 || s.done[i].node != id {
+			return 0, fmt.Errorf("sim: the batch of %v left no completion", id)
+		}
+		b := s.done[i].batch.ID
+		s.completeBatch(i)
+		return b, nil
+	}
+	return 0, fmt.Errorf("sim: %v has no batch in the network", id)
+}
+
 // Stabilize delivers, completes and ticks, oldest first, until nothing is
 // in flight or maxSteps passed. It reports whether the cluster is quiet.
 func (s *Sim) Stabilize(maxSteps int) bool {

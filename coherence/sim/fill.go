@@ -251,6 +251,12 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 		return
 	}
 	home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
+	if w.Unwritten() && !bytes.Equal(home, make([]byte, len(home))) {
+		// Data beside an unwritten word (a release wrote this slot in
+		// part while it was a backup): nobody takes it before the
+		// home's repair writes it to the backups.
+		return
+	}
 	for _, b := range s.completeBackups(p) {
 		bs, ok := s.bslots[p][b]
 		if !ok {
@@ -355,7 +361,7 @@ func (s *Sim) promoteLive() {
 			continue
 		}
 		s.stampFormer(p, c)
-		if !s.judgeBackup(p, c, bs, slices.Clone(old.data(s.Opts.PageSize)), old.word(), true) {
+		if !s.judgeBackup(p, c, bs, slices.Clone(old.data(s.Opts.PageSize)), old.word()) {
 			return
 		}
 		delete(s.bslots[p], c)
@@ -405,6 +411,31 @@ func (s *Sim) stampSlot(p ids.PageNo, id ids.NodeID) {
 		rdma.StoreWord(sl.reg.Bytes(), sl.off, uint64(st))
 		s.stats.DemoteStamps++
 		s.tracef("%v stamps its old slot of %v: %v -> %v", id, p, w, st)
+	}
+}
+
+// clearLeftBehind clears, in node n's slots that pages moved away from by
+// a promotion n learns now, the data beside an unwritten word, as dsmd's
+// engine does between taking the epoch and acknowledging it: such data was
+// never handed out here (a read asks for a repair first; an acquisition, a
+// repair and a rebuild write the word), and the new home, which holds the
+// page's data, skips a fill of a page never written, so the slot must read
+// zero before any fill of it can begin.
+func (s *Sim) clearLeftBehind(n *simNode) {
+	for _, d := range s.stampsDue {
+		if d.node != n.id || d.epoch > n.learnt || n.placed[d.page] == n.id {
+			continue
+		}
+		sl, ok := s.bslots[d.page][n.id]
+		if !ok || !sl.word().Unwritten() {
+			continue
+		}
+		data := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
+		if !bytes.Equal(data, make([]byte, len(data))) {
+			clear(data)
+			s.stats.LeftBehindCleared++
+			s.tracef("%v clears its old slot of %v: data beside an unwritten word", n.id, d.page)
+		}
 	}
 }
 

@@ -357,6 +357,11 @@ type Stats struct {
 	// LaggingHomeVerbs the batches that reached an old home's slot
 	// after its page had moved.
 	Promotions, DemoteStamps, LaggingHomeVerbs int
+	// UnwrittenData counts the backups that became homes with data beside
+	// a zero word (a release wrote their data and not their stamp), and
+	// LeftBehindCleared the old home slots whose data beside an unwritten
+	// word a promotion cleared (clearLeftBehind).
+	UnwrittenData, LeftBehindCleared int
 	// Persisted counts the stable copies reported for Persist events,
 	// PersistsAbandoned those given up.
 	Persisted, PersistsAbandoned int
@@ -990,14 +995,17 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 		// Served before the new home made its slot's data the page's:
 		// through the old home, which lagged behind the move and
 		// repaired the word, refreshing every backup (the new home's
-		// slot too) with its copy first. The data the access used
-		// stands: the reverted data, or (a page a removed home held,
-		// Options.Partitions) its last write.
+		// slot too) with its copy first; or by a home whose slot holds
+		// a word never written beside zero data, after a promotion took
+		// the page from a backup that a dead releaser had written in
+		// part. The data the access used stands: the reverted data, or
+		// (a page a removed home held, Options.Partitions) its last
+		// write.
 		delete(s.undecided, r.Page)
 		if i, ok := s.usedCandidate(n, r, c, cands); ok && i >= 0 {
 			copy(s.ref[r.Page], cands[i])
 		}
-		s.tracef("%v: its data is decided by an access through the old home", r.Page)
+		s.tracef("%v: its data is decided by an access", r.Page)
 	}
 	cur := s.refWord(r.Page, r.Offset)
 	switch r.Op {
@@ -1377,7 +1385,7 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 	}
 	s.stampFormer(p, home)
 	delete(s.bslots[p], home)
-	if !s.judgeBackup(p, home, bs, s.moving[p], s.movingWord[p], false) {
+	if !s.judgeBackup(p, home, bs, s.moving[p], s.movingWord[p]) {
 		return false
 	}
 	delete(s.former[p], home)
@@ -1397,16 +1405,15 @@ func (s *Sim) promoteBackup(p ids.PageNo) bool {
 // it must hold the old home copy, or the data of the tenure the old word
 // names as held, written by a release whose CAS did not happen: then,
 // unless the releaser lives (it claims the tenure and the rebuild
-// decides), that write takes effect (the releaser's last write before it
-// died), and the reference model takes it.
-//
-// live says the old home lives on (a promotion): if it still owes a repair
-// of the word (a dead holder, or a stamp of its own), its refresh of the
-// backups may yet write its copy over the new home's slot, until the new
-// home makes the slot's data the page's (its rebuild or repair, after
-// every member acknowledged the epoch, the old home last of all): the data
-// is decided then (settle).
-func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte, old coherence.Word, live bool) bool {
+// decides), the page is undecided between the two until the new home
+// makes the slot's data the page's (its rebuild or repair, after every
+// member acknowledged the epoch: settle) or an access takes one of them.
+// Before that, an old home that lives on (a promotion) and still owes a
+// repair of the word (a dead holder, or a stamp of its own) may refresh
+// every backup, the new home's slot too, with its copy; and a promotion,
+// or a crash of the new home, may make another backup, which the dead
+// releaser never wrote, the home.
+func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte, old coherence.Word) bool {
 	w := bs.word()
 	if s.former[p][home] {
 		// An old home's slot, promoted back: judged as the stamp
@@ -1425,14 +1432,19 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 		return false
 	case bytes.Equal(data, oldData):
 	case s.undecided[p] != nil && slices.ContainsFunc(s.undecided[p], func(c []byte) bool { return bytes.Equal(c, data) }):
-		// Still undecided since an earlier promotion.
+		// Still undecided since an earlier move.
 	case held:
-		if h := s.nodes[old.Holder()]; live && (h == nil || !h.alive) {
+		// The releaser's last write, under a CAS that did not happen.
+		// If it died, the write may take effect: it does once the new
+		// home hands the slot's data out (its rebuild or repair, or an
+		// access). Until then the old copy may still win (above; the
+		// case of promote-crash seed 6098).
+		if h := s.nodes[old.Holder()]; h == nil || !h.alive {
+			if w == 0 {
+				s.stats.UnwrittenData++
+			}
 			s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
-			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect unless the old home's repair overwrites it", p, home, old.Version(), old.Holder())
-		} else if h == nil || !h.alive {
-			copy(s.ref[p], data)
-			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect", p, home, old.Version(), old.Holder())
+			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect once the new home hands it out", p, home, old.Version(), old.Holder())
 		}
 	case s.liveTenure(p):
 		// A live node holds or claims the tenure: the rebuild decides
@@ -1448,15 +1460,9 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 		// the slot may hold the last write of a releaser that died
 		// after writing some backups (a lagging one even writes the
 		// slot that just became a home). That write takes effect or
-		// not, unseen; the checks of every copy against the data
-		// still hold.
-		if live {
-			s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
-			s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data unless the old home's repair overwrites it", p, home)
-		} else {
-			copy(s.ref[p], data)
-			s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data", p, home)
-		}
+		// not, unseen, decided as above.
+		s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
+		s.tracef("%v: the backup at %v differs from the old home's, which nobody read: it is the data once the new home hands it out", p, home)
 	default:
 		s.fail("backup of %v at %v (stamp %v, data %v) is neither the home copy (%v) nor the held tenure's (home word %v)", p, home, w, data, oldData, old)
 		return false
@@ -1530,7 +1536,7 @@ func (s *Sim) settle(p ids.PageNo) {
 		return
 	}
 	sl := s.slots[p]
-	if w := sl.word(); w == 0 || w.Holder() == coherence.NotHome || s.gone[sl.home] {
+	if w := sl.word(); w.Unwritten() || w.Holder() == coherence.NotHome || s.gone[sl.home] {
 		return
 	}
 	delete(s.undecided, p)
@@ -1714,6 +1720,7 @@ func (s *Sim) reconfigureOne(i int) {
 	if err := n.sm.Step(rc); err != nil {
 		s.fail("%v refused reconfiguration: %v", n.id, err)
 	}
+	s.clearLeftBehind(n)
 	s.apply(n)
 }
 
