@@ -1063,7 +1063,17 @@ func (s *engineSim) runJob(i int) {
 			}
 		}
 		s.logf("n%d learns epoch %v: members %v targets %v", j.node.id, rc.Epoch, rc.Members, rc.Targets)
-		e.onReconfigure(rc)
+		var leaving []PageRange
+		if s.cfg.backups > 0 && s.cfg.promotions {
+			// The pages promoted away from this live node, as
+			// dsmd's leftBehind lists them.
+			for p, h := range j.home {
+				if j.node.lastHome[p] == j.node.id && h != j.node.id {
+					leaving = append(leaving, PageRange{First: ids.PageNo(p), End: ids.PageNo(p) + 1})
+				}
+			}
+		}
+		s.selfPosting(j.node, func() { e.onReconfigure(rc, leaving...) })
 		if s.cfg.backups > 0 && e.sm.Epoch() == rc.Epoch {
 			if s.cfg.promotions {
 				// The engine is in the new epoch: the pages promoted away
@@ -1733,21 +1743,32 @@ func (s *engineSim) crashSafe(victim ids.NodeID) bool {
 // go through n's transport to itself (Engine.zeroData): the driver
 // delivers them while it waits.
 func (s *engineSim) stamp(n *simNode, p ids.PageNo) {
+	var k int
+	s.selfPosting(n, func() { k = n.e.StampLeftBehind(p, p+1) })
+	w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
+	s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
+	simStamped.Add(int64(k))
+	if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
+		s.leftBehind = append(s.leftBehind, simSlot{n, p})
+	}
+}
+
+// selfPosting runs fn, which may post batches from node n to itself
+// (Engine.zeroData, Engine.clearLeftBehind) and wait for them, on a
+// goroutine of its own, and delivers those batches while it waits.
+func (s *engineSim) selfPosting(n *simNode, fn func()) {
 	before := map[uint64]bool{}
 	for _, d := range s.net.Pending() {
 		before[d.Seq] = true
 	}
-	done := make(chan int, 1)
-	go func() { done <- n.e.StampLeftBehind(p, p+1) }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fn()
+	}()
 	for {
 		select {
-		case k := <-done:
-			w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
-			s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
-			simStamped.Add(int64(k))
-			if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
-				s.leftBehind = append(s.leftBehind, simSlot{n, p})
-			}
+		case <-done:
 			return
 		default:
 		}
