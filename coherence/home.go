@@ -462,6 +462,13 @@ func (n *Node) driveHome(h *homeDuty) {
 			}
 			next := n.repaired(h.guess)
 			if h.known && h.guess.Unwritten() && h.bkData != nil && !allZero(h.bkData) {
+				// Data beside an unwritten word, now at every backup: a
+				// word of another version, which no reader takes for
+				// unwritten again (even in an epoch of tag 0). Its
+				// units go: no reader installed a copy from the slot
+				// while the word was unwritten beside that data (a
+				// read asks for this repair instead), and the readers
+				// that asked add theirs again at the new version.
 				next = writtenOver(n.tag())
 			}
 			n.homeCAS(h, hRepair, next)
@@ -530,7 +537,7 @@ func (n *Node) driveHome(h *homeDuty) {
 // it, so nothing else writes the backups meanwhile.
 func (n *Node) refreshBackups(h *homeDuty) bool {
 	w := h.guess
-	if n.backupsFn == nil || h.rebuilding && !h.known {
+	if h.rebuilding && !h.known {
 		return false
 	}
 	// A rebuild whose word names no holder hands out the slot's data
@@ -538,11 +545,13 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 	// part (its data, not its stamp: a batch of unknown outcome) still has
 	// the zero word of a slot never written (fill-crash seed 8287).
 	departed := w.Holder() != ids.None && !n.isMember(w.Holder())
-	// An unwritten word repaired (a reader found data beside it) hands
-	// that data out: the other backups get it first, with the stamp of
-	// the version the repair writes.
+	// The repair of an unwritten word (a reader or a fill found data
+	// beside it) hands that data out: the other backups get it first,
+	// with the stamp of the version the repair writes (writtenOver). The
+	// slot is read even without backups: the repair changes the version
+	// only when there is data.
 	unwritten := h.pending && h.known && w.Unwritten()
-	if !departed && !unwritten && !(h.rebuilding && w.Holder() == ids.None) {
+	if !unwritten && (n.backupsFn == nil || !departed && !(h.rebuilding && w.Holder() == ids.None)) {
 		return false
 	}
 	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
@@ -550,9 +559,13 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
 	}
 	stamp := Stamp(w.Version())
-	if unwritten && h.bkData != nil {
-		if allZero(h.bkData) {
-			return false // nothing to hand out: the repair tags the word
+	if unwritten {
+		if h.bkData == nil {
+			n.postHomeVerbs(h, hBkRead, slotVerbs(h.no)...)
+			return true
+		}
+		if allZero(h.bkData) || n.backupsFn == nil {
+			return false // nothing to hand out, or nobody to hand it to first
 		}
 		stamp = Stamp(writtenOver(0).Version())
 	}
@@ -710,6 +723,9 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	case hRepair:
 		if ok {
 			h.pending = h.guess != n.repaired(h.guess)
+			// The refresh it followed is done: a later one reads the
+			// slot again.
+			h.bkFor, h.bkData, h.bkAcked = 0, nil, nil
 		}
 	case hFillResv:
 		if ok {
