@@ -181,7 +181,7 @@ var simUnavailableCalls atomic.Int64
 
 // With promotions: the promotions, the crashes soon after one, and the
 // words stamped left behind, over a configuration's seeds.
-var simPromotions, simPromoteCrashes, simStamped atomic.Int64
+var simPromotions, simPromoteCrashes, simStamped, simCleared atomic.Int64
 
 // simInstalls counts the Shared copies installed over a configuration's
 // seeds, and those checked against their tenure's release.
@@ -253,6 +253,7 @@ func TestEngineSim(t *testing.T) {
 			simPromotions.Store(0)
 			simPromoteCrashes.Store(0)
 			simStamped.Store(0)
+			simCleared.Store(0)
 			simInstalls.Store(0)
 			simInstallsChecked.Store(0)
 			for seed := int64(1); seed <= int64(seeds); seed++ {
@@ -269,8 +270,8 @@ func TestEngineSim(t *testing.T) {
 				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
 			}
 			if cfg.promotions {
-				t.Logf("%d promotions, %d crashes soon after one, %d words stamped left behind",
-					simPromotions.Load(), simPromoteCrashes.Load(), simStamped.Load())
+				t.Logf("%d promotions, %d crashes soon after one, %d words stamped left behind, %d slots left behind cleared of data beside an unwritten word",
+					simPromotions.Load(), simPromoteCrashes.Load(), simStamped.Load(), simCleared.Load())
 				if simPromotions.Load() == 0 || simStamped.Load() == 0 || cfg.promoteCrash > 0 && simPromoteCrashes.Load() == 0 {
 					t.Errorf("the promotions, the stamps or the crashes after promotions did not happen")
 				}
@@ -1073,7 +1074,22 @@ func (s *engineSim) runJob(i int) {
 				}
 			}
 		}
+		var unwritten []ids.PageNo
+		for _, r := range leaving {
+			off := SlotOffset(r.First, s.cfg.pageSize)
+			data := e.mem[off+8 : off+8+uint64(s.cfg.pageSize)]
+			if coherence.Word(rdma.LoadWord(e.mem, off)).Unwritten() && !bytes.Equal(data, make([]byte, len(data))) {
+				unwritten = append(unwritten, r.First)
+			}
+		}
 		s.selfPosting(j.node, func() { e.onReconfigure(rc, leaving...) })
+		for _, p := range unwritten {
+			off := SlotOffset(p, s.cfg.pageSize)
+			if bytes.Equal(e.mem[off+8:off+8+uint64(s.cfg.pageSize)], make([]byte, s.cfg.pageSize)) {
+				s.logf("n%d clears p%d, left behind: data beside an unwritten word", j.node.id, p)
+				simCleared.Add(1)
+			}
+		}
 		if s.cfg.backups > 0 && e.sm.Epoch() == rc.Epoch {
 			if s.cfg.promotions {
 				// The engine is in the new epoch: the pages promoted away
