@@ -108,24 +108,38 @@ func (s *Sim) CompleteUnknown(id ids.NodeID, executed bool) (uint64, error) {
 			}
 		}
 	}
-	for _, d := range s.net.Pending() {
-		if d.Kind != mem.BatchDelivery || d.From != id {
-			continue
-		}
-		k := 0
-		if executed {
-			k = len(d.Ops)
-		}
-		s.unknownOutcome(d, k)
-		i := len(s.done) - 1
-		if i < 0 || s.done[i].node != id {
-			return 0, fmt.Errorf("sim: the batch of %v left no completion", id)
-		}
-		b := s.done[i].batch.ID
-		s.completeBatch(i)
-		return b, nil
+	d := s.oldestBatch(id)
+	if d == nil {
+		return 0, fmt.Errorf("sim: %v has no batch to complete", id)
 	}
-	return 0, fmt.Errorf("sim: %v has no batch to complete", id)
+	k := 0
+	if executed {
+		k = len(d.Ops)
+	}
+	return s.completeUnknownOps(id, d, k)
+}
+
+// oldestBatch is node id's oldest batch in the network, or nil.
+func (s *Sim) oldestBatch(id ids.NodeID) *mem.Delivery {
+	for _, d := range s.net.Pending() {
+		if d.Kind == mem.BatchDelivery && d.From == id {
+			return d
+		}
+	}
+	return nil
+}
+
+// completeUnknownOps executes the first k ops of d, a batch of node id,
+// and reports it to id as of unknown outcome.
+func (s *Sim) completeUnknownOps(id ids.NodeID, d *mem.Delivery, k int) (uint64, error) {
+	s.unknownOutcome(d, k)
+	i := len(s.done) - 1
+	if i < 0 || s.done[i].node != id {
+		return 0, fmt.Errorf("sim: the batch of %v left no completion", id)
+	}
+	b := s.done[i].batch.ID
+	s.completeBatch(i)
+	return b, nil
 }
 
 // CompleteUnknownPart executes the first k ops of node id's oldest batch
@@ -135,23 +149,14 @@ func (s *Sim) CompleteUnknown(id ids.NodeID, executed bool) (uint64, error) {
 func (s *Sim) CompleteUnknownPart(id ids.NodeID, k int) (uint64, error) {
 	s.step++
 	defer s.check(false)
-	for _, d := range s.net.Pending() {
-		if d.Kind != mem.BatchDelivery || d.From != id {
-			continue
-		}
-		if k <= 0 || k >= len(d.Ops) {
-			return 0, fmt.Errorf("sim: %d of the %d ops of %v's oldest batch is no part of it", k, len(d.Ops), id)
-		}
-		s.unknownOutcome(d, k)
-		i := len(s.done) - 1
-		if i < 0 || s.done[i].node != id {
-			return 0, fmt.Errorf("sim: the batch of %v left no completion", id)
-		}
-		b := s.done[i].batch.ID
-		s.completeBatch(i)
-		return b, nil
+	d := s.oldestBatch(id)
+	if d == nil {
+		return 0, fmt.Errorf("sim: %v has no batch in the network", id)
 	}
-	return 0, fmt.Errorf("sim: %v has no batch in the network", id)
+	if k <= 0 || k >= len(d.Ops) {
+		return 0, fmt.Errorf("sim: %d of the %d ops of %v's oldest batch is no part of it", k, len(d.Ops), id)
+	}
+	return s.completeUnknownOps(id, d, k)
 }
 
 // Stabilize delivers, completes and ticks, oldest first, until nothing is
