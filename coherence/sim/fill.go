@@ -284,6 +284,39 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 	}
 }
 
+// checkHandedOut checks page p's backups when its undecided data was just
+// decided (an access took it, or its home wrote a home word beside it):
+// every complete backup holds the data then, unless the page is settling
+// (backupsSettling) or a stamp newer than the home's word says a release
+// is under way. A home hands out a dead releaser's write only once every
+// backup has it (the refresh of a rebuild or of a repair), so that a
+// later failure of the home cannot take it back; I10 exempts the data
+// beside an unwritten word until then.
+func (s *Sim) checkHandedOut(p ids.PageNo) {
+	if s.bkCur == nil || s.backupsSettling(p) {
+		return
+	}
+	sl := s.slots[p]
+	w := sl.word()
+	for _, b := range s.completeBackups(p) {
+		bs, ok := s.bslots[p][b]
+		if !ok {
+			continue
+		}
+		bw := bs.word()
+		if s.former[p][b] {
+			bw = coherence.StampOf(bw)
+		}
+		if bw != 0 && int16(bw.Version()-w.Version()) > 0 {
+			continue // a release under way
+		}
+		if data := bs.data(s.Opts.PageSize); !bytes.Equal(data, s.ref[p]) {
+			s.fail("%v handed out %v while complete backup %v holds %v (stamp %v; home word %v)", p, s.ref[p], b, data, bw, w)
+			return
+		}
+	}
+}
+
 // backupsSettling reports whether page p's backups may differ from its
 // home copy legitimately: a move some node has not learnt (the slot is no
 // home word yet), a move not rebuilt (the slot may hold a partial write of

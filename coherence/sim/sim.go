@@ -171,6 +171,13 @@ type Options struct {
 	// or when their new homes rebuild them: its last write or the home
 	// copy, nothing else. Needs Fills.
 	Partitions int
+	// CrashPartial (with Crashes) aims the crashes: a node whose batch
+	// of unknown outcome executed in part (a backup write that landed its
+	// data and not its stamp, say) is the next node to crash, as soon as
+	// a crash may come and it may be lost. A dead releaser's partial
+	// write, which random crashes seldom meet, is then common
+	// (docs/failover.md §7, "Data beside a word never written").
+	CrashPartial bool
 	// UnsafeLease (with Partitions) breaks the lease on purpose: the
 	// partitioned node's client goes on after its removal. The checks
 	// must catch it (TestSimCatchesUnsafeLease).
@@ -310,6 +317,9 @@ func (o Options) String() string {
 	}
 	if o.UnsafeLease {
 		s += " unsafe-lease=true"
+	}
+	if o.CrashPartial {
+		s += " crash-partial=true"
 	}
 	if o.SplitReads {
 		s += " split-reads=true"
@@ -586,11 +596,14 @@ type Sim struct {
 	// partIn the steps until its removal or heal, partitions those
 	// started, zombieAt the epoch that removed each zombie, zundecided
 	// the pages the zombies held.
-	suspendee  ids.NodeID
-	partIn     int
-	partitions int
-	zombieAt   map[ids.NodeID]ids.Epoch
-	zundecided map[ids.PageNo]zombieCands
+	suspendee ids.NodeID
+	// partialFrom (CrashPartial) is the sender of the last batch that
+	// executed in part, None once it crashed.
+	partialFrom ids.NodeID
+	partIn      int
+	partitions  int
+	zombieAt    map[ids.NodeID]ids.Epoch
+	zundecided  map[ids.PageNo]zombieCands
 
 	trace []string
 	err   error
@@ -1006,6 +1019,7 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 			copy(s.ref[r.Page], cands[i])
 		}
 		s.tracef("%v: its data is decided by an access", r.Page)
+		s.checkHandedOut(r.Page)
 	}
 	cur := s.refWord(r.Page, r.Offset)
 	switch r.Op {
@@ -1545,6 +1559,7 @@ func (s *Sim) settle(p ids.PageNo) {
 		if bytes.Equal(c, data) {
 			copy(s.ref[p], data)
 			s.tracef("%v: its data is decided at %v: %v", p, sl.home, data)
+			s.checkHandedOut(p)
 			return
 		}
 	}
@@ -1869,6 +1884,7 @@ func (s *Sim) unknownOutcome(d *mem.Delivery, k int) {
 		_ = s.net.Deliver(d)
 	case k > 0:
 		s.stats.UnknownExecuted++
+		s.partialFrom = d.From
 		s.tracef("execute %d of %v, outcome unknown", k, d)
 		s.executePrefix(d, k)
 		_ = s.net.Drop(d)
@@ -1995,28 +2011,20 @@ func (s *Sim) randomStep(workload bool) {
 			s.randomRequest(idle[s.rng.Intn(len(idle))])
 			return
 		}
-	case workload && x < 21 && s.crashes < s.Opts.Crashes && s.reconf < 0 && (len(s.lagging) == 0 || s.Opts.SkipMoves) && s.rng.Intn(6) == 0:
+	case workload && s.crashes < s.Opts.Crashes && s.reconf < 0 && (len(s.lagging) == 0 || s.Opts.SkipMoves) && (x < 21 && s.rng.Intn(6) == 0 || s.partialCrashDue()):
 		// With SkipMoves, a crash (and later its reconfiguration) may
 		// come while nodes lag: they will skip the epochs between.
-		var cand []*simNode
-		from := s.Opts.homes() + 1
-		if s.homeCrashes < s.Opts.HomeCrashes || s.Opts.Fills {
-			from = 1
-		}
-		for _, n := range s.nodes[from:] {
-			if n.alive && !s.draining[n.id] && n.id != s.suspendee && (!s.Opts.Fills || s.mayLose(n.id)) {
-				cand = append(cand, n)
-			}
-		}
-		if s.Opts.Fills && !s.Opts.MidFillCrashes && s.filling() {
-			cand = nil // one node lost at a time: the fills first
-		}
+		cand := s.crashCandidates()
 		if len(cand) > 0 {
 			if s.Opts.Fills && s.filling() {
 				s.stats.MidFillCrashes++
 			}
 			s.crashes++
 			victim := cand[s.rng.Intn(len(cand))].id
+			if s.Opts.CrashPartial && slices.ContainsFunc(cand, func(n *simNode) bool { return n.id == s.partialFrom }) {
+				victim = s.partialFrom
+			}
+			s.partialFrom = ids.None
 			for _, sl := range s.slots {
 				if sl.home == victim {
 					s.homeCrashes++
@@ -2138,6 +2146,31 @@ func (s *Sim) run() (Stats, error) {
 		}
 	}
 	return s.stats, s.err
+}
+
+// crashCandidates are the nodes a crash may hit now.
+func (s *Sim) crashCandidates() []*simNode {
+	var cand []*simNode
+	from := s.Opts.homes() + 1
+	if s.homeCrashes < s.Opts.HomeCrashes || s.Opts.Fills {
+		from = 1
+	}
+	for _, n := range s.nodes[from:] {
+		if n.alive && !s.draining[n.id] && n.id != s.suspendee && (!s.Opts.Fills || s.mayLose(n.id)) {
+			cand = append(cand, n)
+		}
+	}
+	if s.Opts.Fills && !s.Opts.MidFillCrashes && s.filling() {
+		return nil // one node lost at a time: the fills first
+	}
+	return cand
+}
+
+// partialCrashDue reports whether CrashPartial asks for a crash now: the
+// sender of the last batch that executed in part may crash.
+func (s *Sim) partialCrashDue() bool {
+	return s.Opts.CrashPartial && s.partialFrom != ids.None &&
+		slices.ContainsFunc(s.crashCandidates(), func(n *simNode) bool { return n.id == s.partialFrom })
 }
 
 // ---- invariants ----

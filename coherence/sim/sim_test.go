@@ -126,6 +126,12 @@ var configs = []struct {
 	// home), restarts, batches of unknown outcome and skipped epochs.
 	{"promote", Options{Nodes: 5, Pages: 4, Ops: 150, Faults: true, Evict: true, Backups: 1, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, LearnOdds: 32, Linearizability: true}, 150},
 	{"promote-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16}, 150},
+	// partial-crash is promote-crash with its crashes aimed at the
+	// senders of batches that executed in part: a dead releaser's write
+	// at some backups and not at others, the backup made home, reads and
+	// fills of data beside a word never written, promotions before the
+	// rebuild (docs/failover.md §7, "Data beside a word never written").
+	{"partial-crash", Options{Nodes: 6, Pages: 4, Ops: 150, Faults: true, UnknownOutcomes: true, Evict: true, Crashes: 3, HomeCrashes: 3, Restarts: 2, Backups: 2, Fills: true, Promotions: 6, AsyncReconfig: true, LazyHomes: true, SkipMoves: true, SlowSlots: true, LearnOdds: 16, CrashPartial: true}, 100},
 	// Persists (docs/durability.md §2): homes hand over stable copies of
 	// pages under writes, crashes, fills and moves; every copy is the
 	// page's latest data at its home word's version.
@@ -321,6 +327,9 @@ func TestSimSeeds(t *testing.T) {
 			}
 			if c.opts.Promotions > 0 {
 				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot, %d old slots cleared of data beside an unwritten word", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs, worst.LeftBehindCleared)
+			}
+			if n >= 2000 && c.opts.CrashPartial && worst.UnwrittenData == 0 {
+				t.Fatalf("%d seeds of a configuration with CrashPartial: no backup became a home with data beside a zero word", n)
 			}
 			if worst.UnwrittenData > 0 {
 				t.Logf("unwritten words: %d backups became homes with a dead releaser's data beside a zero word", worst.UnwrittenData)
