@@ -49,7 +49,7 @@
 //	bits  0- 9  holder    exclusive (M) holder, 0 = none          (10 bits)
 //	bits 10-19  reserved  node the home reserved the page for, 0 =
 //	                      none, 1023 = HomeTurn (back to the home)  (10 bits)
-//	bits 20-35  version   tenure counter, +1 on every acquisition  (16 bits)
+//	bits 20-35  version   tenure counter, +1 on every acquisition, 0 skipped  (16 bits)
 //	bits 36-39  tag       the configuration epoch modulo 16        (4 bits)
 //	bits 40-53  exact     one sharer bit per node 1..14            (14 bits)
 //	bits 54-63  coarse    count of sharers with ids 15..1022       (10 bits)

@@ -462,14 +462,9 @@ func (n *Node) driveHome(h *homeDuty) {
 			}
 			next := n.repaired(h.guess)
 			if h.known && h.guess.Unwritten() && h.bkData != nil && !allZero(h.bkData) {
-				// Data beside an unwritten word, now at every backup: a
-				// word of another version, which no reader takes for
-				// unwritten again (even in an epoch of tag 0). Its
-				// units go: no reader installed a copy from the slot
-				// while the word was unwritten beside that data (a
-				// read asks for this repair instead), and the readers
-				// that asked add theirs again at the new version.
-				next = writtenOver(n.tag())
+				// Data beside an unwritten word, now at every backup:
+				// a word of version 1 (writtenOver).
+				next = writtenOver(next, n.tag())
 			}
 			n.homeCAS(h, hRepair, next)
 			return
@@ -567,7 +562,7 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		if allZero(h.bkData) || n.backupsFn == nil {
 			return false // nothing to hand out, or nobody to hand it to first
 		}
-		stamp = Stamp(writtenOver(0).Version())
+		stamp = Stamp(writtenOver(0, 0).Version())
 	}
 	for _, b := range n.backupsFn(h.no) {
 		if b == n.cfg.ID || h.bkAcked[b] || !n.isMember(b) {

@@ -1439,7 +1439,7 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 	// the held tenure under the stamp of the one before (or under no
 	// stamp at all).
 	held := old.Holder() != ids.None && old.Holder() != coherence.NotHome &&
-		(w == 0 || w.Version() == old.Version() || w.Version()+1 == old.Version())
+		(w == 0 || w.Version() == old.Version() || coherence.NextVersion(w.Version()) == old.Version())
 	switch {
 	case w != 0 && w.Holder() != coherence.NotHome:
 		s.fail("backup of %v at %v: word %v is no stamp", p, home, w)
