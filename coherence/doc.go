@@ -49,7 +49,7 @@
 //	bits  0- 9  holder    exclusive (M) holder, 0 = none          (10 bits)
 //	bits 10-19  reserved  node the home reserved the page for, 0 =
 //	                      none, 1023 = HomeTurn (back to the home)  (10 bits)
-//	bits 20-35  version   tenure counter, +1 on every acquisition, 0 skipped  (16 bits)
+//	bits 20-35  version   tenure counter, +1 on every acquisition  (16 bits)
 //	bits 36-39  tag       the configuration epoch modulo 16        (4 bits)
 //	bits 40-53  exact     one sharer bit per node 1..14            (14 bits)
 //	bits 54-63  coarse    count of sharers with ids 15..1022       (10 bits)
@@ -149,10 +149,7 @@
 // needs no list of its pages (Config.HomedPages) and no sweep after a
 // departure: untouched words (zero, from any epoch) are used as they are
 // and stamped by their first CAS, and words naming departed nodes are
-// repaired when a node finds them. One exception: an untouched word beside
-// data that is not all zero (a backup slot that a release wrote in part,
-// made home by a crash) is read only after the home's repair, which first
-// writes that data to the other backups (Word.Unwritten). The argument: only a repair removes a
+// repaired when a node finds them. The argument: only a repair removes a
 // departed holder or reserver from a word, and a repair happens only when
 // every member has the epoch and has dropped what the departure made
 // untrustworthy; every other change of a word is a CAS or FAA by a member

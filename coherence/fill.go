@@ -224,10 +224,8 @@ func (n *Node) driveFill(h *homeDuty) bool {
 		return true
 	}
 	w := h.guess
-	if n.namesDeparted(w) || w.Unwritten() && !allZero(h.fillData) {
-		// The duty repairs it first (after the departure's probe); an
-		// unwritten word beside data too, which writes the data to the
-		// other backups (refreshBackups) before this copy goes out.
+	if n.namesDeparted(w) {
+		// The duty repairs it first (after the departure's probe).
 		h.pending = true
 		return true
 	}

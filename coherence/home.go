@@ -460,13 +460,7 @@ func (n *Node) driveHome(h *homeDuty) {
 			if n.refreshBackups(h) {
 				return
 			}
-			next := n.repaired(h.guess)
-			if h.known && h.guess.Unwritten() && h.bkData != nil && !allZero(h.bkData) {
-				// Data beside an unwritten word, now at every backup:
-				// a word of version 1 (writtenOver).
-				next = writtenOver(next, n.tag())
-			}
-			n.homeCAS(h, hRepair, next)
+			n.homeCAS(h, hRepair, n.repaired(h.guess))
 			return
 		}
 		if n.driveFill(h) {
@@ -532,7 +526,7 @@ func (n *Node) driveHome(h *homeDuty) {
 // it, so nothing else writes the backups meanwhile.
 func (n *Node) refreshBackups(h *homeDuty) bool {
 	w := h.guess
-	if h.rebuilding && !h.known {
+	if n.backupsFn == nil || h.rebuilding && !h.known {
 		return false
 	}
 	// A rebuild whose word names no holder hands out the slot's data
@@ -540,29 +534,12 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 	// part (its data, not its stamp: a batch of unknown outcome) still has
 	// the zero word of a slot never written (fill-crash seed 8287).
 	departed := w.Holder() != ids.None && !n.isMember(w.Holder())
-	// The repair of an unwritten word (a reader or a fill found data
-	// beside it) hands that data out: the other backups get it first,
-	// with the stamp of the version the repair writes (writtenOver). The
-	// slot is read even without backups: the repair changes the version
-	// only when there is data.
-	unwritten := h.pending && h.known && w.Unwritten()
-	if !unwritten && (n.backupsFn == nil || !departed && !(h.rebuilding && w.Holder() == ids.None)) {
+	if !departed && !(h.rebuilding && w.Holder() == ids.None) {
 		return false
 	}
 	key := Word(0).withHolder(w.Holder()).withVersion(w.Version())
 	if h.bkFor != key || h.bkAcked == nil {
 		h.bkFor, h.bkData, h.bkAcked = key, nil, map[ids.NodeID]bool{}
-	}
-	stamp := Stamp(w.Version())
-	if unwritten {
-		if h.bkData == nil {
-			n.postHomeVerbs(h, hBkRead, slotVerbs(h.no)...)
-			return true
-		}
-		if allZero(h.bkData) || n.backupsFn == nil {
-			return false // nothing to hand out, or nobody to hand it to first
-		}
-		stamp = Stamp(writtenOver(0, 0).Version())
 	}
 	for _, b := range n.backupsFn(h.no) {
 		if b == n.cfg.ID || h.bkAcked[b] || !n.isMember(b) {
@@ -580,7 +557,7 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		id := n.nextID
 		verbs := []Verb{
 			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData), HomeCopy: true},
-			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(stamp))},
+			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
 		}
 		n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: b, epoch: n.epoch}
 		n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: b, Verbs: verbs})
@@ -718,9 +695,6 @@ func (n *Node) homeDone(rec batchRec, d VerbsDone) {
 	case hRepair:
 		if ok {
 			h.pending = h.guess != n.repaired(h.guess)
-			// The refresh it followed is done: a later one reads the
-			// slot again.
-			h.bkFor, h.bkData, h.bkAcked = 0, nil, nil
 		}
 	case hFillResv:
 		if ok {

@@ -90,13 +90,13 @@ func (n *Node) resolveRead(p *page, w Word) {
 
 // resolveAcquire: the batch was [CAS tenure] or [CAS tenure, READ page].
 // The CAS executed exactly when the word names this node as the holder at
-// the expected version's next (NextVersion): nobody else names us, and nobody takes a
+// the expected version + 1: nobody else names us, and nobody takes a
 // tenure from a member that holds it. Then the acquisition goes on as on
 // success (the page is read again unless the S copy is current, the
 // expected word's sharers are invalidated); else it did not execute and
 // the attempt is judged as a failed CAS that returned w.
 func (n *Node) resolveAcquire(p *page, w Word) {
-	if w.Holder() == n.cfg.ID && w.Version() == NextVersion(p.expect.Version()) {
+	if w.Holder() == n.cfg.ID && w.Version() == p.expect.Version()+1 {
 		n.acquired(p, p.expect, w, nil)
 		return
 	}

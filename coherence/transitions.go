@@ -91,14 +91,6 @@ func (n *Node) readDone(p *page, verbs []Verb, res []Result) {
 	// The trust rule: no holder validates the data whatever the tag (the
 	// unit rule and the version make the data current, not the tag), but
 	// only from a READ that the node posted knowing every departure.
-	if p.unitCounted && w.Holder() == ids.None && whole && !p.readStale && w.Unwritten() && !allZero(data) {
-		// Data beside a word no tenure began at: a release that died
-		// after the data and before the stamp, in a backup slot that
-		// became the home. The other backups may not have it; the
-		// home's repair writes it to them first (refreshBackups).
-		n.notHome(p)
-		return
-	}
 	if p.unitCounted && w.Holder() == ids.None && whole && !p.readStale {
 		p.state = Shared
 		p.data = slices.Clone(data)
@@ -173,7 +165,7 @@ func (n *Node) postAcquire(p *page) {
 		p.inflight = n.post(p, false, Verb{Kind: VerbRead, Page: p.no, Span: SpanWord})
 		return
 	}
-	next := g.withHolder(n.cfg.ID).withVersion(NextVersion(g.Version())).withoutSharers().withTag(n.tag())
+	next := g.withHolder(n.cfg.ID).withVersion(g.Version() + 1).withoutSharers().withTag(n.tag())
 	if g.Reserved() == n.cfg.ID {
 		next = next.withResv(HomeTurn) // our turn is used: the home passes it on
 	}
@@ -217,7 +209,7 @@ func (n *Node) acquireDone(p *page, verbs []Verb, res []Result) {
 	n.acquired(p, w, Word(verbs[0].Operand), data)
 }
 
-// acquired starts tenure NextVersion(old.Version()), taken by a CAS that expected
+// acquired starts tenure old.Version()+1, taken by a CAS that expected
 // old; cur is the word as last seen, data the page as read with the CAS
 // (nil when not read: it is read now unless the S copy is of old's
 // version). Every sharer old records is invalidated.
@@ -225,7 +217,7 @@ func (n *Node) acquired(p *page, old, cur Word, data []byte) {
 	if old.Reserved() == n.cfg.ID {
 		p.granted = false // the CAS handed the turn back
 	}
-	p.acqVer = NextVersion(old.Version())
+	p.acqVer = old.Version() + 1
 	p.noteEnded(old.Version())
 	p.guess = cur
 	p.unitCounted = false

@@ -16,7 +16,7 @@ type Word uint64
 const (
 	holderShift  = 0  // 10 bits: exclusive (M) holder, 0 = none
 	resvShift    = 10 // 10 bits: reservation of a starving requester, 0 = none
-	versionShift = 20 // 16 bits: tenure counter, +1 on every acquisition, skipping 0 (NextVersion)
+	versionShift = 20 // 16 bits: tenure counter, +1 on every acquisition
 	tagShift     = 36 // 4 bits: low bits of the configuration epoch
 	exactShift   = 40 // 14 bits: one sharer bit per node 1..ExactSharers
 	coarseShift  = 54 // 10 bits: count of sharers with ids above ExactSharers
@@ -70,33 +70,6 @@ func StampOf(w Word) Word {
 		v--
 	}
 	return Stamp(v)
-}
-
-// Unwritten reports whether no tenure ever began at w: no holder and
-// version 0 (an acquisition moves the version on, and never back to 0:
-// NextVersion). The data beside such a word is the page's initial data,
-// zero. Data that is not zero beside it was written by a release that
-// wrote a backup slot in part (its data, not its stamp) before the slot
-// became the home (docs/failover.md §7, "Data beside a word never
-// written"): it is handed out only after the home's repair, which writes
-// it to the other backups first.
-func (w Word) Unwritten() bool { return w.Holder() == ids.None && w.Version() == 0 }
-
-// writtenOver is the word that repairs w, an unwritten word beside data,
-// in an epoch of tag t: version 1, so that no reader takes it for
-// unwritten again, and without sharers (a version moves only with its
-// sharers cleared: every unit counted at version 0 is added again). No
-// node holds a copy of that data to invalidate: a read asks for this
-// repair instead of taking it.
-func writtenOver(w Word, t uint8) Word { return w.withoutSharers().withVersion(1).withTag(t) }
-
-// NextVersion is the version of the tenure after v: v+1, skipping 0,
-// which only a word that no tenure ever began at has (Unwritten).
-func NextVersion(v uint16) uint16 {
-	if v == versionMask {
-		return 1
-	}
-	return v + 1
 }
 
 // WithVersion returns w with the version set to v. A home may start a

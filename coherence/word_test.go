@@ -53,33 +53,3 @@ func TestNewer(t *testing.T) {
 		}
 	}
 }
-
-// NextVersion never returns to 0: only a word that no tenure began at is
-// at version 0 (Unwritten), whatever its tag, reservation and sharers.
-func TestNextVersionSkipsZero(t *testing.T) {
-	for _, c := range []struct{ v, want uint16 }{{0, 1}, {1, 2}, {65534, 65535}, {65535, 1}} {
-		if got := NextVersion(c.v); got != c.want {
-			t.Errorf("NextVersion(%d) = %d, want %d", c.v, got, c.want)
-		}
-	}
-	if !newer(NextVersion(65535), 65535) {
-		t.Error("the version after the wrap is not newer")
-	}
-	for _, c := range []struct {
-		w    Word
-		want bool
-	}{
-		{0, true},
-		{InitialWord(17).withResv(3) + Word(unit(2)), true},
-		{InitialWord(17).withVersion(1), false},
-		{Word(0).withHolder(4), false},
-		{Stamp(0), false},
-	} {
-		if got := c.w.Unwritten(); got != c.want {
-			t.Errorf("%v.Unwritten() = %v, want %v", c.w, got, c.want)
-		}
-	}
-	if w := writtenOver(InitialWord(17).withResv(3)+Word(unit(2)), 1); w.Version() != 1 || w.Reserved() != 3 || w.HasSharers() || w.Tag() != 1 {
-		t.Errorf("writtenOver: %v, want version 1, the reservation kept, no sharers, tag 1", w)
-	}
-}

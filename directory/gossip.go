@@ -40,12 +40,7 @@ import (
 // Version 8: drain marks (Member.DrainingAt, counted in the protocol
 // epoch): a draining member's shards are handed over before it leaves,
 // and promotions of a shard's creation backups without a fill record.
-// Version 9: coherence words skip version 0 at the wrap, and a read of
-// data beside a word at version 0 asks the home for a repair that moves
-// the word to version 1 (docs/protocol.md, "The trust rule"): a node of
-// version 8 would wrap to 0 beside copies that the repair leaves without
-// an invalidation.
-const ProtoVersion = 9
+const ProtoVersion = 8
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

@@ -323,12 +323,11 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			// The slots of lost shards brought back with this node as a
 			// backup read zero before the engine takes the epoch.
 			es.clearRevived(t.re, t.last, pm, self)
-			leaving := leftBehind(t.re, t.last, pm, self)
-			t.re.e.ReconfigureLeaving(t.rc, leaving)
+			t.re.e.Reconfigure(t.rc)
 			// The engine is in the new epoch: stamp the slots of the
 			// shards promoted away from this node, and fill its new
 			// backups.
-			es.stampLeftBehind(t.re, leaving, pm)
+			es.stampLeftBehind(t.re, t.last, pm, self)
 			t.re.fills.plan(pm)
 		}
 		for _, re := range every {
@@ -482,41 +481,33 @@ func (es *engines) handOverLeft(pm *protoMap, watch map[ids.RegionID][]uint64) i
 	return left
 }
 
-// stampLeftBehind stamps the home slots of leaving, the pages of the
-// shards promoted away from this live incarnation in pm (leftBehind;
-// docs/protocol.md, "Moves from live homes"): a lagging member's CAS that
-// lands on such a slot finds NotHome and retries at the new home. It runs
-// after the engine took pm's epoch.
-func (es *engines) stampLeftBehind(re *regionEngine, leaving []engine.PageRange, pm *protoMap) {
-	stamped := 0
-	for _, r := range leaving {
-		stamped += re.e.StampLeftBehind(r.First, r.End)
-	}
-	if len(leaving) > 0 {
-		es.log.Info("shards promoted away from this node: their home slots stamped", "region", re.region.Name, "shards", len(leaving),
-			"words", stamped, "protocol_epoch", pm.epoch)
-	}
-}
-
-// leftBehind lists the pages of the shards whose home was this live
-// incarnation under last and is another member under pm (a promotion), one
-// range per shard. Only promotions move a shard away from a live home, so
-// a region without promotion records has none.
-func leftBehind(re *regionEngine, last, pm *protoMap, self ids.NodeID) []engine.PageRange {
+// stampLeftBehind stamps the home slots of the shards whose home was this
+// live incarnation under last and is another member under pm (a
+// promotion: docs/protocol.md, "Moves from live homes"): a lagging
+// member's CAS that lands on such a slot finds NotHome and retries at the
+// new home. It runs after the engine took pm's epoch. Only promotions move
+// a shard away from a live home, so a region without promotion records
+// has nothing to stamp.
+func (es *engines) stampLeftBehind(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
 	r := re.region
 	if !re.chains.promoted(pm) || pm.departedAt(self) != 0 {
-		return nil
+		return
 	}
-	var out []engine.PageRange
+	stamped, shards := 0, 0
 	for i := range r.Shards() {
 		s := placement.Shard{Region: r.ID, Index: i}
 		if re.chains.shardHome(s, last) != self || re.chains.shardHome(s, pm) == self {
 			continue
 		}
 		first := ids.PageNo(i * r.PagesPerShard())
-		out = append(out, engine.PageRange{First: first, End: min(first+ids.PageNo(r.PagesPerShard()), ids.PageNo(r.Pages()))})
+		end := min(first+ids.PageNo(r.PagesPerShard()), ids.PageNo(r.Pages()))
+		stamped += re.e.StampLeftBehind(first, end)
+		shards++
 	}
-	return out
+	if shards > 0 {
+		es.log.Info("shards promoted away from this node: their home slots stamped", "region", r.Name, "shards", shards,
+			"words", stamped, "protocol_epoch", pm.epoch)
+	}
 }
 
 // add starts the engine of region r, under this incarnation's protocol id

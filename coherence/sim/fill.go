@@ -251,12 +251,6 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 		return
 	}
 	home := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
-	if w.Unwritten() && !bytes.Equal(home, make([]byte, len(home))) {
-		// Data beside an unwritten word (a release wrote this slot in
-		// part while it was a backup): nobody takes it before the
-		// home's repair writes it to the backups.
-		return
-	}
 	for _, b := range s.completeBackups(p) {
 		bs, ok := s.bslots[p][b]
 		if !ok {
@@ -279,39 +273,6 @@ func (s *Sim) checkBackups(p ids.PageNo) {
 				return
 			}
 			s.fail("I10: complete backup %v of %v holds %v (stamp %v), older than the home's released data %v (word %v)", b, p, data, bw, home, w)
-			return
-		}
-	}
-}
-
-// checkHandedOut checks page p's backups when its undecided data was just
-// decided (an access took it, or its home wrote a home word beside it):
-// every complete backup holds the data then, unless the page is settling
-// (backupsSettling) or a stamp newer than the home's word says a release
-// is under way. A home hands out a dead releaser's write only once every
-// backup has it (the refresh of a rebuild or of a repair), so that a
-// later failure of the home cannot take it back; I10 exempts the data
-// beside an unwritten word until then.
-func (s *Sim) checkHandedOut(p ids.PageNo) {
-	if s.bkCur == nil || s.backupsSettling(p) {
-		return
-	}
-	sl := s.slots[p]
-	w := sl.word()
-	for _, b := range s.completeBackups(p) {
-		bs, ok := s.bslots[p][b]
-		if !ok {
-			continue
-		}
-		bw := bs.word()
-		if s.former[p][b] {
-			bw = coherence.StampOf(bw)
-		}
-		if bw != 0 && int16(bw.Version()-w.Version()) > 0 {
-			continue // a release under way
-		}
-		if data := bs.data(s.Opts.PageSize); !bytes.Equal(data, s.ref[p]) {
-			s.fail("%v handed out %v while complete backup %v holds %v (stamp %v; home word %v)", p, s.ref[p], b, data, bw, w)
 			return
 		}
 	}
@@ -444,31 +405,6 @@ func (s *Sim) stampSlot(p ids.PageNo, id ids.NodeID) {
 		rdma.StoreWord(sl.reg.Bytes(), sl.off, uint64(st))
 		s.stats.DemoteStamps++
 		s.tracef("%v stamps its old slot of %v: %v -> %v", id, p, w, st)
-	}
-}
-
-// clearLeftBehind clears, in node n's slots that pages moved away from by
-// a promotion n learns now, the data beside an unwritten word, as dsmd's
-// engine does between taking the epoch and acknowledging it: such data was
-// never handed out here (a read asks for a repair first; an acquisition, a
-// repair and a rebuild write the word), and the new home, which holds the
-// page's data, skips a fill of a page never written, so the slot must read
-// zero before any fill of it can begin.
-func (s *Sim) clearLeftBehind(n *simNode) {
-	for _, d := range s.stampsDue {
-		if d.node != n.id || d.epoch > n.learnt || n.placed[d.page] == n.id {
-			continue
-		}
-		sl, ok := s.bslots[d.page][n.id]
-		if !ok || !sl.word().Unwritten() {
-			continue
-		}
-		data := sl.reg.Bytes()[sl.off+8 : sl.off+8+uint64(s.Opts.PageSize)]
-		if !bytes.Equal(data, make([]byte, len(data))) {
-			clear(data)
-			s.stats.LeftBehindCleared++
-			s.tracef("%v clears its old slot of %v: data beside an unwritten word", n.id, d.page)
-		}
 	}
 }
 

@@ -368,10 +368,10 @@ type Stats struct {
 	// after its page had moved.
 	Promotions, DemoteStamps, LaggingHomeVerbs int
 	// UnwrittenData counts the backups that became homes with data beside
-	// a zero word (a release wrote their data and not their stamp), and
-	// LeftBehindCleared the old home slots whose data beside an unwritten
-	// word a promotion cleared (clearLeftBehind).
-	UnwrittenData, LeftBehindCleared int
+	// a zero word (a release wrote their data and not their stamp: the
+	// open case of docs/failover.md §7, "Data beside a word never
+	// written").
+	UnwrittenData int
 	// Persisted counts the stable copies reported for Persist events,
 	// PersistsAbandoned those given up.
 	Persisted, PersistsAbandoned int
@@ -1008,18 +1008,16 @@ func (s *Sim) completed(n *simNode, c coherence.Completion) {
 		// Served before the new home made its slot's data the page's:
 		// through the old home, which lagged behind the move and
 		// repaired the word, refreshing every backup (the new home's
-		// slot too) with its copy first; or by a home whose slot holds
-		// a word never written beside zero data, after a promotion took
-		// the page from a backup that a dead releaser had written in
-		// part. The data the access used stands: the reverted data, or
-		// (a page a removed home held, Options.Partitions) its last
-		// write.
+		// slot too) with its copy first; or through a home that took
+		// the page before writing a home word beside it (its slot's
+		// word was zero). The data the access used stands: the
+		// reverted data, a dead releaser's last write, or (a page a
+		// removed home held, Options.Partitions) its last write.
 		delete(s.undecided, r.Page)
 		if i, ok := s.usedCandidate(n, r, c, cands); ok && i >= 0 {
 			copy(s.ref[r.Page], cands[i])
 		}
 		s.tracef("%v: its data is decided by an access", r.Page)
-		s.checkHandedOut(r.Page)
 	}
 	cur := s.refWord(r.Page, r.Offset)
 	switch r.Op {
@@ -1439,7 +1437,7 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 	// the held tenure under the stamp of the one before (or under no
 	// stamp at all).
 	held := old.Holder() != ids.None && old.Holder() != coherence.NotHome &&
-		(w == 0 || w.Version() == old.Version() || coherence.NextVersion(w.Version()) == old.Version())
+		(w == 0 || w.Version() == old.Version() || w.Version()+1 == old.Version())
 	switch {
 	case w != 0 && w.Holder() != coherence.NotHome:
 		s.fail("backup of %v at %v: word %v is no stamp", p, home, w)
@@ -1550,7 +1548,7 @@ func (s *Sim) settle(p ids.PageNo) {
 		return
 	}
 	sl := s.slots[p]
-	if w := sl.word(); w.Unwritten() || w.Holder() == coherence.NotHome || s.gone[sl.home] {
+	if w := sl.word(); w == 0 || w.Holder() == coherence.NotHome || s.gone[sl.home] {
 		return
 	}
 	delete(s.undecided, p)
@@ -1559,7 +1557,6 @@ func (s *Sim) settle(p ids.PageNo) {
 		if bytes.Equal(c, data) {
 			copy(s.ref[p], data)
 			s.tracef("%v: its data is decided at %v: %v", p, sl.home, data)
-			s.checkHandedOut(p)
 			return
 		}
 	}
@@ -1735,7 +1732,6 @@ func (s *Sim) reconfigureOne(i int) {
 	if err := n.sm.Step(rc); err != nil {
 		s.fail("%v refused reconfiguration: %v", n.id, err)
 	}
-	s.clearLeftBehind(n)
 	s.apply(n)
 }
 

@@ -249,7 +249,6 @@ func TestSimSeeds(t *testing.T) {
 						worst.DemoteStamps += st.DemoteStamps
 						worst.LaggingHomeVerbs += st.LaggingHomeVerbs
 						worst.UnwrittenData += st.UnwrittenData
-						worst.LeftBehindCleared += st.LeftBehindCleared
 						worst.Persisted += st.Persisted
 						worst.PersistsAbandoned += st.PersistsAbandoned
 						worst.Rests += st.Rests
@@ -326,7 +325,7 @@ func TestSimSeeds(t *testing.T) {
 				t.Logf("persists: %d stable copies, %d given up", worst.Persisted, worst.PersistsAbandoned)
 			}
 			if c.opts.Promotions > 0 {
-				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot, %d old slots cleared of data beside an unwritten word", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs, worst.LeftBehindCleared)
+				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
 			}
 			if n >= 2000 && c.opts.CrashPartial && worst.UnwrittenData == 0 {
 				t.Fatalf("%d seeds of a configuration with CrashPartial: no backup became a home with data beside a zero word", n)

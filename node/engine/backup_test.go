@@ -328,60 +328,6 @@ func TestStampLeftBehind(t *testing.T) {
 	}
 }
 
-// A promotion moves pages away from a live home: between taking the epoch
-// and acknowledging it, the engine clears the data that lies beside a word
-// never written in their slots (a backup write that executed its data and
-// not its stamp, in a slot that became the home), so that the new home's
-// fill, which skips a page it never had written, finds the slot zero.
-// Slots with a written word keep their data, and so do the pages the node
-// still homes.
-func TestClearLeftBehind(t *testing.T) {
-	es := backupCluster(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	released := bytes.Repeat([]byte{0x5a}, 4096)
-	if err := es[1].WriteMiss(ctx, testRegion, 5, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := es[1].Evict(ctx, testRegion, 5, released); err != nil {
-		t.Fatal(err)
-	}
-	partial := bytes.Repeat([]byte{0x77}, 4096)
-	h := es[2]
-	for _, p := range []ids.PageNo{1, 4} {
-		op := rdma.Op{Kind: rdma.OpWrite, RKey: h.Descriptor().RKey, Offset: SlotOffset(p, 4096) + 8, Buf: partial}
-		if err := h.cfg.Transport.Post(ctx, h.cfg.Transport.LocalID(), []rdma.Op{op}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Epoch 17: pages 4 to 7 move from n2 to n3, their backup.
-	rc := coherence.Reconfigure{
-		Epoch: 17, Members: []ids.NodeID{1, 2, 3, 4}, Targets: []ids.NodeID{3},
-		HomeOf: func(p ids.PageNo) ids.NodeID {
-			if p >= 4 && p < 8 {
-				return 3
-			}
-			return 2
-		},
-	}
-	for id, e := range es {
-		if id != 2 {
-			e.Reconfigure(rc)
-		}
-	}
-	h.ReconfigureLeaving(rc, []PageRange{{First: 4, End: 8}})
-	h.Persist(nil) // taken by the loop once the reconfiguration is done
-	if w, data := slot(h, 4); !w.Unwritten() || !bytes.Equal(data, make([]byte, 4096)) {
-		t.Errorf("p4, data beside a word never written, moved away: %v and %x... after, want zero", w, data[:4])
-	}
-	if w, data := slot(h, 5); w.Unwritten() || !bytes.Equal(data, released) {
-		t.Errorf("p5, released, moved away: %v and %x... after, want its data", w, data[:4])
-	}
-	if _, data := slot(h, 1); !bytes.Equal(data, partial) {
-		t.Errorf("p1, still homed here: %x... after, want it untouched", data[:4])
-	}
-}
-
 // Config.Released is told of every page the node gives up Modified, with
 // the version of the tenure it releases: the version the home's word
 // shows once that release landed. Through an eviction (a Sync's

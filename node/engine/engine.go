@@ -164,7 +164,7 @@ type Engine struct {
 	reqCh    chan submit
 	doneCh   chan posted
 	recvCh   chan coherence.Message
-	reconfCh chan reconf
+	reconfCh chan coherence.Reconfigure
 	fillCh   chan coherence.Fill
 	persCh   chan coherence.Persist
 	relCh    chan *releaseWait
@@ -368,7 +368,7 @@ func New(cfg Config) (*Engine, error) {
 		flying:   map[uint64]flight{},
 		parked:   map[ids.NodeID][]coherence.Batch{},
 		recvCh:   make(chan coherence.Message, 256),
-		reconfCh: make(chan reconf),
+		reconfCh: make(chan coherence.Reconfigure),
 		fillCh:   make(chan coherence.Fill),
 		persCh:   make(chan coherence.Persist),
 		relCh:    make(chan *releaseWait),
@@ -515,30 +515,12 @@ func bounded(numPages int, homeOf func(ids.PageNo) ids.NodeID) func(ids.PageNo) 
 // posted: the state machine posts them again where the new configuration
 // says. A refused configuration (an epoch not after the current one, a
 // bad member id) is logged and changes nothing.
-func (e *Engine) Reconfigure(rc coherence.Reconfigure) { e.ReconfigureLeaving(rc, nil) }
-
-// PageRange is the pages [First, End).
-type PageRange struct{ First, End ids.PageNo }
-
-// reconf is a Reconfigure for the loop, with the pages it moves away
-// from this live node.
-type reconf struct {
-	rc      coherence.Reconfigure
-	leaving []PageRange
-}
-
-// ReconfigureLeaving is Reconfigure for an epoch that moves the pages of
-// leaving away from this live node (a promotion). Once the state machine
-// has taken the epoch, and before it acknowledges it to anyone, the engine
-// clears the data that lies beside a word never written in those slots
-// (clearLeftBehind): the page's new home skips a fill of a page it never
-// had written, and counts on this slot reading zero then.
-func (e *Engine) ReconfigureLeaving(rc coherence.Reconfigure, leaving []PageRange) {
+func (e *Engine) Reconfigure(rc coherence.Reconfigure) {
 	rc.Members = slices.Clone(rc.Members)
 	rc.Targets = slices.Clone(rc.Targets)
 	rc.HomeOf = bounded(e.cfg.NumPages, rc.HomeOf)
 	select {
-	case e.reconfCh <- reconf{rc: rc, leaving: slices.Clone(leaving)}:
+	case e.reconfCh <- rc:
 	case <-e.stop:
 	}
 }
@@ -726,8 +708,8 @@ func (e *Engine) loop() {
 			e.sweep(e.now())
 		case m := <-e.recvCh:
 			e.onReceive(m)
-		case r := <-e.reconfCh:
-			e.onReconfigure(r.rc, r.leaving...)
+		case rc := <-e.reconfCh:
+			e.onReconfigure(rc)
 		case f := <-e.fillCh:
 			e.onFill(f)
 		case p := <-e.persCh:
@@ -822,49 +804,12 @@ func (e *Engine) onReceive(m coherence.Message) {
 	}
 }
 
-func (e *Engine) onReconfigure(rc coherence.Reconfigure, leaving ...PageRange) {
+func (e *Engine) onReconfigure(rc coherence.Reconfigure) {
 	if err := e.sm.Step(rc); err != nil {
 		e.log.Warn("reconfiguration refused", "epoch", rc.Epoch, "err", err)
 		return
 	}
-	if n := e.clearLeftBehind(leaving); n > 0 {
-		e.log.Info("slots left behind: data beside a word never written cleared", "pages", n, "epoch", rc.Epoch)
-	}
 	e.unpark()
-}
-
-// clearLeftBehind zeroes, in this node's slots of the pages of leaving
-// that it homes no more, the data that lies beside a word never written
-// (coherence.Word.Unwritten), through the transport, as the peers' writes
-// go; it returns how many it cleared. Such data was never handed out here:
-// a release wrote it in part while the slot was a backup's, and a read of
-// it asks for a repair first, which writes the word. The page's new home
-// holds the page's data, and its fill skips a page it never had written,
-// counting on this slot to read zero. It runs on the loop, after the state
-// machine took the epoch that moved the pages and before anything
-// acknowledges it: every fill of this node in that epoch comes after.
-func (e *Engine) clearLeftBehind(leaving []PageRange) int {
-	n := 0
-	rkey := e.reg.Descriptor().RKey
-	var zero []byte
-	for _, r := range leaving {
-		for p := r.First; p < min(r.End, ids.PageNo(e.cfg.NumPages)); p++ {
-			off := SlotOffset(p, e.cfg.PageSize)
-			if e.homeOf(p) == e.cfg.ID || !coherence.Word(rdma.LoadWord(e.mem, off)).Unwritten() || e.zeroData(p) {
-				continue
-			}
-			if zero == nil {
-				zero = make([]byte, e.cfg.PageSize)
-			}
-			op := rdma.Op{Kind: rdma.OpWrite, RKey: rkey, Offset: off + 8, Buf: zero}
-			if err := e.cfg.Transport.Post(e.ctx, e.cfg.Transport.LocalID(), []rdma.Op{op}); err != nil {
-				e.log.Warn("slot left behind not cleared", "page", p, "err", err)
-				continue
-			}
-			n++
-		}
-	}
-	return n
 }
 
 func (e *Engine) onFill(f coherence.Fill) {

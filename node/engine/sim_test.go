@@ -181,7 +181,7 @@ var simUnavailableCalls atomic.Int64
 
 // With promotions: the promotions, the crashes soon after one, and the
 // words stamped left behind, over a configuration's seeds.
-var simPromotions, simPromoteCrashes, simStamped, simCleared atomic.Int64
+var simPromotions, simPromoteCrashes, simStamped atomic.Int64
 
 // simInstalls counts the Shared copies installed over a configuration's
 // seeds, and those checked against their tenure's release.
@@ -253,7 +253,6 @@ func TestEngineSim(t *testing.T) {
 			simPromotions.Store(0)
 			simPromoteCrashes.Store(0)
 			simStamped.Store(0)
-			simCleared.Store(0)
 			simInstalls.Store(0)
 			simInstallsChecked.Store(0)
 			for seed := int64(1); seed <= int64(seeds); seed++ {
@@ -270,8 +269,8 @@ func TestEngineSim(t *testing.T) {
 				t.Errorf("no call failed as unavailable: the lost pages were never asked for")
 			}
 			if cfg.promotions {
-				t.Logf("%d promotions, %d crashes soon after one, %d words stamped left behind, %d slots left behind cleared of data beside an unwritten word",
-					simPromotions.Load(), simPromoteCrashes.Load(), simStamped.Load(), simCleared.Load())
+				t.Logf("%d promotions, %d crashes soon after one, %d words stamped left behind",
+					simPromotions.Load(), simPromoteCrashes.Load(), simStamped.Load())
 				if simPromotions.Load() == 0 || simStamped.Load() == 0 || cfg.promoteCrash > 0 && simPromoteCrashes.Load() == 0 {
 					t.Errorf("the promotions, the stamps or the crashes after promotions did not happen")
 				}
@@ -1064,32 +1063,7 @@ func (s *engineSim) runJob(i int) {
 			}
 		}
 		s.logf("n%d learns epoch %v: members %v targets %v", j.node.id, rc.Epoch, rc.Members, rc.Targets)
-		var leaving []PageRange
-		if s.cfg.backups > 0 && s.cfg.promotions {
-			// The pages promoted away from this live node, as
-			// dsmd's leftBehind lists them.
-			for p, h := range j.home {
-				if j.node.lastHome[p] == j.node.id && h != j.node.id {
-					leaving = append(leaving, PageRange{First: ids.PageNo(p), End: ids.PageNo(p) + 1})
-				}
-			}
-		}
-		var unwritten []ids.PageNo
-		for _, r := range leaving {
-			off := SlotOffset(r.First, s.cfg.pageSize)
-			data := e.mem[off+8 : off+8+uint64(s.cfg.pageSize)]
-			if coherence.Word(rdma.LoadWord(e.mem, off)).Unwritten() && !bytes.Equal(data, make([]byte, len(data))) {
-				unwritten = append(unwritten, r.First)
-			}
-		}
-		s.selfPosting(j.node, func() { e.onReconfigure(rc, leaving...) })
-		for _, p := range unwritten {
-			off := SlotOffset(p, s.cfg.pageSize)
-			if bytes.Equal(e.mem[off+8:off+8+uint64(s.cfg.pageSize)], make([]byte, s.cfg.pageSize)) {
-				s.logf("n%d clears p%d, left behind: data beside an unwritten word", j.node.id, p)
-				simCleared.Add(1)
-			}
-		}
+		e.onReconfigure(rc)
 		if s.cfg.backups > 0 && e.sm.Epoch() == rc.Epoch {
 			if s.cfg.promotions {
 				// The engine is in the new epoch: the pages promoted away
@@ -1759,32 +1733,21 @@ func (s *engineSim) crashSafe(victim ids.NodeID) bool {
 // go through n's transport to itself (Engine.zeroData): the driver
 // delivers them while it waits.
 func (s *engineSim) stamp(n *simNode, p ids.PageNo) {
-	var k int
-	s.selfPosting(n, func() { k = n.e.StampLeftBehind(p, p+1) })
-	w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
-	s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
-	simStamped.Add(int64(k))
-	if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
-		s.leftBehind = append(s.leftBehind, simSlot{n, p})
-	}
-}
-
-// selfPosting runs fn, which may post batches from node n to itself
-// (Engine.zeroData, Engine.clearLeftBehind) and wait for them, on a
-// goroutine of its own, and delivers those batches while it waits.
-func (s *engineSim) selfPosting(n *simNode, fn func()) {
 	before := map[uint64]bool{}
 	for _, d := range s.net.Pending() {
 		before[d.Seq] = true
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fn()
-	}()
+	done := make(chan int, 1)
+	go func() { done <- n.e.StampLeftBehind(p, p+1) }()
 	for {
 		select {
-		case <-done:
+		case k := <-done:
+			w := coherence.Word(rdma.LoadWord(n.e.mem, SlotOffset(p, s.cfg.pageSize)))
+			s.logf("n%d stamps p%d, left behind: %d words (%v)", n.id, p, k, w)
+			simStamped.Add(int64(k))
+			if w.Holder() == coherence.NotHome && !slices.Contains(s.leftBehind, simSlot{n, p}) {
+				s.leftBehind = append(s.leftBehind, simSlot{n, p})
+			}
 			return
 		default:
 		}
