@@ -555,9 +555,10 @@ func (n *Node) refreshBackups(h *homeDuty) bool {
 		}
 		n.nextID++
 		id := n.nextID
+		// The stamp first, as a release writes it (postBackup).
 		verbs := []Verb{
-			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData), HomeCopy: true},
 			{Kind: VerbWrite, Page: h.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(w.Version())))},
+			{Kind: VerbWrite, Page: h.no, Span: SpanPage, Data: slices.Clone(h.bkData), HomeCopy: true},
 		}
 		n.batches[id] = batchRec{page: h.no, home: true, verbs: verbs, to: b, epoch: n.epoch}
 		n.rd.Batches = append(n.rd.Batches, Batch{ID: id, Home: b, Verbs: verbs})

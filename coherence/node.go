@@ -135,7 +135,7 @@ const (
 	// outcome that is not known (VerbsDone.Unknown); a READ of the word
 	// decides whether it took effect (resolve.go).
 	phResolve
-	// phBackup: the release writes the data and its stamp to each backup,
+	// phBackup: the release writes its stamp and data to each backup,
 	// one after the other, before phRelease (docs/failover.md §7).
 	phBackup
 )

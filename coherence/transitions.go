@@ -333,11 +333,16 @@ func (n *Node) startRelease(p *page, write bool) {
 	n.postBackup(p)
 }
 
-// postBackup writes the data of the tenure being released, then its stamp,
+// postBackup writes the stamp of the tenure being released, then its data,
 // to the next backup of the page (in the current epoch) that does not hold
-// them yet; when every backup does, the release goes on at the home. Data
-// before stamp, in one batch: a stamp never names data that is not there.
-// One backup at a time: no two batches of a page are in flight.
+// them yet; when every backup does, the release goes on at the home. Stamp
+// before data, in one batch: a batch that executes in part leaves the
+// stamp beside the data of the tenure before, never this tenure's data
+// beside the zero word of a slot never written, which a new home made of
+// that backup would hand out as it is while the other backups hold the old
+// copy; a stamp has the home refresh them first (docs/failover.md §7,
+// "Data beside a word never written"). One backup at a time: no two
+// batches of a page are in flight.
 func (n *Node) postBackup(p *page) {
 	if n.backupsFn != nil {
 		for _, b := range n.backupsFn(p.no) {
@@ -345,8 +350,8 @@ func (n *Node) postBackup(p *page) {
 				continue
 			}
 			p.inflight = n.postTo(p, b,
-				Verb{Kind: VerbWrite, Page: p.no, Span: SpanPage, Data: slices.Clone(p.wbData)},
-				Verb{Kind: VerbWrite, Page: p.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(p.copyVer)))})
+				Verb{Kind: VerbWrite, Page: p.no, Span: SpanWord, Data: binary.LittleEndian.AppendUint64(nil, uint64(Stamp(p.copyVer)))},
+				Verb{Kind: VerbWrite, Page: p.no, Span: SpanPage, Data: slices.Clone(p.wbData)})
 			return
 		}
 	}

@@ -367,11 +367,11 @@ type Stats struct {
 	// LaggingHomeVerbs the batches that reached an old home's slot
 	// after its page had moved.
 	Promotions, DemoteStamps, LaggingHomeVerbs int
-	// UnwrittenData counts the backups that became homes with data beside
-	// a zero word (a release wrote their data and not their stamp: the
-	// open case of docs/failover.md §7, "Data beside a word never
-	// written").
-	UnwrittenData int
+	// StampOnly counts the backups that became homes with the stamp of a
+	// dead releaser's tenure beside the copy of the tenure before: its
+	// batch there executed in part (a backup batch writes the stamp
+	// first, docs/failover.md §7, "Data beside a word never written").
+	StampOnly int
 	// Persisted counts the stable copies reported for Persist events,
 	// PersistsAbandoned those given up.
 	Persisted, PersistsAbandoned int
@@ -1433,16 +1433,26 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 		w = coherence.StampOf(w)
 	}
 	data := bs.data(s.Opts.PageSize)
-	// A batch of unknown outcome may have executed in part: the data of
-	// the held tenure under the stamp of the one before (or under no
-	// stamp at all).
+	// A batch of unknown outcome may have executed in part: the stamp of
+	// the held tenure beside the data of the one before (the data of the
+	// held tenure beside the stamp of the one before, when the data went
+	// first).
 	held := old.Holder() != ids.None && old.Holder() != coherence.NotHome &&
-		(w == 0 || w.Version() == old.Version() || w.Version()+1 == old.Version())
+		(w.Version() == old.Version() || w.Version()+1 == old.Version())
 	switch {
 	case w != 0 && w.Holder() != coherence.NotHome:
 		s.fail("backup of %v at %v: word %v is no stamp", p, home, w)
 		return false
 	case bytes.Equal(data, oldData):
+		if h := old.Holder(); w.Holder() == coherence.NotHome && w.Version() == old.Version() && h != ids.None && h != coherence.NotHome && (s.nodes[h] == nil || !s.nodes[h].alive) {
+			s.stats.StampOnly++
+		}
+	case w == 0 && !bytes.Equal(data, make([]byte, len(data))):
+		// A backup batch writes the stamp before the data, and a fill
+		// makes its backup complete only once it is done: data beside
+		// a zero word is a batch that wrote the data first.
+		s.fail("backup of %v at %v holds %v beside a zero word (the home copy is %v)", p, home, data, oldData)
+		return false
 	case s.undecided[p] != nil && slices.ContainsFunc(s.undecided[p], func(c []byte) bool { return bytes.Equal(c, data) }):
 		// Still undecided since an earlier move.
 	case held:
@@ -1452,9 +1462,6 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 		// access). Until then the old copy may still win (above; the
 		// case of promote-crash seed 6098).
 		if h := s.nodes[old.Holder()]; h == nil || !h.alive {
-			if w == 0 {
-				s.stats.UnwrittenData++
-			}
 			s.undecided[p] = [][]byte{slices.Clone(oldData), slices.Clone(data)}
 			s.tracef("%v: the backup at %v holds data of v%d of dead %v, never released: it takes effect once the new home hands it out", p, home, old.Version(), old.Holder())
 		}

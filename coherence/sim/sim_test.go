@@ -248,7 +248,7 @@ func TestSimSeeds(t *testing.T) {
 						worst.Promotions += st.Promotions
 						worst.DemoteStamps += st.DemoteStamps
 						worst.LaggingHomeVerbs += st.LaggingHomeVerbs
-						worst.UnwrittenData += st.UnwrittenData
+						worst.StampOnly += st.StampOnly
 						worst.Persisted += st.Persisted
 						worst.PersistsAbandoned += st.PersistsAbandoned
 						worst.Rests += st.Rests
@@ -327,11 +327,11 @@ func TestSimSeeds(t *testing.T) {
 			if c.opts.Promotions > 0 {
 				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
 			}
-			if n >= 2000 && c.opts.CrashPartial && worst.UnwrittenData == 0 {
-				t.Fatalf("%d seeds of a configuration with CrashPartial: no backup became a home with data beside a zero word", n)
+			if n >= 2000 && c.opts.CrashPartial && worst.StampOnly == 0 {
+				t.Fatalf("%d seeds of a configuration with CrashPartial: no backup became a home with a dead releaser's stamp beside the copy before", n)
 			}
-			if worst.UnwrittenData > 0 {
-				t.Logf("unwritten words: %d backups became homes with a dead releaser's data beside a zero word", worst.UnwrittenData)
+			if worst.StampOnly > 0 {
+				t.Logf("partial releases: %d backups became homes with a dead releaser's stamp beside the copy before", worst.StampOnly)
 			}
 		})
 		total += n
