@@ -311,14 +311,28 @@ func (s *Sim) decideZombie(p ids.PageNo, i int, how string) {
 // usedCandidate finds which of cands the copy of node n's completed
 // request c was, before the request: but for the word the request wrote,
 // the copy must equal it, and the word's old value (a load's, an add's,
-// a CAS's) chooses between candidates that differ only there. It reports
-// false when n holds no copy to judge by, and -1 when none matches.
+// a CAS's) chooses between candidates that differ only there. When n
+// holds no copy any more (given up as the request completed), the old
+// value alone chooses, if exactly one candidate has it. It reports false
+// when nothing can judge, and -1 when none matches.
 func (s *Sim) usedCandidate(n *simNode, r coherence.Request, c coherence.Completion, cands [][]byte) (int, bool) {
+	word := func(b []byte) uint64 { return binary.LittleEndian.Uint64(b[r.Offset:]) }
 	state, data := n.sm.Copy(r.Page)
 	if state == coherence.Invalid {
-		return 0, false
+		if r.Op == coherence.OpStore {
+			return 0, false
+		}
+		found := -1
+		for i, cand := range cands {
+			if word(cand) == c.Value {
+				if found >= 0 {
+					return 0, false // two candidates agree there
+				}
+				found = i
+			}
+		}
+		return found, true
 	}
-	word := func(b []byte) uint64 { return binary.LittleEndian.Uint64(b[r.Offset:]) }
 	for i, cand := range cands {
 		same := bytes.Equal(cand[:r.Offset], data[:r.Offset]) && bytes.Equal(cand[r.Offset+8:], data[r.Offset+8:])
 		if same && (r.Op == coherence.OpStore || word(cand) == c.Value) {
