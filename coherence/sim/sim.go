@@ -173,7 +173,7 @@ type Options struct {
 	Partitions int
 	// CrashPartial (with Crashes) aims the crashes: a node whose batch
 	// of unknown outcome executed in part (a backup write that landed its
-	// data and not its stamp, say) is the next node to crash, as soon as
+	// stamp and not its data, say) is the next node to crash, as soon as
 	// a crash may come and it may be lost. A dead releaser's partial
 	// write, which random crashes seldom meet, is then common
 	// (docs/failover.md §7, "Data beside a word never written").
@@ -1434,9 +1434,8 @@ func (s *Sim) judgeBackup(p ids.PageNo, home ids.NodeID, bs slot, oldData []byte
 	}
 	data := bs.data(s.Opts.PageSize)
 	// A batch of unknown outcome may have executed in part: the stamp of
-	// the held tenure beside the data of the one before (the data of the
-	// held tenure beside the stamp of the one before, when the data went
-	// first).
+	// the held tenure beside the data of the one before (a backup batch
+	// writes the stamp first).
 	held := old.Holder() != ids.None && old.Holder() != coherence.NotHome &&
 		(w.Version() == old.Version() || w.Version()+1 == old.Version())
 	switch {
