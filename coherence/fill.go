@@ -168,8 +168,12 @@ func (n *Node) pruneFills(h *homeDuty) {
 }
 
 // fenced reports whether every member of f's epoch that is still a member
-// has acknowledged that epoch or a later one.
+// has acknowledged that epoch or a later one, f.to without Clearing (its
+// slots entered anew read zero: clear.go).
 func (n *Node) fenced(f *fillOp) bool {
+	if f.to != ids.None && n.clearedIn[f.to] < f.epoch {
+		return false
+	}
 	for _, m := range f.members {
 		if m != n.cfg.ID && n.isMember(m) && n.ackedIn[m] < f.epoch {
 			return false
@@ -187,6 +191,9 @@ func (n *Node) fillProbe() {
 			continue // dropped (demote)
 		}
 		for _, f := range h.fills {
+			if f.to != ids.None && n.clearedIn[f.to] < f.epoch && !slices.Contains(ask, f.to) {
+				ask = append(ask, f.to)
+			}
 			for _, m := range f.members {
 				if m != n.cfg.ID && n.isMember(m) && n.ackedIn[m] < f.epoch && !slices.Contains(ask, m) {
 					ask = append(ask, m)

@@ -159,9 +159,14 @@ func (n *Node) stepReconfigure(rc Reconfigure) error {
 	}
 	n.epoch = rc.Epoch
 	n.members = newMembers
+	if rc.ClearPending {
+		n.clearNeed = rc.Epoch
+		n.clearProbeAt = 0
+	}
 	// Probes of the old epoch are answered no more (an answer would be
 	// refused); their senders probe again in the new one.
 	clear(n.ackOwed)
+	clear(n.clearTold)
 	if departed || rc.HomeOf != nil && slices.Contains(rc.Targets, n.cfg.ID) {
 		// Acknowledgements count from this epoch on. Without a
 		// departure, those of the epochs since the last one still do:
@@ -796,6 +801,9 @@ func (n *Node) epochAck(from ids.NodeID) {
 // whatever their destination: a home demoted by a move (demote) may have a
 // refresh or a fill of a backup in flight, and the new home rebuilds, and
 // then releases write the backups, only once every member acknowledged.
+//
+// An acknowledgement says, with Clearing, that this node has backup slots
+// entered anew that it has not cleared yet (clear.go): a fill to it waits.
 func (n *Node) epochAckDue(to ids.NodeID) {
 	for _, rec := range n.batches {
 		if rec.epoch < n.epoch && (rec.to == to || rec.home) {
@@ -807,7 +815,13 @@ func (n *Node) epochAckDue(to ids.NodeID) {
 		n.epochAck(to)
 		return
 	}
-	n.send(MsgEpochAck, to, 0, 0, false)
+	clearing := n.clearNeed > n.clearedAt
+	if clearing {
+		n.clearTold[to] = true // told again once cleared
+	}
+	n.rd.Messages = append(n.rd.Messages, Message{
+		Type: MsgEpochAck, From: n.cfg.ID, To: to, Epoch: n.epoch, Clearing: clearing,
+	})
 }
 
 // ---- moves ----

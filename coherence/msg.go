@@ -109,11 +109,20 @@ type Message struct {
 	// an interrupted release by it: another node that knows the claimed
 	// tenure ended proves that the release had taken effect.
 	Ended bool
+	// Clearing (MsgEpochAck only): the sender has backup slots entered
+	// anew that are not cleared yet (Reconfigure.ClearPending); a home
+	// fills it only after an acknowledgement without.
+	Clearing bool
 }
 
 func (m Message) String() string {
 	switch m.Type {
-	case MsgEpoch, MsgEpochAck, MsgMoveDone, MsgQuery:
+	case MsgEpochAck:
+		if m.Clearing {
+			return fmt.Sprintf("%v %v->%v %v clearing", m.Type, m.From, m.To, m.Epoch)
+		}
+		return fmt.Sprintf("%v %v->%v %v", m.Type, m.From, m.To, m.Epoch)
+	case MsgEpoch, MsgMoveDone, MsgQuery:
 		return fmt.Sprintf("%v %v->%v %v", m.Type, m.From, m.To, m.Epoch)
 	case MsgMoveReport:
 		return fmt.Sprintf("%v %v->%v %v count=%d", m.Type, m.From, m.To, m.Epoch, m.Page)
@@ -138,7 +147,8 @@ func (m Message) String() string {
 // Wire format, little-endian, fixed size:
 //
 //	0  format (1)      1  type        2  flags                  3  zero
-//	flags: bit 0 write (recall), bit 1 shared, bit 2 modified (report, rebuilt)
+//	flags: bit 0 write (recall), bit 1 shared, bit 2 modified (report, rebuilt),
+//	       bit 3 ended (report), bit 4 clearing (epoch-ack)
 //	4  from (u32)      8  to (u32)    12 epoch (u64)            20 page (u64; MsgMoveReport: the count)
 //	28 version (u16)
 const (
@@ -148,7 +158,8 @@ const (
 	flagShared   = 2
 	flagModified = 4
 	flagEnded    = 8 // MsgReport with no state flag: Version is the newest tenure known ended
-	knownFlags   = flagWrite | flagShared | flagModified | flagEnded
+	flagClearing = 16
+	knownFlags   = flagWrite | flagShared | flagModified | flagEnded | flagClearing
 	maxMsgType_  = MsgMoveDone
 )
 
@@ -168,6 +179,9 @@ func (m Message) Marshal() []byte {
 	}
 	if m.Ended {
 		b[2] |= flagEnded
+	}
+	if m.Clearing {
+		b[2] |= flagClearing
 	}
 	binary.LittleEndian.PutUint32(b[4:], uint32(m.From))
 	binary.LittleEndian.PutUint32(b[8:], uint32(m.To))
@@ -212,6 +226,10 @@ func Unmarshal(b []byte) (Message, error) {
 		return m, fmt.Errorf("%w: ended flag on %v %v", ErrBadMessage, m.Type, m.State)
 	}
 	m.Ended = b[2]&flagEnded != 0
+	if b[2]&flagClearing != 0 && m.Type != MsgEpochAck {
+		return m, fmt.Errorf("%w: clearing flag on %v", ErrBadMessage, m.Type)
+	}
+	m.Clearing = b[2]&flagClearing != 0
 	from := binary.LittleEndian.Uint32(b[4:])
 	to := binary.LittleEndian.Uint32(b[8:])
 	if from == 0 || from > MaxNodeID || to == 0 || to > MaxNodeID || from == to {

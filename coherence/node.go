@@ -304,6 +304,19 @@ type Node struct {
 	// ackOwed: members whose MsgEpoch this node answers once the batches
 	// it posted to them in an older epoch are finished (epochAckDue).
 	ackOwed map[ids.NodeID]bool
+	// The clear of the backup slots this node entered anew (clear.go):
+	// clearNeed is the latest epoch learnt with Reconfigure.ClearPending,
+	// clearAsked the latest handed to the node layer (Ready.ClearSlots),
+	// clearedAt the latest SlotsCleared; clearProbeAt the tick of the
+	// last probe sent for it. clearedIn: the latest epoch in which each
+	// member acknowledged a probe without Clearing (a fill to it waits
+	// for one of its epoch).
+	// clearTold: the members this node answered with Clearing in this
+	// epoch, answered again once it is cleared.
+	clearNeed, clearAsked, clearedAt ids.Epoch
+	clearProbeAt                     uint64
+	clearedIn                        map[ids.NodeID]ids.Epoch
+	clearTold                        map[ids.NodeID]bool
 	// joining: this node is new to the protocol and no epoch it is a
 	// member of has been acknowledged by every member yet. Until then
 	// its pages post no verb and send no message (drive does nothing):
@@ -372,6 +385,8 @@ func NewNode(cfg Config) (*Node, error) {
 		dutyAbandoned: map[ids.PageNo]int{},
 		ackOwed:       map[ids.NodeID]bool{},
 		ackedIn:       map[ids.NodeID]ids.Epoch{},
+		clearedIn:     map[ids.NodeID]ids.Epoch{},
+		clearTold:     map[ids.NodeID]bool{},
 	}
 	if cfg.Joining {
 		n.synced, n.joining = false, true
@@ -456,13 +471,35 @@ func (n *Node) Step(ev Event) error {
 		n.stepTick()
 		return nil
 	case Reconfigure:
-		return n.stepReconfigure(ev)
+		if err := n.stepReconfigure(ev); err != nil {
+			return err
+		}
+		n.checkClear()
+		return nil
 	case SlotsReady:
 		if ev.Epoch > n.epoch {
 			return fmt.Errorf("%w: slots ready for %v in %v", ErrStaleEpoch, ev.Epoch, n.epoch)
 		}
 		n.slotsReady = max(n.slotsReady, ev.Epoch)
 		n.checkMoveDone()
+		return nil
+	case SlotsCleared:
+		if ev.Epoch > n.epoch {
+			return fmt.Errorf("%w: slots cleared for %v in %v", ErrStaleEpoch, ev.Epoch, n.epoch)
+		}
+		if ev.Epoch > n.clearAsked {
+			return fmt.Errorf("%w: slots cleared for %v, asked for %v", ErrBadRequest, ev.Epoch, n.clearAsked)
+		}
+		n.clearedAt = max(n.clearedAt, ev.Epoch)
+		if n.clearNeed <= n.clearedAt {
+			for _, m := range n.members {
+				if n.clearTold[m] {
+					delete(n.clearTold, m)
+					n.ackOwed[m] = true
+					n.epochAckDue(m)
+				}
+			}
+		}
 		return nil
 	case Fill:
 		return n.stepFill(ev)
@@ -657,6 +694,9 @@ func (n *Node) stepDone(d VerbsDone) error {
 		return fmt.Errorf("%w: #%d", ErrUnknownBatch, d.ID)
 	}
 	delete(n.batches, d.ID)
+	if rec.epoch < n.clearNeed {
+		n.checkClear()
+	}
 	switch {
 	case rec.home && len(n.ackOwed) > 0:
 		for _, m := range n.members {
@@ -762,6 +802,10 @@ func (n *Node) stepReceive(m Message) error {
 		return nil
 	case MsgEpochAck:
 		n.ackedIn[m.From] = n.epoch
+		if !m.Clearing {
+			n.clearedIn[m.From] = n.epoch
+		}
+		n.checkClear()
 		n.epochAck(m.From)
 		// A duty with fills is not settled: the active set holds it.
 		for _, h := range n.activeHomes {
@@ -879,6 +923,7 @@ func (n *Node) stepTick() {
 	if n.now-n.fillProbeAt >= uint64(2*n.cfg.RetransmitTicks) {
 		n.fillProbe()
 	}
+	n.checkClear()
 	slices.SortFunc(n.activeHomes, func(a, b *homeDuty) int { return cmp.Compare(a.seq, b.seq) })
 	for i := 0; i < len(n.activeHomes); i++ {
 		if h := n.activeHomes[i]; n.homeIdx[h.no] == h {

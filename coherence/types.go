@@ -256,12 +256,19 @@ type Ready struct {
 	// Persisted reports a stable copy of a page asked for by a Persist
 	// event, or why there is none (PersistDone.Err).
 	Persisted []PersistDone
+	// ClearSlots, when not zero, asks the node layer to zero the data of
+	// this node's backup slots of the pages whose backup set it entered
+	// anew up to this epoch (Reconfigure.ClearPending), and then to step
+	// SlotsCleared: every member is in that epoch or a later one, and no
+	// verb of an older epoch that used such a slot as a home slot is in
+	// flight any more.
+	ClearSlots ids.Epoch
 }
 
 // Empty reports whether there is nothing to do.
 func (r *Ready) Empty() bool {
 	return len(r.Batches) == 0 && len(r.Messages) == 0 && len(r.Pages) == 0 && len(r.Completions) == 0 && len(r.Filled) == 0 &&
-		len(r.Persisted) == 0
+		len(r.Persisted) == 0 && r.ClearSlots == 0
 }
 
 // PersistDone answers a Persist event for page Page at its home. Err nil:
@@ -385,7 +392,24 @@ type Reconfigure struct {
 	// home slots of the pages moving to this node yet: the node completes
 	// no move before a SlotsReady of this epoch or a later one.
 	SlotsPending bool
+	// ClearPending says that this node entered the backup set of some
+	// pages anew in this epoch (or in an epoch it skipped), and that its
+	// slots of them may hold data: a home demoted by a promotion stays a
+	// backup, and a fill, which skips a page never written, would leave
+	// that data there (docs/failover.md §7, "A page promoted away before
+	// its new home rebuilt it"). The node asks the node layer to clear
+	// them (Ready.ClearSlots) once every member is in this epoch or a
+	// later one and no verb of an older epoch is in flight to them, and
+	// until SlotsCleared of this epoch or a later one its epoch
+	// acknowledgements say Clearing: no fill to this node starts before.
+	ClearPending bool
 }
+
+// SlotsCleared tells the node that the data of its backup slots of every
+// page whose backup set it entered anew up to Epoch reads zero, under
+// words that are stamps or zero (Ready.ClearSlots): the slots a fill to
+// this node requires.
+type SlotsCleared struct{ Epoch ids.Epoch }
 
 // SlotsReady tells the node that the home slots of every page that moved
 // to it up to Epoch hold their backup copies, under words that name no
@@ -423,14 +447,15 @@ type Persist struct {
 	Pages []ids.PageNo
 }
 
-func (Request) isEvent()     {}
-func (VerbsDone) isEvent()   {}
-func (Receive) isEvent()     {}
-func (Tick) isEvent()        {}
-func (Reconfigure) isEvent() {}
-func (SlotsReady) isEvent()  {}
-func (Fill) isEvent()        {}
-func (Persist) isEvent()     {}
+func (Request) isEvent()      {}
+func (VerbsDone) isEvent()    {}
+func (Receive) isEvent()      {}
+func (Tick) isEvent()         {}
+func (Reconfigure) isEvent()  {}
+func (SlotsReady) isEvent()   {}
+func (SlotsCleared) isEvent() {}
+func (Fill) isEvent()         {}
+func (Persist) isEvent()      {}
 
 // Errors.
 var (

@@ -192,6 +192,14 @@ func (s *Sim) Stabilize(maxSteps int) bool {
 				continue
 			}
 		}
+		if len(s.clearsDue)+len(s.clearAsk) > 0 {
+			s.step++
+			ok := s.clearOne()
+			s.check(false)
+			if ok {
+				continue
+			}
+		}
 		if !s.busy() {
 			return true
 		}

@@ -363,10 +363,10 @@ type Stats struct {
 	Fills, FillsAbandoned, FilledPromotions, MidFillCrashes int
 	// Promotions counts the moves away from a live home, DemoteStamps
 	// the old home slots whose word the driver turned into a stamp
-	// (others were written by a backup write or a fill first), and
-	// LaggingHomeVerbs the batches that reached an old home's slot
-	// after its page had moved.
-	Promotions, DemoteStamps, LaggingHomeVerbs int
+	// (others were written by a backup write first), DemoteClears those
+	// whose data it zeroed, and LaggingHomeVerbs the batches that reached
+	// an old home's slot after its page had moved.
+	Promotions, DemoteStamps, DemoteClears, LaggingHomeVerbs int
 	// StampOnly counts the backups that became homes with the stamp of a
 	// dead releaser's tenure beside the copy of the tenure before: its
 	// batch there executed in part (a backup batch writes the stamp
@@ -580,9 +580,14 @@ type Sim struct {
 	// former the backup slots that were home slots (lagging members'
 	// verbs of every kind may reach them); stampsDue the stamps the
 	// old homes' node layer owes.
-	promote    map[ids.PageNo]ids.NodeID
-	former     map[ids.PageNo]map[ids.NodeID]bool
-	stampsDue  []stampDue
+	promote   map[ids.PageNo]ids.NodeID
+	former    map[ids.PageNo]map[ids.NodeID]bool
+	stampsDue []stampDue
+	// clearsDue the clears of the data of those slots that the old
+	// homes' node layer owes, clearAsk the clears the nodes asked for
+	// (Ready.ClearSlots), by node: the epoch asked.
+	clearsDue  []stampDue
+	clearAsk   map[ids.NodeID]ids.Epoch
 	promotions int
 	persists   int
 
@@ -637,6 +642,7 @@ func New(seed int64, o Options) (*Sim, error) {
 		fillOut:    map[fillDue]bool{},
 		promote:    map[ids.PageNo]ids.NodeID{},
 		former:     map[ids.PageNo]map[ids.NodeID]bool{},
+		clearAsk:   map[ids.NodeID]ids.Epoch{},
 		draining:   map[ids.NodeID]bool{},
 		zombieAt:   map[ids.NodeID]ids.Epoch{},
 		zundecided: map[ids.PageNo]zombieCands{},
@@ -848,6 +854,10 @@ func (s *Sim) apply(n *simNode) {
 	for _, d := range rd.Persisted {
 		s.tracef("%v %v", n.id, d)
 		s.persistReported(n, d)
+	}
+	if rd.ClearSlots != 0 {
+		s.tracef("%v asks its node layer to clear the slots it entered anew up to %v", n.id, rd.ClearSlots)
+		s.clearAsk[n.id] = rd.ClearSlots
 	}
 }
 
@@ -1735,6 +1745,9 @@ func (s *Sim) reconfigureOne(i int) {
 		s.slotsDue[n.id] = rc.Epoch
 	}
 	s.fenceZombies(n)
+	// Slots left behind by moves that the node layer must clear
+	// (clearOne) before a fill writes them.
+	rc.ClearPending = s.clearPending(n.id, rc.Epoch)
 	if err := n.sm.Step(rc); err != nil {
 		s.fail("%v refused reconfiguration: %v", n.id, err)
 	}
@@ -1800,7 +1813,7 @@ func (s *Sim) busy() bool {
 			return true
 		}
 	}
-	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0 || s.drainer != ids.None || s.suspendee != ids.None
+	return s.reconf >= 0 || len(s.lagging) > 0 || s.filling() || len(s.stampsDue) > 0 || len(s.clearsDue) > 0 || len(s.clearAsk) > 0 || s.drainer != ids.None || s.suspendee != ids.None
 }
 
 // deliverOne delivers (or, with faults, drops or duplicates, or executes
@@ -1961,6 +1974,9 @@ func (s *Sim) randomStep(workload bool) {
 		return
 	}
 	if len(s.stampsDue) > 0 && s.rng.Intn(8) == 0 && s.stampOne() {
+		return
+	}
+	if len(s.clearsDue)+len(s.clearAsk) > 0 && s.rng.Intn(8) == 0 && s.clearOne() {
 		return
 	}
 	if workload && s.persists < s.Opts.Persists && s.rng.Intn(40) == 0 && s.persistOne() {

@@ -247,6 +247,7 @@ func TestSimSeeds(t *testing.T) {
 						worst.MidFillCrashes += st.MidFillCrashes
 						worst.Promotions += st.Promotions
 						worst.DemoteStamps += st.DemoteStamps
+						worst.DemoteClears += st.DemoteClears
 						worst.LaggingHomeVerbs += st.LaggingHomeVerbs
 						worst.StampOnly += st.StampOnly
 						worst.Persisted += st.Persisted
@@ -289,8 +290,8 @@ func TestSimSeeds(t *testing.T) {
 			if n >= 20 && c.opts.Fills && c.opts.HomeCrashes > 0 && (worst.Fills == 0 || worst.FilledPromotions == 0 || c.opts.MidFillCrashes && worst.MidFillCrashes == 0) {
 				t.Fatalf("%d seeds with fills: %d pages filled, %d filled backups promoted, %d crashes during fills", n, worst.Fills, worst.FilledPromotions, worst.MidFillCrashes)
 			}
-			if n >= 20 && c.opts.Promotions > 0 && (worst.Promotions == 0 || worst.DemoteStamps == 0 || worst.LaggingHomeVerbs == 0) {
-				t.Fatalf("%d seeds with promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", n, worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
+			if n >= 20 && c.opts.Promotions > 0 && (worst.Promotions == 0 || worst.DemoteStamps == 0 || worst.DemoteClears == 0 || worst.LaggingHomeVerbs == 0) {
+				t.Fatalf("%d seeds with promotions: %d moves from live homes, %d old slots stamped, %d cleared, %d batches at an old home's slot", n, worst.Promotions, worst.DemoteStamps, worst.DemoteClears, worst.LaggingHomeVerbs)
 			}
 			if n >= 20 && c.opts.Persists > 0 && (worst.Persisted == 0 || worst.PersistsAbandoned == 0) {
 				t.Fatalf("%d seeds with persists: %d stable copies, %d given up", n, worst.Persisted, worst.PersistsAbandoned)
@@ -325,7 +326,7 @@ func TestSimSeeds(t *testing.T) {
 				t.Logf("persists: %d stable copies, %d given up", worst.Persisted, worst.PersistsAbandoned)
 			}
 			if c.opts.Promotions > 0 {
-				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.LaggingHomeVerbs)
+				t.Logf("promotions: %d moves from live homes, %d old slots stamped, %d cleared, %d batches at an old home's slot", worst.Promotions, worst.DemoteStamps, worst.DemoteClears, worst.LaggingHomeVerbs)
 			}
 			if n >= 2000 && c.opts.CrashPartial && worst.StampOnly == 0 {
 				t.Fatalf("%d seeds of a configuration with CrashPartial: no backup became a home with a dead releaser's stamp beside the copy before", n)
