@@ -16,7 +16,8 @@ import (
 //
 //  1. The fence: every member of the home's epoch when the Fill came (that
 //     is still a member) acknowledges that epoch or a later one
-//     (MsgEpoch, MsgEpochAck). In such an epoch B is a backup of p, so
+//     (MsgEpoch, MsgEpochAck), and B does so without Clearing (its slots
+//     entered anew read zero data: clear.go). In such an epoch B is a backup of p, so
 //     every release from then on writes B before its CAS at the home; and
 //     the acknowledgement waits for the batches the member posted to the
 //     home in older epochs, so no release that skipped B is still in
@@ -39,7 +40,7 @@ import (
 //
 // A page whose slot shows no holder, version 0 and all-zero data was
 // never written: it is reported filled after the fence, without a copy
-// (B's slot, never written, reads the same). A fill that cannot complete
+// (B's slot, never written or cleared, reads zero data too). A fill that cannot complete
 // (B departs or leaves the page's backups, or this node is not the page's
 // home) is reported abandoned; a reservation taken for it goes on like any
 // other turn of the home.

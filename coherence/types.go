@@ -296,7 +296,8 @@ func (p PersistDone) String() string {
 // FillDone reports the end of the fill of page Page at backup To, asked
 // for by a Fill event at the page's home. Err nil: To holds the page's
 // released data and its Stamp, or the page was never written (its slot
-// at the home is all zero: To's slot, never written, reads the same), and
+// at the home is all zero: To's slot, never written or cleared, reads
+// zero data too), and
 // every member is in an epoch in which To is a backup of the page, so
 // every later release writes To too: To's copy of Page is complete from
 // now on, as long as it stays a backup. Err wraps ErrFillAbandoned when
@@ -422,10 +423,12 @@ type SlotsReady struct{ Epoch ids.Epoch }
 // or a new member that takes a departed backup's place, or any backup
 // that was not complete in the previous epoch. The node layer lists the
 // pages whose home slots are populated (the core cannot list pages); a
-// page it leaves out must be one never written. For each page the home
-// waits until every member of its current epoch has acknowledged that
-// epoch or a later one (MsgEpoch: no release can skip To from then on),
-// then takes the page's reservation (the home's turn, HomeTurn; a holder
+// page it leaves out must be one never written, and To's slots must read
+// zero data where the home's do (a To that entered the page's backup set
+// anew clears its slots first: Reconfigure.ClearPending). For each page
+// the home waits until every member of its current epoch has
+// acknowledged that epoch or a later one (MsgEpoch: no release can skip
+// To from then on), To without Clearing, then takes the page's reservation (the home's turn, HomeTurn; a holder
 // is recalled first), posts one batch [WRITE page, WRITE Stamp(v)] of
 // its own slot's copy to To and gives the reservation back. Each page
 // ends with a FillDone in Ready.Filled. A page already being filled to

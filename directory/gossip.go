@@ -40,7 +40,11 @@ import (
 // Version 8: drain marks (Member.DrainingAt, counted in the protocol
 // epoch): a draining member's shards are handed over before it leaves,
 // and promotions of a shard's creation backups without a fill record.
-const ProtoVersion = 8
+// Version 9: the Clearing flag of the coherence epoch acknowledgement (a
+// member that entered replica sets anew clears its slots of them before
+// their fills, docs/failover.md §7), which version 8 refuses as a
+// malformed message.
+const ProtoVersion = 9
 
 // nodeMeta is what a node gossips about itself (memberlist node metadata,
 // at most memberlist.MetaMaxSize bytes).

@@ -33,15 +33,19 @@ import (
 // this node is no longer the home) or a record refused is tried again at
 // the next epoch if the shard still needs it.
 //
-// Why no backup slot is cleared: with the chains of placement.go a member
+// Which backup slots are cleared: with the chains of placement.go a member
 // leaves a shard's backups only by departing (its memory goes with its
 // process), by a failure verdict (it is never a backup of the region
-// again) or when the home moves past it (it is then before the home in
-// the chain and never a backup of the shard again). So a slot never
-// enters a backup set again once it has left one, and a member enters a
-// set with the slot it has had since its start: zero, as coherence.Fill
-// requires. Giving the memory of such slots back to the system is left
-// to do.
+// again), when the home moves past it (it is then before the home in the
+// chain, and only a promotion brings it back), or when a promotion
+// demotes it. A demoted home stays in the set (incomplete until filled)
+// with the slots it had as the home, and coherence.Fill requires the
+// slots of a backup that enters a set to read zero for the pages it
+// skips (never written at the home). So every member that enters a set
+// anew clears its slots of the shard, once the engine says no member uses
+// them as home slots any more and before any fill (regions.go,
+// enteredAnew and clearEntered; docs/failover.md §7). Giving the memory of
+// slots that left a set back to the system is left to do.
 
 // fillChunk is how many pages one coherence.Fill names.
 const fillChunk = 256

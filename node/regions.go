@@ -70,6 +70,18 @@ type regionEngine struct {
 	// fills fill the backups of the shards this node is home of
 	// (fills.go).
 	fills *regionFills
+	// clears are the shards whose slots the engine will ask to clear
+	// (enteredAnew, clearEntered), by the protocol epoch that brought
+	// them in; under clearMu.
+	clearMu sync.Mutex
+	clears  []shardClear
+}
+
+// shardClear is the clear owed, once the engine asks for epoch or a later
+// one, of this node's slots of shards entered anew.
+type shardClear struct {
+	epoch  ids.Epoch
+	shards []uint64
 }
 
 var _ localcache.Coherence = (*engines)(nil)
@@ -323,6 +335,14 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			// The slots of lost shards brought back with this node as a
 			// backup read zero before the engine takes the epoch.
 			es.clearRevived(t.re, t.last, pm, self)
+			// The slots of shards entered anew are cleared when the
+			// engine asks (clearEntered), before their fills.
+			if shards := es.enteredAnew(t.re, t.last, pm, self); len(shards) > 0 {
+				t.rc.ClearPending = true
+				t.re.clearMu.Lock()
+				t.re.clears = append(t.re.clears, shardClear{epoch: pm.epoch, shards: shards})
+				t.re.clearMu.Unlock()
+			}
 			t.re.e.Reconfigure(t.rc)
 			// The engine is in the new epoch: stamp the slots of the
 			// shards promoted away from this node, and fill its new
@@ -448,6 +468,89 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 	}
 }
 
+// enteredAnew lists the shards of re's region whose replica set this
+// incarnation is in under pm, not as their home and not complete, having
+// entered it after last's view: a home demoted by a promotion (the only
+// member that enters a set with a slot it had before: placement.go). Its
+// slots keep what they held as the home, and its new home's fill, which
+// skips a page the new home never had written, would leave that there:
+// after a home died having written only this backup in a release, and the
+// shard was promoted away before this node rebuilt it, a dead write that
+// readers never saw (docs/failover.md §7, "A page promoted away before its
+// new home rebuilt it"). The engine asks for the clear (clearEntered) once
+// no member can use the slots as home slots any more, and fills wait for
+// it. Only promotion records demote, and a view without a directory epoch
+// (tests) cannot tell, so both have nothing to clear.
+func (es *engines) enteredAnew(re *regionEngine, last, pm *protoMap, self ids.NodeID) []uint64 {
+	r := re.region
+	if !re.chains.promoted(pm) || pm.departedAt(self) != 0 || pm.dirEpoch == 0 {
+		return nil
+	}
+	var shards []uint64
+	for i := range r.Shards() {
+		s := placement.Shard{Region: r.ID, Index: i}
+		sp := re.chains.place(s, pm)
+		since, in := sp.since[self]
+		if !in || since <= last.dirEpoch || len(sp.c) == 0 || sp.c[sp.hi] == self || re.chains.completeAt(sp, self, s, never, pm) {
+			continue
+		}
+		shards = append(shards, i)
+	}
+	return shards
+}
+
+// clearEntered zeroes the data of this node's slots of the shards entered
+// anew up to protocol epoch ep (enteredAnew), stamping their words first,
+// and then tells the engine, which asked for it (engine.Config.ClearSlots:
+// every member has acknowledged ep to this node, so none uses those slots
+// as home slots any more, and no fill has written them yet). A shard this
+// node is home of again is left alone. It runs on its own goroutine.
+func (es *engines) clearEntered(re *regionEngine, ep ids.Epoch) {
+	re.clearMu.Lock()
+	var shards []uint64
+	keep := re.clears[:0]
+	for _, c := range re.clears {
+		if c.epoch <= ep {
+			shards = append(shards, c.shards...)
+		} else {
+			keep = append(keep, c)
+		}
+	}
+	re.clears = keep
+	re.clearMu.Unlock()
+	r := re.region
+	self := ids.NodeID(es.self.Load())
+	pm := es.pv.p.Load()
+	slices.Sort(shards)
+	shards = slices.Compact(shards)
+	cleared := 0
+	for _, i := range shards {
+		if pm != nil && re.chains.shardHome(placement.Shard{Region: r.ID, Index: i}, pm) == self {
+			continue
+		}
+		first := ids.PageNo(i * r.PagesPerShard())
+		end := min(first+ids.PageNo(r.PagesPerShard()), ids.PageNo(r.Pages()))
+		for {
+			n, err := re.e.ClearData(es.n.ctx, first, end)
+			if err == nil {
+				cleared += n
+				break
+			}
+			es.log.Warn("slots of a shard entered anew not cleared: tried again", "region", r.Name, "shard", i, "err", err)
+			select {
+			case <-es.n.ctx.Done():
+				return // the node stops: its fills do not matter any more
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	if len(shards) > 0 {
+		es.log.Info("shards entered anew as a backup: this node's slots of them cleared before their fills", "region", r.Name,
+			"shards", len(shards), "slots", cleared, "protocol_epoch", ep)
+	}
+	re.e.SlotsCleared(ep)
+}
+
 // handOverWatch are, by region, the shards that need this incarnation
 // (regionChains.needing) in pm, and the regions too large to tell.
 func (es *engines) handOverWatch(pm *protoMap) (watch map[ids.RegionID][]uint64, uncounted int) {
@@ -529,6 +632,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		}
 	}
 	rf := newRegionFills(es, nil)
+	var re *regionEngine // set below, before the engine's first Reconfigure
 	var released func(ids.PageNo, uint16)
 	var persisted func([]coherence.PersistDone)
 	if r.Durability == directory.DurabilitySynced {
@@ -549,13 +653,16 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 		Filled:    rf.filled,
 		Released:  released,
 		Persisted: persisted,
-		Tick:      engineTick,
-		Logger:    es.log.With("region", r.Name),
+		// Never blocks the engine's loop: the clear posts to the
+		// transport and then steps the engine.
+		ClearSlots: func(ep ids.Epoch) { go es.clearEntered(re, ep) },
+		Tick:       engineTick,
+		Logger:     es.log.With("region", r.Name),
 	})
 	if err != nil {
 		return err
 	}
-	re := &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
+	re = &regionEngine{e: e, region: r, pageSize: int(r.PageSize), peers: map[ids.NodeID]rdma.Descriptor{},
 		down: map[ids.NodeID]string{}, last: pm, chains: chains, fills: rf}
 	rf.re = re
 	es.mu.Lock()

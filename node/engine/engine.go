@@ -114,6 +114,13 @@ type Config struct {
 	// (coherence.Ready.Persisted), on the engine's goroutine: it must not
 	// block. nil: discarded.
 	Persisted func([]coherence.PersistDone)
+	// ClearSlots receives the state machine's request to clear the slots
+	// this node entered anew up to an epoch (coherence.Ready.ClearSlots,
+	// after a Reconfigure with ClearPending), on the engine's goroutine:
+	// it must not block. The node layer clears them (ClearData) and then
+	// calls SlotsCleared. nil: the request is answered at once, as if
+	// nothing needed clearing (a caller that never sets ClearPending).
+	ClearSlots func(ids.Epoch)
 	// Released, when set, is told of every page this node gives up
 	// Modified (a drop or downgrade the protocol asks for, an eviction or
 	// the write-back of a Sync), with the version of the tenure it
@@ -165,6 +172,7 @@ type Engine struct {
 	doneCh   chan posted
 	recvCh   chan coherence.Message
 	reconfCh chan coherence.Reconfigure
+	clearCh  chan ids.Epoch
 	fillCh   chan coherence.Fill
 	persCh   chan coherence.Persist
 	relCh    chan *releaseWait
@@ -369,6 +377,7 @@ func New(cfg Config) (*Engine, error) {
 		parked:   map[ids.NodeID][]coherence.Batch{},
 		recvCh:   make(chan coherence.Message, 256),
 		reconfCh: make(chan coherence.Reconfigure),
+		clearCh:  make(chan ids.Epoch),
 		fillCh:   make(chan coherence.Fill),
 		persCh:   make(chan coherence.Persist),
 		relCh:    make(chan *releaseWait),
@@ -525,6 +534,17 @@ func (e *Engine) Reconfigure(rc coherence.Reconfigure) {
 	}
 }
 
+// SlotsCleared tells the state machine that the slots this node entered
+// anew up to epoch ep are cleared (coherence.SlotsCleared), after a
+// Config.ClearSlots request of ep. It waits until the loop has taken it
+// or the engine is closed.
+func (e *Engine) SlotsCleared(ep ids.Epoch) {
+	select {
+	case e.clearCh <- ep:
+	case <-e.stop:
+	}
+}
+
 // Fill asks this node, the home of pages, to fill backup `to` with them
 // (coherence.Fill): once the engine is in an epoch whose Backups name `to`
 // for each page, the call's pages end, each, in a coherence.FillDone
@@ -622,6 +642,30 @@ func (e *Engine) ClearSlots(ctx context.Context, first, end ids.PageNo) (int, er
 	return n, nil
 }
 
+// ClearData stamps the word of every populated slot of pages [first, end)
+// (as StampLeftBehind does) and then zeroes the slot's data, through the
+// transport: what the node layer does, when the state machine asks
+// (Config.ClearSlots), for the slots of pages whose backup set this node
+// entered anew, a home demoted by a promotion (docs/failover.md §7, "A
+// page promoted away before its new home rebuilt it"). It returns how
+// many slots it cleared. It must not be called for pages this node is
+// home of.
+func (e *Engine) ClearData(ctx context.Context, first, end ids.PageNo) (int, error) {
+	n := 0
+	rkey := e.reg.Descriptor().RKey
+	zero := make([]byte, e.cfg.PageSize)
+	for _, p := range e.Populated(first, end) {
+		e.stampSlot(p)
+		off := SlotOffset(p, e.cfg.PageSize)
+		ops := []rdma.Op{{Kind: rdma.OpWrite, RKey: rkey, Offset: off + 8, Buf: zero}}
+		if err := e.cfg.Transport.Post(ctx, e.cfg.Transport.LocalID(), ops); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
 // stampSlot turns the word of page p's slot into its stamp with a CAS loop
 // (zero words and stamps stay), and reports whether it changed it.
 func (e *Engine) stampSlot(p ids.PageNo) bool {
@@ -710,6 +754,8 @@ func (e *Engine) loop() {
 			e.onReceive(m)
 		case rc := <-e.reconfCh:
 			e.onReconfigure(rc)
+		case ep := <-e.clearCh:
+			e.onSlotsCleared(ep)
 		case f := <-e.fillCh:
 			e.onFill(f)
 		case p := <-e.persCh:
@@ -812,6 +858,12 @@ func (e *Engine) onReconfigure(rc coherence.Reconfigure) {
 	e.unpark()
 }
 
+func (e *Engine) onSlotsCleared(ep ids.Epoch) {
+	if err := e.sm.Step(coherence.SlotsCleared{Epoch: ep}); err != nil {
+		e.log.Warn("slots cleared refused", "epoch", ep, "err", err)
+	}
+}
+
 func (e *Engine) onFill(f coherence.Fill) {
 	if err := e.sm.Step(f); err != nil {
 		e.log.Warn("fill refused", "to", f.To, "pages", len(f.Pages), "err", err)
@@ -870,6 +922,13 @@ func (e *Engine) apply() {
 		}
 		if len(rd.Persisted) > 0 && e.cfg.Persisted != nil {
 			e.cfg.Persisted(rd.Persisted)
+		}
+		if rd.ClearSlots != 0 {
+			if e.cfg.ClearSlots != nil {
+				e.cfg.ClearSlots(rd.ClearSlots)
+			} else {
+				e.onSlotsCleared(rd.ClearSlots)
+			}
 		}
 		for _, m := range rd.Messages {
 			if q := e.effects[m.Page]; len(q) > 0 {
