@@ -124,6 +124,9 @@ func (n *Node) Quiet() bool {
 	if len(n.owed) > 0 || n.target {
 		return false // a move under way
 	}
+	if n.clearNeed > n.clearAsked {
+		return false // probes for a clear (clear.go), sent again on ticks
+	}
 	return n.synced || !n.probing
 }
 

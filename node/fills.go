@@ -262,7 +262,7 @@ func (rf *regionFills) propose(pm *protoMap) bool {
 		if err != nil {
 			rf.es.log.Warn("promotion not recorded: proposed again", "region", r.Name, "shards", len(shards), "err", err)
 		} else {
-			rf.es.log.Info("promoted to home of the shards this node is preferred for", "region", r.Name, "shards", len(shards),
+			rf.es.log.Info("promoted to home of the shards this node is preferred for", "region", r.Name, "shards", len(shards), "list", ranges,
 				"ranges", len(ranges))
 		}
 		if err != nil {
@@ -680,7 +680,8 @@ func (rf *regionFills) record(to ids.NodeID, since ids.Epoch, shards []uint64) {
 		}
 	}
 	if err == nil {
-		rf.es.log.Info("backup recorded complete", "region", r.Name, "to", to, "node", in.node, "shards", len(shards), "since", since)
+		rf.es.log.Info("backup recorded complete", "region", r.Name, "to", to, "node", in.node, "shards", len(shards), "since", since,
+			"ranges", shardRanges(slices.Clone(shards)))
 		return
 	}
 	rf.es.log.Warn("backup fill not recorded: tried again at the next epoch", "region", r.Name, "to", to, "shards", len(shards), "err", err)

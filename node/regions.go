@@ -72,9 +72,12 @@ type regionEngine struct {
 	fills *regionFills
 	// clears are the shards whose slots the engine will ask to clear
 	// (enteredAnew, clearEntered), by the protocol epoch that brought
-	// them in; under clearMu.
-	clearMu sync.Mutex
-	clears  []shardClear
+	// them in; under clearMu. clearRun is held by the clear under way:
+	// one at a time, so that the SlotsCleared of an epoch never comes
+	// before the end of the clear of an earlier one.
+	clearMu  sync.Mutex
+	clears   []shardClear
+	clearRun sync.Mutex
 }
 
 // shardClear is the clear owed, once the engine asks for epoch or a later
@@ -487,6 +490,7 @@ func (es *engines) enteredAnew(re *regionEngine, last, pm *protoMap, self ids.No
 		return nil
 	}
 	var shards []uint64
+	var why []string
 	for i := range r.Shards() {
 		s := placement.Shard{Region: r.ID, Index: i}
 		sp := re.chains.place(s, pm)
@@ -495,6 +499,13 @@ func (es *engines) enteredAnew(re *regionEngine, last, pm *protoMap, self ids.No
 			continue
 		}
 		shards = append(shards, i)
+		if len(why) < 16 {
+			why = append(why, fmt.Sprintf("%d@%v(home %v)", i, since, sp.c[sp.hi]))
+		}
+	}
+	if len(shards) > 0 {
+		es.log.Info("shards entered anew as a backup: their slots are cleared before their fills", "region", r.Name,
+			"shards", len(shards), "first", why, "protocol_epoch", pm.epoch, "last_view", last.dirEpoch, "view", pm.dirEpoch)
 	}
 	return shards
 }
@@ -504,8 +515,15 @@ func (es *engines) enteredAnew(re *regionEngine, last, pm *protoMap, self ids.No
 // and then tells the engine, which asked for it (engine.Config.ClearSlots:
 // every member has acknowledged ep to this node, so none uses those slots
 // as home slots any more, and no fill has written them yet). A shard this
-// node is home of again is left alone. It runs on its own goroutine.
+// node is home of again is left alone. It runs on its own goroutine, one
+// at a time per region: a later epoch's SlotsCleared tells the engine
+// that every earlier clear is done too, so the clear of an earlier epoch
+// must not still be under way then (a chaos schedule met that: the later
+// clear ended first, fills wrote the slots, this node became their home,
+// and the earlier clear zeroed them).
 func (es *engines) clearEntered(re *regionEngine, ep ids.Epoch) {
+	re.clearRun.Lock()
+	defer re.clearRun.Unlock()
 	re.clearMu.Lock()
 	var shards []uint64
 	keep := re.clears[:0]
@@ -520,12 +538,11 @@ func (es *engines) clearEntered(re *regionEngine, ep ids.Epoch) {
 	re.clearMu.Unlock()
 	r := re.region
 	self := ids.NodeID(es.self.Load())
-	pm := es.pv.p.Load()
 	slices.Sort(shards)
 	shards = slices.Compact(shards)
 	cleared := 0
 	for _, i := range shards {
-		if pm != nil && re.chains.shardHome(placement.Shard{Region: r.ID, Index: i}, pm) == self {
+		if pm := es.pv.p.Load(); pm != nil && re.chains.shardHome(placement.Shard{Region: r.ID, Index: i}, pm) == self {
 			continue
 		}
 		first := ids.PageNo(i * r.PagesPerShard())
@@ -546,7 +563,7 @@ func (es *engines) clearEntered(re *regionEngine, ep ids.Epoch) {
 	}
 	if len(shards) > 0 {
 		es.log.Info("shards entered anew as a backup: this node's slots of them cleared before their fills", "region", r.Name,
-			"shards", len(shards), "slots", cleared, "protocol_epoch", ep)
+			"shards", len(shards), "ranges", shardRanges(slices.Clone(shards)), "slots", cleared, "protocol_epoch", ep)
 	}
 	re.e.SlotsCleared(ep)
 }
