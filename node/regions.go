@@ -553,6 +553,9 @@ func (es *engines) clearEntered(re *regionEngine, ep ids.Epoch) {
 				cleared += n
 				break
 			}
+			if errors.Is(err, engine.ErrClosed) {
+				return // the region is gone, or the node stops
+			}
 			es.log.Warn("slots of a shard entered anew not cleared: tried again", "region", r.Name, "shard", i, "err", err)
 			select {
 			case <-es.n.ctx.Done():

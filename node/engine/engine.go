@@ -649,12 +649,21 @@ func (e *Engine) ClearSlots(ctx context.Context, first, end ids.PageNo) (int, er
 // entered anew, a home demoted by a promotion (docs/failover.md §7, "A
 // page promoted away before its new home rebuilt it"). It returns how
 // many slots it cleared. It must not be called for pages this node is
-// home of.
+// home of. On a closed engine it does nothing and returns ErrClosed: it may
+// run on the node layer's goroutine while the region is removed, and holds
+// the home memory (memMu) meanwhile.
 func (e *Engine) ClearData(ctx context.Context, first, end ids.PageNo) (int, error) {
+	e.memMu.RLock()
+	defer e.memMu.RUnlock()
+	select {
+	case <-e.stop:
+		return 0, ErrClosed
+	default:
+	}
 	n := 0
 	rkey := e.reg.Descriptor().RKey
 	zero := make([]byte, e.cfg.PageSize)
-	for _, p := range e.Populated(first, end) {
+	for _, p := range e.populated(first, end) {
 		e.stampSlot(p)
 		off := SlotOffset(p, e.cfg.PageSize)
 		ops := []rdma.Op{{Kind: rdma.OpWrite, RKey: rkey, Offset: off + 8, Buf: zero}}
@@ -695,6 +704,11 @@ func (e *Engine) Populated(first, end ids.PageNo) []ids.PageNo {
 		return nil // closed: the memory is gone
 	default:
 	}
+	return e.populated(first, end)
+}
+
+// populated is Populated with memMu held (read) and the engine open.
+func (e *Engine) populated(first, end ids.PageNo) []ids.PageNo {
 	end = min(end, ids.PageNo(e.cfg.NumPages))
 	var out []ids.PageNo
 	for p := first; p < end; p++ {
