@@ -17,11 +17,11 @@ import (
 //  1. The fence: every member of the home's epoch when the Fill came (that
 //     is still a member) acknowledges that epoch or a later one
 //     (MsgEpoch, MsgEpochAck), and B does so without Clearing (its slots
-//     entered anew read zero data: clear.go). In such an epoch B is a backup of p, so
-//     every release from then on writes B before its CAS at the home; and
-//     the acknowledgement waits for the batches the member posted to the
-//     home in older epochs, so no release that skipped B is still in
-//     flight. Members that join later are created in an epoch in which B
+//     entered anew read zero data: clear.go). In such an epoch B is a
+//     backup of p, so every release from then on writes B before its CAS
+//     at the home; and the acknowledgement waits for the batches the
+//     member posted to the home in older epochs, so no release that
+//     skipped B is still in flight. Members that join later are created in an epoch in which B
 //     is a backup.
 //  2. The reservation: the home takes the page's turn (HomeTurn in the
 //     word's reserved field): with a CAS when the page is not reserved
@@ -40,10 +40,10 @@ import (
 //
 // A page whose slot shows no holder, version 0 and all-zero data was
 // never written: it is reported filled after the fence, without a copy
-// (B's slot, never written or cleared, reads zero data too). A fill that cannot complete
-// (B departs or leaves the page's backups, or this node is not the page's
-// home) is reported abandoned; a reservation taken for it goes on like any
-// other turn of the home.
+// (B's slot, never written or cleared, reads zero data too). A fill that
+// cannot complete (B departs or leaves the page's backups, or this node is
+// not the page's home) is reported abandoned; a reservation taken for it
+// goes on like any other turn of the home.
 
 // Persist (docs/durability.md §2) is a fill without a backup: the same
 // reservation and the same READ of a slot that shows no holder, and the

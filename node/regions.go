@@ -473,20 +473,21 @@ func (es *engines) clearRevived(re *regionEngine, last, pm *protoMap, self ids.N
 
 // enteredAnew lists the shards of re's region whose replica set this
 // incarnation is in under pm, not as their home and not complete, having
-// entered it after last's view: a home demoted by a promotion (the only
-// member that enters a set with a slot it had before: placement.go). Its
-// slots keep what they held as the home, and its new home's fill, which
-// skips a page the new home never had written, would leave that there:
+// entered it after last's view. Most such members come with slots that
+// read zero (a replacement, a joiner), and their clear walks nothing; a
+// home demoted by a promotion, or a preferred member that left the set
+// and came back, comes with the slots it had. Its new home's fill, which
+// skips a page the new home never had written, would leave those there:
 // after a home died having written only this backup in a release, and the
 // shard was promoted away before this node rebuilt it, a dead write that
 // readers never saw (docs/failover.md §7, "A page promoted away before its
 // new home rebuilt it"). The engine asks for the clear (clearEntered) once
 // no member can use the slots as home slots any more, and fills wait for
-// it. Only promotion records demote, and a view without a directory epoch
-// (tests) cannot tell, so both have nothing to clear.
+// it. A view without a directory epoch (tests) cannot tell: nothing to
+// clear.
 func (es *engines) enteredAnew(re *regionEngine, last, pm *protoMap, self ids.NodeID) []uint64 {
 	r := re.region
-	if !re.chains.promoted(pm) || pm.departedAt(self) != 0 || pm.dirEpoch == 0 {
+	if pm.departedAt(self) != 0 || pm.dirEpoch == 0 {
 		return nil
 	}
 	var shards []uint64
