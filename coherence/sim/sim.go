@@ -2317,10 +2317,16 @@ func (s *Sim) checkWord(p ids.PageNo, holder ids.NodeID) {
 		// use has the home repair it into a word without a holder.
 		named = ids.None
 	}
-	if s.Opts.LazyHomes {
+	if s.Opts.LazyHomes || s.pageMoves[p] > 0 {
 		// Lazy repair: a word nobody touched since a departure may still
 		// name the departed holder or reserver (its home repairs it when
-		// a node finds it), and keeps an older tag (the trust rule).
+		// a node finds it), and keeps an older tag (the trust rule). A
+		// page that moved is lazy at its new home in every mode: the
+		// home's HomedPages, given at its start, do not list it, and it
+		// has a duty only once a rebuild, a MsgStamp or a starving node
+		// made one (home-crash seed 3415: a page promoted to its backup
+		// with no report to rebuild from, acquired there by a node that
+		// then crashed, its word never used again).
 		if s.gone[named] {
 			named = ids.None
 		}
