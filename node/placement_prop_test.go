@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand"
 	"os"
@@ -450,4 +451,35 @@ func historySeeds() int64 {
 		return 200
 	}
 	return 3
+}
+
+// BenchmarkEnteredAnew is the walk that dsmd makes at every epoch, before
+// the engine takes it, to find the shards whose replica set this node
+// entered anew (engines.enteredAnew): one op walks the whole region under
+// a new view after the histories of BenchmarkWalk, for each member in
+// turn. Only the first op of a view places its shards (BenchmarkResume's
+// cost per shard); the others find them cached, so the figure is the
+// walk's own cost, and a view change costs BenchmarkResume per shard more.
+// shards/op says how many shards each walk visits.
+func BenchmarkEnteredAnew(b *testing.B) {
+	es := &engines{log: slog.New(slog.DiscardHandler)}
+	for _, rounds := range []int{40, 160} {
+		d, rc := restartHistory(rounds)
+		last := d.pm()
+		for i := range rc.r.Shards() {
+			rc.place(placement.Shard{Region: 1, Index: i}, last)
+		}
+		d.restart(2)
+		pm := d.pm()
+		re := &regionEngine{region: rc.r, chains: rc}
+		b.Run(fmt.Sprintf("restarts=%d", rounds), func(b *testing.B) {
+			found := 0
+			for i := range b.N {
+				self := pm.members[i%len(pm.members)]
+				found += len(es.enteredAnew(re, last, pm, self))
+			}
+			b.ReportMetric(float64(rc.r.Shards()), "shards/op")
+			b.ReportMetric(float64(found)/float64(b.N), "entered/op")
+		})
+	}
 }
