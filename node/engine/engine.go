@@ -646,8 +646,8 @@ func (e *Engine) ClearSlots(ctx context.Context, first, end ids.PageNo) (int, er
 // (as StampLeftBehind does) and then zeroes the slot's data, through the
 // transport: what the node layer does, when the state machine asks
 // (Config.ClearSlots), for the slots of pages whose backup set this node
-// entered anew, a home demoted by a promotion (docs/failover.md §7, "A
-// page promoted away before its new home rebuilt it"). It returns how
+// entered anew, a home demoted by a promotion for one (docs/failover.md
+// §7, "A page promoted away before its new home rebuilt it"). It returns how
 // many slots it cleared. It must not be called for pages this node is
 // home of. On a closed engine it does nothing and returns ErrClosed: it may
 // run on the node layer's goroutine while the region is removed, and holds
