@@ -17,7 +17,7 @@ IMAGE       ?= dsmkit/dsm:dev
 # docker compose (the plugin) where it is installed, else docker-compose.
 COMPOSE     ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 
-.PHONY: test-ofi-share mixed-version chaos failover failover-time rounds durable-rounds soak bench-cluster bench-durable bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
+.PHONY: test-ofi-share mixed-version chaos chaos-report failover failover-time rounds durable-rounds soak bench-cluster bench-durable bench-pagestore help run run-docker image image-multistage demo test test-long test-ofi test-ofi-cluster testrace lint fmt bench fuzz sim tools clean clients install-clients
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -150,6 +150,10 @@ chaos: DURATION = 60s
 chaos: FAULTS ?= all
 chaos: ## SEEDS schedules of DURATION on real dsmd clusters in network namespaces under a seeded nemesis (FAULTS: all or a list); needs root; exit 0 only without violations (runs in tests/chaos/out/)
 	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults $(FAULTS) -out $(CURDIR)/tests/chaos/out
+
+chaos-report: RUNS ?= $(CURDIR)/tests/chaos/out
+chaos-report: ## sum the verdicts of earlier chaos runs (RUNS: run directories or directories of them; tests/chaos/out by default): faults, operations, violations, availability per fault kind
+	$(GO) run ./tests/chaos/cmd/chaos -report $(RUNS)
 
 failover: ROUNDS = 5
 failover: SEEDS = 1

@@ -95,5 +95,9 @@
 //	chaos: S schedules, F faults, O operations, V violations; ...
 //
 // and the exit status is 0 only when V is 0. `chaos -check DIR` runs the
-// checkers again on a run directory.
+// checkers again on a run directory, and `chaos -report DIR...` (`make
+// chaos-report RUNS=...`) sums the verdicts of many: schedules, faults,
+// operations, violations and the schedules that had them, and per fault
+// kind the operations, errors and the longest wait with its seed
+// (`-markdown` for docs/reliability.md).
 package chaos

@@ -52,10 +52,13 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return nil
 	})
 	checkDir := fs.String("check", "", "run the checkers again on the run directory DIR (no cluster, no root) and exit")
+	sum := fs.Bool("report", false, "sum the verdicts of the run directories given as arguments (each a run directory or a directory of them, like -out) and exit: faults, operations, violations, availability per fault kind (no cluster, no root)")
+	markdown := fs.Bool("markdown", false, "with -report, the availability as a Markdown table")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, `chaos runs real dsmd clusters under a seeded nemesis and checks what clients saw.
 
 Usage: chaos [flags]     (as root: namespaces, nftables, mounts, cgroups)
+       chaos -report [-markdown] DIR...   (sums the verdicts of earlier runs)
 
 Every schedule gets a run directory with the schedule, the events, every
 node's log, every client's history, the merged history, the checkers'
@@ -82,6 +85,28 @@ Flags:
 				_ = fs.Set(name, v)
 			}
 		}
+	}
+	if *sum {
+		if fs.NArg() == 0 {
+			fmt.Fprintln(stderr, "chaos: -report needs run directories (or directories of them) as arguments")
+			return 2
+		}
+		s, err := Summarize(fs.Args())
+		if err == nil {
+			err = s.Write(stdout, *markdown)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "chaos:", err)
+			return 3
+		}
+		if s.Violations > 0 {
+			return 1
+		}
+		return 0
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "chaos: unexpected arguments %q (only -report takes directories)\n", fs.Args())
+		return 2
 	}
 	if *checkDir != "" {
 		v, err := analyzeDir(*checkDir)
