@@ -91,9 +91,15 @@ type regionChains struct {
 	length int // of the complete prefix: 1+Backups, at most len(nodes)
 	k      int // backups per shard
 
+	// nodeOf is rc.protos the other way round: the node of each creation
+	// home's protocol id.
+	nodeOf map[ids.NodeID]ids.NodeID
+
 	mu     sync.Mutex
 	chains map[uint64]chainEntry // by shard index, up to maxCachedChains
 	places map[uint64]placeEntry // likewise
+	recs   recordIndex           // of the latest view's completeness records
+	later  laterIndex            // the incarnations that joined after an epoch, likewise
 	// cps are the two latest checkpoints decoded (checkpointIn): a view
 	// and the one before it, which the daemon compares.
 	cps [2]*placement.Checkpoint
@@ -118,11 +124,74 @@ func evictOne[V any](m map[uint64]V) {
 	}
 }
 
+// recordIndex is a region's completeness records by member, for one
+// view's records (first and n identify them: a view's records are never
+// changed in place): a walk of a shard reads the records of its chain's
+// members only, not every record of the region.
+type recordIndex struct {
+	first *directory.FillRecord
+	n     int
+	by    map[ids.NodeID][]directory.FillRecord
+}
+
+// recordsBy is ev's completeness records of the region by member, in the
+// order of ev's.
+func (rc *regionChains) recordsBy(ev eventsOf) map[ids.NodeID][]directory.FillRecord {
+	recs := ev.fillRecords(rc.r.ID)
+	if len(recs) == 0 {
+		return nil
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if ix := rc.recs; ix.first == &recs[0] && ix.n == len(recs) {
+		return ix.by
+	}
+	by := map[ids.NodeID][]directory.FillRecord{}
+	for _, f := range recs {
+		by[f.Proto] = append(by[f.Proto], f)
+	}
+	rc.recs = recordIndex{first: &recs[0], n: len(recs), by: by}
+	return by
+}
+
+// laterIndex is, of one view's incarnations (first and n identify them),
+// those that joined after epoch after: the candidates for the joiners a
+// walk resumed from after takes (advance). The shards of a
+// region are resumed from the same view, so one list serves them all.
+type laterIndex struct {
+	first *protoInc
+	n     int
+	after ids.Epoch
+	ins   []protoInc
+}
+
+// joinedAfter are the incarnations of ins (a view's) that joined after
+// epoch after.
+func (rc *regionChains) joinedAfter(ins []protoInc, after ids.Epoch) []protoInc {
+	if len(ins) == 0 {
+		return nil
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if ix := rc.later; ix.first == &ins[0] && ix.n == len(ins) && ix.after == after {
+		return ix.ins
+	}
+	var out []protoInc
+	for _, in := range ins {
+		if in.joined > after {
+			out = append(out, in)
+		}
+	}
+	rc.later = laterIndex{first: &ins[0], n: len(ins), after: after, ins: out}
+	return out
+}
+
 func newRegionChains(r directory.Region, homeProtos []ids.NodeID) *regionChains {
 	rc := &regionChains{r: r, nodes: slices.Clone(r.Homes), protos: make(map[ids.NodeID]ids.NodeID, len(r.Homes)),
-		chains: map[uint64]chainEntry{}, places: map[uint64]placeEntry{}}
+		nodeOf: make(map[ids.NodeID]ids.NodeID, len(r.Homes)), chains: map[uint64]chainEntry{}, places: map[uint64]placeEntry{}}
 	for i, h := range r.Homes {
 		rc.protos[h] = homeProtos[i]
+		rc.nodeOf[homeProtos[i]] = h
 	}
 	k := r.Backups
 	if k == 0 {
@@ -601,7 +670,7 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 		}
 	}
 	_, ins := ev.incarnations()
-	pending := rc.joiners(s, ins, ev, func(in protoInc) bool { return in.joined > after && !slices.Contains(sp.c, in.proto) })
+	pending := rc.joiners(s, rc.joinedAfter(ins, after), ev, func(in protoInc) bool { return !slices.Contains(sp.c, in.proto) })
 	members := append(slices.Clip(sp.c), pending...)
 	w := &walkCtx{joined: make(map[ids.NodeID]ids.Epoch, len(members)), score: make(map[ids.NodeID]uint64, len(members)),
 		recs: map[ids.NodeID][]directory.FillRecord{}, node: make(map[ids.NodeID]ids.NodeID, len(members)),
@@ -616,18 +685,20 @@ func (rc *regionChains) advance(sp *shardPlace, s placement.Shard, ev eventsOf, 
 			n = in.node
 			w.joined[b] = in.joined
 		}
-		for hn, p := range rc.protos {
-			if p == b {
-				n = hn
-			}
+		if hn, ok := rc.nodeOf[b]; ok {
+			n = hn
 		}
 		w.node[b] = n
 		w.score[b] = placement.Score(s, n)
 		w.span[b], es = rc.spanOf(b, w.joined[b], ev, after, es)
 	}
-	for _, f := range ev.fillRecords(rc.r.ID) {
-		if _, ok := w.node[f.Proto]; ok && f.Covers(s.Index) {
-			w.recs[f.Proto] = append(w.recs[f.Proto], f)
+	if by := rc.recordsBy(ev); by != nil {
+		for _, b := range members {
+			for _, f := range by[b] {
+				if f.Covers(s.Index) {
+					w.recs[b] = append(w.recs[b], f)
+				}
+			}
 		}
 	}
 	for _, p := range proms {
