@@ -255,6 +255,9 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 		}
 	}
 	waitFor(ctx, t, "n3 suspends local access", func() bool { return n3.n.cache.Suspended() })
+	if !enginesSuspended(n3.n, true) {
+		t.Fatal("n3's lease is over and its page cache suspended, but its engines still post verbs")
+	}
 	if lp, _ := n3.n.cache.Lease(); lp.State != mapproto.LeaseRevoked || lp.Deadline != 0 {
 		t.Fatalf("n3's lease page while suspended: %v", lp)
 	}
@@ -284,4 +287,23 @@ func TestLeaseSuspendsAndResumes(t *testing.T) {
 	if n3.n.cache.Suspended() || n3.n.stats.leaseSuspends.Load() == 0 || n3.n.stats.leaseResumes.Load() == 0 {
 		t.Fatalf("n3: suspended %v, lease ends %d, returns %d", n3.n.cache.Suspended(), n3.n.stats.leaseSuspends.Load(), n3.n.stats.leaseResumes.Load())
 	}
+	if !enginesSuspended(n3.n, false) {
+		t.Fatal("n3's lease came back, but an engine still holds its verbs back")
+	}
+}
+
+// enginesSuspended says whether every engine of n (at least one) is
+// suspended (on) or posting (off).
+func enginesSuspended(n *Node, on bool) bool {
+	n.eng.mu.RLock()
+	defer n.eng.mu.RUnlock()
+	if len(n.eng.byID) == 0 {
+		return false
+	}
+	for _, re := range n.eng.byID {
+		if re.e.Suspended() != on {
+			return false
+		}
+	}
+	return true
 }

@@ -29,6 +29,9 @@ func (n *Node) guardLease(ctx context.Context) {
 			// The lease page first: a Resume below shows its deadline.
 			n.cache.SetLease(n.dir.Nonce(), l.Until-watchdogMargin(n.dir.LeaseRevoke()), uint64(n.dir.Epoch()))
 			if suspended {
+				if n.eng != nil {
+					n.eng.suspend(false)
+				}
 				n.cache.Resume()
 				suspended = false
 				n.stats.leaseResumes.Add(1)
@@ -80,6 +83,14 @@ func watchdogMargin(revoke time.Duration) time.Duration { return revoke / 3 }
 // suspendForLease suspends the page cache within the revocation budget.
 func (n *Node) suspendForLease(ctx context.Context, held bool) {
 	budget := n.dir.LeaseRevoke()
+	if held && n.eng != nil {
+		// The engines first: from now on no verb of this incarnation
+		// is posted, so none can land after a majority moved what it
+		// held (the tcp transport's fence refuses them at the target
+		// too; ofi has none). The cache's suspension then cancels the
+		// calls that wait on them.
+		n.eng.suspend(true)
+	}
 	sctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	st, err := n.cache.Suspend(sctx)

@@ -49,6 +49,9 @@ type engines struct {
 	// applied is the protocol epoch of the last view follow has applied
 	// to every engine (Reconfigure, and the slots left behind stamped).
 	applied atomic.Uint64
+	// suspended: the node's lease is over; every engine holds its verbs
+	// back, those created meanwhile too (under mu; suspend).
+	suspended bool
 
 	missLat *histogram
 }
@@ -691,6 +694,9 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	rf.re = re
 	es.mu.Lock()
 	es.byID[r.ID] = re
+	if es.suspended {
+		e.Suspend()
+	}
 	es.mu.Unlock()
 	e.Start(nil)
 	go rf.loop()
@@ -708,6 +714,22 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	}
 	es.log.Info("region served", "region", r.Name, "id", r.ID, "pages", r.Pages(), "homes", r.Homes, "home_protos", homes, "proto", self)
 	return nil
+}
+
+// suspend makes every engine hold its verbs back (on) or post them again
+// (off): the node's lease ended, or a majority granted one again
+// (guardLease; engine.Engine.Suspend says why).
+func (es *engines) suspend(on bool) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.suspended = on
+	for _, re := range es.byID {
+		if on {
+			re.e.Suspend()
+		} else {
+			re.e.Resume()
+		}
+	}
 }
 
 // removeTimeout bounds how long a deleted region's removal waits for the

@@ -112,6 +112,44 @@ func (e *Engine) SetUp(id ids.NodeID) {
 	e.kick()
 }
 
+// Suspend stops this engine from posting verbs, to any node, its own
+// slots included, until Resume: its node's lease is over (docs/failover.md
+// §9, "Revoking local access"), and a majority may soon move its homes and
+// tenures, after which a write of this incarnation must land nowhere. The
+// batches the state machine makes meanwhile are held back, never posted,
+// and posted at Resume (or failed as never posted when their home is set
+// down or the configuration changes, as for a down home). A batch posted
+// before Suspend goes on: the lease's revocation budget covers it. The
+// tcp transport refuses a fenced incarnation's verbs at the target as
+// well; Suspend is what keeps them from being posted on a transport that
+// cannot (ofi). Messages are still sent: a receiver judges them by epoch
+// and membership, and answering invalidations lets the majority's writers
+// go on. Calls wait as for a home that is unreachable.
+func (e *Engine) Suspend() {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	e.suspended = true
+	e.kick()
+}
+
+// Resume undoes Suspend: the batches held back are posted.
+func (e *Engine) Resume() {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	if !e.suspended {
+		return
+	}
+	e.suspended = false
+	e.kick()
+}
+
+// Suspended says whether the engine holds its batches back (Suspend).
+func (e *Engine) Suspended() bool {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	return e.suspended
+}
+
 // Down returns the nodes set down and why.
 func (e *Engine) Down() map[ids.NodeID]string {
 	e.availMu.Lock()
@@ -284,7 +322,7 @@ const sweepInterval = 100 * time.Millisecond
 // batches held back for homes that are up again. It runs on the loop.
 func (e *Engine) sweep(now time.Time) {
 	for id, bs := range e.parked {
-		if e.downWhy(id) != "" {
+		if e.downWhy(id) != "" || e.Suspended() {
 			continue
 		}
 		delete(e.parked, id)
@@ -434,7 +472,11 @@ func (e *Engine) unpark() {
 func (e *Engine) park(b coherence.Batch) bool {
 	why := e.downWhy(b.Home)
 	if why == "" {
-		return false
+		if !e.Suspended() {
+			return false
+		}
+		e.parked[b.Home] = append(e.parked[b.Home], b)
+		return true
 	}
 	if len(b.Verbs) > 0 && e.homeOf(b.Verbs[0].Page) != b.Home {
 		d := coherence.VerbsDone{ID: b.ID, Err: fmt.Errorf("%w (%v %s)", errParked, b.Home, why)}

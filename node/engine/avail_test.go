@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -339,5 +340,76 @@ func TestStalledHolderFailsAfterBound(t *testing.T) {
 	}
 	if !bytes.Equal(got[:len(data)], data) {
 		t.Fatalf("read %x, want the holder's %x", got[:len(data)], data)
+	}
+}
+
+// countingTransport counts the batches an engine posts.
+type countingTransport struct {
+	rdma.Transport
+	posts atomic.Int64
+}
+
+func (c *countingTransport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) error {
+	c.posts.Add(1)
+	return c.Transport.Post(ctx, peer, ops)
+}
+
+// A suspended engine (its node's lease is over) posts no verb, to any
+// node: its calls wait, and after Resume they are served, with the data
+// they wrote where it belongs.
+func TestSuspendPostsNothing(t *testing.T) {
+	net := mem.NewNetwork()
+	counted := &countingTransport{}
+	nodes := clusterOver(t, func(id ids.NodeID) (rdma.Transport, error) {
+		ep, err := net.Endpoint(id)
+		if id == 1 && err == nil {
+			counted.Transport = ep
+			return counted, nil
+		}
+		return ep, err
+	}, nil)
+	ctx := testCtx(t)
+	n1 := nodes[1]
+	n1.e.Suspend()
+	if !n1.e.Suspended() {
+		t.Fatal("Suspended() is false after Suspend")
+	}
+	before := counted.posts.Load()
+	added := make(chan error, 1)
+	go func() {
+		_, err := n1.e.Add(ctx, 1, 0, 5) // homed at n2
+		added <- err
+	}()
+	wrote := make(chan error, 1)
+	go func() { wrote <- n1.pages.Write(ctx, n1.e, testRegion, 2, testPageSize, 0, []byte{9, 8, 7}) }() // homed at n3
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-added:
+		t.Fatalf("Add returned while the engine was suspended: %v", err)
+	case err := <-wrote:
+		t.Fatalf("a write miss returned while the engine was suspended: %v", err)
+	default:
+	}
+	if n := counted.posts.Load() - before; n != 0 {
+		t.Fatalf("the suspended engine posted %d batches", n)
+	}
+	n1.e.Resume()
+	if err := <-added; err != nil {
+		t.Fatalf("Add after Resume: %v", err)
+	}
+	if err := <-wrote; err != nil {
+		t.Fatalf("write after Resume: %v", err)
+	}
+	if counted.posts.Load() == before {
+		t.Fatal("nothing was posted after Resume")
+	}
+	n2 := nodes[2]
+	got, err := n2.e.Add(ctx, 1, 0, 0)
+	if err != nil || got != 5 {
+		t.Fatalf("n2 reads the counter as %d (%v); want the 5 that n1 added", got, err)
+	}
+	data, err := n2.pages.Read(ctx, n2.e, testRegion, 2, testPageSize)
+	if err != nil || !bytes.Equal(data[:3], []byte{9, 8, 7}) {
+		t.Fatalf("n2 reads page 2 as %x (%v); want what n1 wrote", data[:3], err)
 	}
 }

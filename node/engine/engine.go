@@ -195,6 +195,9 @@ type Engine struct {
 	down    map[ids.NodeID]string
 	awaited map[ids.NodeID]bool
 	availCh chan struct{}
+	// suspended: the node's lease is over (Suspend): no batch is posted
+	// until Resume; they wait in parked.
+	suspended bool
 
 	// Owned by the loop goroutine.
 	nextID  uint64
