@@ -40,6 +40,7 @@ var (
 	descRegionsSrv  = prometheus.NewDesc("dsm_engine_regions", "Regions with a coherence engine on this node.", nil, nil)
 	descLeaseLeft   = prometheus.NewDesc("dsm_lease_remaining_seconds", "Time left on this node's lease from a majority of the Raft voters (negative: over, local access to pages suspended).", nil, nil)
 	descLeaseEnds   = prometheus.NewDesc("dsm_lease_suspensions_total", "Times this node's lease ended and local access to pages was suspended.", nil, nil)
+	descStoreDrops  = prometheus.NewDesc("dsm_pagestore_shards_dropped_total", "Shards of durable regions whose pages this node's page store deleted because it no longer backs them.", nil, nil)
 )
 
 type collector struct{ n *Node }
@@ -65,6 +66,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		g(descLeaseLeft, (l.Until - directory.LeaseClock()).Seconds())
 	}
 	ctr(descLeaseEnds, n.stats.leaseSuspends.Load())
+	ctr(descStoreDrops, n.stats.storeShardsDropped.Load())
 	v := n.dir.View()
 	rs := n.dir.RaftStats()
 	g(descEpoch, float64(v.Epoch))

@@ -81,6 +81,9 @@ type regionEngine struct {
 	clearMu  sync.Mutex
 	clears   []shardClear
 	clearRun sync.Mutex
+	// dropRun is held by the page store's cleanup of the region's shards
+	// this node no longer backs (dropLeft).
+	dropRun sync.Mutex
 }
 
 // shardClear is the clear owed, once the engine asks for epoch or a later
@@ -355,6 +358,9 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			// backups.
 			es.stampLeftBehind(t.re, t.last, pm, self)
 			t.re.fills.plan(pm)
+			if shards := es.storeLeft(t.re, t.last, pm, self); len(shards) > 0 {
+				go es.dropLeft(t.re, shards)
+			}
 		}
 		for _, re := range every {
 			re.fills.considerPromotion(pm)
@@ -701,6 +707,11 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	e.Start(nil)
 	go rf.loop()
 	rf.plan(pm)
+	// What a previous incarnation of this node persisted of the shards
+	// this one does not back is read by nobody (storeclean.go).
+	if shards := es.storeLeft(re, nil, pm, self); len(shards) > 0 {
+		go es.dropLeft(re, shards)
+	}
 	// The page cache must not hold the name already: that would be a
 	// deleted region's memory (a removal that has not finished), never to
 	// be served as this one.
@@ -904,4 +915,7 @@ type nodeStats struct {
 	// leaseSuspends and leaseResumes count the lease's ends (local access
 	// suspended) and returns (resumed).
 	leaseSuspends, leaseResumes atomic.Uint64
+	// storeShardsDropped counts the shards whose pages the page store
+	// deleted because this node no longer backs them (storeclean.go).
+	storeShardsDropped atomic.Uint64
 }
