@@ -148,8 +148,9 @@ sim: ## run SEEDS simulator seeds of the coherence protocol across all configura
 chaos: SEEDS = 1
 chaos: DURATION = 60s
 chaos: FAULTS ?= all
-chaos: ## SEEDS schedules of DURATION on real dsmd clusters in network namespaces under a seeded nemesis (FAULTS: all or a list); needs root; exit 0 only without violations (runs in tests/chaos/out/)
-	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults $(FAULTS) -out $(CURDIR)/tests/chaos/out
+chaos: OFI ?=
+chaos: ## SEEDS schedules of DURATION on real dsmd clusters in network namespaces under a seeded nemesis (FAULTS: all or a list; OFI='tcp;ofi_rxm' or shm: dsmd on libfabric); needs root; exit 0 only without violations (runs in tests/chaos/out/)
+	$(GO) run ./tests/chaos/cmd/chaos -seeds $(SEEDS) -duration $(DURATION) -faults $(FAULTS) $(if $(OFI),-ofi '$(OFI)') -out $(CURDIR)/tests/chaos/out
 
 chaos-report: RUNS ?= $(CURDIR)/tests/chaos/out
 chaos-report: ## sum the verdicts of earlier chaos runs (RUNS: run directories or directories of them; tests/chaos/out by default): faults, operations, violations, availability per fault kind

@@ -234,7 +234,7 @@ func report(info *runInfo, schedule []Fault, v *Verdict) string {
 	var b strings.Builder
 	cfg := info.Config
 	rel := func(t int64) float64 { return float64(t-info.T0) / 1e9 }
-	fmt.Fprintf(&b, "chaos run: seed %d, mode %s, %d nodes, %s, faults %s for %s-%s\n", info.Seed, v.Mode, cfg.Nodes, cfg.Duration,
+	fmt.Fprintf(&b, "chaos run: seed %d, mode %s, transport %s, %d nodes, %s, faults %s for %s-%s\n", info.Seed, v.Mode, cfg.transport(), cfg.Nodes, cfg.Duration,
 		strings.Join(cfg.Faults, ","), cfg.Span[0], cfg.Span[1])
 	fmt.Fprintf(&b, "%d faults, %d operations, %d violations; longest wait %s\n\n", v.Faults, v.Ops, len(v.Violations),
 		time.Duration(v.LongestWaitMS*1e6).Round(time.Millisecond))

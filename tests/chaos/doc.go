@@ -100,4 +100,11 @@
 // operations, violations and the schedules that had them, and per fault
 // kind the operations, errors and the longest wait with its seed
 // (`-markdown` for docs/reliability.md).
+//
+// `-ofi PROVIDER` (`make chaos OFI='tcp;ofi_rxm'`) runs every dsmd on
+// --transport ofi, built with the ofi tag. There a target cannot refuse a
+// departed incarnation's verbs; what fences a node cut off from the
+// majority is that its engines post nothing once its lease is over. On
+// shm the verbs go through shared memory, so partitions and losses cut
+// only the directory's traffic.
 package chaos

@@ -45,6 +45,19 @@ type Config struct {
 	PortBase   int      // first port in loopback mode
 	KeepData   bool     // keep the nodes' data directories
 	DsmdArgs   []string // more flags for every dsmd
+	// OFIProvider, when set, runs every dsmd on --transport ofi with this
+	// libfabric provider (a dsmd built with the ofi tag). Partitions and
+	// losses act on the network: on shm, whose verbs go through shared
+	// memory, they cut the directory's traffic and not the verbs.
+	OFIProvider string `json:",omitempty"`
+}
+
+// transport names the verbs transport of cfg's dsmds, for people.
+func (cfg Config) transport() string {
+	if cfg.OFIProvider == "" {
+		return "tcp"
+	}
+	return "ofi (" + cfg.OFIProvider + ")"
 }
 
 // harness runs one schedule.
@@ -147,6 +160,9 @@ func (h *harness) startDsmd(i int) error {
 	}
 	args := append([]string{"--id", strconv.Itoa(i), "--data-dir", n.data, "--log-level", "info",
 		"--bootstrap-expect", expect, "--join", h.joinAddrs()}, h.net.DsmdArgs(i)...)
+	if h.cfg.OFIProvider != "" {
+		args = append(args, "--transport", "ofi", "--ofi-provider", h.cfg.OFIProvider)
+	}
 	args = append(args, h.cfg.DsmdArgs...)
 	cmd := h.net.Command(i, h.dsmdBin, args...)
 	if _, ok := h.net.(*loopbackNet); ok {
@@ -775,11 +791,14 @@ func containsKind(kinds []string, k string) bool {
 }
 
 // buildDsmd builds cmd/dsmd of the module at root into dir.
-func buildDsmd(root, dir string, race bool) (string, error) {
+func buildDsmd(root, dir string, race, ofi bool) (string, error) {
 	bin := filepath.Join(dir, "dsmd")
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
+	}
+	if ofi {
+		args = append(args, "-tags", "ofi")
 	}
 	cmd := exec.Command("go", append(args, "./cmd/dsmd")...)
 	cmd.Dir = root

@@ -23,8 +23,10 @@ type Summary struct {
 	// Failed are the seeds of the schedules with a violation, and Seeds
 	// every seed summed, in the order read.
 	Failed, Seeds []uint64
-	// Durations are the workload lengths of the schedules, each once.
-	Durations []time.Duration
+	// Durations are the workload lengths of the schedules, and
+	// Transports their dsmds' verbs transports, each once.
+	Durations  []time.Duration
+	Transports []string
 	// Kinds is the availability per fault kind, "none" first, then by
 	// name; MaxLatencyMS is the longest over the schedules, and MaxSeed
 	// the schedule it was in.
@@ -96,8 +98,13 @@ func Summarize(dirs []string) (*Summary, error) {
 			return nil, fmt.Errorf("%s: %w", d, err)
 		}
 		var info runInfo
-		if err := readJSON(filepath.Join(d, "run.json"), &info); err == nil && !slices.Contains(s.Durations, info.Config.Duration) {
-			s.Durations = append(s.Durations, info.Config.Duration)
+		if err := readJSON(filepath.Join(d, "run.json"), &info); err == nil {
+			if !slices.Contains(s.Durations, info.Config.Duration) {
+				s.Durations = append(s.Durations, info.Config.Duration)
+			}
+			if tr := info.Config.transport(); !slices.Contains(s.Transports, tr) {
+				s.Transports = append(s.Transports, tr)
+			}
 		}
 		s.Schedules++
 		s.Faults += v.Faults
@@ -178,7 +185,8 @@ func (s *Summary) Write(w io.Writer, markdown bool) error {
 	for i, d := range s.Durations {
 		durs[i] = d.String()
 	}
-	fmt.Fprintf(&b, "%d schedules (of %s), seeds %s\n", s.Schedules, strings.Join(durs, ", "), seedList(s.Seeds))
+	fmt.Fprintf(&b, "%d schedules (of %s; transport %s), seeds %s\n", s.Schedules, strings.Join(durs, ", "), strings.Join(s.Transports, ", "),
+		seedList(s.Seeds))
 	fmt.Fprintf(&b, "%d faults, %d operations, %d violations", s.Faults, s.Ops, s.Violations)
 	if len(s.Failed) > 0 {
 		fmt.Fprintf(&b, " (in the schedules of seeds %s)", seedList(s.Failed))

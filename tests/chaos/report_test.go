@@ -94,6 +94,9 @@ func TestReport(t *testing.T) {
 	if len(s.Durations) != 2 {
 		t.Errorf("durations %v; want 5m and 1m", s.Durations)
 	}
+	if len(s.Transports) != 1 || s.Transports[0] != "tcp" {
+		t.Errorf("transports %v; want tcp", s.Transports)
+	}
 
 	for _, md := range []bool{false, true} {
 		var out bytes.Buffer

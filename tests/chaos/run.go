@@ -46,7 +46,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&cfg.DiskSize, "disk-size", 128<<20, "bytes of each node's tmpfs data directory (with the disk fault)")
 	fs.IntVar(&cfg.PortBase, "port-base", 29000, "first port of the nodes in loopback mode (node i from base+10i)")
 	fs.BoolVar(&cfg.KeepData, "keep-data", false, "keep the nodes' data directories in the run directory")
-	dsmdBin := fs.String("dsmd", "", "a dsmd binary to use instead of building ./cmd/dsmd")
+	dsmdBin := fs.String("dsmd", "", "a dsmd binary to use instead of building ./cmd/dsmd (with -ofi, one built with -tags ofi)")
+	fs.StringVar(&cfg.OFIProvider, "ofi", "", "run every dsmd on --transport ofi with this libfabric provider (tcp;ofi_rxm, shm, sockets); the dsmd built has the ofi tag (needs libfabric-dev). Default: the tcp transport")
 	fs.Func("dsmd-arg", "a flag for every dsmd, e.g. -dsmd-arg=--checkpoint-after=1 (repeat for more)", func(v string) error {
 		cfg.DsmdArgs = append(cfg.DsmdArgs, v)
 		return nil
@@ -196,7 +197,7 @@ func run(ctx context.Context, cfg Config, dsmdBin string, stdout, stderr io.Writ
 			return 3
 		}
 		logf("building dsmd")
-		if dsmdBin, err = buildDsmd(root, binDir, cfg.Race); err != nil {
+		if dsmdBin, err = buildDsmd(root, binDir, cfg.Race, cfg.OFIProvider != ""); err != nil {
 			logf("%v", err)
 			return 3
 		}
@@ -210,7 +211,7 @@ func run(ctx context.Context, cfg Config, dsmdBin string, stdout, stderr io.Writ
 	if len(cfg.DsmdArgs) > 0 {
 		extra = "; dsmd " + strings.Join(cfg.DsmdArgs, " ")
 	}
-	logf("mode %s%s; faults %s for %s-%s each; %d schedules of %s on %d nodes, seeds %d..%d%s", mode, why, strings.Join(cfg.Faults, ","),
+	logf("mode %s%s; transport %s; faults %s for %s-%s each; %d schedules of %s on %d nodes, seeds %d..%d%s", mode, why, cfg.transport(), strings.Join(cfg.Faults, ","),
 		cfg.Span[0], cfg.Span[1], cfg.Seeds, cfg.Duration, cfg.Nodes, cfg.FirstSeed, cfg.FirstSeed+uint64(cfg.Seeds)-1, extra)
 	var tot totals
 	status := 0
@@ -241,8 +242,8 @@ func run(ctx context.Context, cfg Config, dsmdBin string, stdout, stderr io.Writ
 		logf("seed %d: %d faults, %d operations, %d violations, longest wait %s; %s", seed, v.Faults, v.Ops,
 			len(v.Violations), time.Duration(v.LongestWaitMS*1e6).Round(time.Millisecond), h.dir)
 	}
-	fmt.Fprintf(stdout, "chaos: %d schedules, %d faults, %d operations, %d violations; %d errors, %d hung, mode %s, faults %s, runs in %s\n",
-		tot.schedules, tot.faults, tot.ops, tot.violations, tot.errors, tot.hung, mode, strings.Join(cfg.Faults, ","), cfg.Out)
+	fmt.Fprintf(stdout, "chaos: %d schedules, %d faults, %d operations, %d violations; %d errors, %d hung, mode %s, transport %s, faults %s, runs in %s\n",
+		tot.schedules, tot.faults, tot.ops, tot.violations, tot.errors, tot.hung, mode, cfg.transport(), strings.Join(cfg.Faults, ","), cfg.Out)
 	switch {
 	case ctx.Err() != nil:
 		return 3
