@@ -104,7 +104,8 @@
 // `-ofi PROVIDER` (`make chaos OFI='tcp;ofi_rxm'`) runs every dsmd on
 // --transport ofi, built with the ofi tag. There a target cannot refuse a
 // departed incarnation's verbs; what fences a node cut off from the
-// majority is that its engines post nothing once its lease is over. On
+// majority is that its engines post nothing once its lease is over (the
+// first schedule on ofi found a violation: docs/reliability.md). On
 // shm the verbs go through shared memory, so partitions and losses cut
 // only the directory's traffic.
 package chaos
