@@ -519,7 +519,7 @@ type simJob struct {
 }
 
 type engineSim struct {
-	held map[*mem.Delivery]*simNode // batches held back (simHoldLate)
+	held  map[*mem.Delivery]*simNode // batches held back (simHoldLate)
 	cfg   simConfig
 	rng   *rand.Rand
 	net   *mem.Network
