@@ -358,9 +358,7 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 			// backups.
 			es.stampLeftBehind(t.re, t.last, pm, self)
 			t.re.fills.plan(pm)
-			if shards := es.storeLeft(t.re, t.last, pm, self); len(shards) > 0 {
-				go es.dropLeft(t.re, shards)
-			}
+			es.cleanStore(t.re, t.last, pm, self)
 		}
 		for _, re := range every {
 			re.fills.considerPromotion(pm)
@@ -709,9 +707,7 @@ func (es *engines) add(r directory.Region, pm *protoMap, self ids.NodeID) error 
 	rf.plan(pm)
 	// What a previous incarnation of this node persisted of the shards
 	// this one does not back is read by nobody (storeclean.go).
-	if shards := es.storeLeft(re, nil, pm, self); len(shards) > 0 {
-		go es.dropLeft(re, shards)
-	}
+	es.cleanStore(re, nil, pm, self)
 	// The page cache must not hold the name already: that would be a
 	// deleted region's memory (a removal that has not finished), never to
 	// be served as this one.

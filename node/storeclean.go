@@ -40,6 +40,21 @@ func (rc *regionChains) backs(s placement.Shard, self ids.NodeID, ev eventsOf) (
 	return sp.c[sp.hi] == self || slices.Contains(sp.set, self), false
 }
 
+// cleanStore deletes, on a goroutine of its own, the pages of the shards
+// of durable region re that self backed under last and does not back
+// under pm (storeLeft, dropLeft): the walk of the shards is not paid on
+// the path that applies the view.
+func (es *engines) cleanStore(re *regionEngine, last, pm *protoMap, self ids.NodeID) {
+	if re.region.Durability != directory.DurabilitySynced || es.n.persist == nil {
+		return
+	}
+	go func() {
+		if shards := es.storeLeft(re, last, pm, self); len(shards) > 0 {
+			es.dropLeft(re, shards)
+		}
+	}()
+}
+
 // storeLeft lists the shards of durable region re that incarnation self
 // backed under last and does not back under pm, neither lost: those whose
 // pages its store holds for nobody. With last nil (the engine's first
@@ -68,8 +83,8 @@ func (es *engines) storeLeft(re *regionEngine, last, pm *protoMap, self ids.Node
 
 // dropLeft deletes from the page store the pages of those of shards
 // (storeLeft's) that this node still does not back in the latest view,
-// one synced range delete per run of shards. It runs on a goroutine of
-// its own, one at a time per region. A fill that puts this node back in a
+// one synced range delete per run of shards, one cleanup at a time per
+// region. A fill that puts this node back in a
 // shard's set writes the store only after its engine has taken the view
 // that does it (a home fills a member only once it has acknowledged the
 // epoch, and persists after the fill), so the check against the latest
@@ -84,8 +99,8 @@ func (es *engines) dropLeft(re *regionEngine, shards []uint64) {
 	ps.wmu.Lock()
 	defer ps.wmu.Unlock()
 	pm := es.pv.p.Load()
-	if pm == nil || pm.departedAt(self) != 0 {
-		return
+	if pm == nil || pm.departedAt(self) != 0 || es.n.ctx.Err() != nil {
+		return // departing, or the node stops: nothing to clean for
 	}
 	var ranges []directory.ShardRange
 	for _, i := range shards {

@@ -119,10 +119,11 @@ func (e *Engine) SetUp(id ids.NodeID) {
 // batches the state machine makes meanwhile are held back, never posted,
 // and posted at Resume (or failed as never posted when their home is set
 // down or the configuration changes, as for a down home). A batch posted
-// before Suspend goes on: the lease's revocation budget covers it. The
-// tcp transport refuses a fenced incarnation's verbs at the target as
-// well; Suspend is what keeps them from being posted on a transport that
-// cannot (ofi). Messages are still sent: a receiver judges them by epoch
+// before Suspend goes on. The tcp transport refuses a fenced
+// incarnation's verbs at the target as well; on a transport that cannot
+// (ofi) Suspend keeps them from being posted, but a batch posted before
+// it that the network holds past the departure still lands
+// (docs/reliability.md, "Chaos on ofi"). Messages are still sent: a receiver judges them by epoch
 // and membership, and answering invalidations lets the majority's writers
 // go on. Calls wait as for a home that is unreachable.
 func (e *Engine) Suspend() {
