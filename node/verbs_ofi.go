@@ -23,5 +23,6 @@ func listenOFI(id ids.NodeID, addr, provider string, log *slog.Logger) (verbsEnd
 		return nil, err
 	}
 	log.Info("verbs: libfabric endpoint", "provider", t.Provider(), "addr", t.Addr())
+	log.Warn("verbs: on ofi no target refuses the verbs of a departed incarnation: a node cut off by a partition can land queued writes when it heals, and writes have been lost so (docs/operations.md, ofi); use the tcp transport where the network can partition")
 	return t, nil
 }
