@@ -95,6 +95,16 @@ func (es *engines) dropLeft(re *regionEngine, shards []uint64) {
 	defer re.dropRun.Unlock()
 	ps := es.n.persist
 	r := re.region
+	per := r.PagesPerShard()
+	// Which of them hold pages (a new incarnation's store mostly holds
+	// none of those it does not back): only the log and the metric use
+	// it, so it is read before the lock that every persist write takes.
+	held := map[uint64]bool{}
+	for _, i := range shards {
+		if storeHolds(ps.store, r.ID, i*per, min((i+1)*per, r.Pages())) {
+			held[i] = true
+		}
+	}
 	self := ids.NodeID(es.self.Load())
 	ps.wmu.Lock()
 	defer ps.wmu.Unlock()
@@ -103,52 +113,46 @@ func (es *engines) dropLeft(re *regionEngine, shards []uint64) {
 		return // departing, or the node stops: nothing to clean for
 	}
 	var ranges []directory.ShardRange
+	gone := map[uint64]bool{}
 	for _, i := range shards {
 		if now, lost := re.chains.backs(placement.Shard{Region: r.ID, Index: i}, self, pm); now || lost {
 			continue
 		}
+		gone[i] = true
 		if n := len(ranges); n > 0 && ranges[n-1].End == i {
 			ranges[n-1].End++
 		} else {
 			ranges = append(ranges, directory.ShardRange{First: i, End: i + 1})
 		}
 	}
-	if len(ranges) == 0 {
-		return
-	}
-	per := r.PagesPerShard()
-	dropped := uint64(0)
-	var held []directory.ShardRange
+	// The delete goes to every shard, ordered after any write queued
+	// before it, whether or not it held pages when counted.
 	for _, sr := range ranges {
-		first, end := sr.First*per, min(sr.End*per, r.Pages())
-		// Count the shards that held pages (a new incarnation's store
-		// mostly holds none of those it does not back); the delete
-		// goes to all, ordered after any write queued before it.
-		for i := sr.First; i < sr.End; i++ {
-			if storeHolds(ps.store, r.ID, i*per, min((i+1)*per, r.Pages())) {
-				dropped++
-				held = append(held, directory.ShardRange{First: i, End: i + 1})
-			}
-		}
-		if err := ps.store.DeleteRange(r.ID, first, end); err != nil {
+		if err := ps.store.DeleteRange(r.ID, sr.First*per, min(sr.End*per, r.Pages())); err != nil {
 			es.log.Warn("page store: pages of shards this node no longer backs not deleted (they stay, unread, until the region is deleted)",
 				"region", r.Name, "shards", sr, "err", err)
 			return
 		}
-		// A later copy of these pages is a new write, whatever its
-		// sequence number says.
-		for k := range ps.latest {
-			if k.r == r.ID && uint64(k.no) >= first && uint64(k.no) < end {
-				delete(ps.latest, k)
-			}
+	}
+	// A later copy of these pages is a new write, whatever its sequence
+	// number says.
+	for k := range ps.latest {
+		if k.r == r.ID && gone[uint64(k.no)/per] {
+			delete(ps.latest, k)
 		}
 	}
-	if dropped == 0 {
+	var dropped []uint64
+	for _, i := range shards {
+		if gone[i] && held[i] {
+			dropped = append(dropped, i)
+		}
+	}
+	if len(dropped) == 0 {
 		return
 	}
-	es.n.stats.storeShardsDropped.Add(dropped)
-	es.log.Info("page store: pages of shards this node no longer backs deleted", "region", r.Name, "shards", dropped,
-		"first", held[:min(len(held), 16)], "protocol_epoch", pm.epoch)
+	es.n.stats.storeShardsDropped.Add(uint64(len(dropped)))
+	es.log.Info("page store: pages of shards this node no longer backs deleted", "region", r.Name, "shards", len(dropped),
+		"ranges", shardRanges(dropped[:min(len(dropped), 64)]), "protocol_epoch", pm.epoch)
 }
 
 // errHolds ends storeHolds's scan at the first page.

@@ -177,6 +177,14 @@ func (e *Engine) downWhy(id ids.NodeID) string {
 	return e.down[id]
 }
 
+// postHold is downWhy, and whether the engine is suspended: what holds a
+// batch for id back (one look under availMu on the way to every post).
+func (e *Engine) postHold(id ids.NodeID) (why string, suspended bool) {
+	e.availMu.Lock()
+	defer e.availMu.Unlock()
+	return e.down[id], e.suspended
+}
+
 // downAwaited is downWhy, and whether id's pages are awaited
 // (SetDownAwaited).
 func (e *Engine) downAwaited(id ids.NodeID) (string, bool) {
@@ -323,7 +331,7 @@ const sweepInterval = 100 * time.Millisecond
 // batches held back for homes that are up again. It runs on the loop.
 func (e *Engine) sweep(now time.Time) {
 	for id, bs := range e.parked {
-		if e.downWhy(id) != "" || e.Suspended() {
+		if why, suspended := e.postHold(id); why != "" || suspended {
 			continue
 		}
 		delete(e.parked, id)
@@ -471,9 +479,9 @@ func (e *Engine) unpark() {
 // with its current backups and placement (a node that is down is dropped
 // from the backups by the configuration that follows).
 func (e *Engine) park(b coherence.Batch) bool {
-	why := e.downWhy(b.Home)
+	why, suspended := e.postHold(b.Home)
 	if why == "" {
-		if !e.Suspended() {
+		if !suspended {
 			return false
 		}
 		e.parked[b.Home] = append(e.parked[b.Home], b)
