@@ -86,8 +86,9 @@ func (n *Node) suspendForLease(ctx context.Context, held bool) {
 	if held && n.eng != nil {
 		// The engines first: from now on no verb of this incarnation
 		// is posted, so none can land after a majority moved what it
-		// held (the tcp transport's fence refuses them at the target
-		// too; ofi has none). The cache's suspension then cancels the
+		// held (both transports' fences refuse them at the target
+		// too, on ofi where the provider checks keys there). The
+		// cache's suspension then cancels the
 		// calls that wait on them.
 		n.eng.suspend(true)
 	}

@@ -342,8 +342,9 @@ type incarnationKey struct {
 }
 
 // fencer is a verbs transport that refuses the batches of departed
-// incarnations (tcp). The ofi transport cannot: libfabric's one-sided
-// operations carry no requester incarnation the target could check.
+// incarnations at the target: tcp by the requester's nonce, ofi by closing
+// the memory keys it granted that incarnation (and, on ofi_rxm, its
+// connection; shm cannot, see package ofi).
 type fencer interface {
 	Fence(id ids.NodeID, nonce uint64)
 }

@@ -168,8 +168,9 @@ type simConfig struct {
 	// departure, until its endpoint closes. Its writes may be lost, as a
 	// crashed node's.
 	failAlive bool
-	// noFence (with failAlive): the transport of the ofi backend, whose
-	// targets cannot refuse a departed incarnation's verbs (nor, here,
+	// noFence (with failAlive): a transport whose targets cannot refuse
+	// a departed incarnation's verbs, as the ofi backend on shm (on
+	// sockets and tcp;ofi_rxm it fences since session 23; nor, here,
 	// its messages: the state machine judges those). What keeps the
 	// failed node from writing after its departure is its lease: dsmd
 	// suspends its engine when the lease ends (Engine.Suspend), before a
@@ -361,9 +362,11 @@ func TestEngineSimNeedsSuspension(t *testing.T) {
 // after the home's repair, with the sharers it invalidated never told:
 // fail-alive-ofi seed 131 is not linearizable. With the targets fencing
 // the departed node as they learn the departure (the tcp transport's
-// Fence), the same seed passes. The ofi transport has no such fence yet
-// (docs/reliability.md, "Chaos on ofi"); when it has, the first half of
-// this test is what changes.
+// Fence, and since session 23 the ofi transport's on the providers that
+// check keys at the target, sockets and tcp;ofi_rxm: the keys granted to
+// the departed incarnation are closed), the same seed passes: the second
+// half is what those transports do. The first half is still shm, whose
+// targets check nothing (docs/reliability.md, "Chaos on ofi").
 func TestEngineSimOfiNeedsTargetFence(t *testing.T) {
 	i := slices.IndexFunc(simConfigs, func(c simConfig) bool { return c.name == "fail-alive-ofi" })
 	simHoldLate = true

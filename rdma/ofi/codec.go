@@ -29,7 +29,7 @@ var (
 // Version 1 had neither nonce: its frames are refused.
 const (
 	hdrLen     = 24
-	wireV2     = 2
+	wireV3     = 3
 	maxNameLen = 256
 )
 
@@ -55,7 +55,7 @@ const (
 
 const (
 	queryLen  = 16 // reqID, key
-	replyLen  = 34 // reqID, key, len, base, found, access
+	replyLen  = 42 // reqID, key, len, base, found, access, access key
 	revokeLen = 16 // reqID, key
 	byeLen    = 8  // reqID
 )
@@ -74,13 +74,16 @@ type frame struct {
 	Base      uint64
 	Found     bool
 	Access    rdma.Access
+	// AccessKey is the fabric key a reply grants the requester's
+	// incarnation for Key (see Transport.Fence).
+	AccessKey uint64
 	Payload   []byte
 }
 
 // putHdr writes a header with both nonces zero; the transport stamps them
 // (stampNonces) when it sends the frame.
 func putHdr(b []byte, k frameKind, from ids.NodeID) {
-	b[0] = wireV2
+	b[0] = wireV3
 	b[1] = byte(k)
 	b[2], b[3] = 0, 0
 	binary.LittleEndian.PutUint32(b[4:], uint32(from))
@@ -119,6 +122,7 @@ func encodeReply(b []byte, from ids.NodeID, f *frame) int {
 		b[hdrLen+32] = 1
 	}
 	b[hdrLen+33] = byte(f.Access)
+	binary.LittleEndian.PutUint64(b[hdrLen+34:], f.AccessKey)
 	return hdrLen + replyLen
 }
 
@@ -141,7 +145,7 @@ func decodeFrame(b []byte, f *frame) error {
 	if len(b) < hdrLen {
 		return fmt.Errorf("%w: %d bytes", ErrBadFrame, len(b))
 	}
-	if b[0] != wireV2 || b[2] != 0 || b[3] != 0 {
+	if b[0] != wireV3 || b[2] != 0 || b[3] != 0 {
 		return fmt.Errorf("%w: header %x", ErrBadFrame, b[:4])
 	}
 	*f = frame{Kind: frameKind(b[1]), From: ids.NodeID(binary.LittleEndian.Uint32(b[4:])),
@@ -194,6 +198,7 @@ func decodeFrame(b []byte, f *frame) error {
 		if f.Access&^rdma.AccessAll != 0 {
 			return fmt.Errorf("%w: access %#x", ErrBadFrame, body[33])
 		}
+		f.AccessKey = binary.LittleEndian.Uint64(body[34:])
 	}
 	return nil
 }

@@ -20,14 +20,14 @@ func TestFrameRoundTrip(t *testing.T) {
 	if err := decodeFrame(b[:n], &f); err != nil || f.Kind != frameQuery || f.From != 7 || f.ReqID != 11 || f.Key != 0xabc {
 		t.Fatalf("query: %+v %v", f, err)
 	}
-	want := frame{ReqID: 3, Key: 9, Len: 4096, Base: 0x7f00_0000_1000, Found: true, Access: rdma.AccessRemoteRead}
+	want := frame{ReqID: 3, Key: 9, Len: 4096, Base: 0x7f00_0000_1000, Found: true, Access: rdma.AccessRemoteRead, AccessKey: 0x1234_5678_9abc}
 	n = encodeReply(b[:], 2, &want)
 	if err := decodeFrame(b[:n], &f); err != nil {
 		t.Fatal(err)
 	}
 	want.Kind, want.From = frameReply, 2
 	if f.Kind != want.Kind || f.From != want.From || f.ReqID != want.ReqID || f.Key != want.Key ||
-		f.Len != want.Len || f.Base != want.Base || f.Found != want.Found || f.Access != want.Access {
+		f.Len != want.Len || f.Base != want.Base || f.Found != want.Found || f.Access != want.Access || f.AccessKey != want.AccessKey {
 		t.Fatalf("reply: got %+v, want %+v", f, want)
 	}
 	want.ToNonce = 0x77
@@ -67,8 +67,8 @@ func TestFrameRejects(t *testing.T) {
 		"version 1":     append([]byte{1}, q[1:]...),
 		"reserved":      append(append([]byte{}, q[:2]...), append([]byte{1, 0}, q[4:]...)...),
 		"no sender":     append(append([]byte{}, q[:4]...), append([]byte{0, 0, 0, 0}, q[8:]...)...),
-		"kind 0":        append([]byte{wireV2, 0}, q[2:]...),
-		"kind 99":       append([]byte{wireV2, 99}, q[2:]...),
+		"kind 0":        append([]byte{wireV3, 0}, q[2:]...),
+		"kind 99":       append([]byte{wireV3, 99}, q[2:]...),
 		"short query":   q[:len(q)-1],
 		"long query":    append(append([]byte{}, q[:]...), 0),
 		"found flag":    func() []byte { c := r; c[hdrLen+32] = 2; return c[:] }(),
@@ -120,7 +120,7 @@ func FuzzDecodeFrame(f *testing.F) {
 	f.Add(b[:encodeReply(b[:], 1, &frame{ReqID: 1, Key: 2, Len: 3, Base: 4, Found: true, Access: rdma.AccessAll})])
 	f.Add(b[:encodeRevoke(b[:], 1, 2, 3)])
 	f.Add(b[:encodeBye(b[:], 1, 2)])
-	f.Add(append([]byte{wireV2, 1, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0}, "hi"...))
+	f.Add(append([]byte{wireV3, 1, 0, 0, 1, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0}, "hi"...))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var fr frame
 		if err := decodeFrame(in, &fr); err != nil {

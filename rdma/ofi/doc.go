@@ -24,7 +24,7 @@
 // endpoint name from fi_getname>"; AddPeer decodes it, refuses another
 // provider's address or a name of the wrong size, and inserts it into the
 // address vector. Every two-sided frame starts with a 24-byte header: wire
-// version (2), kind, the sender's node id (so a receiver knows who sent it
+// version (3), kind, the sender's node id (so a receiver knows who sent it
 // without FI_SOURCE), the sender's incarnation nonce and the incarnation of
 // the receiver it is meant for.
 //

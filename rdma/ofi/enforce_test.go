@@ -13,13 +13,30 @@ import (
 
 // forge makes the initiator believe a wrong descriptor, so that the
 // request reaches the provider, which is what these tests examine: the
-// target's provider must refuse it, and the error must be classified.
-func forge(a *Transport, key uint64, d remoteDesc) {
+// target's provider must refuse it, and the error must be classified. The
+// forged descriptor keeps the fabric key the target granted the initiator
+// (asked for on the first forge of a key), so the request names the
+// registration's memory.
+func forge(t *testing.T, a *Transport, key uint64, d remoteDesc) {
+	t.Helper()
 	p := a.peers[2]
+	if granted[key] == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cur, err := a.query(ctx, p, key)
+		if err != nil || cur.revoked || cur.key == 0 {
+			t.Fatalf("query of key %#x: %+v %v", key, cur, err)
+		}
+		granted[key] = cur.key
+	}
+	d.key = granted[key]
 	p.mu.Lock()
 	p.descs[key] = d
 	p.mu.Unlock()
 }
+
+// granted is the fabric key of each registration forge was asked about.
+var granted = map[uint64]uint64{}
 
 // TestProviderEnforces checks the second line of defence of the providers
 // that check requests at the target (sockets, tcp;ofi_rxm): a request that
@@ -42,14 +59,14 @@ func TestProviderEnforces(t *testing.T) {
 				t.Fatal(err)
 			}
 			d := ro.Descriptor()
-			forge(a, d.RKey.Key, remoteDesc{len: 8192, base: d.RKey.Base, acc: rdma.AccessAll})
+			forge(t, a, d.RKey.Key, remoteDesc{len: 8192, base: d.RKey.Base, acc: rdma.AccessAll})
 			oob := []rdma.Op{{Kind: rdma.OpRead, RKey: d.RKey, Offset: 4096, Buf: make([]byte, 64)}}
 			err = a.Post(ctx, 2, oob)
 			t.Logf("out of bounds read: %v", err)
 			if !errors.Is(err, rdma.ErrOutOfBounds) {
 				t.Errorf("out of bounds read: %v", err)
 			}
-			forge(a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
+			forge(t, a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
 			mem[0] = 7
 			w := []rdma.Op{{Kind: rdma.OpWrite, RKey: d.RKey, Offset: 0, Buf: []byte{1, 2, 3, 4, 5, 6, 7, 8}}}
 			err = a.Post(ctx, 2, w)
@@ -61,7 +78,7 @@ func TestProviderEnforces(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(20 * time.Millisecond)
-			forge(a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
+			forge(t, a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
 			r := []rdma.Op{{Kind: rdma.OpRead, RKey: d.RKey, Offset: 0, Buf: make([]byte, 8)}}
 			err = a.Post(ctx, 2, r)
 			t.Logf("read of revoked key: %v", err)
@@ -92,7 +109,7 @@ func TestShmRefusedRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := ro.Descriptor()
-	forge(a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
+	forge(t, a, d.RKey.Key, remoteDesc{len: 4096, base: d.RKey.Base, acc: rdma.AccessAll})
 	mem[0] = 7
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -198,6 +198,26 @@ int dsm_av_insert(dsm_fab *f, const void *name, fi_addr_t *out) {
 
 int dsm_av_remove(dsm_fab *f, fi_addr_t a) { return fi_av_remove(f->av, &a, 1, 0); }
 
+// libfabric reads FI_AV_REMOVE_CLEANUP once, when it initializes (the
+// first fi_getinfo); only with it does ofi_rxm close the connection to an
+// address removed from the address vector, which dsm_drop_conn needs. Set
+// here, before any code runs, unless the environment says otherwise.
+__attribute__((constructor)) static void dsm_av_cleanup_default(void) {
+	setenv("FI_AV_REMOVE_CLEANUP", "1", 0);
+}
+
+int dsm_drop_conn(dsm_fab *f, const void *name) {
+	// Inserting an address already in the vector returns its entry and
+	// counts one more use, so the remove that follows closes the
+	// connection (the provider's remove handler runs on every remove)
+	// and leaves the entry, and the fi_addr_t peers hold, as it was.
+	fi_addr_t a;
+	int n = fi_av_insert(f->av, name, 1, &a, 0, NULL);
+	if (n != 1)
+		return n < 0 ? n : -FI_EINVAL;
+	return fi_av_remove(f->av, &a, 1, 0);
+}
+
 int dsm_mr_reg(dsm_fab *f, void *buf, size_t len, uint64_t access, uint64_t req_key,
 	struct fid_mr **mr, uint64_t *key) {
 	int ret = fi_mr_reg(f->domain, buf, len, access, 0, req_key, 0, mr, NULL);

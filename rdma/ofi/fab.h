@@ -100,6 +100,9 @@ const char *dsm_prov_name(dsm_fab *f);
 
 int dsm_av_insert(dsm_fab *f, const void *name, fi_addr_t *out);
 int dsm_av_remove(dsm_fab *f, fi_addr_t a);
+// dsm_drop_conn closes the provider's connection to the endpoint name
+// (ofi_rxm), if any; later traffic opens a new one.
+int dsm_drop_conn(dsm_fab *f, const void *name);
 
 int dsm_mr_reg(dsm_fab *f, void *buf, size_t len, uint64_t access, uint64_t req_key,
 	struct fid_mr **mr, uint64_t *key);

@@ -88,6 +88,9 @@ func testExpectNonce(t *testing.T, prov string) {
 	if got := rdma.LoadWord(mem1, 0); got != 1 {
 		t.Fatalf("first incarnation's word %d, want 1", got)
 	}
+	a.peers[2].mu.RLock()
+	oldGrant := a.peers[2].descs[old.RKey.Key].key // the key the old process granted a
+	a.peers[2].mu.RUnlock()
 
 	// The peer restarts at the same address and registers memory.
 	b.Close()
@@ -146,7 +149,7 @@ func testExpectNonce(t *testing.T, prov string) {
 	p := a.peers[2]
 	p.seen.Store(0)
 	p.mu.Lock()
-	p.descs[old.RKey.Key] = remoteDesc{len: old.Len, base: old.RKey.Base, acc: old.Access}
+	p.descs[old.RKey.Key] = remoteDesc{len: old.Len, base: old.RKey.Base, acc: old.Access, key: oldGrant}
 	p.mu.Unlock()
 	if err := faa(old.RKey); !errors.Is(err, rdma.ErrIncarnation) {
 		t.Errorf("FAA with the old incarnation's cached descriptor: %v, want ErrIncarnation", err)

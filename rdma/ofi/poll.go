@@ -347,14 +347,21 @@ func (t *Transport) serveCtl(r ctlReq) {
 		return
 	}
 	reply := frame{ReqID: r.f.ReqID, Key: r.f.Key, ToNonce: r.f.FromNonce}
+	t.life.RLock() // before regMu, as Register takes them
 	t.regMu.Lock()
-	if reg := t.regs[r.f.Key]; reg != nil && !r.ack {
-		reply.Found = true
-		reply.Len = reg.desc.Len
-		reply.Base = reg.desc.RKey.Base
-		reply.Access = reg.desc.Access
+	if reg := t.regs[r.f.Key]; reg != nil && !r.ack && !t.closed {
+		// The requester's incarnation gets a key of its own, which Fence
+		// closes once it departs.
+		if key, ok := t.grantLocked(reg, incarnation{r.f.From, r.f.FromNonce}); ok {
+			reply.Found = true
+			reply.Len = reg.desc.Len
+			reply.Base = reg.desc.RKey.Base
+			reply.Access = reg.desc.Access
+			reply.AccessKey = key
+		}
 	}
 	t.regMu.Unlock()
+	t.life.RUnlock()
 	n := encodeReply(b[:], t.id, &reply)
 	if err := t.send(ctx, p, b[:n], nil); err != nil {
 		t.log.Debug("ofi: query reply", "peer", p.id, "err", err)

@@ -115,7 +115,7 @@ func (t *Transport) segment(ctx context.Context, p *peer, s *slot, ops []rdma.Op
 		}
 		c := &s.c.ops[k]
 		c.raddr = C.uint64_t(raddr)
-		c.key = C.uint64_t(op.RKey.Key)
+		c.key = C.uint64_t(d.key)
 		c.len = C.uint64_t(size)
 		c.loff = C.uint64_t(bytes)
 		switch op.Kind {
@@ -389,7 +389,7 @@ func (t *Transport) descOf(ctx context.Context, p *peer, key uint64) (remoteDesc
 		if r == nil {
 			return remoteDesc{}, fmt.Errorf("%w: %#x", rdma.ErrUnknownKey, key)
 		}
-		return remoteDesc{len: r.desc.Len, base: r.desc.RKey.Base, acc: r.desc.Access}, nil
+		return remoteDesc{len: r.desc.Len, base: r.desc.RKey.Base, acc: r.desc.Access, key: r.desc.RKey.Key}, nil
 	}
 	p.mu.RLock()
 	d, ok := p.descs[key]
@@ -420,7 +420,7 @@ func (t *Transport) query(ctx context.Context, p *peer, key uint64) (remoteDesc,
 		// under this key is not the one the caller was told of.
 		return remoteDesc{}, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: incarnation %#x answers, %#x expected", rdma.ErrIncarnation, f.FromNonce, want)}
 	}
-	d := remoteDesc{len: f.Len, base: f.Base, acc: f.Access, revoked: !f.Found}
+	d := remoteDesc{len: f.Len, base: f.Base, acc: f.Access, key: f.AccessKey, revoked: !f.Found}
 	p.mu.Lock()
 	p.descs[key] = d
 	p.mu.Unlock()
@@ -492,12 +492,18 @@ func (t *Transport) revokeAll(key uint64) {
 
 // registration is memory registered with the provider.
 type registration struct {
-	t    *Transport
-	mr   *C.struct_fid_mr // nil once closed
-	mem  []byte
-	pin  runtime.Pinner
-	desc rdma.Descriptor
-	dead bool // under t.regMu
+	t *Transport
+	// mr is the registration under its published key, which only this
+	// node's own operations name; nil once closed.
+	mr    *C.struct_fid_mr
+	flags C.uint64_t // the access mr was registered with
+	mem   []byte
+	pin   runtime.Pinner
+	desc  rdma.Descriptor
+	dead  bool // under t.regMu
+	// grants are the keys of the peers' incarnations (see Fence), under
+	// t.regMu.
+	grants map[incarnation]grant
 }
 
 // Descriptor implements rdma.Registration.
@@ -510,24 +516,28 @@ func (r *registration) Bytes() []byte { return r.mem }
 // that the provider refuses later remote accesses, and tells the peers.
 func (r *registration) Deregister() error {
 	t := r.t
+	// life before regMu, as Register takes them.
+	t.life.RLock()
 	t.regMu.Lock()
 	if r.dead {
 		t.regMu.Unlock()
+		t.life.RUnlock()
 		return errors.New("ofi: registration already deregistered")
 	}
 	r.dead = true
 	delete(t.regs, r.desc.RKey.Key)
 	mr := r.mr
 	r.mr = nil
-	t.regMu.Unlock()
 	var err error
-	t.life.RLock()
-	if !t.closed && mr != nil {
-		rc := C.dsm_mr_close(mr)
-		if rc != 0 {
-			err = fabricErr("fi_close(mr)", int(-rc), 0)
+	if !t.closed {
+		closeGrantsLocked(r)
+		if mr != nil {
+			if rc := C.dsm_mr_close(mr); rc != 0 {
+				err = fabricErr("fi_close(mr)", int(-rc), 0)
+			}
 		}
 	}
+	t.regMu.Unlock()
 	t.life.RUnlock()
 	t.regMu.Lock()
 	r.pin.Unpin()
@@ -557,7 +567,7 @@ func (t *Transport) Register(mem []byte, access rdma.Access) (rdma.Registration,
 	if flags == 0 {
 		flags = C.FI_READ | C.FI_WRITE
 	}
-	r := &registration{t: t, mem: mem}
+	r := &registration{t: t, mem: mem, flags: flags}
 	r.pin.Pin(&mem[0])
 	t.life.RLock()
 	defer t.life.RUnlock()

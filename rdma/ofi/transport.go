@@ -196,6 +196,12 @@ type Transport struct {
 
 	regMu sync.Mutex
 	regs  map[uint64]*registration
+	// fenced are the requester incarnations refused for good (Fence), at
+	// most maxFencedPerNode per node, oldest first; names are the
+	// endpoint names last added for each node (Fence closes the
+	// connection to it). Under regMu.
+	fenced map[ids.NodeID][]uint64
+	names  map[ids.NodeID][]byte
 
 	qmu     sync.Mutex
 	queries map[uint64]chan frame
@@ -256,9 +262,13 @@ type peer struct {
 // remoteDesc is a peer's registration as its owner described it, or a
 // tombstone for a key the owner revoked (keys are never reused).
 type remoteDesc struct {
-	len     uint64
-	base    uint64
-	acc     rdma.Access
+	len  uint64
+	base uint64
+	acc  rdma.Access
+	// key is the fabric key this incarnation's operations name: the one
+	// the owner granted it (Transport.Fence), not the registration's
+	// published key.
+	key     uint64
 	revoked bool
 }
 
@@ -288,6 +298,8 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		stop:    make(chan struct{}),
 		peers:   map[ids.NodeID]*peer{},
 		regs:    map[uint64]*registration{},
+		fenced:  map[ids.NodeID][]uint64{},
+		names:   map[ids.NodeID][]byte{},
 		queries: map[uint64]chan frame{},
 		ctl:     make(chan ctlReq, 256),
 	}
@@ -509,6 +521,7 @@ func (t *Transport) closeMRs() {
 	t.regMu.Lock()
 	defer t.regMu.Unlock()
 	for _, r := range t.regs {
+		closeGrantsLocked(r)
 		if r.mr != nil {
 			C.dsm_mr_close(r.mr)
 			r.mr = nil
@@ -695,6 +708,9 @@ func (t *Transport) AddPeer(id ids.NodeID, addr string) error {
 	t.life.RUnlock()
 	t.peers[id] = p
 	t.peerMu.Unlock()
+	t.regMu.Lock()
+	t.names[id] = name
+	t.regMu.Unlock()
 	if old != nil {
 		t.retireTx(old)
 	}

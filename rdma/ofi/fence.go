@@ -1,0 +1,168 @@
+//go:build ofi
+
+package ofi
+
+/*
+#include <stdlib.h>
+#include <rdma/fabric.h>
+#include "fab.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"strings"
+	"unsafe"
+
+	"github.com/dsmkit/dsm/internal/ids"
+)
+
+// maxFencedPerNode bounds the incarnations of one node that Fence keeps
+// refusing; older ones are forgotten (their grants are closed for good).
+const maxFencedPerNode = 64
+
+// incarnation names one process of a node: the requester a grant is for.
+type incarnation struct {
+	id    ids.NodeID
+	nonce uint64
+}
+
+// grant is one registration's memory registered again for one requester
+// incarnation: the fabric key that incarnation's operations name.
+type grant struct {
+	mr  *C.struct_fid_mr
+	key uint64
+}
+
+// Fence refuses, from now on, every operation of requester incarnation
+// nonce of node id on this node's memory, whatever connection it comes
+// on: the keys granted to that incarnation are closed (a provider that
+// checks keys at the target, sockets and tcp;ofi_rxm, refuses them), its
+// later descriptor queries are answered "not found", and on ofi_rxm the
+// connection to the node's address is closed, which drops an operation
+// whose key was checked but whose payload had not all arrived. What the
+// incarnation posted and the provider executed before Fence returned has
+// executed; nothing of it executes after.
+//
+// A departed incarnation keeps the registrations' published keys (the
+// directory holds them), but those name no fabric key: an initiator
+// learns its own key for each registration from the target's answer to
+// its first query (a grant), and only the target's own operations use the
+// published key. So fencing one incarnation leaves every other
+// incarnation's keys, and its operations in flight, untouched.
+//
+// shm's one-sided operations are copied by the initiator's process with
+// cross-memory attach, or served by the target without a key check: on
+// shm the fence is the initiator's (its engines post nothing once
+// suspended), and a process on the same host is inside the trust boundary
+// (see the package documentation).
+func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
+	if id == ids.None || nonce == 0 || (id == t.id && nonce == t.nonce) {
+		return
+	}
+	k := incarnation{id, nonce}
+	t.regMu.Lock()
+	f := t.fenced[id]
+	for _, n := range f {
+		if n == nonce {
+			t.regMu.Unlock()
+			return
+		}
+	}
+	f = append(f, nonce)
+	if len(f) > maxFencedPerNode {
+		f = f[len(f)-maxFencedPerNode:]
+	}
+	t.fenced[id] = f
+	var mrs []*C.struct_fid_mr
+	for _, r := range t.regs {
+		if g, ok := r.grants[k]; ok {
+			mrs = append(mrs, g.mr)
+			delete(r.grants, k)
+		}
+	}
+	name := t.names[id]
+	t.regMu.Unlock()
+
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.closed {
+		return
+	}
+	for _, mr := range mrs {
+		if rc := C.dsm_mr_close(mr); rc != 0 {
+			t.log.Warn("ofi: close a fenced incarnation's key", "peer", id, "err", fabricErr("fi_close(mr)", int(-rc), 0))
+		}
+	}
+	if len(name) > 0 && strings.Contains(t.prov, "ofi_rxm") {
+		cname := (*[maxNameLen + 1]byte)(C.calloc(maxNameLen+1, 1))
+		copy(cname[:], name)
+		rc := C.dsm_drop_conn(t.c, unsafe.Pointer(cname))
+		C.free(unsafe.Pointer(cname))
+		if rc != 0 {
+			t.log.Warn("ofi: close the connection of a fenced incarnation", "peer", id, "err", fabricErr("fi_av_remove", int(-rc), 0))
+		}
+	}
+	t.log.Debug("ofi: incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce), "keys", len(mrs))
+}
+
+// fencedLocked reports whether Fence refused the incarnation. The caller
+// holds regMu.
+func (t *Transport) fencedLocked(k incarnation) bool {
+	for _, n := range t.fenced[k.id] {
+		if n == k.nonce {
+			return true
+		}
+	}
+	return false
+}
+
+// grantLocked returns the fabric key of r for requester incarnation k,
+// registering r's memory once more for it on first use: ok is false when
+// k was fenced or the provider refused the registration. The caller holds
+// life shared (and checked closed), then regMu.
+func (t *Transport) grantLocked(r *registration, k incarnation) (key uint64, ok bool) {
+	if k.nonce == 0 || t.fencedLocked(k) || r.dead || r.mr == nil {
+		return 0, false
+	}
+	if g, ok := r.grants[k]; ok {
+		return g.key, true
+	}
+	if t.closing.Load() {
+		return 0, false
+	}
+	var g grant
+	var ckey C.uint64_t
+	rc := C.dsm_mr_reg(t.c, unsafe.Pointer(&r.mem[0]), C.size_t(len(r.mem)), r.flags, C.uint64_t(t.nextKey.Add(1)), &g.mr, &ckey)
+	if rc != 0 {
+		t.log.Warn("ofi: register memory for a peer", "peer", k.id, "bytes", len(r.mem), "err", fabricErr("fi_mr_reg", int(-rc), 0))
+		return 0, false
+	}
+	g.key = uint64(ckey)
+	if r.grants == nil {
+		r.grants = map[incarnation]grant{}
+	}
+	r.grants[k] = g
+	return g.key, true
+}
+
+// closeGrantsLocked closes every key granted for r. The caller holds
+// regMu and, unless the transport is closing, life shared.
+func closeGrantsLocked(r *registration) {
+	for k, g := range r.grants {
+		C.dsm_mr_close(g.mr)
+		delete(r.grants, k)
+	}
+}
+
+// Grants is how many keys this node has granted to peers' incarnations
+// and not closed: one per registration and incarnation that used it.
+func (t *Transport) Grants() int {
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	n := 0
+	for _, r := range t.regs {
+		n += len(r.grants)
+	}
+	return n
+}
