@@ -366,7 +366,7 @@ func (n *Node) fenceDeparted(v *directory.View, done map[incarnationKey]bool) {
 		}
 		done[k] = true
 		f.Fence(id, nonce)
-		n.log.Debug("verbs: departed incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce))
+		n.log.Info("verbs: departed incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce))
 	}
 	for _, m := range v.Members() {
 		if m.DepartedAt() != 0 {

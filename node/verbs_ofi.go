@@ -23,6 +23,17 @@ func listenOFI(id ids.NodeID, addr, provider string, log *slog.Logger) (verbsEnd
 		return nil, err
 	}
 	log.Info("verbs: libfabric endpoint", "provider", t.Provider(), "addr", t.Addr())
-	log.Warn("verbs: on ofi no target refuses the verbs of a departed incarnation: a node cut off by a partition can land queued writes when it heals, and writes have been lost so (docs/operations.md, ofi); use the tcp transport where the network can partition")
+	switch {
+	case t.Provider() == "shm":
+		log.Warn("verbs: shm checks no key at the target for READs and cross-memory-attach WRITEs, so a departed incarnation's verbs are stopped only by its own lease: a dsmd paused between its lease check and a post can land it after its departure (docs/operations.md, ofi)")
+	case !ofiFenceTested(t.Provider()):
+		log.Warn("verbs: this provider's refusal of a departed incarnation's keys at the target was not tested (tested: sockets, tcp;ofi_rxm); the fence rests on the provider invalidating a closed memory region's key (docs/operations.md, ofi)", "provider", t.Provider())
+	}
 	return t, nil
+}
+
+// ofiFenceTested reports whether the target-side fence (ofi.Transport.Fence:
+// closed per-incarnation keys) was tested on provider.
+func ofiFenceTested(provider string) bool {
+	return provider == "sockets" || provider == "tcp;ofi_rxm"
 }

@@ -191,6 +191,39 @@
 // and the atomic-only rule is enforced by the initiator's check below.
 // Go memory passed to Register is pinned while registered.
 //
+// # Keys per requester incarnation, and the fence
+//
+// The key in a registration's Descriptor (the one dsmd publishes through
+// the directory) names the registration; only this endpoint's own
+// operations use it as a fabric key. A peer's incarnation gets a key of
+// its own: the target answers its first descriptor query for a
+// registration by registering the same memory once more, with the same
+// rights, for that incarnation (requester node and nonce, from the
+// query's header), and the answer carries that key (remoteDesc.key), which
+// every later operation of the incarnation names. Fence(node, nonce)
+// closes the keys granted to that incarnation and refuses its later
+// queries ("not found"), so the providers that check keys at the target
+// (sockets, tcp;ofi_rxm) refuse its operations, whatever connection they
+// come on, while every other incarnation's keys and operations in flight
+// are untouched. ofi_rxm checks a WRITE's key when its header arrives and
+// copies its payload as the bytes come, so Fence also closes the
+// connection to the node's address there (fi_av_remove with
+// FI_AV_REMOVE_CLEANUP, which this package sets unless the environment
+// does): a WRITE half received when the fence falls is dropped, not
+// finished. A live peer whose connection that was (a new incarnation at
+// the same address) sees its operations in flight fail with an unknown
+// outcome and reconnects. dsmd calls Fence for every departed incarnation
+// as it learns the departure, before its engines acknowledge the epoch,
+// as it does on the tcp transport (node.fenceDeparted): an incarnation cut
+// off by a partition lands nothing when the partition heals
+// (TestFenceRefusesADepartedIncarnation). Registrations cost one memory
+// region per peer incarnation that uses them (Grants counts them). On shm
+// a target checks no key for READs and cross-memory-attach WRITEs (see
+// Checks), so there the fence is the initiator's: its engines post
+// nothing once its lease is over. Providers that choose keys themselves
+// (FI_MR_PROV_KEY: verbs, efa) invalidate a closed region's key in the
+// NIC; that was not tested here.
+//
 // # Checks, and which error comes from where
 //
 // An initiator validates every op with rdma.CheckOp against the target's

@@ -102,10 +102,10 @@
 // (`-markdown` for docs/reliability.md).
 //
 // `-ofi PROVIDER` (`make chaos OFI='tcp;ofi_rxm'`) runs every dsmd on
-// --transport ofi, built with the ofi tag. There a target cannot refuse a
-// departed incarnation's verbs; what fences a node cut off from the
-// majority is that its engines post nothing once its lease is over (the
-// first schedule on ofi found a violation: docs/reliability.md). On
-// shm the verbs go through shared memory, so partitions and losses cut
-// only the directory's traffic.
+// --transport ofi, built with the ofi tag. There a target refuses a
+// departed incarnation's verbs by closing the keys it granted it
+// (ofi.Transport.Fence, since session 23: the first schedules on ofi,
+// before it, found violations after partitions healed:
+// docs/reliability.md). On shm the verbs go through shared memory, so
+// partitions and losses cut only the directory's traffic.
 package chaos
