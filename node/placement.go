@@ -2,6 +2,9 @@ package node
 
 import (
 	"cmp"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"sync"
@@ -990,6 +993,30 @@ func (rc *regionChains) shardHome(s placement.Shard, ev eventsOf) ids.NodeID {
 		return ids.None
 	}
 	return sp.c[sp.hi]
+}
+
+// maxDigestShards bounds the regions homesDigest covers: it places every
+// shard.
+const maxDigestShards = 4096
+
+// homesDigest is a short hash of every shard's home under ev, or "" for a
+// region of more than maxDigestShards shards. The placement is a function
+// of the protocol epoch, so two members' digests for one epoch must be
+// equal: dsmd logs it with each epoch ("region members changed", homes),
+// and the chaos harness compares them across nodes.
+func (rc *regionChains) homesDigest(ev eventsOf) string {
+	n := rc.r.Shards()
+	if n > maxDigestShards {
+		return ""
+	}
+	home := rc.homeOf(ev) // as the engine is told
+	h := fnv.New64a()
+	var b [4]byte
+	for i := range n {
+		binary.LittleEndian.PutUint32(b[:], uint32(home(ids.PageNo(i*rc.r.PagesPerShard()))))
+		h.Write(b[:])
+	}
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // backups are the backups of the shard: the first Backups members usable

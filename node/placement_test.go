@@ -814,3 +814,25 @@ func TestDrainHandsOver(t *testing.T) {
 		}
 	}
 }
+
+// The homes digest that dsmd logs with each epoch is the same for every
+// node that computes the placement of one view (a cached and a fresh
+// regionChains alike), and changes when a home departs.
+func TestHomesDigest(t *testing.T) {
+	d := newDirModel(1, 2, 3)
+	rc := d.region(1)
+	before := rc.homesDigest(d.pm())
+	d.restart(2)
+	pm := d.pm()
+	after := rc.homesDigest(pm)
+	if len(after) != 16 || after == before {
+		t.Fatalf("digest %q before the restart of a home, %q after: want two different 16-digit ones", before, after)
+	}
+	protos := make([]ids.NodeID, len(rc.r.Homes))
+	for i, h := range rc.r.Homes {
+		protos[i] = rc.protos[h]
+	}
+	if fresh := newRegionChains(rc.r, protos).homesDigest(pm); fresh != after {
+		t.Errorf("a fresh placement's digest %q, the cached one's %q", fresh, after)
+	}
+}

@@ -385,7 +385,8 @@ func (es *engines) follow(pm *protoMap, self ids.NodeID) {
 				es.log.Info("region pages move to new homes", "region", re.region.Name, "targets", rc.Targets,
 					"protocol_epoch", pm.epoch)
 			}
-			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch)
+			es.log.Info("region members changed", "region", re.region.Name, "members", pm.members, "protocol_epoch", pm.epoch,
+				"homes", re.chains.homesDigest(pm))
 			todo = append(todo, reconf{re, rc, re.last})
 			re.last = pm
 		}

@@ -196,6 +196,7 @@ func analyzeDir(dir string) (*Verdict, error) {
 	c := newChecker(ops, schedule, events, info.TEnd, info.Config.OpDeadline, dir)
 	v := c.check()
 	c.crashes(events, dirs)
+	c.placements(dir)
 	c.recovery(events)
 	v.Seed, v.Mode = info.Seed, info.Mode
 	for _, f := range schedule {

@@ -19,7 +19,7 @@ import (
 // operations that show it.
 type Violation struct {
 	// Checker is linearizability, register-values, page, durability,
-	// counter, mutex or crash.
+	// counter, mutex, crash, recovery or placement.
 	Checker string `json:"checker"`
 	What    string `json:"what"`
 	T       int64  `json:"t"` // when it showed (Unix ns), for the picture

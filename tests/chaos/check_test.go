@@ -385,3 +385,40 @@ func TestTearAccount(t *testing.T) {
 	}
 	t.Log(what)
 }
+
+// TestPlacements: two nodes whose logs give one region's homes different
+// digests for one protocol epoch are a violation; equal digests, another
+// epoch and lines without a digest are not.
+func TestPlacements(t *testing.T) {
+	dir := t.TempDir()
+	line := func(ts, epoch, digest string) string {
+		l := `time=2026-12-04T12:31:` + ts + `Z level=INFO msg="region members changed" node=n1 part=engine region=chaos members="[n5 n6 n7 n8]" protocol_epoch=` + epoch
+		if digest != "" {
+			l += " homes=" + digest
+		}
+		return l + "\n"
+	}
+	logs := map[string]string{
+		"n1": line("24.576", "e71", "00000000000000aa") + line("25.000", "e72", "00000000000000bb") + line("25.100", "e73", ""),
+		"n2": line("24.580", "e71", "00000000000000aa") + line("25.002", "e72", "00000000000000cc") + line("25.101", "e73", ""),
+		"n4": line("24.590", "e71", "00000000000000aa"),
+	}
+	for n, l := range logs {
+		if err := os.MkdirAll(filepath.Join(dir, "nodes", n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "nodes", n, "dsmd.log"), []byte(l), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newChecker(nil, nil, nil, 1e12, 10*time.Second, dir)
+	c.check()
+	c.placements(dir)
+	if len(c.v.Violations) != 1 {
+		t.Fatalf("violations %+v, want one (epoch e72)", c.v.Violations)
+	}
+	v := c.v.Violations[0]
+	if v.Checker != "placement" || !strings.Contains(v.What, "protocol epoch e72: n1 00000000000000bb, n2 00000000000000cc") || v.Node != 2 {
+		t.Errorf("violation %+v", v)
+	}
+}
