@@ -10,11 +10,15 @@ package ofi
 import "C"
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/rdma"
 )
 
 // maxFencedPerNode bounds the incarnations of one node that Fence keeps
@@ -165,4 +169,72 @@ func (t *Transport) Grants() int {
 		n += len(r.grants)
 	}
 	return n
+}
+
+// doubtOf is the in-doubt count of peer node id (see inDoubt).
+func (t *Transport) doubtOf(id ids.NodeID) *atomic.Int32 {
+	t.peerMu.RLock()
+	c := t.doubts[id]
+	t.peerMu.RUnlock()
+	if c != nil {
+		return c
+	}
+	t.peerMu.Lock()
+	defer t.peerMu.Unlock()
+	if c = t.doubts[id]; c == nil {
+		c = new(atomic.Int32)
+		t.doubts[id] = c
+	}
+	return c
+}
+
+// maxDoubt bounds how long a Post waits for a peer's abandoned requests
+// (six times OpTimeout: 30 s by default): a provider that never completes
+// a request (shm's refused ones) would otherwise stop every later Post to
+// the peer. A peer cut off for that long has been declared failed.
+func (t *Transport) maxDoubt() time.Duration { return 6 * t.timeout }
+
+// inDoubt waits until no Post slot abandoned on peer p has requests the
+// provider may still execute. A Post that failed with ErrOutcomeUnknown
+// (overdue, its context ended, the peer was removed while it waited) left
+// its requests with the provider, which may execute them later: held in a
+// TCP connection through a partition, or behind a paused target. The
+// protocol settles such an outcome by reading the state back with a later
+// Post, and trusts that the unknown batch has then executed or never will
+// (docs/failover.md §8). The providers do not order a later request after
+// an earlier one on their own (tcp;ofi_rxm serves a READ as it arrives
+// and an atomic through its message path, and a request held in the
+// network arrives when it does), so the later Post waits here until every
+// abandoned request of the peer node completed: executed, or failed where
+// the provider knows it did not. Without it a FAA abandoned during a
+// one-way loss landed after the reader had settled it as not executed,
+// and its sharer unit counted twice (chaos seeds 680008 and 680009 on
+// tcp;ofi_rxm; TestLaterPostAfterUnknown). It returns an error, and nothing was posted, when ctx
+// ends, the peer is removed or the transport closes first; after
+// maxDoubt it logs and goes on.
+func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
+	c := t.doubtOf(p.id)
+	if c.Load() == 0 {
+		return nil
+	}
+	start := time.Now()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for c.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.removed:
+			return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or replaced", rdma.ErrPeerUnreachable)}
+		case <-t.stop:
+			return rdma.ErrClosed
+		case now := <-tick.C:
+			if now.Sub(start) > t.maxDoubt() {
+				t.log.Warn("ofi: operations abandoned on a peer have not completed; posting anyway", "peer", p.id,
+					"abandoned", c.Load(), "waited", now.Sub(start).Round(time.Millisecond))
+				return nil
+			}
+		}
+	}
+	return nil
 }

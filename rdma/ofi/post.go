@@ -38,6 +38,10 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 		rdma.FailAll(ops, err)
 		return err
 	}
+	if err := t.inDoubt(ctx, p); err != nil {
+		rdma.FailAll(ops, err) // nothing posted
+		return err
+	}
 	// Learn the descriptors the batch names before taking a slot: a query
 	// needs a slot of its own.
 	for i := range ops {
@@ -193,6 +197,7 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
 	s.owner.Store(p)
+	s.gate.Store(t.doubtOf(p.id))
 	s.state.Store(slotActive)
 	s.pending.Store(int32(n + 1))
 	posted := 0

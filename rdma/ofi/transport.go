@@ -124,11 +124,17 @@ type slot struct {
 	start   atomic.Int64 // unix nanos when the current segment was posted
 	kickGen atomic.Uint64
 	kickWhy atomic.Int32
-	done    chan struct{} // the poller signals completion of an active slot
-	kick    chan struct{} // close, peer loss or timeout
-	errs    [C.DSM_MAX_BATCH]int32
-	prov    [C.DSM_MAX_BATCH]int32
-	opIdx   [C.DSM_MAX_BATCH]uint16 // C op k -> index in the caller's ops
+	// gate is the in-doubt count of the peer node a Post slot's requests
+	// went to (nil for a message); held says that the slot, abandoned
+	// with requests the provider may still execute, counts in it until
+	// release (see Transport.inDoubt).
+	gate  atomic.Pointer[atomic.Int32]
+	held  atomic.Bool
+	done  chan struct{} // the poller signals completion of an active slot
+	kick  chan struct{} // close, peer loss or timeout
+	errs  [C.DSM_MAX_BATCH]int32
+	prov  [C.DSM_MAX_BATCH]int32
+	opIdx [C.DSM_MAX_BATCH]uint16 // C op k -> index in the caller's ops
 }
 
 // Transport is one endpoint on a libfabric fabric; it implements
@@ -193,6 +199,11 @@ type Transport struct {
 	peers  map[ids.NodeID]*peer
 	// txPeers are the peers with an endpoint of their own (shm).
 	txPeers []*peer
+
+	// doubts counts, per peer node, the Post slots abandoned (overdue,
+	// cancelled, peer removed) whose requests the provider has not
+	// completed: they may still execute. Under peerMu; never removed.
+	doubts map[ids.NodeID]*atomic.Int32
 
 	regMu sync.Mutex
 	regs  map[uint64]*registration
@@ -298,6 +309,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		stop:    make(chan struct{}),
 		peers:   map[ids.NodeID]*peer{},
 		regs:    map[uint64]*registration{},
+		doubts:  map[ids.NodeID]*atomic.Int32{},
 		fenced:  map[ids.NodeID][]uint64{},
 		names:   map[ids.NodeID][]byte{},
 		queries: map[uint64]chan frame{},
@@ -1030,6 +1042,10 @@ func (t *Transport) acquire(ctx context.Context, peer ids.NodeID) (*slot, uint64
 }
 
 func (t *Transport) release(s *slot) {
+	if s.held.Swap(false) {
+		s.gate.Load().Add(-1) // its requests completed (or never will: closed)
+	}
+	s.gate.Store(nil)
 	s.owner.Store(nil)
 	s.state.Store(slotIdle)
 	t.free <- s
@@ -1105,11 +1121,24 @@ func (t *Transport) await(ctx context.Context, s *slot, gen uint64, peer ids.Nod
 				why = &rdma.PeerError{Peer: peer, Err: fmt.Errorf("%w: %w: peer removed or closed", rdma.ErrPeerUnreachable, rdma.ErrOutcomeUnknown)}
 			}
 		case <-ctx.Done():
-			why = ctx.Err()
+			// The requests were posted: as for a kick, they may execute.
+			why = fmt.Errorf("%w: %w", ctx.Err(), rdma.ErrOutcomeUnknown)
+		}
+		// A Post's requests that the provider may still execute put the
+		// peer in doubt until they complete (inDoubt); counted before the
+		// slot is abandoned, so that the poller's release finds it.
+		g := s.gate.Load()
+		if g != nil {
+			g.Add(1)
+			s.held.Store(true)
 		}
 		if s.state.CompareAndSwap(slotActive, slotAbandoned) {
 			t.abandoned(s)
 			return why
+		}
+		if g != nil {
+			s.held.Store(false)
+			g.Add(-1)
 		}
 		<-s.done
 		return nil
