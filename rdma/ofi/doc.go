@@ -210,9 +210,14 @@
 // connection to the node's address there (fi_av_remove with
 // FI_AV_REMOVE_CLEANUP, which this package sets unless the environment
 // does): a WRITE half received when the fence falls is dropped, not
-// finished. A live peer whose connection that was (a new incarnation at
-// the same address) sees its operations in flight fail with an unknown
-// outcome and reconnects. dsmd calls Fence for every departed incarnation
+// finished. That is done only while no newer incarnation of the node is
+// expected at the address or has spoken from it: the connection may then
+// carry the new process's requests, and what a graceful close leaves
+// queued is still delivered after the requests' error completions. A
+// node that learns a departure only after the new incarnation (it was
+// paused, or joined later) keeps the connection, and with it the one case
+// the keys alone leave open: a WRITE of the fenced process whose header
+// arrived before the fence. dsmd calls Fence for every departed incarnation
 // as it learns the departure, before its engines acknowledge the epoch,
 // as it does on the tcp transport (node.fenceDeparted): an incarnation cut
 // off by a partition lands nothing when the partition heals
@@ -270,7 +275,24 @@
 // was known to be down, the provider refused the post) wraps
 // ErrPeerUnreachable alone and executed nothing. Ops after the first failing op report
 // rdma.ErrFlushed; when the failure came from the target, the later ops of
-// the same segment ran concurrently with it and may have executed.
+// the same segment ran concurrently with it and may have executed. A Post
+// whose context ends after its requests went to the provider reports the
+// context's error with ErrOutcomeUnknown as well.
+//
+// An unknown outcome settles as on the tcp transport: the batch may still
+// execute after Post returned (its requests stay with the provider: held
+// in a TCP connection through a partition or a loss, or behind a paused
+// target), but once a later Post to the same peer node has completed, it
+// has executed or never will, so a caller that must know reads the state
+// back with such a Post. The providers do not give that order themselves:
+// tcp;ofi_rxm serves a READ as it arrives and an atomic through its
+// message path, and a READ posted after an abandoned FAA returned the word
+// without it (TestLaterPostAfterUnknown). So a Post to a peer waits while
+// a Post abandoned on it has requests the provider has not completed
+// (executed, or failed where the provider knows they did not), and fails
+// without posting if its context ends, the peer is removed or the
+// transport closes first; after six times OpTimeout it logs and posts (a
+// provider that never completes a request: shm's refused ones).
 //
 // # Dead peers, cancellation, Close
 //

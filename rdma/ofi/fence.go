@@ -43,8 +43,9 @@ type grant struct {
 // on: the keys granted to that incarnation are closed (a provider that
 // checks keys at the target, sockets and tcp;ofi_rxm, refuses them), its
 // later descriptor queries are answered "not found", and on ofi_rxm the
-// connection to the node's address is closed, which drops an operation
-// whose key was checked but whose payload had not all arrived. What the
+// connection to the node's address is closed (unless a newer incarnation
+// of the node is known there), which drops an operation whose key was
+// checked but whose payload had not all arrived. What the
 // incarnation posted and the provider executed before Fence returned has
 // executed; nothing of it executes after.
 //
@@ -87,6 +88,20 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 	}
 	name := t.names[id]
 	t.regMu.Unlock()
+	// The connection to the address is closed only while it is the
+	// fenced incarnation's: once a newer incarnation of the node is
+	// expected there, or has spoken from it, the connection may carry its
+	// requests, which a close would leave to be delivered after their
+	// error completions (a graceful close sends what is queued), and the
+	// fenced process's own connections closed with its endpoint.
+	t.peerMu.RLock()
+	p := t.peers[id]
+	t.peerMu.RUnlock()
+	if p != nil {
+		if w, sn := p.want.Load(), p.seen.Load(); (w != 0 && w != nonce) || (sn != 0 && sn != nonce) {
+			name = nil
+		}
+	}
 
 	t.life.RLock()
 	defer t.life.RUnlock()
