@@ -103,9 +103,25 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 		}
 	}
 
+	drop := len(name) > 0 && strings.Contains(t.prov, "ofi_rxm")
+	if drop && p != nil {
+		// This node's requests to the fenced incarnation go on the
+		// connection about to close, whose provider completes none of
+		// them afterwards: the peer goes (as RemovePeer), and no request
+		// is posted on it from here on (its senders hold txMu shared).
+		t.peerMu.Lock()
+		if t.peers[id] == p {
+			delete(t.peers, id)
+		}
+		p.markGone()
+		t.peerMu.Unlock()
+		p.txMu.Lock()
+		p.txClosed = true
+		defer p.txMu.Unlock()
+	}
 	t.life.RLock()
-	defer t.life.RUnlock()
 	if t.closed {
+		t.life.RUnlock()
 		return
 	}
 	for _, mr := range mrs {
@@ -113,7 +129,7 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 			t.log.Warn("ofi: close a fenced incarnation's key", "peer", id, "err", fabricErr("fi_close(mr)", int(-rc), 0))
 		}
 	}
-	if len(name) > 0 && strings.Contains(t.prov, "ofi_rxm") {
+	if drop {
 		cname := (*[maxNameLen + 1]byte)(C.calloc(maxNameLen+1, 1))
 		copy(cname[:], name)
 		rc := C.dsm_drop_conn(t.c, unsafe.Pointer(cname))
@@ -121,6 +137,16 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 		if rc != 0 {
 			t.log.Warn("ofi: close the connection of a fenced incarnation", "peer", id, "err", fabricErr("fi_av_remove", int(-rc), 0))
 		}
+	}
+	t.life.RUnlock()
+	if drop && p != nil {
+		// What was pending on the closed connection never completes:
+		// fail it, and free the slots (nothing writes their C memory
+		// any more), as for a retired shm endpoint.
+		t.kickPeer(id, kickPeerGone)
+		t.pollMu.Lock()
+		t.reclaim(p)
+		t.pollMu.Unlock()
 	}
 	t.log.Debug("ofi: incarnation fenced", "peer", id, "nonce", fmt.Sprintf("%#x", nonce), "keys", len(mrs))
 }
@@ -186,19 +212,22 @@ func (t *Transport) Grants() int {
 	return n
 }
 
-// doubtOf is the in-doubt count of peer node id (see inDoubt).
-func (t *Transport) doubtOf(id ids.NodeID) *atomic.Int32 {
+// doubtOf is the in-doubt count of peer p's expected incarnation (see
+// inDoubt): requests abandoned on an earlier incarnation name keys the
+// later one never had, so they do not hold it back.
+func (t *Transport) doubtOf(p *peer) *atomic.Int32 {
+	k := incarnation{p.id, p.want.Load()}
 	t.peerMu.RLock()
-	c := t.doubts[id]
+	c := t.doubts[k]
 	t.peerMu.RUnlock()
 	if c != nil {
 		return c
 	}
 	t.peerMu.Lock()
 	defer t.peerMu.Unlock()
-	if c = t.doubts[id]; c == nil {
+	if c = t.doubts[k]; c == nil {
 		c = new(atomic.Int32)
-		t.doubts[id] = c
+		t.doubts[k] = c
 	}
 	return c
 }
@@ -228,7 +257,7 @@ func (t *Transport) maxDoubt() time.Duration { return 6 * t.timeout }
 // ends, the peer is removed or the transport closes first; after
 // maxDoubt it logs and goes on.
 func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
-	c := t.doubtOf(p.id)
+	c := t.doubtOf(p)
 	if c.Load() == 0 {
 		return nil
 	}

@@ -107,8 +107,10 @@ func testFence(t *testing.T, prov string) {
 	departed.peers[1].mu.Lock()
 	clear(departed.peers[1].descs)
 	departed.peers[1].mu.Unlock()
-	if err := write(departed, 0, 0xef); !errors.Is(err, rdma.ErrUnknownKey) {
-		t.Errorf("write of the fenced incarnation after asking again: %v, want ErrUnknownKey", err)
+	// The target answers "not found", or, on ofi_rxm, where it dropped the
+	// departed peer with its connection, nothing.
+	if err := write(departed, 0, 0xef); !errors.Is(err, rdma.ErrUnknownKey) && !errors.Is(err, rdma.ErrPeerUnreachable) {
+		t.Errorf("write of the fenced incarnation after asking again: %v, want ErrUnknownKey or ErrPeerUnreachable", err)
 	}
 	for i, c := range mem[:4096] {
 		if c != 3 {

@@ -197,7 +197,7 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
 	s.owner.Store(p)
-	s.gate.Store(t.doubtOf(p.id))
+	s.gate.Store(t.doubtOf(p))
 	s.state.Store(slotActive)
 	s.pending.Store(int32(n + 1))
 	posted := 0

@@ -200,10 +200,11 @@ type Transport struct {
 	// txPeers are the peers with an endpoint of their own (shm).
 	txPeers []*peer
 
-	// doubts counts, per peer node, the Post slots abandoned (overdue,
-	// cancelled, peer removed) whose requests the provider has not
-	// completed: they may still execute. Under peerMu; never removed.
-	doubts map[ids.NodeID]*atomic.Int32
+	// doubts counts, per peer incarnation, the Post slots abandoned
+	// (overdue, cancelled, peer removed) whose requests the provider has
+	// not completed: they may still execute. Under peerMu; one small
+	// entry per incarnation a Post reached, never removed.
+	doubts map[incarnation]*atomic.Int32
 
 	regMu sync.Mutex
 	regs  map[uint64]*registration
@@ -309,7 +310,7 @@ func Listen(id ids.NodeID, addr string, cfg Config) (*Transport, error) {
 		stop:    make(chan struct{}),
 		peers:   map[ids.NodeID]*peer{},
 		regs:    map[uint64]*registration{},
-		doubts:  map[ids.NodeID]*atomic.Int32{},
+		doubts:  map[incarnation]*atomic.Int32{},
 		fenced:  map[ids.NodeID][]uint64{},
 		names:   map[ids.NodeID][]byte{},
 		queries: map[uint64]chan frame{},
