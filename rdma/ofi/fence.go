@@ -90,10 +90,10 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 	t.regMu.Unlock()
 	// The connection to the address is closed only while it is the
 	// fenced incarnation's: once a newer incarnation of the node is
-	// expected there, or has spoken from it, the connection may carry its
-	// requests, which a close would leave to be delivered after their
-	// error completions (a graceful close sends what is queued), and the
-	// fenced process's own connections closed with its endpoint.
+	// expected there, or has spoken from it, the connection may carry the
+	// new process's requests, which a close would leave to be delivered
+	// after their error completions (a graceful close sends what is
+	// queued).
 	t.peerMu.RLock()
 	p := t.peers[id]
 	t.peerMu.RUnlock()
@@ -140,9 +140,11 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 	}
 	t.life.RUnlock()
 	if drop && p != nil {
-		// What was pending on the closed connection never completes:
-		// fail it, and free the slots (nothing writes their C memory
-		// any more), as for a retired shm endpoint.
+		// What was pending on the closed connection never completes
+		// (ofi_rxm writes the completions it gives for it while it
+		// closes the connection, in dsm_drop_conn, and reclaim reads
+		// them first): fail it, and free the slots (nothing writes
+		// their C memory any more), as for a retired shm endpoint.
 		t.kickPeer(id, kickPeerGone)
 		t.pollMu.Lock()
 		t.reclaim(p)
