@@ -256,8 +256,8 @@ func (t *Transport) maxDoubt() time.Duration { return 6 * t.timeout }
 // one-way loss landed after the reader had settled it as not executed,
 // and its sharer unit counted twice (chaos seeds 680008 and 680009 on
 // tcp;ofi_rxm; TestLaterPostAfterUnknown). It returns an error, and nothing was posted, when ctx
-// ends, the peer is removed or the transport closes first; after
-// maxDoubt it logs and goes on.
+// ends, the peer is removed, its process is found gone (shm) or the
+// transport closes first; after maxDoubt it logs and goes on.
 func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
 	c := t.doubtOf(p)
 	if c.Load() == 0 {
@@ -275,6 +275,11 @@ func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
 		case <-t.stop:
 			return rdma.ErrClosed
 		case now := <-tick.C:
+			if p.dead.Load() {
+				// The peer's process is gone (shm): nothing it was
+				// sent executes any more.
+				return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: its process (pid %d) is gone", rdma.ErrPeerUnreachable, p.pid)}
+			}
 			if now.Sub(start) > t.maxDoubt() {
 				t.log.Warn("ofi: operations abandoned on a peer have not completed; posting anyway", "peer", p.id,
 					"abandoned", c.Load(), "waited", now.Sub(start).Round(time.Millisecond))
