@@ -117,11 +117,13 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 		t.peerMu.Unlock()
 		p.txMu.Lock()
 		p.txClosed = true
-		defer p.txMu.Unlock()
 	}
 	t.life.RLock()
 	if t.closed {
 		t.life.RUnlock()
+		if drop && p != nil {
+			p.txMu.Unlock()
+		}
 		return
 	}
 	for _, mr := range mrs {
@@ -140,6 +142,7 @@ func (t *Transport) Fence(id ids.NodeID, nonce uint64) {
 	}
 	t.life.RUnlock()
 	if drop && p != nil {
+		p.txMu.Unlock()
 		// What was pending on the closed connection never completes
 		// (ofi_rxm writes the completions it gives for it while it
 		// closes the connection, in dsm_drop_conn, and reclaim reads
@@ -241,7 +244,8 @@ func (t *Transport) doubtOf(p *peer) *atomic.Int32 {
 func (t *Transport) maxDoubt() time.Duration { return 6 * t.timeout }
 
 // inDoubt waits until no Post slot abandoned on peer p has requests the
-// provider may still execute. A Post that failed with ErrOutcomeUnknown
+// provider may still execute, and returns the in-doubt count a new Post
+// to p counts in if it is abandoned too. A Post that failed with ErrOutcomeUnknown
 // (overdue, its context ended, the peer was removed while it waited) left
 // its requests with the provider, which may execute them later: held in a
 // TCP connection through a partition, or behind a paused target. The
@@ -258,10 +262,10 @@ func (t *Transport) maxDoubt() time.Duration { return 6 * t.timeout }
 // tcp;ofi_rxm; TestLaterPostAfterUnknown). It returns an error, and nothing was posted, when ctx
 // ends, the peer is removed, its process is found gone (shm) or the
 // transport closes first; after maxDoubt it logs and goes on.
-func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
+func (t *Transport) inDoubt(ctx context.Context, p *peer) (*atomic.Int32, error) {
 	c := t.doubtOf(p)
 	if c.Load() == 0 {
-		return nil
+		return c, nil
 	}
 	start := time.Now()
 	tick := time.NewTicker(2 * time.Millisecond)
@@ -269,23 +273,23 @@ func (t *Transport) inDoubt(ctx context.Context, p *peer) error {
 	for c.Load() > 0 {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-p.removed:
-			return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or replaced", rdma.ErrPeerUnreachable)}
+			return nil, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: peer removed or replaced", rdma.ErrPeerUnreachable)}
 		case <-t.stop:
-			return rdma.ErrClosed
+			return nil, rdma.ErrClosed
 		case now := <-tick.C:
 			if p.dead.Load() {
 				// The peer's process is gone (shm): nothing it was
 				// sent executes any more.
-				return &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: its process (pid %d) is gone", rdma.ErrPeerUnreachable, p.pid)}
+				return nil, &rdma.PeerError{Peer: p.id, Err: fmt.Errorf("%w: its process (pid %d) is gone", rdma.ErrPeerUnreachable, p.pid)}
 			}
 			if now.Sub(start) > t.maxDoubt() {
 				t.log.Warn("ofi: operations abandoned on a peer have not completed; posting anyway", "peer", p.id,
 					"abandoned", c.Load(), "waited", now.Sub(start).Round(time.Millisecond))
-				return nil
+				return c, nil
 			}
 		}
 	}
-	return nil
+	return c, nil
 }

@@ -38,7 +38,8 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 		rdma.FailAll(ops, err)
 		return err
 	}
-	if err := t.inDoubt(ctx, p); err != nil {
+	gate, err := t.inDoubt(ctx, p)
+	if err != nil {
 		rdma.FailAll(ops, err) // nothing posted
 		return err
 	}
@@ -58,6 +59,7 @@ func (t *Transport) Post(ctx context.Context, peer ids.NodeID, ops []rdma.Op) er
 		rdma.FailAll(ops, err)
 		return err
 	}
+	s.gate.Store(gate)
 	for i := 0; i < len(ops); {
 		j, verr := t.segment(ctx, p, s, ops, i)
 		if j > i {
@@ -197,7 +199,6 @@ func (t *Transport) execSegment(ctx context.Context, p *peer, s *slot, gen uint6
 	// start before state: the reaper reads them in the other order.
 	s.start.Store(time.Now().UnixNano())
 	s.owner.Store(p)
-	s.gate.Store(t.doubtOf(p))
 	s.state.Store(slotActive)
 	s.pending.Store(int32(n + 1))
 	posted := 0

@@ -124,8 +124,8 @@ type slot struct {
 	start   atomic.Int64 // unix nanos when the current segment was posted
 	kickGen atomic.Uint64
 	kickWhy atomic.Int32
-	// gate is the in-doubt count of the peer node a Post slot's requests
-	// went to (nil for a message); held says that the slot, abandoned
+	// gate is the in-doubt count of the peer incarnation a Post slot's
+	// requests went to (nil for a message); held says that the slot, abandoned
 	// with requests the provider may still execute, counts in it until
 	// release (see Transport.inDoubt).
 	gate  atomic.Pointer[atomic.Int32]
