@@ -1285,6 +1285,11 @@ func (t *Transport) Send(ctx context.Context, peer ids.NodeID, msg []byte) error
 	if len(msg) > rdma.MaxMessage {
 		return fmt.Errorf("%w: %d-byte message (max %d)", rdma.ErrTooLarge, len(msg), rdma.MaxMessage)
 	}
+	// A context already ended sends nothing (as Post): otherwise a message
+	// that completes at once races the context in await.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	p, err := t.lookup(peer)
 	if err != nil {
 		return err
