@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/vfs"
@@ -888,34 +889,62 @@ func endReason(id uint32, err error) string {
 
 // startIncarnation creates and starts a node. The first incarnation's
 // failure is returned (a configuration error, a port in use: dsmd exits
-// with it); a later one's is logged and tried again, with a backoff up to
-// 30 s, until it starts or ctx ends (nil, nil): the process that was
-// declared failed stays up and rejoins once what stopped it (a full disk,
-// a data directory it cannot open) is gone.
+// with it) unless it is a full file system under the data directory; a
+// later incarnation's failure, or a full disk at any start, is logged and
+// tried again, with a backoff (up to 30 s; 5 s while the disk is full),
+// until it starts or ctx ends (nil, nil): dsmd stays up and starts, or
+// rejoins, once what stopped it (a full disk, a data directory it cannot
+// open) is gone, rather than exiting into a supervisor's restart loop.
 func startIncarnation(ctx context.Context, cfg Config, opts Options, again bool) (*Node, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	backoff := time.Second
-	for {
+	var lastLog time.Time
+	for attempt := 1; ; attempt++ {
 		n, err := New(cfg, opts)
 		if err == nil {
 			if err = n.Start(); err == nil {
+				if attempt > 1 {
+					log.Info("node started after failed attempts", "node", ids.NodeID(cfg.ID), "attempts", attempt)
+				}
 				return n, nil
 			}
 		}
-		if !again {
+		full := diskFull(err)
+		if !again && !full {
 			return nil, err
 		}
-		log := opts.Logger
-		if log == nil {
-			log = slog.New(slog.DiscardHandler)
+		wait := backoff
+		if full {
+			wait = min(backoff, 5*time.Second)
+			// Once a minute is enough to say the disk is still full.
+			if attempt == 1 || time.Since(lastLog) >= time.Minute {
+				lastLog = time.Now()
+				log.Error("the file system of the data directory is full: dsmd waits for free space and starts when there is some (free space under --data-dir)",
+					"node", ids.NodeID(cfg.ID), "data_dir", cfg.DataDir, "attempt", attempt, "err", err)
+				if opts.Notify != nil {
+					opts.Notify(fmt.Sprintf("STATUS=waiting for free space under %s (disk full)", cfg.DataDir))
+				}
+			}
+		} else {
+			log.Error("a new incarnation of this node could not start; trying again", "node", ids.NodeID(cfg.ID), "in", wait, "err", err)
 		}
-		log.Error("a new incarnation of this node could not start; trying again", "node", ids.NodeID(cfg.ID), "in", backoff, "err", err)
 		select {
 		case <-ctx.Done():
 			return nil, nil
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
+}
+
+// diskFull reports whether err was caused by a full file system (or a
+// quota reached): a condition an operator or a compaction clears, so that
+// starting again later may succeed.
+func diskFull(err error) bool {
+	return errors.Is(err, pagestore.ErrDiskFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // serve runs a started node until ctx ends (it leaves, bounded by

@@ -12,6 +12,7 @@ import (
 	"github.com/cockroachdb/pebble/vfs"
 
 	"github.com/dsmkit/dsm/internal/ids"
+	"github.com/dsmkit/dsm/internal/pebblefs"
 )
 
 var (
@@ -150,7 +151,7 @@ func Open(opts Options) (*Store, error) {
 }
 
 func (s *Store) openDB(readOnly bool) (*pebble.DB, error) {
-	db, err := pebble.Open(s.opts.Dir, &pebble.Options{
+	db, _, err := pebblefs.Open(s.opts.Dir, &pebble.Options{ // a failed open leaves no file open
 		FS:           s.opts.FS,
 		Logger:       s.plog,
 		MemTableSize: memTableSize,

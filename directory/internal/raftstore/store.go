@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/hashicorp/raft"
+
+	"github.com/dsmkit/dsm/internal/pebblefs"
 )
 
 // ErrKeyNotFound is returned by Get and GetUint64 for a key that was never
@@ -45,7 +48,7 @@ func Open(dir string, logger *slog.Logger) (*Store, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	opts := &pebble.Options{Logger: pebbleLogger{logger}}
-	db, err := pebble.Open(dir, opts)
+	db, _, err := pebblefs.Open(dir, opts) // a failed open leaves no file open
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
@@ -268,18 +271,50 @@ func readBytes(b []byte) (field, rest []byte, err error) {
 	return append([]byte(nil), b[:n]...), b[n:], nil
 }
 
-// pebbleLogger sends pebble's messages to slog. pebble's Fatalf is only
-// called on unrecoverable corruption of its own files; it logs and exits as
-// pebble's own default logger does.
+// pebbleLogger sends pebble's messages to slog and decides what pebble's
+// Fatalf calls do. A disk fault (a full disk, an I/O error) that pebble
+// reports through Fatalf outside a commit, such as the MANIFEST it cannot
+// write while it creates or opens the database on a full disk, is logged
+// and returns: pebble then returns the error, so that Open fails with it
+// (and dsmd waits for free space) instead of the process dying. Anything
+// else, a failed commit included (pebble's commit pipeline is unusable
+// after one), panics as pebble's own default logger exits.
 type pebbleLogger struct{ l *slog.Logger }
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
 }
 
+// pebbleCommitFatal is the format pebble v1.1.5's DB.Apply passes to
+// Fatalf when a commit failed.
+const pebbleCommitFatal = "pebble: fatal commit error: %v"
+
 func (p pebbleLogger) Fatalf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
-	panic(fmt.Sprintf("raftstore: pebble fatal: "+format, args...))
+	msg := fmt.Sprintf(format, args...)
+	if format != pebbleCommitFatal {
+		for _, a := range args {
+			if e, ok := a.(error); ok && isDiskFault(e) {
+				p.l.Error("pebble failed on a disk fault", "err", msg, "component", "pebble")
+				return
+			}
+		}
+	}
+	p.l.Error(msg, "component", "pebble")
+	panic("raftstore: pebble fatal: " + msg)
+}
+
+// isDiskFault reports whether err is a fault of the disk or file system
+// rather than of pebble's own state.
+func isDiskFault(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, syscall.EFBIG:
+		return true
+	}
+	return false
 }
 
 var _ io.Closer = (*Store)(nil)
