@@ -20,6 +20,10 @@ type Config struct {
 	NodeID ids.NodeID
 	// DataDir holds the Raft log and stable store (pebble) and snapshots.
 	DataDir string
+	// DiskReserve is the size in bytes of the file kept beside the Raft
+	// log and deleted when the disk is nearly full, so that the directory
+	// keeps working (raftstore's space guard); 0 keeps none.
+	DiskReserve int64
 	// Nonce identifies this process among the incarnations of NodeID:
 	// random and never reused. The daemon passes its verbs transport's
 	// (tcp.Transport.Nonce), so that the directory's incarnation and the

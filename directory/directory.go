@@ -113,7 +113,7 @@ func Open(cfg Config) (_ *Directory, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("directory: data dir: %w", err)
 	}
-	d.store, err = raftstore.Open(filepath.Join(cfg.DataDir, "raft"), d.log)
+	d.store, err = raftstore.Open(filepath.Join(cfg.DataDir, "raft"), raftstore.Options{Logger: d.log, Reserve: cfg.DiskReserve})
 	if err != nil {
 		return nil, err
 	}

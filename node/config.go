@@ -32,6 +32,8 @@ const (
 	DefaultSocket = "/run/dsm/dsmd.sock"
 	// DefaultCacheSize bounds the page cache.
 	DefaultCacheSize = Size(1 << 30)
+	// DefaultDiskReserve is the disk reserve kept beside the Raft log.
+	DefaultDiskReserve = Size(64 << 20)
 	// DefaultCheckpointAfter is Config.CheckpointAfter's default.
 	DefaultCheckpointAfter = 64
 	// DefaultLeaveTimeout is Config.LeaveTimeout's default.
@@ -114,6 +116,10 @@ type Config struct {
 	GossipKeyringFile string `json:"gossip_keyring_file"`
 	// CacheSize bounds the page cache, in bytes.
 	CacheSize Size `json:"cache_size"`
+	// DiskReserve is the size of the file kept beside the Raft log
+	// (DATA_DIR/directory/raft.reserve) and deleted when the disk is
+	// nearly full, so that the directory keeps working; 0 keeps none.
+	DiskReserve Size `json:"disk_reserve"`
 	// CheckpointAfter is how many records of a region a placement
 	// checkpoint must let the directory drop before this node proposes
 	// one (docs/failover.md, "Forgetting departed incarnations"); 0 never
@@ -159,6 +165,7 @@ func Default() Config {
 		PortBase:        DefaultPortBase,
 		Transport:       TransportTCP,
 		CacheSize:       DefaultCacheSize,
+		DiskReserve:     DefaultDiskReserve,
 		CheckpointAfter: DefaultCheckpointAfter,
 		LeaveTimeout:    DefaultLeaveTimeout,
 		LogLevel:        "info",
@@ -316,6 +323,7 @@ func flags(c *Config, out io.Writer) *flag.FlagSet {
 	fs.StringVar(&c.GossipKey, "gossip-key", c.GossipKey, "encrypt gossip with this `key` (base64 of 16, 24 or 32 bytes; dsmctl keygen makes one); every member needs it. Once started, the data directory keeps the keyring and dsmctl keyring changes it")
 	fs.StringVar(&c.GossipKeyringFile, "gossip-keyring-file", c.GossipKeyringFile, "encrypt gossip with the keys in this `file` (a JSON array of base64 keys, the primary first), instead of --gossip-key")
 	fs.Var(&c.CacheSize, "cache-size", "page cache capacity `SIZE`, e.g. 512MiB, 4GiB")
+	fs.Var(&c.DiskReserve, "disk-reserve", "keep a file of this `SIZE` beside the Raft log and delete it when the disk is nearly full, so that the directory keeps working while an operator frees space (0: none)")
 	fs.IntVar(&c.CheckpointAfter, "checkpoint-after", c.CheckpointAfter, "propose a region's placement checkpoint once it lets the directory drop this many `records` of departed incarnations and promotions (0: never; the member with the lowest protocol id proposes)")
 	fs.Var(&c.LeaveTimeout, "leave-timeout", "at most this `duration` for a graceful leave (SIGTERM): write back what local clients wrote, hand this node's shards to other members, leave; what is not handed over by then moves as after a crash (keep systemd's TimeoutStopSec or Kubernetes' terminationGracePeriodSeconds above it)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics at http://ADDR/metrics and the web console at http://ADDR/ (plain HTTP, read-only; default off)")

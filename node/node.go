@@ -195,7 +195,7 @@ func (n *Node) Start() (err error) {
 	keys, _ := n.cfg.gossipKeys() // validated by New
 	n.dir, err = directory.Open(directory.Config{
 		GossipKeys: keys,
-		NodeID:     id, DataDir: filepath.Join(n.cfg.DataDir, "directory"),
+		NodeID:     id, DataDir: filepath.Join(n.cfg.DataDir, "directory"), DiskReserve: int64(n.cfg.DiskReserve),
 		GossipAddr: n.addrs.Gossip, RaftAddr: n.addrs.Raft, RPCAddr: n.addrs.RPC,
 		GRPCAddr: published, VerbsAddr: n.addrs.Verbs,
 		Join: n.cfg.Join, BootstrapExpect: n.cfg.BootstrapExpect,
@@ -925,7 +925,10 @@ func startIncarnation(ctx context.Context, cfg Config, opts Options, again bool)
 				log.Error("the file system of the data directory is full: dsmd waits for free space and starts when there is some (free space under --data-dir)",
 					"node", ids.NodeID(cfg.ID), "data_dir", cfg.DataDir, "attempt", attempt, "err", err)
 				if opts.Notify != nil {
-					opts.Notify(fmt.Sprintf("STATUS=waiting for free space under %s (disk full)", cfg.DataDir))
+					// Under systemd the start is still in progress: extend
+					// its timeout past the next of these notices.
+					opts.Notify(fmt.Sprintf("STATUS=waiting for free space under %s (disk full)", cfg.DataDir),
+						"EXTEND_TIMEOUT_USEC=120000000")
 				}
 			}
 		} else {

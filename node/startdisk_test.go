@@ -2,13 +2,10 @@ package node
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,42 +35,9 @@ func singleNodeConfig(dataDir string) Config {
 // disk is full and tries again; once the filler is removed it starts and
 // serves. Without the wait the first attempt's error comes back.
 func TestStartWaitsForDiskSpace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs as the data directory")
-	}
 	dir := filepath.Join(t.TempDir(), "data")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64m"); err != nil {
-		t.Skipf("cannot mount a tmpfs (%v)", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			fds, _ := os.ReadDir("/proc/self/fd")
-			for _, fd := range fds {
-				if l, _ := os.Readlink("/proc/self/fd/" + fd.Name()); strings.HasPrefix(l, dir) {
-					t.Logf("open: %s", l)
-				}
-			}
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	filler := filepath.Join(dir, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("filling the tmpfs: %v", err)
-			}
-			break
-		}
-	}
-	f.Close()
+	fill, free := mountTmpfs(t, dir, "64m")
+	fill()
 
 	var logs syncBuffer
 	var status syncBuffer
@@ -114,13 +78,11 @@ func TestStartWaitsForDiskSpace(t *testing.T) {
 	if !strings.Contains(logs.String(), "the file system of the data directory is full") {
 		t.Fatalf("the wait does not say the disk is full; logs:\n%s", logs.String())
 	}
-	if !strings.Contains(status.String(), "STATUS=waiting for free space under "+dir) {
+	if st := status.String(); !strings.Contains(st, "STATUS=waiting for free space under "+dir) || !strings.Contains(st, "EXTEND_TIMEOUT_USEC=") {
 		t.Fatalf("the service manager was not told of the wait: %q", status.String())
 	}
 
-	if err := os.Remove(filler); err != nil {
-		t.Fatal(err)
-	}
+	free()
 	var r startResult
 	select {
 	case r = <-done:

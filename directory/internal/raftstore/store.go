@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,7 +34,8 @@ const (
 // Store is a raft.LogStore and raft.StableStore on pebble. It is safe for
 // concurrent use.
 type Store struct {
-	db *pebble.DB
+	db    *pebble.DB
+	space *space
 }
 
 var (
@@ -41,18 +43,34 @@ var (
 	_ raft.StableStore = (*Store)(nil)
 )
 
-// Open opens (creating if needed) the store in dir. logger receives pebble's
-// informational messages; nil discards them.
-func Open(dir string, logger *slog.Logger) (*Store, error) {
+// Options of a store.
+type Options struct {
+	// Logger receives pebble's messages and the store's; nil discards them.
+	Logger *slog.Logger
+	// Reserve is the size in bytes of the disk reserve kept beside the
+	// store (space.go); 0 keeps none.
+	Reserve int64
+
+	freeSpace func(dir string) (uint64, error) // tests; nil: statfs
+}
+
+// Open opens (creating if needed) the store in dir.
+func Open(dir string, o Options) (*Store, error) {
+	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	opts := &pebble.Options{Logger: pebbleLogger{logger}}
-	db, _, err := pebblefs.Open(dir, opts) // a failed open leaves no file open
+	sp := newSpace(dir, o, logger)
+	sp.beforeOpen()
+	pl := pebbleLogger{l: logger, opening: new(atomic.Bool)}
+	pl.opening.Store(true)
+	db, _, err := pebblefs.Open(dir, &pebble.Options{Logger: pl}) // a failed open leaves no file open
+	pl.opening.Store(false)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
-	return &Store{db: db}, nil
+	sp.afterOpen()
+	return &Store{db: db, space: sp}, nil
 }
 
 // Close flushes nothing (every write was already synced) and releases the
@@ -145,6 +163,9 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 			return fmt.Errorf("raftstore: batch: %w", err)
 		}
 	}
+	if err := s.space.room(b.Len(), logFloor); err != nil {
+		return fmt.Errorf("raftstore: store logs: %w", err)
+	}
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("raftstore: store logs: %w", err)
 	}
@@ -160,6 +181,9 @@ func (s *Store) DeleteRange(min, max uint64) error {
 	if max != ^uint64(0) {
 		end = logKey(max + 1)
 	}
+	if err := s.space.room(64, stableFloor); err != nil {
+		return fmt.Errorf("raftstore: delete range [%d,%d]: %w", min, max, err)
+	}
 	if err := s.db.DeleteRange(logKey(min), end, pebble.Sync); err != nil {
 		return fmt.Errorf("raftstore: delete range [%d,%d]: %w", min, max, err)
 	}
@@ -168,6 +192,9 @@ func (s *Store) DeleteRange(min, max uint64) error {
 
 // Set stores a stable value, synced.
 func (s *Store) Set(key, val []byte) error {
+	if err := s.space.room(len(key)+len(val)+16, stableFloor); err != nil {
+		return fmt.Errorf("raftstore: set: %w", err)
+	}
 	if err := s.db.Set(stableKey(key), val, pebble.Sync); err != nil {
 		return fmt.Errorf("raftstore: set: %w", err)
 	}
@@ -272,14 +299,19 @@ func readBytes(b []byte) (field, rest []byte, err error) {
 }
 
 // pebbleLogger sends pebble's messages to slog and decides what pebble's
-// Fatalf calls do. A disk fault (a full disk, an I/O error) that pebble
-// reports through Fatalf outside a commit, such as the MANIFEST it cannot
-// write while it creates or opens the database on a full disk, is logged
-// and returns: pebble then returns the error, so that Open fails with it
-// (and dsmd waits for free space) instead of the process dying. Anything
-// else, a failed commit included (pebble's commit pipeline is unusable
-// after one), panics as pebble's own default logger exits.
-type pebbleLogger struct{ l *slog.Logger }
+// Fatalf calls do. While the database opens, a disk fault that pebble
+// reports through Fatalf (the MANIFEST it cannot write while it creates or
+// replays the database on a full disk) is logged and returns: pebble then
+// returns the error, Open fails with it, and dsmd waits for free space
+// instead of dying. Any other Fatalf, and every one once the database is
+// open (a failed commit leaves pebble's commit pipeline unusable; a failed
+// MANIFEST write leaves its state inconsistent), panics as pebble's own
+// default logger exits: the free-space guard (space.go) keeps a full disk
+// from getting that far.
+type pebbleLogger struct {
+	l       *slog.Logger
+	opening *atomic.Bool
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
@@ -291,7 +323,7 @@ const pebbleCommitFatal = "pebble: fatal commit error: %v"
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	if format != pebbleCommitFatal {
+	if format != pebbleCommitFatal && p.opening.Load() {
 		for _, a := range args {
 			if e, ok := a.(error); ok && isDiskFault(e) {
 				p.l.Error("pebble failed on a disk fault", "err", msg, "component", "pebble")
