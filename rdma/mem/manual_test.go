@@ -429,3 +429,66 @@ func TestSplitReadsRestFails(t *testing.T) {
 		})
 	}
 }
+
+// An abandoned batch is reported unknown at once and executes later: not
+// before it is delivered (another requester still sees the memory without
+// it), and before any later batch of its requester to the same target; its
+// READs land in copies, never in the requester's buffers. A dropped
+// abandoned batch never executes.
+func TestAbandonSettlesLate(t *testing.T) {
+	net, eps := manual(t, 3)
+	reg := registerWords(t, eps[2])
+	rk := reg.Descriptor().RKey
+	mine := make([]byte, 8)
+	abandoned := []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Offset: 0, Operand: 5}, {Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: mine}}
+	var got error
+	calls := 0
+	eps[0].PostAsync(3, abandoned, func(err error) { calls++; got = err })
+	d := net.Pending()[0]
+	if err := net.Abandon(d); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 || !errors.Is(got, rdma.ErrOutcomeUnknown) || !errors.Is(abandoned[0].Err, rdma.ErrOutcomeUnknown) {
+		t.Fatalf("abandoned: %d completions, err %v, op err %v", calls, got, abandoned[0].Err)
+	}
+	if p := net.Pending(); len(p) != 1 || !p[0].Abandoned || rdma.LoadWord(reg.Bytes(), 0) != 0 {
+		t.Fatalf("after Abandon: pending %v, word %d", p, rdma.LoadWord(reg.Bytes(), 0))
+	}
+	if err := net.Abandon(d); err == nil {
+		t.Fatal("a batch abandoned twice")
+	}
+
+	// Another requester's READ delivered first sees the word without it.
+	other := []rdma.Op{{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 8)}}
+	eps[1].PostAsync(3, other, func(error) {})
+	later := []rdma.Op{{Kind: rdma.OpRead, RKey: rk, Offset: 0, Buf: make([]byte, 8)}}
+	eps[0].PostAsync(3, later, func(error) {})
+	p := net.Pending()
+	if err := net.Deliver(p[1]); err != nil {
+		t.Fatal(err)
+	}
+	if v := rdma.LoadWord(other[0].Buf, 0); v != 0 {
+		t.Fatalf("another requester saw %d before the abandoned FAA was delivered", v)
+	}
+	// The requester's own later READ executes the abandoned batch first.
+	if err := net.Deliver(p[2]); err != nil {
+		t.Fatal(err)
+	}
+	if v := rdma.LoadWord(later[0].Buf, 0); v != 5 || len(net.Pending()) != 0 || calls != 1 {
+		t.Fatalf("the requester's later READ saw %d (pending %v, %d completions); want 5, the abandoned FAA first", v, net.Pending(), calls)
+	}
+	if !bytes.Equal(mine, make([]byte, 8)) {
+		t.Fatalf("the abandoned READ wrote the requester's buffer: %x", mine)
+	}
+
+	// Dropped: never executes.
+	eps[0].PostAsync(3, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Offset: 8, Operand: 1}}, func(error) {})
+	d = net.Pending()[0]
+	net.Abandon(d)
+	net.Drop(d)
+	eps[0].PostAsync(3, []rdma.Op{{Kind: rdma.OpFAA, RKey: rk, Offset: 16, Operand: 1}}, func(error) {})
+	net.Deliver(net.Pending()[0])
+	if w := rdma.LoadWord(reg.Bytes(), 8); w != 0 || rdma.LoadWord(reg.Bytes(), 16) != 1 {
+		t.Fatalf("a dropped abandoned FAA executed: word %d", w)
+	}
+}

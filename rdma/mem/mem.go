@@ -34,6 +34,21 @@
 // endpoint crashed, completes the batch with the usual error, wrapped in
 // rdma.ErrOutcomeUnknown when an op other than a READ of the batch has
 // executed (it may have had effects).
+//
+// # Outcomes that settle late
+//
+// A transport that reports a batch's outcome unknown (it timed out, its
+// context ended) may still execute that batch later: the requests were in
+// the network or queued at the target. The ofi transport bounds how late:
+// a later Post of the same requester to the same peer waits until the
+// requests it abandoned have completed (rdma/ofi, "Unknown outcomes"), so
+// an abandoned batch executes, if ever, before any later batch of its
+// requester to that target. Abandon models that: it completes a pending
+// batch with rdma.ErrOutcomeUnknown now and leaves it pending (Abandoned),
+// to be delivered (executed: its READs land in copies of the buffers, as
+// in the transport's own staging memory) or dropped later; a later batch
+// From the same requester To the same target executes the abandoned ones
+// first when it is delivered. Messages are not held back.
 package mem
 
 import (
@@ -64,10 +79,17 @@ func Manual() Option { return func(n *Network) { n.manual = true } }
 // effect in immediate mode.
 func SplitReads() Option { return func(n *Network) { n.splitReads = true } }
 
+// AbandonedUnordered lets a requester's later batch execute before the
+// batches it abandoned (Abandon) to the same target, as a transport
+// without the ofi transport's in-doubt wait would: for tests that show
+// what that wait is for.
+func AbandonedUnordered() Option { return func(n *Network) { n.unordered = true } }
+
 // Network connects in-process endpoints.
 type Network struct {
 	manual     bool
 	splitReads bool
+	unordered  bool // AbandonedUnordered
 
 	mu    sync.Mutex
 	eps   map[ids.NodeID]*Endpoint
@@ -117,6 +139,10 @@ type Delivery struct {
 	// middle of a READ (SplitReads, DeliverSplit), the Seq of that batch;
 	// 0 otherwise.
 	Continues uint64
+	// Abandoned: the batch's requester was told its outcome is unknown
+	// (Abandon); it executes when delivered, and before any later batch
+	// From the same requester To the same target.
+	Abandoned bool
 
 	done func(error) // BatchDelivery: completion
 	rest *rest       // the rest of a batch: where it resumes
@@ -214,6 +240,22 @@ func (n *Network) DeliverSplit(d *Delivery) error { return n.deliver(d, true) }
 
 func (n *Network) deliver(d *Delivery, split bool) error {
 	n.mu.Lock()
+	if d.Kind == BatchDelivery && !d.Abandoned && !n.unordered && slices.Contains(n.queue, d) {
+		// The requester's abandoned batches to this target go first.
+		var first []*Delivery
+		for _, a := range n.queue {
+			if a.Abandoned && a.From == d.From && a.To == d.To && a.Seq < d.Seq {
+				first = append(first, a)
+			}
+		}
+		n.mu.Unlock()
+		for _, a := range first {
+			if err := n.deliver(a, false); err != nil {
+				return err
+			}
+		}
+		n.mu.Lock()
+	}
 	if !n.take(d) {
 		n.mu.Unlock()
 		return errNotPending
@@ -237,6 +279,33 @@ func (n *Network) deliver(d *Delivery, split bool) error {
 			to.handle(d.From, d.Msg)
 		}
 	}
+	return nil
+}
+
+var errNotAbandonable = errors.New("rdma/mem: only a pending batch not begun and not abandoned can be abandoned")
+
+// Abandon completes the pending batch d with an error wrapping
+// rdma.ErrOutcomeUnknown, as a transport does when the batch is overdue,
+// and leaves it pending, to execute when it is delivered (see the package
+// documentation, "Outcomes that settle late"). The batch must not have
+// begun (no rest of a split READ).
+func (n *Network) Abandon(d *Delivery) error {
+	n.mu.Lock()
+	if d.Kind != BatchDelivery || d.rest != nil || d.Abandoned || !slices.Contains(n.queue, d) {
+		n.mu.Unlock()
+		return errNotAbandonable
+	}
+	ops, done := d.Ops, d.done
+	// The requester owns its buffers again: the batch executes on copies.
+	own := slices.Clone(ops)
+	for i := range own {
+		own[i].Buf = slices.Clone(own[i].Buf)
+	}
+	d.Ops, d.done, d.Abandoned = own, func(error) {}, true
+	n.mu.Unlock()
+	err := &rdma.PeerError{Peer: d.To, Err: fmt.Errorf("%w: %w: abandoned by the driver", rdma.ErrPeerUnreachable, rdma.ErrOutcomeUnknown)}
+	rdma.FailAll(ops, err)
+	done(err)
 	return nil
 }
 

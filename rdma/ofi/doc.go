@@ -292,7 +292,10 @@
 // (executed, or failed where the provider knows they did not), and fails
 // without posting if its context ends, the peer is removed or the
 // transport closes first; after six times OpTimeout it logs and posts (a
-// provider that never completes a request: shm's refused ones).
+// provider that never completes a request: shm's refused ones). The
+// engine simulation models exactly this order (rdma/mem's Abandon; the
+// "-late" configurations of node/engine), and without it loses an
+// acknowledged add (TestEngineSimNeedsInDoubtOrder).
 //
 // # Dead peers, cancellation, Close
 //
