@@ -1,4 +1,5 @@
-// Package pebblefs closes what a failed pebble.Open leaves open.
+// Package pebblefs closes what a failed pebble.Open leaves open, and tells
+// disk faults from pebble's own (IsDiskFault).
 //
 // pebble v1.1.5's Open does not close every file it opened when it fails
 // part-way: a MANIFEST it created and could not write (a full disk) stays
@@ -11,7 +12,9 @@
 package pebblefs
 
 import (
+	"errors"
 	"sync"
+	"syscall"
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/vfs"
@@ -110,4 +113,20 @@ func (t *tracker) OpenDir(name string) (vfs.File, error) { return t.track(t.FS.O
 
 func (t *tracker) ReuseForWrite(oldname, newname string) (vfs.File, error) {
 	return t.track(t.FS.ReuseForWrite(oldname, newname))
+}
+
+// IsDiskFault reports whether err is a fault of the disk or file system (a
+// full disk, a quota, an I/O error, a read-only or too-large file) rather
+// than of pebble's own state: what a store may report as an error and
+// recover from, where pebble would end the process.
+func IsDiskFault(err error) bool {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return false
+	}
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, syscall.EFBIG:
+		return true
+	}
+	return false
 }

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/dsmkit/dsm/internal/pebblefs"
 )
 
 // pebbleCommitFatal is the format pebble v1.1.5's DB.Apply passes to
@@ -49,7 +51,7 @@ func (p *pebbleLogger) Fatalf(format string, args ...any) {
 		panic(commitFailure{err: err})
 	}
 	for _, a := range args {
-		if e, ok := a.(error); ok && isIOError(e) {
+		if e, ok := a.(error); ok && pebblefs.IsDiskFault(e) {
 			p.fault.Store(true)
 			p.log.Error("pebble failed on a disk fault; the database is reopened before the next write", "err", msg, "component", "pebble")
 			return
@@ -62,20 +64,6 @@ func (p *pebbleLogger) Fatalf(format string, args ...any) {
 func (p *pebbleLogger) faulted() bool { return p.fault.Load() }
 
 func (p *pebbleLogger) clearFault() { p.fault.Store(false) }
-
-// isIOError reports whether err is a fault of the disk or file system
-// rather than of the software.
-func isIOError(err error) bool {
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		return false
-	}
-	switch errno {
-	case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, syscall.EFBIG:
-		return true
-	}
-	return false
-}
 
 func isDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble"
@@ -325,7 +324,7 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if format != pebbleCommitFatal && p.opening.Load() {
 		for _, a := range args {
-			if e, ok := a.(error); ok && isDiskFault(e) {
+			if e, ok := a.(error); ok && pebblefs.IsDiskFault(e) {
 				p.l.Error("pebble failed on a disk fault", "err", msg, "component", "pebble")
 				return
 			}
@@ -333,20 +332,6 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	}
 	p.l.Error(msg, "component", "pebble")
 	panic("raftstore: pebble fatal: " + msg)
-}
-
-// isDiskFault reports whether err is a fault of the disk or file system
-// rather than of pebble's own state.
-func isDiskFault(err error) bool {
-	var errno syscall.Errno
-	if !errors.As(err, &errno) {
-		return false
-	}
-	switch errno {
-	case syscall.ENOSPC, syscall.EDQUOT, syscall.EIO, syscall.EROFS, syscall.EFBIG:
-		return true
-	}
-	return false
 }
 
 var _ io.Closer = (*Store)(nil)
