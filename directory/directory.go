@@ -761,6 +761,13 @@ func (d *Directory) Leave(ctx context.Context) error {
 		d.log.Warn("directory: gossip leave", "err", err)
 	}
 	err := d.retry(ctx, func(ctx context.Context) (bool, error) {
+		if d.leftAlready() {
+			// An earlier attempt's departure committed, and its answer
+			// was lost (a leader that stepped down while it removed this
+			// node from Raft, whose configuration without it may need a
+			// voter that is down): the rest is reconcileRaft's.
+			return false, nil
+		}
 		if d.raft.State() == raft.Leader {
 			err := d.leaveMember(ctx, d.cfg.NodeID)
 			return retryable(err), err
@@ -768,7 +775,17 @@ func (d *Directory) Leave(ctx context.Context) error {
 		_, err := d.callLeader(ctx, rpcRequest{Op: opLeave, ID: d.cfg.NodeID})
 		return retryable(err), err
 	})
+	if err != nil && d.leftAlready() {
+		err = nil
+	}
 	return errors.Join(err, d.Close())
+}
+
+// leftAlready reports whether this incarnation is marked left in the
+// view this replica applied.
+func (d *Directory) leftAlready() bool {
+	m, ok := d.View().Member(d.cfg.NodeID)
+	return errors.Is(departure(m, ok, d.cfg.Nonce), ErrDeparted)
 }
 
 // leaveMember runs on the leader for a member that announced its departure:

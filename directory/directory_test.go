@@ -1,6 +1,7 @@
 package directory_test
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -473,6 +474,45 @@ func TestLeave(t *testing.T) {
 	if _, err := c.node(4).CreateRegion(ctx, spec("after-leave")); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLeaveWithAVoterDown: of three voters one is down, and another
+// leaves. Its departure commits (the two live voters are a majority), but
+// removing it from Raft cannot (the configuration without it needs the
+// down voter), so the leader steps down and no leader follows. Leave
+// reports success once this incarnation is marked left in the view it
+// applies, rather than asking a leader that never comes until its
+// deadline (a chaos schedule's graceful leave exited 1 so, with its
+// departure committed).
+func TestLeaveWithAVoterDown(t *testing.T) {
+	c := newCluster(t)
+	c.startN(3, 3, 3)
+	l := c.leader()
+	c.waitMembers(1, 2, 3)
+	var leaver, down ids.NodeID
+	for _, d := range c.live() {
+		switch {
+		case d.NodeID() == l.NodeID():
+		case leaver == ids.None:
+			leaver = d.NodeID()
+		default:
+			down = d.NodeID()
+		}
+	}
+	c.stop(down)
+	d := c.node(leaver)
+	c.mu.Lock()
+	delete(c.nodes, leaver)
+	c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := d.Leave(ctx); err != nil {
+		t.Fatalf("leave of %v with %v down: %v", leaver, down, err)
+	}
+	waitFor(t, fmt.Sprintf("%v marked left at %v", leaver, l.NodeID()), func() bool {
+		m, _ := l.View().Member(leaver)
+		return m.State == directory.StateLeft
+	})
 }
 
 func TestOpenRejectsBadConfig(t *testing.T) {
