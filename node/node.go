@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cockroachdb/pebble/vfs"
@@ -24,6 +23,7 @@ import (
 	"github.com/dsmkit/dsm/directory"
 	"github.com/dsmkit/dsm/internal/ids"
 	"github.com/dsmkit/dsm/internal/localsock"
+	"github.com/dsmkit/dsm/internal/pebblefs"
 	dsmpb "github.com/dsmkit/dsm/internal/rpc/dsm/v1"
 	"github.com/dsmkit/dsm/internal/tlsconf"
 	"github.com/dsmkit/dsm/node/engine"
@@ -943,12 +943,11 @@ func startIncarnation(ctx context.Context, cfg Config, opts Options, again bool)
 	}
 }
 
-// diskFull reports whether err was caused by a full file system (or a
+// diskFull reports whether a start failed on a full file system (or a
 // quota reached): a condition an operator or a compaction clears, so that
-// starting again later may succeed.
-func diskFull(err error) bool {
-	return errors.Is(err, pagestore.ErrDiskFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
-}
+// starting again later may succeed. Both stores' disk-full errors wrap the
+// errno.
+func diskFull(err error) bool { return pebblefs.IsDiskFull(err) }
 
 // serve runs a started node until ctx ends (it leaves, bounded by
 // leaveTimeout), until it cannot serve, or until it was declared failed

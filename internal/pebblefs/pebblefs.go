@@ -23,19 +23,20 @@ import (
 // Open is pebble.Open(dir, opts) that, when it fails, closes every file it
 // opened and left open. opts.FS nil means vfs.Default; opts is not changed.
 // The files opened during a successful Open stay open, as pebble's.
-func Open(dir string, opts *pebble.Options) (db *pebble.DB, left int, err error) {
+func Open(dir string, opts *pebble.Options) (*pebble.DB, error) {
 	o := *opts
 	if o.FS == nil {
 		o.FS = vfs.Default
 	}
 	t := &tracker{FS: o.FS, open: map[*file]struct{}{}}
 	o.FS = t
-	db, err = pebble.Open(dir, &o)
+	db, err := pebble.Open(dir, &o)
 	if err != nil {
-		return nil, t.closeLeft(), err
+		t.closeLeft()
+		return nil, err
 	}
 	t.stop()
-	return db, 0, nil
+	return db, nil
 }
 
 // tracker is a vfs.FS that records the files opened through it until stop.
@@ -83,8 +84,8 @@ func (t *tracker) stop() {
 }
 
 // closeLeft closes the files opened through t and not closed, and stops
-// the recording. It returns how many it closed.
-func (t *tracker) closeLeft() int {
+// the recording.
+func (t *tracker) closeLeft() {
 	t.mu.Lock()
 	left := make([]*file, 0, len(t.open))
 	for f := range t.open {
@@ -96,7 +97,6 @@ func (t *tracker) closeLeft() int {
 	for _, f := range left {
 		f.File.Close() // a failed Open's leftovers: nothing to report
 	}
-	return len(left)
 }
 
 func (t *tracker) Create(name string) (vfs.File, error) { return t.track(t.FS.Create(name)) }
@@ -129,4 +129,10 @@ func IsDiskFault(err error) bool {
 		return true
 	}
 	return false
+}
+
+// IsDiskFull reports whether err was caused by a full file system or a
+// quota reached: a condition that freeing space clears.
+func IsDiskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }

@@ -118,7 +118,7 @@ func TestFailedOpenLeavesNothingOpen(t *testing.T) {
 	t.Logf("pebble.Open on a full disk left %d files open", leaked)
 
 	for i := range 3 {
-		db, left, err := Open("db", opts)
+		db, err := Open("db", opts)
 		if err == nil {
 			db.Close()
 			t.Fatalf("attempt %d: Open on a full disk succeeded", i)
@@ -127,7 +127,7 @@ func TestFailedOpenLeavesNothingOpen(t *testing.T) {
 			t.Fatalf("attempt %d: Open on a full disk: %v", i, err)
 		}
 		if got := fs.openFiles(); got != leaked {
-			t.Fatalf("attempt %d: %d files open after a failed Open (closed %d), want %d as before it", i, got, left, leaked)
+			t.Fatalf("attempt %d: %d files open after a failed Open, want %d as before it", i, got, leaked)
 		}
 	}
 	if opts.FS != fs {
@@ -137,7 +137,7 @@ func TestFailedOpenLeavesNothingOpen(t *testing.T) {
 	fs.mu.Lock()
 	fs.full = false
 	fs.mu.Unlock()
-	db, _, err := Open("db", opts)
+	db, err := Open("db", opts)
 	if err != nil {
 		t.Fatalf("Open once the disk has room: %v", err)
 	}

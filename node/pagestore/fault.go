@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
-	"syscall"
 
 	"github.com/dsmkit/dsm/internal/pebblefs"
 )
@@ -64,7 +63,3 @@ func (p *pebbleLogger) Fatalf(format string, args ...any) {
 func (p *pebbleLogger) faulted() bool { return p.fault.Load() }
 
 func (p *pebbleLogger) clearFault() { p.fault.Store(false) }
-
-func isDiskFull(err error) bool {
-	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
-}

@@ -151,7 +151,7 @@ func Open(opts Options) (*Store, error) {
 }
 
 func (s *Store) openDB(readOnly bool) (*pebble.DB, error) {
-	db, _, err := pebblefs.Open(s.opts.Dir, &pebble.Options{ // a failed open leaves no file open
+	db, err := pebblefs.Open(s.opts.Dir, &pebble.Options{ // a failed open leaves no file open
 		FS:           s.opts.FS,
 		Logger:       s.plog,
 		MemTableSize: memTableSize,
@@ -505,7 +505,7 @@ func (s *Store) reopen() error {
 }
 
 func notPersisted(err error) error {
-	if isDiskFull(err) {
+	if pebblefs.IsDiskFull(err) {
 		return fmt.Errorf("%w: %w: %w", ErrNotPersisted, ErrDiskFull, err)
 	}
 	return fmt.Errorf("%w: %w", ErrNotPersisted, err)

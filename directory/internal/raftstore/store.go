@@ -63,7 +63,7 @@ func Open(dir string, o Options) (*Store, error) {
 	sp.beforeOpen()
 	pl := pebbleLogger{l: logger, opening: new(atomic.Bool)}
 	pl.opening.Store(true)
-	db, _, err := pebblefs.Open(dir, &pebble.Options{Logger: pl}) // a failed open leaves no file open
+	db, err := pebblefs.Open(dir, &pebble.Options{Logger: pl}) // a failed open leaves no file open
 	pl.opening.Store(false)
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
